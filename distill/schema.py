@@ -1,0 +1,60 @@
+"""The one internal schema for reranking data: queries, passages, candidates and qrels.
+
+Every loader in :mod:`distill.loaders` returns a :class:`RerankingData`; every stage reads it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+
+class InputError(ValueError):
+    """Bad input data. The message names the file and the line, entry or field at fault."""
+
+
+@dataclass(frozen=True)
+class Query:
+    qid: str
+    text: str
+
+
+@dataclass(frozen=True)
+class Passage:
+    docid: str
+    text: str
+
+
+@dataclass
+class Candidates:
+    """One query's candidate passages in first-stage rank order.
+
+    ``scores[i]`` is the first-stage score of ``passages[i]`` (higher is better).
+    """
+
+    query: Query
+    passages: list[Passage]
+    scores: list[float]
+
+
+Qrels = dict[str, dict[str, int]]
+"""qid -> docid -> graded relevance (0 = judged irrelevant)."""
+
+
+@dataclass
+class RerankingData:
+    """Candidate lists for a set of queries, with qrels where the source has them."""
+
+    source: str
+    candidates: list[Candidates]
+    qrels: Qrels = field(default_factory=dict)
+    skipped: Counter[str] = field(default_factory=Counter)
+    """Reasons for records skipped under ``on_bad_input="skip"``, counted."""
+
+    @property
+    def num_pairs(self) -> int:
+        return sum(len(c.passages) for c in self.candidates)
+
+    def first_stage_run(self) -> dict[str, dict[str, float]]:
+        """The input ranking as a run: qid -> docid -> first-stage score."""
+        return {c.query.qid: {p.docid: s for p, s in zip(c.passages, c.scores, strict=True)} for c in self.candidates}

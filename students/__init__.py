@@ -1,0 +1,1 @@
+"""Student cross-encoders, their LightningModule and DataModule (the student stage)."""

@@ -1,0 +1,177 @@
+"""A causal-LM teacher: tokenises (query, passage) pairs into the score terms and scores them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from distill.models import ModelSource, load_pretrained, resolve_model
+from teachers.causal_lm import CausalLMScorer, ScoringSequence
+from teachers.scores import (
+    DEFAULT_PROMPT,
+    PAIR_TERMS,
+    UPR_PASSAGE_PREFIX,
+    UPR_PASSAGE_TOKENS,
+    UPR_QUESTION_PREFIX,
+)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    """``"auto"`` is bf16 on a GPU and fp32 elsewhere."""
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be 'auto' or one of {sorted(DTYPES)}, not {dtype!r}")
+    return DTYPES[dtype]
+
+
+class CausalLMTeacher:
+    """Computes the terms of :mod:`teachers.scores` for (query, passage) pairs.
+
+    Args:
+        model: a Hugging Face causal LM, on its device(s), in eval mode.
+        tokenizer: its tokenizer.
+        identity: a stable description of the weights (see :attr:`ModelSource.identity`).
+        start_token_id: the token every prefix starts with; default the tokenizer's BOS, else EOS.
+        max_passage_tokens: passage ids are truncated to this many tokens.
+        prompt: the QA prompt with a ``{query}`` field.
+        max_batch_tokens: padded tokens per forward pass.
+        logit_chunk_rows: target positions per LM-head chunk.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer: Any,
+        *,
+        identity: str,
+        start_token_id: int | None = None,
+        max_passage_tokens: int = 256,
+        prompt: str = DEFAULT_PROMPT,
+        max_batch_tokens: int = 8192,
+        logit_chunk_rows: int = 1024,
+    ) -> None:
+        if "{query}" not in prompt:
+            raise ValueError(f"prompt must contain '{{query}}', got {prompt!r}")
+        if start_token_id is None:
+            start_token_id = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+        if start_token_id is None:
+            raise ValueError("the tokenizer has neither a BOS nor an EOS token: set start_token")
+        self.tokenizer = tokenizer
+        self.identity = identity
+        self.start_token_id = int(start_token_id)
+        self.max_passage_tokens = max_passage_tokens
+        self.prompt = prompt
+        self.dtype = next(model.parameters()).dtype
+        self.scorer = CausalLMScorer(model, max_batch_tokens, logit_chunk_rows, pad_token_id=self.start_token_id)
+
+    @classmethod
+    def load(
+        cls,
+        name: str,
+        *,
+        device: str | torch.device = "cpu",
+        dtype: str = "auto",
+        device_map: str | None = None,
+        start_token: int | str | None = None,
+        **kwargs: Any,
+    ) -> CausalLMTeacher:
+        """Load a teacher by name (see :func:`distill.models.resolve_model`).
+
+        ``device_map="auto"`` spreads a model that does not fit one GPU over all visible GPUs
+        (model parallel); otherwise the model goes to ``device``. ``start_token`` is a token id
+        or a token string.
+        """
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        source: ModelSource = resolve_model(name)
+        device = torch.device(device)
+        torch_dtype = resolve_dtype(dtype, device)
+        tokenizer = load_pretrained(source, AutoTokenizer)
+        model = load_pretrained(
+            source, AutoModelForCausalLM, dtype=torch_dtype, attn_implementation="sdpa", device_map=device_map
+        )
+        if device_map is None:
+            model.to(device)
+        model.eval()
+        return cls(
+            model, tokenizer, identity=source.identity, start_token_id=_token_id(tokenizer, start_token), **kwargs
+        )
+
+    def describe(self) -> dict[str, Any]:
+        """Everything the scores depend on, for dataset metadata and cache keys."""
+        return {
+            "teacher": self.identity,
+            "dtype": str(self.dtype).removeprefix("torch."),
+            "start_token_id": self.start_token_id,
+            "start_token": self.tokenizer.convert_ids_to_tokens(self.start_token_id),
+            "max_passage_tokens": self.max_passage_tokens,
+            "prompt": self.prompt,
+            "upr_prompt": [UPR_PASSAGE_PREFIX, UPR_PASSAGE_TOKENS, UPR_QUESTION_PREFIX],
+        }
+
+    def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
+        """Token ids of each text, with no special tokens."""
+        if not texts:
+            return []
+        return self.tokenizer(list(texts), add_special_tokens=False)["input_ids"]
+
+    def encode_passages(self, passages: Sequence[str]) -> list[list[int]]:
+        """Passage ids: ``tok(" " + passage)`` truncated to ``max_passage_tokens``."""
+        return [ids[: self.max_passage_tokens] for ids in self.tokenize([" " + p for p in passages])]
+
+    def passage_logprobs(
+        self, passage_ids: Sequence[list[int]], on_batch: Callable[[int], None] | None = None
+    ) -> np.ndarray:
+        """``logp_uncond`` = log p(K) of each passage, ``[n]`` float64 nats."""
+        start = [self.start_token_id]
+        return self.scorer.logprobs([ScoringSequence(start, ids) for ids in passage_ids], on_batch)
+
+    def pair_terms(
+        self,
+        queries: Sequence[str],
+        passage_ids: Sequence[list[int]],
+        terms: Sequence[str],
+        on_batch: Callable[[int], None] | None = None,
+    ) -> dict[str, np.ndarray]:
+        """The pair terms named in ``terms`` (of :data:`PAIR_TERMS`) for each (query, passage) pair.
+
+        Returns:
+            term name -> ``[n]`` float64 nats, for the terms asked for that depend on the pair.
+        """
+        start = [self.start_token_id]
+        wanted = [t for t in PAIR_TERMS if t in terms]
+        sequences: list[ScoringSequence] = []
+        if "logp_cond" in wanted:
+            prefixes = self.tokenize([self.prompt.format(query=q) for q in queries])
+            sequences += [ScoringSequence(start + p, ids) for p, ids in zip(prefixes, passage_ids, strict=True)]
+        if "logp_cond_noprompt" in wanted:
+            prefixes = self.tokenize(queries)
+            sequences += [ScoringSequence(start + p, ids) for p, ids in zip(prefixes, passage_ids, strict=True)]
+        if "logp_upr" in wanted:
+            head, tail = self.tokenize([UPR_PASSAGE_PREFIX, UPR_QUESTION_PREFIX])
+            query_ids = self.tokenize([" " + q for q in queries])
+            sequences += [
+                ScoringSequence(start + head + ids[:UPR_PASSAGE_TOKENS] + tail, q)
+                for q, ids in zip(query_ids, passage_ids, strict=True)
+            ]
+        values = self.scorer.logprobs(sequences, on_batch)
+        n = len(queries)
+        return {term: values[k * n : (k + 1) * n] for k, term in enumerate(wanted)}
+
+
+def _token_id(tokenizer: Any, token: int | str | None) -> int | None:
+    """A start token given as an id, a digit string or a token string."""
+    if token is None or isinstance(token, int):
+        return token
+    if token.isdigit():
+        return int(token)
+    token_id = tokenizer.convert_tokens_to_ids(token)
+    if token_id is None or token_id == tokenizer.unk_token_id:
+        raise ValueError(f"start token {token!r} is not in the tokenizer's vocabulary")
+    return token_id

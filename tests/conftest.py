@@ -1,0 +1,70 @@
+"""Shared fixtures: tiny random-weight models saved as real Hugging Face folders, and real data."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+DL19 = REPO / "data" / "trec-dl19" / "bm25_top100.json"
+DL19_QRELS = REPO / "data" / "trec-dl19" / "qrels.txt"
+
+
+def _train_tokenizer(texts: list[str]):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=["<pad>", "<s>", "</s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(texts, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+
+
+@pytest.fixture(scope="session")
+def dl19_sample() -> list[dict]:
+    """The first 3 DL19 queries with their first 12 BM25 candidates each (rank_llm format)."""
+    data = json.loads(DL19.read_text())
+    return [{"query": e["query"], "hits": e["hits"][:12]} for e in data[:3]]
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory: pytest.TempPathFactory, dl19_sample: list[dict]) -> Path:
+    """A 2-layer random Llama with a byte-level BPE tokenizer, saved as a local model folder."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    texts = [e["query"] for e in dl19_sample] + [h["content"] for e in dl19_sample for h in e["hits"]]
+    tokenizer = _train_tokenizer(texts)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    path = tmp_path_factory.mktemp("tiny-llama")
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture
+def sample_file(tmp_path: Path, dl19_sample: list[dict]) -> Path:
+    path = tmp_path / "sample.json"
+    path.write_text(json.dumps(dl19_sample))
+    return path

@@ -1,0 +1,258 @@
+"""The teacher stage end to end on a tiny random Llama: output, caching, resuming, sharding, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import datasets
+import numpy as np
+import pytest
+
+from distill.cli import main
+from distill.runs import read_trec_run
+from distill.schema import InputError
+from distill.teach import TeachConfig, read_metadata, run_teach
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def config(tiny_llama: Path, sample_file: Path, tmp_path: Path, **overrides) -> TeachConfig:
+    values = {
+        "input": str(sample_file),
+        "output": str(tmp_path / "out"),
+        "teacher": str(tiny_llama),
+        "scores": ["cis", "cond", "noprompt", "upr"],
+        "cache_dir": str(tmp_path / "cache"),
+        "chunk_size": 5,
+        "max_batch_tokens": 256,
+        "progress": False,
+    }
+    return TeachConfig(**{**values, **overrides})
+
+
+def rows(path: Path) -> list[dict]:
+    return datasets.load_from_disk(str(path)).to_list()
+
+
+def test_writes_triplets_metadata_and_runs(tiny_llama: Path, sample_file: Path, tmp_path: Path) -> None:
+    out = run_teach(config(tiny_llama, sample_file, tmp_path))
+    ds = datasets.load_from_disk(str(out))
+    assert ds.num_rows == 36
+    for column in (
+        "qid",
+        "docid",
+        "query",
+        "passage",
+        "cis",
+        "logp_cond",
+        "logp_uncond",
+        "n_passage_tokens",
+        "cond",
+        "noprompt",
+        "upr",
+        "logp_cond_noprompt",
+        "logp_upr",
+    ):
+        assert column in ds.column_names
+    assert len({(r["qid"], r["docid"]) for r in ds}) == 36
+    table = ds.to_pandas()
+    np.testing.assert_allclose(table.cis, table.logp_cond - table.logp_uncond)
+    np.testing.assert_allclose(table.noprompt, table.logp_cond_noprompt - table.logp_uncond)
+    np.testing.assert_array_equal(table.upr, table.logp_upr)
+    assert (table.n_passage_tokens > 0).all() and (table.logp_uncond < 0).all()
+    meta = read_metadata(out)
+    assert meta["score"] == "cis" and meta["fingerprint"]["prompt"] == "Q: {query} A:"
+    assert meta["fingerprint"]["teacher"].startswith("directory:")
+    run = read_trec_run(out / "runs" / "cis.trec")
+    top = max(run["264014"], key=run["264014"].get)
+    assert top == table[table.qid == "264014"].sort_values("cis").docid.iloc[-1]
+    assert sorted(p.name for p in (out / "runs").iterdir()) == [
+        "cis.trec",
+        "cond.trec",
+        "first_stage.trec",
+        "noprompt.trec",
+        "upr.trec",
+    ]
+    assert not (tmp_path / "out.partial").exists()
+
+
+def test_passage_logprob_computed_once_and_cached_across_runs(
+    tiny_llama: Path, dl19_sample: list[dict], tmp_path: Path
+) -> None:
+    # The same passage under two queries: one log p(K), shared.
+    shared = dict(dl19_sample[1]["hits"][0], qid=dl19_sample[0]["hits"][0]["qid"])
+    sample = [{"query": dl19_sample[0]["query"], "hits": [*dl19_sample[0]["hits"], shared]}, dl19_sample[1]]
+    path = tmp_path / "dup.json"
+    path.write_text(json.dumps(sample))
+    out = run_teach(config(tiny_llama, path, tmp_path))
+    table = datasets.load_from_disk(str(out)).to_pandas()
+    same = table[table.docid == shared["docid"]]
+    assert len(same) == 2 and same.logp_uncond.nunique() == 1
+    cache_files = sorted((tmp_path / "cache").rglob("seg-*.jsonl"))
+    entries = sum(len(f.read_text().splitlines()) for f in cache_files)
+    assert entries == table.passage.nunique() == len(table) - 1
+    # A second run on other outputs computes no new log p(K).
+    run_teach(config(tiny_llama, path, tmp_path, output=str(tmp_path / "again"), scores=["cis"]))
+    assert sorted((tmp_path / "cache").rglob("seg-*.jsonl")) == cache_files
+
+
+def test_rerun_of_a_complete_output_is_a_no_op(tiny_llama: Path, sample_file: Path, tmp_path: Path) -> None:
+    cfg = config(tiny_llama, sample_file, tmp_path)
+    out = run_teach(cfg)
+    stamp = (out / "dataset_info.json").stat().st_mtime_ns
+    run_teach(cfg)
+    assert (out / "dataset_info.json").stat().st_mtime_ns == stamp
+    with pytest.raises(InputError, match="--overwrite"):
+        run_teach(config(tiny_llama, sample_file, tmp_path, prompt="Question: {query} Answer:"))
+    run_teach(config(tiny_llama, sample_file, tmp_path, prompt="Question: {query} Answer:", overwrite=True))
+    assert read_metadata(out)["fingerprint"]["prompt"] == "Question: {query} Answer:"
+
+
+def _cli(tiny_llama: Path, sample_file: Path, out: Path, cache: Path) -> list[str]:
+    return [
+        "-m",
+        "distill",
+        "teach",
+        "--input",
+        str(sample_file),
+        "--output",
+        str(out),
+        "--teacher",
+        str(tiny_llama),
+        "--score",
+        "cis,upr",
+        "--chunk-size",
+        "3",
+        "--max-batch-tokens",
+        "128",
+        "--cache-dir",
+        str(cache),
+        "--progress",
+        "false",
+    ]
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kill_after", ["seg-*.jsonl", "chunks/*.parquet"])
+def test_resume_after_kill_9_gives_the_same_dataset(
+    tiny_llama: Path, sample_file: Path, tmp_path: Path, kill_after: str
+) -> None:
+    reference = tmp_path / "reference"
+    subprocess.run(
+        [sys.executable, *_cli(tiny_llama, sample_file, reference, tmp_path / "c1")], check=True, env=_env(), cwd=REPO
+    )
+    out, cache = tmp_path / "out", tmp_path / "c2"
+    watch = cache if kill_after.startswith("seg") else tmp_path / "out.partial"
+    proc = subprocess.Popen([sys.executable, *_cli(tiny_llama, sample_file, out, cache)], env=_env(), cwd=REPO)
+    deadline = time.monotonic() + 120
+    while not list(watch.rglob(kill_after)) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.002)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not out.exists(), "the run finished before it could be killed"
+    assert list(watch.rglob(kill_after)), "killed before any work was saved"
+    subprocess.run([sys.executable, *_cli(tiny_llama, sample_file, out, cache)], check=True, env=_env(), cwd=REPO)
+    assert rows(out) == rows(reference)
+
+
+@pytest.mark.slow
+def test_two_processes_give_the_same_dataset_as_one(tiny_llama: Path, sample_file: Path, tmp_path: Path) -> None:
+    one, two = tmp_path / "one", tmp_path / "two"
+    subprocess.run(
+        [sys.executable, *_cli(tiny_llama, sample_file, one, tmp_path / "c1")], check=True, env=_env(), cwd=REPO
+    )
+    launcher = shutil.which("accelerate", path=str(Path(sys.executable).parent))
+    subprocess.run(
+        [
+            launcher,
+            "launch",
+            "--cpu",
+            "--num_processes",
+            "2",
+            "--num_machines",
+            "1",
+            "--mixed_precision",
+            "no",
+            "--dynamo_backend",
+            "no",
+            *_cli(tiny_llama, sample_file, two, tmp_path / "c2"),
+        ],
+        check=True,
+        env=_env(),
+        cwd=REPO,
+    )
+    assert rows(two) == rows(one)
+    assert len(rows(two)) == 36
+
+
+def test_bad_input_is_named_and_nothing_is_scored(
+    tiny_llama: Path, dl19_sample: list[dict], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    broken = tmp_path / "broken.json"
+    broken.write_text(json.dumps(dl19_sample)[:-40])
+    code = main(["teach", "--input", str(broken), "--output", str(tmp_path / "o"), "--teacher", "x/y"])
+    assert code == 2 and f"{broken}:1:" in capsys.readouterr().err
+    missing = [{"query": "q", "hits": [{"qid": 1, "docid": "d1"}]}]
+    broken.write_text(json.dumps(missing))
+    assert main(["teach", "--input", str(broken), "--output", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "entry [0] hit [0]" in err and "'content'" in err
+    assert not (tmp_path / "o").exists() and not (tmp_path / "o.partial").exists()
+
+
+def test_bad_records_can_be_skipped_and_counted(
+    tiny_llama: Path, dl19_sample: list[dict], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    sample = json.loads(json.dumps(dl19_sample))
+    sample[0]["hits"][1]["content"] = "  "
+    sample[1]["hits"].append(dict(sample[1]["hits"][0]))
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(sample))
+    with pytest.raises(InputError, match="empty passage"):
+        run_teach(config(tiny_llama, path, tmp_path))
+    out = run_teach(config(tiny_llama, path, tmp_path, on_bad_input="skip"))
+    assert datasets.load_from_disk(str(out)).num_rows == 35
+    assert "skipped bad input records" in caplog.text and "duplicate" in caplog.text
+
+
+def test_unknown_teacher_lists_what_was_tried(sample_file: Path, tmp_path: Path, capsys) -> None:
+    code = main(["teach", "--input", str(sample_file), "--output", str(tmp_path / "o"), "--teacher", "no/such-model"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "cannot find model 'no/such-model'" in err and "local directory" in err and "hub id" in err
+
+
+def test_partial_results_of_another_configuration_are_kept(tiny_llama: Path, sample_file: Path, tmp_path: Path) -> None:
+    partial = tmp_path / "out.partial"
+    (partial / "chunks").mkdir(parents=True)
+    (partial / "fingerprint.json").write_text(json.dumps({"prompt": "other"}))
+    (partial / "chunks" / "000000.parquet").write_bytes(b"kept")
+    with pytest.raises(InputError, match="partial results of another configuration"):
+        run_teach(config(tiny_llama, sample_file, tmp_path))
+    assert (partial / "chunks" / "000000.parquet").read_bytes() == b"kept"
+
+
+def test_config_file_and_flag_overrides(tiny_llama: Path, sample_file: Path, tmp_path: Path) -> None:
+    cfg = tmp_path / "teach.yaml"
+    cfg.write_text(
+        f"input: {sample_file}\noutput: {tmp_path / 'o'}\nteacher: {tiny_llama}\nscores: [upr]\n"
+        f"cache_dir: {tmp_path / 'c'}\nmax_queries: 1\nprogress: false\n"
+    )
+    assert main(["teach", "--config", str(cfg), "--max-queries", "2", "--output", str(tmp_path / "flag")]) == 0
+    ds = datasets.load_from_disk(str(tmp_path / "flag"))
+    assert ds.num_rows == 24 and "upr" in ds.column_names and read_metadata(tmp_path / "flag")["score"] == "upr"
+    cfg.write_text("input: x\nbogus: 1\n")
+    with pytest.raises(SystemExit):
+        main(["teach", "--nonsense"])
+    assert main(["teach", "--config", str(cfg)]) == 2
