@@ -169,11 +169,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         choices=sorted(RANDOM_CONFIGS),
         help="a random-weight LlamaForCausalLM of these shapes, fed SmolLM2 token ids, instead of --teacher",
     )
-    p.add_argument("--input", default=str(DEFAULT_INPUT), help="candidates (any distill loader input; default DL19)")
+    p.add_argument(
+        "--input", default=str(DEFAULT_INPUT), help="rank_llm or multi-hop JSON, or a BEIR folder (default: DL19 BM25)"
+    )
     p.add_argument("--max-queries", type=int, help="use only the first N queries of the input")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", default="auto", choices=["auto", *DTYPES], help="auto: bf16 on cuda, fp32 on cpu")
-    p.add_argument("--max-batch-tokens", type=int, help="teacher batch budget (default 8192 on cpu, 65536 on cuda)")
+    p.add_argument("--max-batch-tokens", type=int, help="teacher batch budget (default 8192 on cpu, 16384 on cuda)")
     p.add_argument("--logit-chunk-rows", type=int, default=1024, help="teacher LM-head chunk (target positions)")
     p.add_argument("--max-passage-tokens", type=int, default=256)
     p.add_argument("--naive-pairs", type=int, default=64, help="pairs the naive loop is timed on (the first N)")
@@ -184,8 +186,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, help="JSON result (default benchmarks/results/teacher-<device>-<model>.json)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     args = p.parse_args(argv)
-    if args.naive_pairs < 1:
-        p.error("--naive-pairs must be at least 1")
+    for name in ("naive_pairs", "max_queries", "max_batch_tokens", "matmul_size", "matmul_reps", "threads"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be at least 1")
     return args
 
 
@@ -219,7 +222,8 @@ def build_teacher(args: argparse.Namespace, device: torch.device, dtype: torch.d
     tokenizer = load_pretrained(resolve_model(TOKENIZER_FOR_RANDOM), AutoTokenizer)
     model = random_llama(args.random_config, device, dtype, args.seed)
     if len(tokenizer) > model.config.vocab_size:
-        raise ValueError(f"the tokenizer's {len(tokenizer)} ids do not fit the {model.config.vocab_size}-token vocabulary")
+        vocab = model.config.vocab_size
+        raise ValueError(f"the tokenizer's {len(tokenizer)} ids do not fit the {vocab}-token vocabulary")
     identity = f"random:{args.random_config}:seed{args.seed}"
     return CausalLMTeacher(model, tokenizer, identity=identity, **options), f"random-{args.random_config}"
 
@@ -409,7 +413,7 @@ def agreement(
 def environment(device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
     import transformers
 
-    env = {
+    return {
         "device": str(device),
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_name(),
         "torch": torch.__version__,
@@ -422,7 +426,6 @@ def environment(device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
         "git_commit": _git_commit(),
         "utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
     }
-    return env
 
 
 def print_report(result: dict[str, Any], phases: list[Phase]) -> None:
@@ -452,7 +455,8 @@ def print_report(result: dict[str, Any], phases: list[Phase]) -> None:
     print(f"peak memory: {phases[0].memory_kind}")
     teacher = result["teacher"]
     print(f"teacher padding: {teacher['padded_tokens'] / teacher['tokens'] - 1:.1%} extra tokens fed as padding")
-    print(f"\nspeed-up (b)/(a): {result['speedup_pairs_per_s']:.2f}x pairs/s, {result['speedup_tokens_per_s']:.2f}x tokens/s")
+    pairs_x, tokens_x = result["speedup_pairs_per_s"], result["speedup_tokens_per_s"]
+    print(f"\nspeed-up (b)/(a): {pairs_x:.2f}x pairs/s, {tokens_x:.2f}x tokens/s")
     agree = result["agreement"]
     print(
         f"agreement on {agree['pairs']} pairs: max |a-b| = {agree['max_abs_diff_terms']:.3g} nats per term "
@@ -476,7 +480,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     if args.max_batch_tokens is None:
-        args.max_batch_tokens = 65536 if device.type == "cuda" else 8192
+        args.max_batch_tokens = 16384 if device.type == "cuda" else 8192
     size = args.matmul_size or (8192 if device.type == "cuda" else 2048)
     show = not args.no_progress and sys.stderr.isatty()
 
@@ -516,8 +520,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             "logit_chunk_rows": args.logit_chunk_rows,
             "naive_pairs": n_naive,
         },
-        "matmul": {"size": size, "reps": args.matmul_reps, "flops_per_s": rate,
-                   "before_flops_per_s": before, "after_flops_per_s": after},
+        "matmul": {
+            "size": size,
+            "reps": args.matmul_reps,
+            "flops_per_s": rate,
+            "before_flops_per_s": before,
+            "after_flops_per_s": after,
+        },
         "naive": naive.to_json(),
         "teacher": taught.to_json(),
         "speedup_pairs_per_s": speedup,
@@ -598,7 +607,8 @@ def _git_commit() -> str | None:
         )
     except (OSError, subprocess.TimeoutExpired):
         return None
-    return out.stdout.strip() or None if out.returncode == 0 else None
+    commit = out.stdout.strip()
+    return commit if out.returncode == 0 and commit else None
 
 
 def _yes(flag: bool) -> str:

@@ -324,6 +324,8 @@ def test_musique(tmp_path: Path) -> None:
         }
     ]
     data = load_candidates(write(tmp_path / "musique.json", json.dumps(questions)))
+    as_jsonl = load_candidates(write(tmp_path / "musique.jsonl", "\n".join(json.dumps(q) for q in questions)))
+    assert ranking(as_jsonl) == ranking(data) and texts(as_jsonl) == texts(data) and as_jsonl.qrels == data.qrels
     assert ranking(data) == {"2hop__1_2": ["2hop__1_2-0", "2hop__1_2-1", "2hop__1_2-2"]}
     assert data.candidates[0].scores == [0.0, -1.0, -2.0]
     assert texts(data)["2hop__1_2-2"] == "Z. Z was born in W."

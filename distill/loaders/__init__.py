@@ -3,8 +3,9 @@
 :func:`load_candidates` picks the loader from the input itself:
 
 - a directory with ``corpus.jsonl`` and ``queries.jsonl``: BEIR (:mod:`.beir`);
-- a JSON list of ``{query, hits}``: rank_llm (:mod:`.rank_llm`);
-- a JSON list of multi-hop QA questions (HotpotQA, 2Wiki, MuSiQue; distractor setting) (:mod:`.multihop`);
+- a JSON list (or JSON-lines file) of ``{query, hits}``: rank_llm (:mod:`.rank_llm`);
+- a JSON list (or JSON-lines file) of multi-hop QA questions (HotpotQA, 2Wiki, MuSiQue; distractor
+  setting) (:mod:`.multihop`);
 - any other file: a TREC run, which needs ``queries`` and ``corpus`` (:mod:`.trec`).
 """
 
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from distill.loaders._common import BadInput, OnBadInput, read_json
+from distill.loaders._common import BadInput, OnBadInput, iter_jsonl, read_json
 from distill.loaders.beir import is_beir_dir, load_beir
 from distill.loaders.multihop import is_multihop, load_multihop
 from distill.loaders.qrels import load_qrels
@@ -54,8 +55,8 @@ def load_candidates(
         if not is_beir_dir(path):
             raise InputError(f"{path}: a directory input must be a BEIR folder with corpus.jsonl and queries.jsonl")
         candidates, source_qrels = load_beir(path, Path(run) if run else None, bad, repair_mojibake)
-    elif path.suffix == ".json":
-        data = read_json(path)
+    elif path.suffix in (".json", ".jsonl"):
+        data = read_json(path) if path.suffix == ".json" else [record for _, record in iter_jsonl(path)]
         if is_rank_llm(data):
             candidates = load_rank_llm(path, data, bad, repair_mojibake)
         elif is_multihop(data):
