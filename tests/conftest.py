@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
+
+# Tests never reach a model hub: fail fast instead of retrying the network (read by huggingface_hub on import).
+os.environ["HF_HUB_OFFLINE"] = "1"
 
 REPO = Path(__file__).resolve().parents[1]
 DL19 = REPO / "data" / "trec-dl19" / "bm25_top100.json"
