@@ -55,6 +55,31 @@ class RerankingData:
     def num_pairs(self) -> int:
         return sum(len(c.passages) for c in self.candidates)
 
+    @classmethod
+    def union(cls, parts: list[RerankingData]) -> RerankingData:
+        """All parts' candidates: each query's lists joined in part order, each (qid, docid) once (the first).
+
+        First-stage scores keep their part's scale; qrels are joined (the first part wins on a conflict).
+        """
+        if len(parts) == 1:
+            return parts[0]
+        by_qid: dict[str, Candidates] = {}
+        seen: set[tuple[str, str]] = set()
+        qrels: Qrels = {}
+        skipped: Counter[str] = Counter()
+        for part in parts:
+            for cands in part.candidates:
+                joined = by_qid.setdefault(cands.query.qid, Candidates(cands.query, [], []))
+                for passage, score in zip(cands.passages, cands.scores, strict=True):
+                    if (cands.query.qid, passage.docid) not in seen:
+                        seen.add((cands.query.qid, passage.docid))
+                        joined.passages.append(passage)
+                        joined.scores.append(score)
+            for qid, judged in part.qrels.items():
+                qrels[qid] = {**judged, **qrels.get(qid, {})}
+            skipped.update(part.skipped)
+        return cls(" + ".join(p.source for p in parts), list(by_qid.values()), qrels, skipped)
+
     def first_stage_run(self) -> dict[str, dict[str, float]]:
         """The input ranking as a run: qid -> docid -> first-stage score."""
         return {c.query.qid: {p.docid: s for p, s in zip(c.passages, c.scores, strict=True)} for c in self.candidates}

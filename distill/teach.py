@@ -41,8 +41,9 @@ log = logging.getLogger(__name__)
 class TeachConfig:
     """Options of ``distill teach`` (YAML keys and ``--flags`` alike)."""
 
-    input: str
-    """Candidates: a rank_llm or multi-hop QA JSON file, a TREC run file, or a BEIR folder."""
+    input: list[str]
+    """Candidates: rank_llm or multi-hop QA JSON files, TREC run files or BEIR folders; several are joined,
+    each (qid, docid) pair scored once."""
     output: str
     """The dataset folder to write."""
     teacher: str = "smollm2-135m"
@@ -75,6 +76,8 @@ class TeachConfig:
     progress: bool = True
 
     def __post_init__(self) -> None:
+        if isinstance(self.input, str):
+            self.input = [self.input]
         if isinstance(self.scores, str):
             self.scores = [s.strip() for s in self.scores.split(",") if s.strip()]
         required_terms(self.scores)  # validates the names
@@ -138,14 +141,19 @@ def run_teach(cfg: TeachConfig) -> Path:
 
     state = PartialState()
     output = Path(cfg.output)
-    data = load_candidates(
-        cfg.input,
-        queries=cfg.queries,
-        corpus=cfg.corpus,
-        run=cfg.run,
-        qrels=cfg.qrels,
-        on_bad_input=cfg.on_bad_input,
-        repair_mojibake=cfg.repair_mojibake,
+    data = RerankingData.union(
+        [
+            load_candidates(
+                path,
+                queries=cfg.queries,
+                corpus=cfg.corpus,
+                run=cfg.run,
+                qrels=cfg.qrels,
+                on_bad_input=cfg.on_bad_input,
+                repair_mojibake=cfg.repair_mojibake,
+            )
+            for path in cfg.input
+        ]
     )
     if cfg.max_queries is not None:
         data.candidates = data.candidates[: cfg.max_queries]

@@ -256,3 +256,21 @@ def test_config_file_and_flag_overrides(tiny_llama: Path, sample_file: Path, tmp
     with pytest.raises(SystemExit):
         main(["teach", "--nonsense"])
     assert main(["teach", "--config", str(cfg)]) == 2
+
+
+def test_several_inputs_are_joined_and_each_pair_scored_once(
+    tiny_llama: Path, dl19_sample: list[dict], tmp_path: Path
+) -> None:
+    first, second = tmp_path / "a.json", tmp_path / "b.json"
+    first.write_text(json.dumps(dl19_sample[:2]))
+    # The second file repeats 4 pairs of query 0 and adds query 2.
+    second.write_text(
+        json.dumps([{"query": dl19_sample[0]["query"], "hits": dl19_sample[0]["hits"][-4:]}, dl19_sample[2]])
+    )
+    out = tmp_path / "joined"
+    args = ["teach", "--input", f"{first},{second}", "--output", str(out), "--teacher", str(tiny_llama)]
+    assert main([*args, "--cache-dir", str(tmp_path / "c"), "--progress", "false"]) == 0
+    table = datasets.load_from_disk(str(out)).to_pandas()
+    assert len(table) == 36 and not table.duplicated(["qid", "docid"]).any()
+    assert list(table.qid.unique()) == [str(e["hits"][0]["qid"]) for e in dl19_sample]
+    assert read_metadata(out)["input"] == [str(first), str(second)]
