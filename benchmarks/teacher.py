@@ -47,7 +47,7 @@ from tqdm.auto import tqdm
 
 from distill.batching import token_budget_batches
 from distill.loaders import load_candidates
-from distill.models import load_pretrained, resolve_model
+from distill.models import ARCHITECTURES, load_pretrained, resolve_model
 from teachers.causal_lm import ScoringSequence
 from teachers.teacher import DTYPES, CausalLMTeacher, resolve_dtype
 
@@ -59,19 +59,7 @@ TOKENIZER_FOR_RANDOM = "smollm2-135m"
 
 RANDOM_CONFIGS: dict[str, dict[str, Any]] = {
     # The shapes of meta-llama/Meta-Llama-3-8B (config.json), weights random.
-    "llama3-8b": {
-        "vocab_size": 128256,
-        "hidden_size": 4096,
-        "num_hidden_layers": 32,
-        "num_attention_heads": 32,
-        "num_key_value_heads": 8,
-        "intermediate_size": 14336,
-        "rope_theta": 500000.0,
-        "max_position_embeddings": 8192,
-        "rms_norm_eps": 1e-5,
-        "tie_word_embeddings": False,
-        "hidden_act": "silu",
-    },
+    "llama3-8b": {k: v for k, v in ARCHITECTURES["meta-llama/Meta-Llama-3-8B"].config.items() if k != "model_type"},
     # A 2-layer model for smoke tests; its vocabulary covers the SmolLM2 tokenizer.
     "tiny": {
         "vocab_size": 49152,

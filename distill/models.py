@@ -181,3 +181,73 @@ def load_pretrained(source: ModelSource, loader: Any, **kwargs: Any) -> Any:
             f"hub id {source.name!r}: {str(e).splitlines()[0]}",
         ]
         raise ModelNotFoundError(_not_found(source.name, tried)) from e
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """The shapes of a public model, to build it with random weights where its weights cannot be had."""
+
+    config: dict[str, Any]
+    """``config.json`` of the model (``model_type`` included)."""
+    tokenizer: str
+    """An embedded model whose tokenizer gives valid ids for this vocabulary."""
+
+
+ARCHITECTURES: dict[str, Architecture] = {
+    "meta-llama/Meta-Llama-3-8B": Architecture(
+        {
+            "model_type": "llama",
+            "vocab_size": 128256,
+            "hidden_size": 4096,
+            "num_hidden_layers": 32,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 8,
+            "intermediate_size": 14336,
+            "rope_theta": 500000.0,
+            "max_position_embeddings": 8192,
+            "rms_norm_eps": 1e-5,
+            "tie_word_embeddings": False,
+            "hidden_act": "silu",
+            "bos_token_id": 128000,
+            "eos_token_id": 128001,
+        },
+        "smollm2-135m",  # ids < 49152, valid in the 128256-token vocabulary
+    ),
+    "bert-large-uncased": Architecture(
+        {
+            "model_type": "bert",
+            "vocab_size": 30522,
+            "hidden_size": 1024,
+            "num_hidden_layers": 24,
+            "num_attention_heads": 16,
+            "intermediate_size": 4096,
+            "hidden_act": "gelu",
+            "hidden_dropout_prob": 0.1,
+            "attention_probs_dropout_prob": 0.1,
+            "max_position_embeddings": 512,
+            "type_vocab_size": 2,
+            "initializer_range": 0.02,
+            "layer_norm_eps": 1e-12,
+            "pad_token_id": 0,
+        },
+        "all-minilm-l6-v2",  # the same 30522-token uncased WordPiece vocabulary
+    ),
+}
+"""Architectures the project can build offline, by hub id, for random-weight timing runs."""
+
+
+def load_architecture(name: str, **config_overrides: Any) -> tuple[Any, Any]:
+    """The config and tokenizer of model ``name``, without its weights.
+
+    A name in :data:`ARCHITECTURES` gets its embedded shapes (no network) and a compatible embedded
+    tokenizer; any other name its own config and tokenizer, resolved as :func:`resolve_model` does.
+    """
+    from transformers import AutoConfig, AutoTokenizer
+
+    if name not in ARCHITECTURES:
+        source = resolve_model(name)
+        return load_pretrained(source, AutoConfig, **config_overrides), load_pretrained(source, AutoTokenizer)
+    known = ARCHITECTURES[name]
+    values = {**known.config, **config_overrides}
+    config = AutoConfig.for_model(values.pop("model_type"), **values)
+    return config, load_pretrained(resolve_model(known.tokenizer), AutoTokenizer)
