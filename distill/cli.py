@@ -112,6 +112,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_flags(teach, TeachConfig)
     teach.set_defaults(func=cmd_teach)
 
+    train = sub.add_parser(
+        "train", help="distil the teacher's scores into a cross-encoder (LightningCLI; see distill train --help)"
+    )
+    train.add_argument("args", nargs=argparse.REMAINDER)
+
     ev = sub.add_parser("eval", help="nDCG and other ir-measures metrics of TREC runs")
     ev.add_argument("--qrels", required=True, help="TREC qrels file")
     ev.add_argument("--run", nargs="+", required=True, help="run files, or folders holding them (or a runs/ folder)")
@@ -122,13 +127,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from distill.models import ModelNotFoundError
 
+    command = argv[0] if argv else "distill"
     try:
+        if command == "train":  # LightningCLI parses its own arguments
+            from distill.train import run_train
+
+            return run_train(argv[1:])
+        args = build_parser().parse_args(argv)
         return args.func(args)
     except (InputError, ModelNotFoundError, ValueError) as e:
-        print(f"distill {args.command}: error: {e}", file=sys.stderr)
+        print(f"distill {command}: error: {e}", file=sys.stderr)
         return 2

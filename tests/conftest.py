@@ -72,3 +72,46 @@ def sample_file(tmp_path: Path, dl19_sample: list[dict]) -> Path:
     path = tmp_path / "sample.json"
     path.write_text(json.dumps(dl19_sample))
     return path
+
+
+@pytest.fixture(scope="session")
+def tiny_bert(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 2-layer random BERT (BERT-large's shape family) with the real uncased WordPiece tokenizer."""
+    import torch
+    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+
+    from distill.models import load_pretrained, resolve_model
+
+    tokenizer = load_pretrained(resolve_model("all-minilm-l6-v2"), AutoTokenizer)
+    config = BertConfig(
+        vocab_size=tokenizer.vocab_size,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=512,
+        num_labels=1,
+    )
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("tiny-bert")
+    BertForSequenceClassification(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def teacher_dataset(tmp_path_factory: pytest.TempPathFactory, tiny_llama: Path, dl19_sample: list[dict]) -> Path:
+    """Teacher triplets (cis and upr) of the DL19 sample, scored by the tiny Llama."""
+    from distill.teach import TeachConfig, run_teach
+
+    root = tmp_path_factory.mktemp("teacher")
+    (root / "in.json").write_text(json.dumps(dl19_sample))
+    config = TeachConfig(
+        input=str(root / "in.json"),
+        output=str(root / "triplets"),
+        teacher=str(tiny_llama),
+        scores=["cis", "upr"],
+        cache_dir=str(root / "cache"),
+        progress=False,
+    )
+    return run_teach(config)

@@ -1,0 +1,230 @@
+"""The student stage's data: teacher triplet datasets, split by query, tokenised, batched."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from pytorch_lightning import LightningDataModule
+from torch.utils.data import DataLoader, Dataset
+
+from distill.loaders import load_qrels
+from distill.schema import InputError, Qrels
+from students.sampling import LengthGroupedBatches, QueryGroupedBatches
+from students.scaling import ScalingKind, TargetScaling
+
+log = logging.getLogger(__name__)
+TEXT_COLUMNS = ("qid", "docid", "query", "passage")
+
+
+@dataclass
+class Split:
+    """One split's pairs, tokenised. ``targets`` are scaled; ``labels`` are the raw teacher scores."""
+
+    qid: list[str]
+    docid: list[str]
+    labels: np.ndarray
+    targets: np.ndarray
+    first_stage: np.ndarray
+    features: list[dict[str, list[int]]]
+
+    def __len__(self) -> int:
+        return len(self.qid)
+
+    @property
+    def lengths(self) -> list[int]:
+        return [len(f["input_ids"]) for f in self.features]
+
+
+class _Examples(Dataset):
+    def __init__(self, split: Split) -> None:
+        self.split = split
+
+    def __len__(self) -> int:
+        return len(self.split)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return {**self.split.features[i], "index": i}
+
+
+class Collator:
+    """Pads a batch to its longest sequence; adds ``target`` [B] float, ``group`` [B] long (batch-local
+    query index) and ``index`` [B] long (row in the split)."""
+
+    def __init__(self, tokenizer: Any, split: Split) -> None:
+        self.tokenizer, self.split = tokenizer, split
+
+    def __call__(self, examples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        index = [e.pop("index") for e in examples]
+        batch = dict(self.tokenizer.pad(examples, return_tensors="pt"))
+        qids = [self.split.qid[i] for i in index]
+        local = {q: g for g, q in enumerate(dict.fromkeys(qids))}
+        batch["target"] = torch.tensor(self.split.targets[index], dtype=torch.float32)
+        batch["group"] = torch.tensor([local[q] for q in qids])
+        batch["index"] = torch.tensor(index)
+        return batch
+
+
+def load_teacher_table(paths: list[str], label: str) -> Any:
+    """The union of teacher datasets as a DataFrame (each (qid, docid) once, the first kept), checked."""
+    import datasets
+
+    frames = []
+    for path in paths:
+        if not Path(path).is_dir():
+            raise InputError(f"{path}: no teacher dataset here (run `distill teach` first)")
+        frame = datasets.load_from_disk(path).to_pandas()
+        missing = [c for c in (*TEXT_COLUMNS, label) if c not in frame.columns]
+        if missing:
+            raise InputError(f"{path}: missing column(s) {missing}; it has {list(frame.columns)}")
+        bad = ~np.isfinite(frame[label].to_numpy(dtype=np.float64))
+        if bad.any():
+            rows = np.flatnonzero(bad)[:5].tolist()
+            raise InputError(f"{path}: column {label!r} has {int(bad.sum())} NaN/inf value(s), rows {rows}...")
+        if "first_stage_score" not in frame.columns:
+            frame["first_stage_score"] = 0.0
+        frames.append(frame)
+    import pandas as pd
+
+    table = pd.concat(frames, ignore_index=True).drop_duplicates(["qid", "docid"], keep="first")
+    return table.reset_index(drop=True)
+
+
+def split_queries(qids: list[str], val_queries: int | float, seed: int) -> set[str]:
+    """The held-out queries: a seeded random ``val_queries`` share (float < 1) or count (int)."""
+    distinct = sorted(set(qids))
+    count = round(len(distinct) * val_queries) if isinstance(val_queries, float) else int(val_queries)
+    if not 0 < count < len(distinct):
+        raise InputError(f"val_queries={val_queries} leaves an empty split of {len(distinct)} queries")
+    return set(np.random.default_rng(seed).permutation(distinct)[:count].tolist())
+
+
+class StudentDataModule(LightningDataModule):
+    """Teacher triplets for the student: split by query (never by pair), tokenised, batched.
+
+    Args:
+        teacher_data: folders written by ``distill teach``; several are joined, each (qid, docid) once.
+        label: the teacher score column to regress (``cis``, ``upr``, ...).
+        backbone: the student's backbone, for its tokenizer (linked from the model's).
+        qrels: TREC qrels of the validation queries, for nDCG; without them only correlations are reported.
+        val_queries: held-out queries, a share (0.2) or a count (8).
+        target_scaling: ``none``, ``global`` or ``per_query`` standardisation of the teacher scores.
+        batch_size: pairs per training batch (pointwise), or ``group_size`` x queries per batch.
+        group_size: candidates per query in a batch, for the within-query losses (None: pointwise batches).
+        max_length: tokens per pair; longer pairs lose the end of the passage (counted).
+        eval_batch_size: pairs per validation batch.
+    """
+
+    def __init__(
+        self,
+        teacher_data: list[str],
+        label: str = "cis",
+        backbone: str = "bert-large-uncased",
+        qrels: str | None = None,
+        val_queries: int | float = 0.2,
+        target_scaling: ScalingKind = "none",
+        batch_size: int = 32,
+        group_size: int | None = None,
+        max_length: int = 512,
+        eval_batch_size: int = 128,
+        seed: int = 0,
+        num_workers: int = 0,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.train: Split | None = None
+        self.val: Split | None = None
+        self.qrels: Qrels = {}
+        self.scaling: TargetScaling | None = None
+        self.tokenizer: Any = None
+        self.truncated = 0
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.train is not None:
+            return
+        from distill.models import load_architecture
+
+        h = self.hparams
+        table = load_teacher_table(list(h.teacher_data), h.label)
+        if table.empty:
+            raise InputError(f"{h.teacher_data}: no pairs")
+        held_out = split_queries(table.qid.tolist(), h.val_queries, h.seed)
+        is_val = table.qid.isin(held_out).to_numpy()
+        self.scaling = TargetScaling.fit(h.target_scaling, table[h.label].to_numpy()[~is_val])
+        _, self.tokenizer = load_architecture(h.backbone)
+        self.train = self._split(table[~is_val])
+        self.val = self._split(table[is_val])
+        if h.qrels:
+            self.qrels = {q: j for q, j in load_qrels(Path(h.qrels)).items() if q in held_out}
+        log.warning(
+            "student data: %d train pairs (%d queries), %d validation pairs (%d queries); "
+            "%d of %d pairs truncated to max_length=%d",
+            len(self.train),
+            len(set(self.train.qid)),
+            len(self.val),
+            len(held_out),
+            self.truncated,
+            len(table),
+            h.max_length,
+        )
+
+    def _split(self, table: Any) -> Split:
+        h = self.hparams
+        queries, passages = table["query"].tolist(), table["passage"].tolist()
+        encoded = self.tokenizer(queries, passages, truncation="only_second", max_length=h.max_length)
+        features = [
+            {k: encoded[k][i] for k in ("input_ids", "attention_mask", "token_type_ids") if k in encoded}
+            for i in range(len(queries))
+        ]
+        self.truncated += self._count_truncated(queries, passages)
+        labels = table[h.label].to_numpy(dtype=np.float64)
+        qids = table.qid.tolist()
+        return Split(
+            qids,
+            table.docid.tolist(),
+            labels,
+            self.scaling(labels, qids),
+            table.first_stage_score.to_numpy(dtype=np.float64),
+            features,
+        )
+
+    def _count_truncated(self, queries: list[str], passages: list[str]) -> int:
+        q = self.tokenizer(queries, add_special_tokens=False)["input_ids"]
+        p = self.tokenizer(passages, add_special_tokens=False)["input_ids"]
+        special = self.tokenizer.num_special_tokens_to_add(pair=True)
+        return sum(len(a) + len(b) + special > self.hparams.max_length for a, b in zip(q, p, strict=True))
+
+    def _rank(self) -> tuple[int, int]:
+        trainer = self.trainer
+        return (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+
+    def train_dataloader(self) -> DataLoader:
+        h = self.hparams
+        rank, world = self._rank()
+        if h.group_size is None:
+            sampler = LengthGroupedBatches(self.train.lengths, h.batch_size, h.seed, rank, world)
+        else:
+            per_batch = max(1, h.batch_size // h.group_size)
+            sampler = QueryGroupedBatches(self.train.qid, h.group_size, per_batch, h.seed, rank, world)
+        return DataLoader(
+            _Examples(self.train),
+            batch_sampler=sampler,
+            collate_fn=Collator(self.tokenizer, self.train),
+            num_workers=h.num_workers,
+        )
+
+    def val_dataloader(self) -> DataLoader:
+        """Every rank sees the whole (small) validation split, longest first, so metrics need no gathering."""
+        order = sorted(range(len(self.val)), key=lambda i: -self.val.lengths[i])
+        size = self.hparams.eval_batch_size
+        batches = [order[i : i + size] for i in range(0, len(order), size)]
+        return DataLoader(
+            _Examples(self.val),
+            batch_sampler=batches,
+            collate_fn=Collator(self.tokenizer, self.val),
+            num_workers=self.hparams.num_workers,
+        )

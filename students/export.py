@@ -1,0 +1,66 @@
+"""At the end of fit, the best checkpoint becomes a plain Hugging Face folder (DeepSpeed ones included)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from pytorch_lightning import Callback, LightningModule, Trainer
+
+from students.model import save_student
+
+log = logging.getLogger(__name__)
+
+
+def checkpoint_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
+    """The LightningModule state dict of a checkpoint file, or of a DeepSpeed checkpoint folder (ZeRO
+    shards are gathered into fp32 weights)."""
+    path = Path(path)
+    if path.is_dir():
+        from pytorch_lightning.utilities.deepspeed import convert_zero_checkpoint_to_fp32_state_dict
+
+        with tempfile.TemporaryDirectory() as tmp:
+            return convert_zero_checkpoint_to_fp32_state_dict(path, Path(tmp) / "fp32.pt")["state_dict"]
+    return torch.load(path, map_location="cpu", weights_only=False)["state_dict"]
+
+
+class ExportBestToHF(Callback):
+    """Writes the best checkpoint (else the last) as an HF folder at ``dirpath`` when fit ends.
+
+    The folder loads with ``AutoModelForSequenceClassification`` and ``CrossEncoder``; its
+    ``config.cis_distill`` records the teacher data, label, target scaling and validation metrics.
+    """
+
+    def __init__(self, dirpath: str | Path) -> None:
+        self.dirpath = Path(dirpath)
+
+    def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        checkpoints = trainer.checkpoint_callback
+        best = checkpoints.best_model_path or checkpoints.last_model_path
+        trainer.strategy.barrier()
+        if not trainer.is_global_zero or not best:
+            return
+        from transformers import AutoModelForSequenceClassification
+
+        model = AutoModelForSequenceClassification.from_config(pl_module.model.config)
+        prefix = "model."
+        state = {k[len(prefix) :]: v for k, v in checkpoint_state_dict(best).items() if k.startswith(prefix)}
+        model.load_state_dict(state)
+        data = trainer.datamodule
+        metadata: dict[str, Any] = {
+            "backbone": pl_module.hparams.backbone,
+            "loss": pl_module.hparams.loss,
+            "teacher_data": list(data.hparams.teacher_data),
+            "label": data.hparams.label,
+            "target_scaling": data.scaling.to_dict(),
+            "max_length": data.hparams.max_length,
+            "checkpoint": str(best),
+            "best_score": float(checkpoints.best_model_score) if checkpoints.best_model_score is not None else None,
+            "monitor": checkpoints.monitor,
+        }
+        save_student(model, data.tokenizer, self.dirpath, metadata)
+        log.warning("exported %s to %s: %s", best, self.dirpath, json.dumps(metadata))

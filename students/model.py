@@ -1,0 +1,50 @@
+"""The student: a Hugging Face encoder with a one-score sequence-classification head.
+
+``AutoModelForSequenceClassification`` with ``num_labels=1`` is exactly the paper's cross-encoder:
+it reads ``[CLS] Q [SEP] K [SEP]``, takes the [CLS] representation (BERT's pooled [CLS]), applies
+dropout and a linear layer, and returns one score. Saved with :func:`save_student`, a student is a
+plain HF folder that ``AutoModelForSequenceClassification`` and sentence-transformers'
+``CrossEncoder`` load as-is (the latter with an identity activation, so both give the same numbers).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from transformers import AutoModelForSequenceClassification, PreTrainedModel
+
+from distill.models import load_architecture, load_pretrained, resolve_model
+
+IDENTITY_ACTIVATION = "torch.nn.modules.linear.Identity"
+
+
+def build_student(
+    backbone: str, random_init: bool = False, dropout: float | None = None
+) -> tuple[PreTrainedModel, Any]:
+    """A cross-encoder on ``backbone`` and its tokenizer.
+
+    Args:
+        backbone: any name :func:`distill.models.resolve_model` takes; ``bert-large-uncased`` builds offline.
+        random_init: random weights from the backbone's config (for timing where its weights are absent).
+        dropout: dropout before the linear head; default the backbone's.
+    """
+    overrides: dict[str, Any] = {"num_labels": 1}
+    if dropout is not None:
+        overrides["classifier_dropout"] = dropout
+    config, tokenizer = load_architecture(backbone, **overrides)
+    if random_init:
+        model = AutoModelForSequenceClassification.from_config(config)
+    else:
+        model = load_pretrained(resolve_model(backbone), AutoModelForSequenceClassification, config=config)
+    return model, tokenizer
+
+
+def save_student(model: PreTrainedModel, tokenizer: Any, path: str | Path, metadata: dict[str, Any]) -> Path:
+    """Save a plain HF folder (safetensors, tokenizer, config) with ``metadata`` under ``config.cis_distill``."""
+    path = Path(path)
+    model.config.cis_distill = metadata
+    model.config.sentence_transformers = {"activation_fn": IDENTITY_ACTIVATION}
+    model.save_pretrained(path, safe_serialization=True)
+    tokenizer.save_pretrained(path)
+    return path

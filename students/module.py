@@ -1,0 +1,123 @@
+"""The student's LightningModule: distillation loss, optimiser and schedule, validation metrics."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+import torch
+from pytorch_lightning import LightningModule
+from scipy.stats import pearsonr, spearmanr
+
+from students.losses import LOSSES, ListwiseKL
+from students.model import build_student
+
+
+class CrossEncoderModule(LightningModule):
+    """Trains a cross-encoder student (:mod:`students.model`) to predict the teacher's scores.
+
+    Args:
+        backbone: the encoder (``bert-large-uncased``, the paper's; ``all-minilm-l6-v2`` offline).
+        random_init: random weights from the backbone's config (timing runs without weights).
+        dropout: dropout before the linear head; default the backbone's.
+        loss: ``mse`` (pointwise, the paper), ``margin_mse`` or ``listwise_kl``.
+        temperature: teacher temperature of ``listwise_kl``.
+        lr: peak AdamW learning rate.
+        weight_decay: AdamW weight decay (not on biases and norms).
+        warmup_ratio: share of the optimiser steps of linear warm-up, before linear decay to 0.
+    """
+
+    def __init__(
+        self,
+        backbone: str = "bert-large-uncased",
+        random_init: bool = False,
+        dropout: float | None = None,
+        loss: str = "mse",
+        temperature: float = 1.0,
+        lr: float = 3e-5,
+        weight_decay: float = 0.01,
+        warmup_ratio: float = 0.1,
+    ) -> None:
+        super().__init__()
+        if loss not in LOSSES:
+            raise ValueError(f"loss must be one of {sorted(LOSSES)}, not {loss!r}")
+        self.save_hyperparameters()
+        self.loss_fn = ListwiseKL(temperature) if loss == "listwise_kl" else LOSSES[loss]()
+        self.model: torch.nn.Module | None = None
+        self._val_scores: dict[int, float] = {}
+        self._last_step: float | None = None
+        self._samples_per_s: float | None = None
+
+    def configure_model(self) -> None:
+        """Build the backbone here, so that sharded strategies (DeepSpeed stage 3) can initialise it."""
+        if self.model is None:
+            self.model, _ = build_student(self.hparams.backbone, self.hparams.random_init, self.hparams.dropout)
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """``[B]`` scores of a padded batch (``input_ids``, ``attention_mask``, ``token_type_ids``)."""
+        inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids") if k in batch}
+        return self.model(**inputs).logits.squeeze(-1)
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        scores = self(batch)
+        loss = self.loss_fn(scores, batch["target"], batch["group"])
+        size = len(batch["target"])
+        self.log("train/loss", loss, prog_bar=True, batch_size=size)
+        now = time.perf_counter()
+        if self._last_step is not None:  # samples per second over all ranks, smoothed
+            rate = size * self.trainer.world_size / max(now - self._last_step, 1e-9)
+            self._samples_per_s = rate if self._samples_per_s is None else 0.9 * self._samples_per_s + 0.1 * rate
+            self.log("train/samples_per_s", self._samples_per_s, prog_bar=True, batch_size=size)
+        self._last_step = now
+        return loss
+
+    def on_validation_epoch_start(self) -> None:
+        self._val_scores = {}
+
+    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        scores = self(batch)
+        self._val_scores.update(zip(batch["index"].tolist(), scores.float().cpu().tolist(), strict=True))
+        self.log("val/loss", self.loss_fn(scores, batch["target"], batch["group"]), batch_size=len(scores))
+
+    def on_validation_epoch_end(self) -> None:
+        val = self.trainer.datamodule.val
+        if len(self._val_scores) != len(val):  # the sanity check sees a few batches only
+            return
+        scores = np.array([self._val_scores[i] for i in range(len(val))])
+        for name, value in validation_metrics(val, scores, self.trainer.datamodule.qrels).items():
+            self.log(f"val/{name}", value, prog_bar=name == "nDCG@10")
+
+    def configure_optimizers(self) -> dict[str, Any]:
+        from transformers import get_linear_schedule_with_warmup
+
+        decay, no_decay = [], []
+        for name, param in self.named_parameters():
+            if param.requires_grad:
+                (no_decay if param.ndim < 2 or "norm" in name.lower() else decay).append(param)
+        groups = [
+            {"params": decay, "weight_decay": self.hparams.weight_decay},
+            {"params": no_decay, "weight_decay": 0.0},
+        ]
+        optimizer = torch.optim.AdamW(groups, lr=self.hparams.lr, fused=self.device.type == "cuda")
+        steps = self.trainer.estimated_stepping_batches
+        schedule = get_linear_schedule_with_warmup(optimizer, int(self.hparams.warmup_ratio * steps), steps)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
+
+
+def validation_metrics(val: Any, scores: np.ndarray, qrels: dict) -> dict[str, float]:
+    """nDCG@10 of the student (and, for reference, of the teacher and the first stage) on the validation
+    queries, and the Pearson and Spearman correlations of student and teacher scores."""
+    from distill.evaluate import evaluate
+
+    metrics = {
+        "pearson": float(pearsonr(scores, val.labels).statistic),
+        "spearman": float(spearmanr(scores, val.labels).statistic),
+    }
+    if qrels:
+        for name, values in (("", scores), ("teacher_", val.labels), ("first_stage_", val.first_stage)):
+            run: dict[str, dict[str, float]] = {}
+            for qid, docid, value in zip(val.qid, val.docid, values, strict=True):
+                run.setdefault(qid, {})[docid] = float(value)
+            metrics[f"{name}nDCG@10"] = evaluate(run, qrels, ["nDCG@10"])["nDCG@10"]
+    return metrics

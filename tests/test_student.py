@@ -1,0 +1,79 @@
+"""The student stage on tiny random BERTs: losses, scaling, sampling, training, export, resume."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from students.losses import ListwiseKL, MarginMSE, PointwiseMSE
+from students.sampling import LengthGroupedBatches, QueryGroupedBatches
+from students.scaling import TargetScaling
+
+
+def test_pointwise_mse_is_mean_squared_error() -> None:
+    scores, targets = torch.tensor([1.0, 2.0, 4.0]), torch.tensor([1.0, 0.0, 1.0])
+    assert PointwiseMSE()(scores, targets, torch.zeros(3, dtype=torch.long)).item() == pytest.approx(13 / 3)
+
+
+def test_margin_mse_compares_within_queries_only() -> None:
+    scores = torch.tensor([3.0, 1.0, 10.0, -5.0])
+    targets = torch.tensor([2.0, 1.0, 0.0, 7.0])
+    groups = torch.tensor([0, 0, 1, 2])
+    # Only query 0 has a pair: student margin 2, teacher margin 1.
+    assert MarginMSE()(scores, targets, groups).item() == pytest.approx(1.0)
+    lone = MarginMSE()(scores[2:], targets[2:], torch.tensor([0, 1]))
+    assert lone.item() == 0.0 and lone.requires_grad is False
+
+
+def test_listwise_kl_per_query_matches_the_definition() -> None:
+    scores = torch.tensor([0.5, 1.5, -1.0, 2.0, 0.0])
+    targets = torch.tensor([1.0, 3.0, 0.0, -1.0, 1.0])
+    groups = torch.tensor([1, 0, 1, 0, 1])
+    expected = []
+    for g in (0, 1):
+        m = groups == g
+        p, log_q = torch.softmax(targets[m] / 2.0, 0), torch.log_softmax(scores[m], 0)
+        expected.append((p * (p.log() - log_q)).sum())
+    got = ListwiseKL(temperature=2.0)(scores, targets, groups)
+    assert got.item() == pytest.approx(torch.stack(expected).mean().item(), rel=1e-6)
+    assert ListwiseKL()(targets, targets, groups).item() == pytest.approx(0.0, abs=1e-7)
+
+
+def test_target_scaling() -> None:
+    targets, qids = np.array([1.0, 3.0, 10.0, 20.0]), ["a", "a", "b", "b"]
+    assert TargetScaling.fit("none", targets)(targets, qids).tolist() == targets.tolist()
+    glob = TargetScaling.fit("global", targets)
+    assert glob(targets, qids).mean() == pytest.approx(0.0) and glob(targets, qids).std() == pytest.approx(1.0)
+    per_query = TargetScaling.fit("per_query", targets)(targets, qids)
+    assert per_query.tolist() == [-1.0, 1.0, -1.0, 1.0]
+    with pytest.raises(ValueError, match="target_scaling"):
+        TargetScaling.fit("minmax", targets)
+
+
+def test_length_grouped_batches_cover_each_example_once_and_shard_evenly() -> None:
+    lengths = np.random.default_rng(0).integers(5, 300, 103).tolist()
+    single = list(LengthGroupedBatches(lengths, 8, seed=1))
+    assert sorted(i for b in single for i in b) == list(range(103))
+    ranks = [list(LengthGroupedBatches(lengths, 8, seed=1, rank=r, world_size=3)) for r in range(3)]
+    assert len({len(r) for r in ranks}) == 1  # the same number of steps on every rank: no hang
+    seen = [i for r in ranks for b in r for i in b]
+    assert len(seen) == len(set(seen))
+    spread = np.mean([max(lengths[i] for i in b) - min(lengths[i] for i in b) for b in single])
+    assert spread < 0.5 * (max(lengths) - min(lengths))
+    sampler = LengthGroupedBatches(lengths, 8, seed=1)
+    sampler.set_epoch(1)
+    assert list(sampler) != single
+
+
+def test_query_grouped_batches_hold_whole_groups_of_one_query() -> None:
+    qids = [f"q{i % 5}" for i in range(60)]
+    batches = list(QueryGroupedBatches(qids, group_size=4, queries_per_batch=2, seed=0))
+    assert sorted(i for b in batches for i in b) == list(range(60))
+    for batch in batches:
+        by_query = {q: sum(qids[i] == q for i in batch) for q in {qids[i] for i in batch}}
+        assert len(batch) in (4, 8) and len(by_query) <= 2 and all(n % 4 == 0 for n in by_query.values())
+    with pytest.raises(ValueError, match="group_size"):
+        QueryGroupedBatches(qids, group_size=1, queries_per_batch=2)

@@ -1,0 +1,160 @@
+"""``distill train`` end to end on a tiny random BERT and tiny-Llama teacher triplets."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from distill.cli import main
+
+from .conftest import DL19_QRELS
+
+
+def write_config(tmp_path: Path, tiny_bert: Path, teacher_dataset: Path, **trainer) -> Path:
+    config = {
+        "model": {"backbone": str(tiny_bert), "lr": 1e-3},
+        "data": {
+            "teacher_data": [str(teacher_dataset)],
+            "label": "cis",
+            "qrels": str(DL19_QRELS),
+            "val_queries": 1,
+            "batch_size": 8,
+            "max_length": 128,
+            "target_scaling": "global",
+        },
+        "trainer": {
+            "max_epochs": 2,
+            "accelerator": "cpu",
+            "devices": 1,
+            "enable_progress_bar": False,
+            "log_every_n_steps": 1,
+            **trainer,
+        },
+        "run_name": "tiny",
+        "checkpoint_root": str(tmp_path / "runs"),
+        "wandb_mode": "disabled",
+    }
+    path = tmp_path / "train.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def metrics(run: Path) -> list[dict[str, str]]:
+    with (run / "logs" / "metrics.csv").open() as f:
+        return list(csv.DictReader(f))
+
+
+def test_train_validates_checkpoints_and_exports(tmp_path: Path, tiny_bert: Path, teacher_dataset: Path) -> None:
+    assert main(["train", "--config", str(write_config(tmp_path, tiny_bert, teacher_dataset))]) == 0
+    run = tmp_path / "runs" / "tiny"
+    assert (run / "checkpoints" / "best.ckpt").is_file() and (run / "checkpoints" / "last.ckpt").is_file()
+    rows = metrics(run)
+    val = [r for r in rows if r.get("val/nDCG@10")]
+    assert len(val) == 2  # one validation per epoch, on the held-out query
+    for key in ("val/spearman", "val/pearson", "val/teacher_nDCG@10", "val/first_stage_nDCG@10"):
+        assert all(r[key] for r in val), key
+    assert any(r.get("train/loss") for r in rows)
+
+    from transformers import AutoModelForSequenceClassification
+
+    hf = run / "hf"
+    model = AutoModelForSequenceClassification.from_pretrained(hf).eval()
+    meta = model.config.cis_distill
+    assert model.config.num_labels == 1 and meta["label"] == "cis" and meta["target_scaling"]["kind"] == "global"
+    assert meta["monitor"] == "val/nDCG@10" and (hf / "model.safetensors").is_file()
+    best = torch.load(run / "checkpoints" / "best.ckpt", weights_only=False)["state_dict"]
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(value, best[f"model.{name}"])
+
+
+def test_exported_student_scores_the_same_in_sentence_transformers(
+    tmp_path: Path, tiny_bert: Path, teacher_dataset: Path
+) -> None:
+    st = pytest.importorskip("sentence_transformers")
+    assert main(["train", "--config", str(write_config(tmp_path, tiny_bert, teacher_dataset, max_epochs=1))]) == 0
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    hf = tmp_path / "runs" / "tiny" / "hf"
+    pairs = [
+        ("how long is life cycle of flea", "The life cycle of a flea can last a year."),
+        ("what is a rhino", "Rhinos are large herbivores with one or two horns."),
+    ]
+    model, tok = AutoModelForSequenceClassification.from_pretrained(hf).eval(), AutoTokenizer.from_pretrained(hf)
+    with torch.no_grad():
+        ours = model(**tok([q for q, _ in pairs], [p for _, p in pairs], padding=True, return_tensors="pt"))
+    theirs = st.CrossEncoder(str(hf), device="cpu").predict(pairs)
+    torch.testing.assert_close(torch.tensor(theirs, dtype=torch.float32), ours.logits.squeeze(-1), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(("loss", "group_size"), [("margin_mse", 4), ("listwise_kl", 6)])
+def test_within_query_losses_train(
+    tmp_path: Path, tiny_bert: Path, teacher_dataset: Path, loss: str, group_size: int
+) -> None:
+    path = write_config(tmp_path, tiny_bert, teacher_dataset, max_epochs=1)
+    args = [
+        "train",
+        "--config",
+        str(path),
+        "--model.loss",
+        loss,
+        "--data.group_size",
+        str(group_size),
+        "--data.target_scaling",
+        "per_query",
+    ]
+    assert main(args) == 0
+    assert (tmp_path / "runs" / "tiny" / "hf" / "config.json").is_file()
+
+
+def test_bad_teacher_data_is_named(tmp_path: Path, tiny_bert: Path, teacher_dataset: Path, capsys) -> None:
+    path = write_config(tmp_path, tiny_bert, teacher_dataset)
+    assert main(["train", "--config", str(path), "--data.label", "bm25"]) == 2
+    err = capsys.readouterr().err
+    assert str(teacher_dataset) in err and "missing column(s) ['bm25']" in err
+    assert main(["train", "--config", str(path), "--data.teacher_data", f"[{tmp_path / 'nowhere'}]"]) == 2
+    assert "no teacher dataset here" in capsys.readouterr().err
+    assert main(["train", "--config", str(path), "--data.val_queries", "3"]) == 2
+    assert "empty split" in capsys.readouterr().err
+
+
+def test_nan_targets_are_rejected(tmp_path: Path, tiny_bert: Path, teacher_dataset: Path, capsys) -> None:
+    import datasets
+
+    broken = tmp_path / "broken"
+    ds = datasets.load_from_disk(str(teacher_dataset))
+    ds.map(lambda row, i: {"cis": float("nan") if i == 3 else row["cis"]}, with_indices=True).save_to_disk(broken)
+    assert main(["train", "--config", str(write_config(tmp_path, tiny_bert, broken))]) == 2
+    assert "NaN/inf" in capsys.readouterr().err
+
+
+def test_full_size_bert_large_config_runs_a_step(tmp_path: Path, teacher_dataset: Path) -> None:
+    """bert-large-uncased builds offline from its embedded config (random weights) and trains a step."""
+    path = write_config(
+        tmp_path,
+        Path("bert-large-uncased"),
+        teacher_dataset,
+        max_steps=1,
+        max_epochs=1,
+        limit_val_batches=1,
+        num_sanity_val_steps=0,
+    )
+    args = [
+        "train",
+        "--config",
+        str(path),
+        "--model.random_init",
+        "true",
+        "--data.batch_size",
+        "2",
+        "--data.max_length",
+        "64",
+    ]
+    assert main(args) == 0
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(tmp_path / "runs" / "tiny" / "hf")
+    assert (config.hidden_size, config.num_hidden_layers, config.num_labels) == (1024, 24, 1)
