@@ -237,9 +237,11 @@ def _prepare_work_dir(work: Path, fingerprint: dict[str, Any], overwrite: bool) 
     stamp.write_text(json.dumps(fingerprint, indent=2, sort_keys=True))
 
 
-def _progress(cfg: TeachConfig, state: Any, total: int, desc: str, unit: str) -> tqdm:
+def _progress(cfg: TeachConfig, state: Any, total: int, desc: str, unit: str, per_item: int = 1) -> tqdm:
+    """A bar counting items (passages or pairs) of ``per_item`` scored sequences each."""
     return tqdm(
-        total=total,
+        total=total * per_item,
+        unit_scale=1 / per_item if per_item > 1 else False,
         desc=f"{desc} [rank {state.process_index}/{state.num_processes}]",
         unit=unit,
         disable=not cfg.progress or not state.is_local_main_process,
@@ -292,13 +294,13 @@ def _score_pairs(
         for j, chunk in enumerate(chunks)
         if j % state.num_processes == state.process_index and not (work / "chunks" / f"{j:06d}.parquet").exists()
     ]
-    with _progress(cfg, state, sum(len(c) for _, c in mine), "pairs", "pair") as bar:
+    with _progress(cfg, state, sum(len(c) for _, c in mine), "pairs", "pair", len(pair_terms)) as bar:
         for j, chunk in mine:
             values = teacher.pair_terms(
                 [pairs.query[i] for i in chunk],
                 [passage_ids[i] for i in chunk],
                 pair_terms,
-                on_batch=lambda n: bar.update(n / len(pair_terms)),
+                on_batch=bar.update,
             )
             values["logp_uncond"] = np.array([cache[keys[i]] for i in chunk])
             columns: dict[str, Any] = {

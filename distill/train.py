@@ -56,10 +56,11 @@ class DistillCLI(LightningCLI):
                     )
                 )
         monitor = "val/nDCG@10" if self.config.data.qrels else "val/spearman"
-        callbacks = [
-            ModelCheckpoint(self.run_dir / "checkpoints", "best", monitor=monitor, mode="max", save_last=True),
-            ExportBestToHF(self.run_dir / "hf"),
-        ]
+        folder = self.run_dir / "checkpoints"
+        best = ModelCheckpoint(folder, "best", monitor=monitor, mode="max", enable_version_counter=False)
+        # Lightning's save_last only follows top-k saves; this one writes last.ckpt after every validation.
+        last = ModelCheckpoint(folder, "last", save_top_k=1, enable_version_counter=False)
+        callbacks = [best, last, ExportBestToHF(best, self.run_dir / "hf")]
         extra = [self._get(self.config_init, key) for key in self._parser(self.subcommand).callback_keys]
         return self._instantiate_trainer(config, [*extra, *callbacks])
 

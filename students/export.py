@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 from pytorch_lightning import Callback, LightningModule, Trainer
+from pytorch_lightning.callbacks import ModelCheckpoint
 
 from students.model import save_student
 
@@ -29,18 +30,19 @@ def checkpoint_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
 
 
 class ExportBestToHF(Callback):
-    """Writes the best checkpoint (else the last) as an HF folder at ``dirpath`` when fit ends.
+    """Writes the best checkpoint of ``checkpoints`` as an HF folder at ``dirpath`` when fit ends.
 
     The folder loads with ``AutoModelForSequenceClassification`` and ``CrossEncoder``; its
     ``config.cis_distill`` records the teacher data, label, target scaling and validation metrics.
     """
 
-    def __init__(self, dirpath: str | Path) -> None:
+    def __init__(self, checkpoints: ModelCheckpoint, dirpath: str | Path) -> None:
+        self.checkpoints = checkpoints
         self.dirpath = Path(dirpath)
 
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        checkpoints = trainer.checkpoint_callback
-        best = checkpoints.best_model_path or checkpoints.last_model_path
+        checkpoints = self.checkpoints
+        best = checkpoints.best_model_path
         trainer.strategy.barrier()
         if not trainer.is_global_zero or not best:
             return

@@ -78,15 +78,18 @@ class CrossEncoderModule(LightningModule):
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
         scores = self(batch)
         self._val_scores.update(zip(batch["index"].tolist(), scores.float().cpu().tolist(), strict=True))
-        self.log("val/loss", self.loss_fn(scores, batch["target"], batch["group"]), batch_size=len(scores))
+        loss = self.loss_fn(scores, batch["target"], batch["group"])
+        self.log("val/loss", loss, batch_size=len(scores), sync_dist=True)
 
     def on_validation_epoch_end(self) -> None:
-        val = self.trainer.datamodule.val
-        if len(self._val_scores) != len(val):  # the sanity check sees a few batches only
+        if self.trainer.sanity_checking or len(self._val_scores) < 2:
             return
-        scores = np.array([self._val_scores[i] for i in range(len(val))])
-        for name, value in validation_metrics(val, scores, self.trainer.datamodule.qrels).items():
-            self.log(f"val/{name}", value, prog_bar=name == "nDCG@10")
+        rows = sorted(self._val_scores)  # all of the split, unless limit_val_batches cut it short
+        scores = np.array([self._val_scores[i] for i in rows])
+        for name, value in validation_metrics(
+            self.trainer.datamodule.val, rows, scores, self.trainer.datamodule.qrels
+        ).items():
+            self.log(f"val/{name}", value, prog_bar=name == "nDCG@10", sync_dist=True)
 
     def configure_optimizers(self) -> dict[str, Any]:
         from transformers import get_linear_schedule_with_warmup
@@ -105,19 +108,22 @@ class CrossEncoderModule(LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
 
-def validation_metrics(val: Any, scores: np.ndarray, qrels: dict) -> dict[str, float]:
+def validation_metrics(val: Any, rows: list[int], scores: np.ndarray, qrels: dict) -> dict[str, float]:
     """nDCG@10 of the student (and, for reference, of the teacher and the first stage) on the validation
-    queries, and the Pearson and Spearman correlations of student and teacher scores."""
+    pairs ``rows`` of ``val`` scored ``scores``, and the Pearson and Spearman correlations of student and
+    teacher scores."""
     from distill.evaluate import evaluate
 
+    labels = val.labels[rows]
     metrics = {
-        "pearson": float(pearsonr(scores, val.labels).statistic),
-        "spearman": float(spearmanr(scores, val.labels).statistic),
+        "pearson": float(pearsonr(scores, labels).statistic),
+        "spearman": float(spearmanr(scores, labels).statistic),
     }
     if qrels:
-        for name, values in (("", scores), ("teacher_", val.labels), ("first_stage_", val.first_stage)):
+        qids, docids = [val.qid[i] for i in rows], [val.docid[i] for i in rows]
+        for name, values in (("", scores), ("teacher_", labels), ("first_stage_", val.first_stage[rows])):
             run: dict[str, dict[str, float]] = {}
-            for qid, docid, value in zip(val.qid, val.docid, values, strict=True):
+            for qid, docid, value in zip(qids, docids, values, strict=True):
                 run.setdefault(qid, {})[docid] = float(value)
             metrics[f"{name}nDCG@10"] = evaluate(run, qrels, ["nDCG@10"])["nDCG@10"]
     return metrics

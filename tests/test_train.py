@@ -140,6 +140,7 @@ def test_full_size_bert_large_config_runs_a_step(tmp_path: Path, teacher_dataset
         max_steps=1,
         max_epochs=1,
         limit_val_batches=1,
+        val_check_interval=1,
         num_sanity_val_steps=0,
     )
     args = [
@@ -158,3 +159,48 @@ def test_full_size_bert_large_config_runs_a_step(tmp_path: Path, teacher_dataset
 
     config = AutoConfig.from_pretrained(tmp_path / "runs" / "tiny" / "hf")
     assert (config.hidden_size, config.num_hidden_layers, config.num_labels) == (1024, 24, 1)
+
+
+def _subprocess_env() -> dict[str, str]:
+    import os
+
+    return {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"}
+
+
+@pytest.mark.slow
+def test_killed_run_resumes_from_last(tmp_path: Path, tiny_bert: Path, teacher_dataset: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    path = write_config(tmp_path, tiny_bert, teacher_dataset, max_epochs=40)
+    command = [sys.executable, "-m", "distill", "train", "--config", str(path)]
+    last = tmp_path / "runs" / "tiny" / "checkpoints" / "last.ckpt"
+    proc = subprocess.Popen(command, env=_subprocess_env(), stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while not last.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.5)  # a few more epochs
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    killed_at = torch.load(last, weights_only=False)["epoch"]
+    assert killed_at < 39, "the run finished before it could be killed"
+    resumed = subprocess.run([*command, "--ckpt_path", "last"], env=_subprocess_env(), capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "Restoring states from the checkpoint path" in resumed.stderr
+    assert torch.load(last, weights_only=False)["epoch"] == 39
+
+
+@pytest.mark.slow
+def test_ddp_on_two_cpu_processes_with_uneven_batches(tmp_path: Path, tiny_bert: Path, teacher_dataset: Path) -> None:
+    """24 training pairs in batches of 5 are 5 batches: two ranks must still step together and finish."""
+    import subprocess
+    import sys
+
+    path = write_config(tmp_path, tiny_bert, teacher_dataset, devices=2, strategy="ddp", max_epochs=2)
+    command = [sys.executable, "-m", "distill", "train", "--config", str(path), "--data.batch_size", "5"]
+    done = subprocess.run(command, env=_subprocess_env(), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "GLOBAL_RANK: 1" in done.stderr or "world_size=2" in done.stderr.replace(" ", "")
+    assert (tmp_path / "runs" / "tiny" / "hf" / "model.safetensors").is_file()
