@@ -27,13 +27,7 @@ Run ``python benchmarks/teacher.py --help``; results go to ``benchmarks/results/
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
-import platform
-import re
-import resource
-import shlex
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -43,6 +37,19 @@ from typing import Any
 
 import numpy as np
 import torch
+from _common import (
+    RESULTS,
+    ROOT,
+    MemoryProbe,
+    display_path,
+    dtype_name,
+    environment,
+    invocation,
+    matmul_flops_per_s,
+    slug,
+    synchronize,
+    yes,
+)
 from tqdm.auto import tqdm
 
 from distill.batching import token_budget_batches
@@ -51,9 +58,7 @@ from distill.models import ARCHITECTURES, load_pretrained, resolve_model
 from teachers.causal_lm import ScoringSequence
 from teachers.teacher import DTYPES, CausalLMTeacher, resolve_dtype
 
-ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_INPUT = ROOT / "data" / "trec-dl19" / "bm25_top100.json"
-RESULTS = ROOT / "benchmarks" / "results"
 TOKENIZER_FOR_RANDOM = "smollm2-135m"
 """Random-weight models are fed the embedded SmolLM2 tokenizer's ids (all below 49152)."""
 
@@ -203,8 +208,8 @@ def build_teacher(args: argparse.Namespace, device: torch.device, dtype: torch.d
         "max_passage_tokens": args.max_passage_tokens,
     }
     if args.random_config is None:
-        teacher = CausalLMTeacher.load(args.teacher, device=device, dtype=_dtype_name(dtype), **options)
-        return teacher, _slug(args.teacher)
+        teacher = CausalLMTeacher.load(args.teacher, device=device, dtype=dtype_name(dtype), **options)
+        return teacher, slug(args.teacher)
     from transformers import AutoTokenizer
 
     tokenizer = load_pretrained(resolve_model(TOKENIZER_FOR_RANDOM), AutoTokenizer)
@@ -233,50 +238,6 @@ def load_workload(teacher: CausalLMTeacher, path: str, max_queries: int | None) 
 
 
 # ----------------------------------------------------------------------------- measurement
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-class MemoryProbe:
-    """Peak memory of a phase: the CUDA allocator's peak (bytes) on a GPU; on a CPU the process's peak
-    resident set size (bytes) since it started, which never goes down and so includes earlier phases."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self.kind = (
-            "torch.cuda.max_memory_allocated (weights included)"
-            if device.type == "cuda"
-            else "process peak RSS since start (resource.getrusage ru_maxrss; weights, data, earlier phases included)"
-        )
-
-    def reset(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-            torch.cuda.reset_peak_memory_stats(self.device)
-
-    def peak(self) -> int:
-        if self.device.type == "cuda":
-            return int(torch.cuda.max_memory_allocated(self.device))
-        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        return int(rss if sys.platform == "darwin" else rss * 1024)  # bytes on macOS, KiB on Linux
-
-
-def matmul_flops_per_s(device: torch.device, dtype: torch.dtype, size: int, reps: int) -> float:
-    """FLOP/s of a ``size``-square matmul in ``dtype`` (``2 * size**3`` FLOP each), averaged over ``reps``."""
-    a = torch.randn(size, size, device=device, dtype=dtype)
-    b = torch.randn(size, size, device=device, dtype=dtype)
-    c = torch.empty(size, size, device=device, dtype=dtype)
-    for _ in range(3):
-        torch.matmul(a, b, out=c)
-    synchronize(device)
-    start = time.perf_counter()
-    for _ in range(reps):
-        torch.matmul(a, b, out=c)
-    synchronize(device)
-    return 2 * size**3 * reps / (time.perf_counter() - start)
 
 
 def progress(total: int, desc: str, enabled: bool) -> tqdm:
@@ -398,24 +359,6 @@ def agreement(
 # ----------------------------------------------------------------------------- reporting
 
 
-def environment(device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
-    import transformers
-
-    return {
-        "device": str(device),
-        "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else _cpu_name(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "cuda": torch.version.cuda,
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "torch_threads": torch.get_num_threads(),
-        "dtype": _dtype_name(dtype),
-        "git_commit": _git_commit(),
-        "utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-    }
-
-
 def print_report(result: dict[str, Any], phases: list[Phase]) -> None:
     env, model, work, mm = result["environment"], result["model"], result["workload"], result["matmul"]
     print(f"command   : {result['command']}")
@@ -454,7 +397,7 @@ def print_report(result: dict[str, Any], phases: list[Phase]) -> None:
     targets = result["targets"]
     print(
         f"issue targets (Llama-3-8B config on an H100): ceiling >= {targets['flop_ceiling_fraction']:.0%}: "
-        f"{_yes(targets['flop_ceiling_met'])}; speed-up >= {targets['speedup']:.0f}x: {_yes(targets['speedup_met'])}"
+        f"{yes(targets['flop_ceiling_met'])}; speed-up >= {targets['speedup']:.0f}x: {yes(targets['speedup_met'])}"
     )
 
 
@@ -492,12 +435,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     speedup = taught.pairs_per_s / naive.pairs_per_s
     result = {
         "benchmark": "teacher",
-        "command": "python " + shlex.join(sys.argv if argv is None else ["benchmarks/teacher.py", *argv]),
-        "argv": list(sys.argv if argv is None else argv),
+        **invocation("benchmarks/teacher.py", argv),
         "environment": environment(device, dtype),
         "model": model_info(args, teacher, n_params),
         "workload": {
-            "input": _display_path(args.input),
+            "input": display_path(args.input),
             "queries": work.n_queries,
             "pairs": work.n_pairs,
             "distinct_passages": len(work.distinct_ids),
@@ -531,7 +473,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = args.out or RESULTS / f"teacher-{device.type}-{label}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"\nwrote {_display_path(out)}")
+    print(f"\nwrote {display_path(out)}")
     return 0 if agree["ok"] else 1
 
 
@@ -559,48 +501,6 @@ def model_info(args: argparse.Namespace, teacher: CausalLMTeacher, n_params: int
             else ""
         ),
     }
-
-
-# ----------------------------------------------------------------------------- helpers
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
-def _slug(name: str) -> str:
-    stem = Path(name).name.removesuffix(".gguf") or name
-    return re.sub(r"[^a-z0-9.]+", "-", stem.lower()).strip("-")
-
-
-def _display_path(path: str | Path) -> str:
-    path = Path(path).resolve()
-    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def _git_commit() -> str | None:
-    try:
-        out = subprocess.run(
-            ["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, check=False
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    commit = out.stdout.strip()
-    return commit if out.returncode == 0 and commit else None
-
-
-def _yes(flag: bool) -> str:
-    return "met" if flag else "not met"
 
 
 if __name__ == "__main__":

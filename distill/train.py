@@ -76,4 +76,16 @@ def run_train(argv: list[str]) -> int:
         parser_kwargs={"prog": "distill train"},
     )
     cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=cli.config.ckpt_path)
+    if cli.trainer.is_global_zero:
+        print_summary(cli.trainer, cli.run_dir)
     return 0
+
+
+def print_summary(trainer: Trainer, run_dir: Path) -> None:
+    """The last validation's metrics and where the run's artefacts are."""
+    metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
+    print(f"\nrun folder: {run_dir}  (best student as a Hugging Face folder: {run_dir / 'hf'})")
+    if metrics:
+        print("last validation, held-out queries:")
+        for key in sorted(metrics):
+            print(f"  {key:<28} {metrics[key]:10.4f}")

@@ -53,6 +53,7 @@ class CrossEncoderModule(LightningModule):
         """Build the backbone here, so that sharded strategies (DeepSpeed stage 3) can initialise it."""
         if self.model is None:
             self.model, _ = build_student(self.hparams.backbone, self.hparams.random_init, self.hparams.dropout)
+            self.model.train()  # from_pretrained returns eval mode, which would silence dropout
 
     def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """``[B]`` scores of a padded batch (``input_ids``, ``attention_mask``, ``token_type_ids``)."""
@@ -90,6 +91,16 @@ class CrossEncoderModule(LightningModule):
             self.trainer.datamodule.val, rows, scores, self.trainer.datamodule.qrels
         ).items():
             self.log(f"val/{name}", value, prog_bar=name == "nDCG@10", sync_dist=True)
+
+    def configure_gradient_clipping(
+        self, optimizer: torch.optim.Optimizer, gradient_clip_val: float | None = None, gradient_clip_algorithm=None
+    ) -> None:
+        """Clip the global gradient norm directly: Lightning refuses to clip for a fused AdamW, although
+        its gradients are already unscaled here (bf16 has no loss scaling; fp16's scaler unscales first)."""
+        if gradient_clip_val:
+            if gradient_clip_algorithm not in (None, "norm"):
+                raise ValueError(f"only gradient_clip_algorithm 'norm' is supported, not {gradient_clip_algorithm!r}")
+            torch.nn.utils.clip_grad_norm_(self.parameters(), gradient_clip_val)
 
     def configure_optimizers(self) -> dict[str, Any]:
         from transformers import get_linear_schedule_with_warmup

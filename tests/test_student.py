@@ -75,3 +75,18 @@ def test_query_grouped_batches_hold_whole_groups_of_one_query() -> None:
         assert len(batch) in (4, 8) and len(by_query) <= 2 and all(n % 4 == 0 for n in by_query.values())
     with pytest.raises(ValueError, match="group_size"):
         QueryGroupedBatches(qids, group_size=1, queries_per_batch=2)
+
+
+def test_module_trains_with_dropout_and_clips_the_global_norm(tiny_bert) -> None:
+    from students.module import CrossEncoderModule
+
+    module = CrossEncoderModule(backbone=str(tiny_bert))
+    module.configure_model()
+    assert module.model.training  # from_pretrained's eval mode would switch dropout off
+    for p in module.parameters():
+        p.grad = torch.full_like(p, 10.0)
+    module.configure_gradient_clipping(None, gradient_clip_val=1.0)
+    norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in module.parameters()]))
+    assert norm.item() == pytest.approx(1.0, rel=1e-4)
+    with pytest.raises(ValueError, match="norm"):
+        module.configure_gradient_clipping(None, gradient_clip_val=1.0, gradient_clip_algorithm="value")
