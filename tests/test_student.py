@@ -87,6 +87,6 @@ def test_module_trains_with_dropout_and_clips_the_global_norm(tiny_bert) -> None
         p.grad = torch.full_like(p, 10.0)
     module.configure_gradient_clipping(None, gradient_clip_val=1.0)
     norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in module.parameters()]))
-    assert norm.item() == pytest.approx(1.0, rel=1e-4)
+    assert norm.item() == pytest.approx(1.0, rel=1e-3)
     with pytest.raises(ValueError, match="norm"):
         module.configure_gradient_clipping(None, gradient_clip_val=1.0, gradient_clip_algorithm="value")
