@@ -9,6 +9,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import shlex
 import sys
 from pathlib import Path
 from typing import Any, get_args
@@ -96,7 +97,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     for name, values in results.items():
         print(f"{name:<{width}}  " + "  ".join(f"{values[m]:8.2f}" for m in args.metrics))
     if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+        command = "distill " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+        record = {"command": command, "qrels": args.qrels, "metrics": args.metrics, "results": results}
+        Path(args.json).write_text(json.dumps(record, indent=2) + "\n")
     return 0
 
 
