@@ -103,6 +103,50 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from distill.backend import ParitySet, export_student
+    from distill.loaders import load_candidates
+
+    parity = None
+    if args.parity_input:
+        data = load_candidates(args.parity_input, qrels=args.qrels)
+        parity = ParitySet.from_data(data, args.parity_queries, args.parity_depth)
+    run = Path(args.checkpoint)
+    model = run / "hf" if (run / "hf" / "config.json").is_file() else run
+    output = Path(args.output) if args.output else (run if model != run else run.parent) / "export"
+    formats = tuple(f.strip() for f in args.formats.split(",") if f.strip())
+    unknown = sorted(set(formats) - {"onnx", "torchscript"})
+    if unknown:
+        raise InputError(f"--formats: unknown format(s) {unknown}; choose from onnx, torchscript")
+    report = export_student(model, output, formats, args.fp16, args.int8, parity)
+    print(f"{'format':<12} {'file':<22} {'device':<6} {'max |Δscore|':>12} {'bound':>7}  nDCG@10 (PyTorch -> format)")
+    for p in report.parity:
+        ndcg = f"{p.ndcg10['pytorch']:.2f} -> {p.ndcg10[p.format]:.2f}" if p.ndcg10 else ""
+        diff = "-" if p.max_abs_diff is None else f"{p.max_abs_diff:.3g}"
+        bound = "-" if p.bound is None else f"{p.bound:g}"
+        file = report.formats[p.format]
+        print(f"{p.format:<12} {file:<22} {p.device or '-':<6} {diff:>12} {bound:>7}  {ndcg}{p.not_checked or ''}")
+    print(f"wrote {report.out_dir} (card.json has the parity figures)")
+    return 0
+
+
+def cmd_rerank(args: argparse.Namespace) -> int:
+    from distill.loaders import load_candidates
+    from distill.reranker import Reranker
+    from distill.runs import write_trec_run
+
+    data = load_candidates(args.input, queries=args.queries, corpus=args.corpus)
+    reranker = Reranker.load(args.model, args.backend, args.device, args.dtype, args.max_length, args.max_batch_tokens)
+    run: dict[str, dict[str, float]] = {}
+    for cands in data.candidates[: args.max_queries]:
+        scores = reranker.score(cands.query.text, [p.text for p in cands.passages])
+        run[cands.query.qid] = {p.docid: s for p, s in zip(cands.passages, scores, strict=True)}
+    write_trec_run(args.output, run, tag=f"{Path(args.model).name}-{args.backend}")
+    pairs = sum(map(len, run.values()))
+    print(f"wrote {args.output}: {len(run)} queries, {pairs} pairs, {reranker.truncated} truncated")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from distill.teach import TeachConfig
 
@@ -126,14 +170,42 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--metrics", nargs="+", default=["nDCG@1", "nDCG@5", "nDCG@10"], help="ir-measures names")
     ev.add_argument("--json", help="also write the results to this JSON file")
     ev.set_defaults(func=cmd_eval)
+
+    export = sub.add_parser("export", help="export a student to ONNX and TorchScript, checked for parity with PyTorch")
+    export.add_argument(
+        "--checkpoint", required=True, help="a training run (checkpoints/<run>, its hf/ is exported) or an HF folder"
+    )
+    export.add_argument("--output", help="the export folder (default: <run>/export; a previous export is replaced)")
+    export.add_argument("--formats", default="onnx,torchscript", help="comma-separated: onnx, torchscript")
+    export.add_argument("--fp16", action="store_true", help="also model.fp16.onnx (fp16 weights, for GPUs)")
+    export.add_argument("--int8", action="store_true", help="also model.int8.onnx (int8 weights, for CPUs)")
+    export.add_argument("--parity-input", help="candidates to check on (default: the shipped DL19 BM25 top-100)")
+    export.add_argument("--qrels", help="qrels of --parity-input, for the int8 nDCG@10 bound")
+    export.add_argument("--parity-queries", type=int, default=3, help="queries of --parity-input to check on")
+    export.add_argument("--parity-depth", type=int, default=32, help="candidates per query to check on")
+    export.set_defaults(func=cmd_export)
+
+    rerank = sub.add_parser("rerank", help="rerank candidates with a student and write a TREC run")
+    rerank.add_argument("--model", required=True, help="an HF folder (torch backend) or an export folder")
+    rerank.add_argument(
+        "--input", "--run", dest="input", required=True, help="candidates (a TREC run or rank_llm JSON, ...)"
+    )
+    rerank.add_argument("--queries", help="for a TREC run input: the queries (TSV or JSONL)")
+    rerank.add_argument("--corpus", help="for a TREC run input: the passages (TSV or JSONL)")
+    rerank.add_argument("--output", required=True, help="the TREC run file to write")
+    rerank.add_argument("--backend", choices=["torch", "onnx", "torchscript"], default="torch")
+    rerank.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    rerank.add_argument("--dtype", help="torch: float32|float16|bfloat16; onnx: float32|float16|int8")
+    rerank.add_argument("--max-length", type=int, help="longest pair in tokens (default: the model's)")
+    rerank.add_argument("--max-batch-tokens", type=int, default=16384, help="padded tokens per batch")
+    rerank.add_argument("--max-queries", type=int, help="rerank only the first N queries")
+    rerank.set_defaults(func=cmd_rerank)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from distill.models import ModelNotFoundError
-
     command = argv[0] if argv else "distill"
     try:
         if command == "train":  # LightningCLI parses its own arguments
@@ -142,6 +214,6 @@ def main(argv: list[str] | None = None) -> int:
             return run_train(argv[1:])
         args = build_parser().parse_args(argv)
         return args.func(args)
-    except (InputError, ModelNotFoundError, ValueError) as e:
+    except (InputError, FileNotFoundError, FileExistsError, ValueError) as e:  # ModelNotFoundError included
         print(f"distill {command}: error: {e}", file=sys.stderr)
         return 2

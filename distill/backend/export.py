@@ -1,0 +1,155 @@
+"""``export_student``: a student's HF folder to an export folder of ONNX and TorchScript files, checked for parity.
+
+The export folder holds the HF folder's files (it loads with ``AutoModelForSequenceClassification`` and
+sentence-transformers' ``CrossEncoder``), the tokenizer (``tokenizer.json`` included, for runtimes
+without transformers), the exported files of :data:`~distill.backend.scorers.FORMAT_FILES` and
+``card.json``. It is written to a staging folder and moved into place only when every file passes the
+parity check, so a failed export leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import asdict, dataclass
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any
+
+from distill.backend.encoding import encode_pairs, input_names, model_max_length, pad_batch
+from distill.backend.parity import FormatParity, ParityError, ParitySet, verify_export
+from distill.backend.scorers import FORMAT_FILES, WEIGHT_FILES, require_file
+
+CARD = "card.json"
+EXPORTABLE = ("onnx", "torchscript")
+EXAMPLE_PAIRS = (
+    ("how long is the life cycle of a flea", "The life cycle of a flea can last a year."),
+    ("rhino", "Rhinos are large herbivores with one or two horns."),
+)
+"""Two pairs of different lengths: the export's example batch (batch 2, padded), so no size is specialised."""
+
+
+@dataclass
+class ExportReport:
+    """What :func:`export_student` wrote and how each format compared with PyTorch."""
+
+    out_dir: Path
+    formats: dict[str, str]
+    """Format -> file name in ``out_dir``."""
+    parity: list[FormatParity]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"formats": self.formats, "parity": [asdict(p) for p in self.parity]}
+
+
+def export_student(
+    hf_dir: str | Path,
+    out_dir: str | Path,
+    formats: tuple[str, ...] = EXPORTABLE,
+    fp16: bool = False,
+    int8: bool = False,
+    parity: ParitySet | None = None,
+) -> ExportReport:
+    """Export the student in ``hf_dir`` to ``out_dir`` and check every file against PyTorch.
+
+    Args:
+        hf_dir: a student's Hugging Face folder (``AutoModelForSequenceClassification``, one label).
+        out_dir: the export folder; an existing one is replaced only if it is an export folder (has ``card.json``).
+        formats: ``onnx`` (``model.onnx``, opset 18, dynamic batch and sequence axes) and/or ``torchscript``
+            (``model.torchscript.pt``, a trace returning ``[batch]`` scores).
+        fp16: also write ``model.fp16.onnx`` (fp16 weights, for GPUs); needs ``onnx``.
+        int8: also write ``model.int8.onnx`` (dynamically quantised int8 weights, for CPUs); needs ``onnx``.
+        parity: the pairs of the parity check; default :func:`~distill.backend.parity.dl19_parity_set`.
+
+    Raises:
+        ParityError: an exported file breaks its bound; nothing is written to ``out_dir``.
+    """
+    hf_dir, out_dir = Path(hf_dir), Path(out_dir)
+    if unknown := sorted(set(formats) - set(EXPORTABLE)):
+        raise ValueError(f"unknown export format(s) {unknown}: expected some of {list(EXPORTABLE)}")
+    if (fp16 or int8) and "onnx" not in formats:
+        raise ValueError("fp16 and int8 are variants of the ONNX graph: add 'onnx' to the formats")
+    require_file(hf_dir, "config.json")
+    require_file(hf_dir, *WEIGHT_FILES)
+    if out_dir.exists() and any(out_dir.iterdir()) and not (out_dir / CARD).is_file():
+        raise FileExistsError(f"{out_dir} exists and is not an export folder (no {CARD}): choose another out_dir")
+    staging = out_dir.with_name(f".{out_dir.name}.tmp{os.getpid()}")
+    if staging.exists():
+        shutil.rmtree(staging)
+    try:
+        shutil.copytree(hf_dir, staging, ignore=shutil.ignore_patterns(*FORMAT_FILES.values(), CARD))
+        written = _write_formats(staging, formats, fp16, int8)
+        report = ExportReport(out_dir, written, verify_export(staging, parity))
+        (staging / CARD).write_text(json.dumps(_card(hf_dir, staging, report), indent=2) + "\n")
+    except BaseException as e:
+        shutil.rmtree(staging, ignore_errors=True)
+        if isinstance(e, ParityError):
+            raise ParityError(f"export of {hf_dir} to {out_dir} (nothing written)", e.failures, e.results) from None
+        raise
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    staging.rename(out_dir)
+    return report
+
+
+def _write_formats(folder: Path, formats: tuple[str, ...], fp16: bool, int8: bool) -> dict[str, str]:
+    """Write the tokenizer and the exported files into ``folder`` (a copy of the HF folder); format -> file."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    require_file(folder, "tokenizer.json")
+    model = AutoModelForSequenceClassification.from_pretrained(folder, dtype=torch.float32).eval()
+    if model.config.num_labels != 1:
+        raise ValueError(f"{folder}: a student has one output (num_labels=1), this model has {model.config.num_labels}")
+    queries, passages = zip(*EXAMPLE_PAIRS, strict=True)
+    encoded = encode_pairs(tokenizer, queries, passages, model_max_length(model.config, tokenizer))
+    example = {name: torch.from_numpy(array) for name, array in pad_batch(tokenizer, encoded.features).items()}
+    written: dict[str, str] = {}
+    if "onnx" in formats:
+        from distill.backend.onnx_export import convert_fp16, export_onnx, quantize_int8
+
+        export_onnx(model, example, folder / FORMAT_FILES["onnx"])
+        written["onnx"] = FORMAT_FILES["onnx"]
+        if fp16:
+            convert_fp16(folder / FORMAT_FILES["onnx"], folder / FORMAT_FILES["onnx-fp16"])
+            written["onnx-fp16"] = FORMAT_FILES["onnx-fp16"]
+        if int8:
+            quantize_int8(folder / FORMAT_FILES["onnx"], folder / FORMAT_FILES["onnx-int8"])
+            written["onnx-int8"] = FORMAT_FILES["onnx-int8"]
+    if "torchscript" in formats:
+        from distill.backend.torchscript_export import export_torchscript
+
+        export_torchscript(model, example, folder / FORMAT_FILES["torchscript"])
+        written["torchscript"] = FORMAT_FILES["torchscript"]
+    return written
+
+
+def _card(hf_dir: Path, folder: Path, report: ExportReport) -> dict[str, Any]:
+    """``card.json``: the student's training metadata (``cis_distill``), the metadata of its teacher data (None for
+    a folder not found at export time), the files written and their parity figures."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    from distill.backend.onnx_export import OPSET
+    from distill.teach import read_metadata
+
+    config = AutoConfig.from_pretrained(folder)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    metadata = getattr(config, "cis_distill", None) or {}
+    teacher_data = {
+        path: read_metadata(path) if (Path(path) / "dataset_info.json").is_file() else None
+        for path in metadata.get("teacher_data", [])
+    }
+    return {
+        "source": str(hf_dir.resolve()),
+        "model_type": config.model_type,
+        "inputs": list(input_names(tokenizer)),
+        "max_length": model_max_length(config, tokenizer),
+        "onnx_opset": OPSET if "onnx" in report.formats else None,
+        "cis_distill": metadata,
+        "teacher_data": teacher_data,
+        **report.to_dict(),
+        "versions": {p: version(p) for p in ("torch", "transformers", "onnx", "onnxruntime", "onnxscript")},
+    }

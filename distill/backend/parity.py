@@ -1,0 +1,214 @@
+"""The export-time parity check: every exported file must score real pairs as the PyTorch model does.
+
+Pairs are scored at each batch size of :data:`BATCH_SIZES` (consecutive pairs of mixed lengths, so
+batches are padded) and at two max lengths: :data:`SHORT_MAX_LENGTH` (most pairs truncated) and the
+model's max (up to 512; a long pair reaches it). Bounds: max |Δscore| against PyTorch fp32 of
+:data:`SCORE_BOUNDS`; for the int8 graph, whose scores move more, the nDCG@10 difference over the
+parity queries (:data:`NDCG_BOUND`, where qrels are given).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from distill.backend.encoding import encode_pairs, model_max_length, pad_batch
+from distill.backend.scorers import FORMAT_FILES, OnnxScorer, Scorer, TorchScorer, load_scorer
+from distill.schema import Qrels, RerankingData
+
+BATCH_SIZES = (1, 7, 32)
+SHORT_MAX_LENGTH = 32
+SCORE_BOUNDS = {"onnx": 1e-4, "torchscript": 1e-4, "onnx-fp16": 2e-2}
+"""Max |Δscore| of each format against PyTorch fp32."""
+NDCG_BOUND = 0.5
+"""Max |ΔnDCG@10| (points, x100) of the int8 graph against PyTorch fp32."""
+
+DL19 = Path(__file__).resolve().parents[2] / "data" / "trec-dl19"
+"""The shipped TREC DL19 BM25 candidates and qrels: the default parity pairs."""
+
+
+class ParityError(ValueError):
+    """Exported files break their bounds. The message names each format, its bound and its worst pair."""
+
+    def __init__(self, where: str, failures: list[str], results: list[FormatParity]) -> None:
+        super().__init__(f"{where}: parity check failed:\n  " + "\n  ".join(failures))
+        self.failures = failures
+        self.results = results
+
+
+@dataclass(frozen=True)
+class Pair:
+    qid: str
+    docid: str | None
+    """None for the long pair, which is no candidate (and is left out of rankings)."""
+    query: str
+    passage: str
+
+
+@dataclass(frozen=True)
+class ParitySet:
+    """Real (query, passage) pairs to compare the formats on, with qrels for the int8 ranking check."""
+
+    pairs: list[Pair]
+    qrels: Qrels = field(default_factory=dict)
+
+    @classmethod
+    def from_data(cls, data: RerankingData, queries: int = 3, depth: int = 32) -> ParitySet:
+        """The first ``depth`` candidates of the first ``queries`` queries, and a long pair (the first query
+        with those candidates' passages joined) that reaches the max length."""
+        lists = data.candidates[:queries]
+        if not lists:
+            raise ValueError(f"{data.source}: no candidates for the parity check")
+        pairs = [Pair(c.query.qid, p.docid, c.query.text, p.text) for c in lists for p in c.passages[:depth]]
+        first = lists[0]
+        long_passage = " ".join(p.text for p in first.passages[:depth])
+        return cls([*pairs, Pair(first.query.qid, None, first.query.text, long_passage)], data.qrels)
+
+
+def dl19_parity_set() -> ParitySet:
+    """The default: the first 3 DL19 queries, 32 BM25 candidates each, with the DL19 qrels."""
+    from distill.loaders import load_candidates
+
+    return ParitySet.from_data(load_candidates(DL19 / "bm25_top100.json", qrels=DL19 / "qrels.txt"))
+
+
+@dataclass
+class FormatParity:
+    """How one exported format compares with PyTorch fp32 on the parity pairs."""
+
+    format: str
+    device: str | None = "cpu"
+    """Where it was checked; None if nowhere."""
+    bound: float | None = None
+    """Max |Δscore| allowed; None for int8 (bounded by nDCG@10 instead)."""
+    max_abs_diff: float | None = None
+    """Max |Δscore| over all pairs and cases (NaN if a score is NaN)."""
+    by_case: dict[str, float] = field(default_factory=dict)
+    """``batch=B max_length=L`` -> max |Δscore|."""
+    worst: dict[str, Any] | None = None
+    """The case and pair of ``max_abs_diff``, with both scores."""
+    ndcg10: dict[str, float] | None = None
+    """int8: nDCG@10 x100 of ``pytorch`` and of this format, their ``delta`` and the ``bound``."""
+    not_checked: str | None = None
+    """What could not be checked here, and why."""
+
+    def record(self, case: str, reference: np.ndarray, scores: np.ndarray, pairs: list[Pair]) -> None:
+        diff = np.abs(scores.astype(np.float64) - reference)
+        i = int(np.argmax(diff))  # the first NaN, if any
+        value = float(diff[i])
+        self.by_case[case] = value
+        if self.max_abs_diff is None or not value <= self.max_abs_diff:
+            self.max_abs_diff = value
+            pair = pairs[i]
+            self.worst = {
+                "case": case,
+                "qid": pair.qid,
+                "docid": pair.docid if pair.docid is not None else "(long pair)",
+                "query": pair.query,
+                "passage": pair.passage[:80],
+                "pytorch": float(reference[i]),
+                self.format: float(scores[i]),
+            }
+
+    def failure(self) -> str | None:
+        """Why this format breaks its bound (NaN scores break any), naming the worst pair; None when it holds."""
+        bound = math.inf if self.bound is None else self.bound
+        if self.max_abs_diff is not None and not self.max_abs_diff <= bound:
+            w = self.worst
+            return (
+                f"{self.format}: max |Δscore| {self.max_abs_diff:.3g} > bound {bound:g}, worst at {w['case']}: "
+                f"query {w['qid']} {w['query']!r}, passage {w['docid']} {w['passage']!r}... "
+                f"(PyTorch {w['pytorch']:.6g}, {self.format} {w[self.format]:.6g})"
+            )
+        if self.ndcg10 is not None and not abs(self.ndcg10["delta"]) <= NDCG_BOUND:
+            n = self.ndcg10
+            return (
+                f"{self.format}: nDCG@10 {n[self.format]:.2f} vs PyTorch {n['pytorch']:.2f}: "
+                f"|Δ| {abs(n['delta']):.2f} > bound {NDCG_BOUND} points (max |Δscore| {self.max_abs_diff:.3g})"
+            )
+        return None
+
+
+def verify_export(folder: str | Path, parity: ParitySet | None = None) -> list[FormatParity]:
+    """Compare each exported file in ``folder`` (see :data:`FORMAT_FILES`) with the folder's own PyTorch model.
+
+    Everything runs on the CPU, but the fp16 graph, where onnxruntime cannot run it on the CPU, runs on CUDA
+    where there is one, and is otherwise recorded as not checked.
+
+    Raises:
+        ParityError: a format breaks its bound; the message names each one, the bound and its worst pair.
+    """
+    from transformers import AutoConfig, AutoTokenizer
+
+    folder = Path(folder)
+    parity = parity or dl19_parity_set()
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    reference = TorchScorer(folder)
+    results: dict[str, FormatParity] = {}
+    scorers: dict[str, Scorer] = {}
+    for fmt, file in FORMAT_FILES.items():
+        if (folder / file).is_file():
+            results[fmt] = FormatParity(fmt, bound=SCORE_BOUNDS.get(fmt))
+            scorer = _open(folder, results[fmt])
+            if scorer is not None:
+                scorers[fmt] = scorer
+    queries, passages = [p.query for p in parity.pairs], [p.passage for p in parity.pairs]
+    last: dict[str, np.ndarray] = {}  # scores of the last case (the max length, batch 32), ranked for nDCG@10
+    for max_length in (SHORT_MAX_LENGTH, model_max_length(AutoConfig.from_pretrained(folder), tokenizer)):
+        features = encode_pairs(tokenizer, queries, passages, max_length).features
+        for size in BATCH_SIZES:
+            case = f"batch={size} max_length={max_length}"
+            last = {name: np.empty(len(features)) for name in ("pytorch", *scorers)}
+            for start in range(0, len(features), size):
+                batch = pad_batch(tokenizer, features[start : start + size])
+                last["pytorch"][start : start + size] = reference(batch)
+                for fmt, scorer in scorers.items():
+                    last[fmt][start : start + size] = scorer(batch)
+            for fmt in scorers:
+                results[fmt].record(case, last["pytorch"], last[fmt], parity.pairs)
+    if "onnx-int8" in scorers:
+        _check_ranking(results["onnx-int8"], last, parity)
+    failures = [reason for r in results.values() if (reason := r.failure())]
+    if failures:
+        raise ParityError(str(folder), failures, list(results.values()))
+    return list(results.values())
+
+
+def _open(folder: Path, result: FormatParity) -> Scorer | None:
+    """The format's scorer on the CPU; the fp16 graph on CUDA if the CPU cannot run it (None if nothing can)."""
+    if result.format != "onnx-fp16":
+        return load_scorer(folder, result.format)
+    import onnxruntime as ort
+    from onnxruntime.capi import onnxruntime_pybind11_state as ort_errors
+
+    path = folder / FORMAT_FILES["onnx-fp16"]
+    try:
+        return OnnxScorer(path)
+    except (ort_errors.Fail, ort_errors.InvalidGraph, ort_errors.NotImplemented) as e:
+        reason = f"onnxruntime cannot run it on the CPU ({str(e).splitlines()[0]})"
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        result.device, result.not_checked = "cuda", f"not checked on CPU: {reason}; checked on CUDA"
+        return OnnxScorer(path, "cuda")
+    result.device, result.not_checked = None, f"not checked: {reason}, and there is no CUDA provider"
+    return None
+
+
+def _check_ranking(result: FormatParity, scores: dict[str, np.ndarray], parity: ParitySet) -> None:
+    """nDCG@10 of the int8 graph and of PyTorch over the parity queries' candidates, where they are judged."""
+    from distill.evaluate import evaluate
+
+    candidates = [(i, p) for i, p in enumerate(parity.pairs) if p.docid is not None]
+    if not {p.qid for _, p in candidates} & set(parity.qrels):
+        result.not_checked = "nDCG@10 not checked: no qrels for the parity queries"
+        return
+    ndcg = {}
+    for name in ("pytorch", result.format):
+        run: dict[str, dict[str, float]] = {}
+        for i, p in candidates:
+            run.setdefault(p.qid, {})[p.docid] = float(scores[name][i])
+        ndcg[name] = evaluate(run, parity.qrels, ["nDCG@10"])["nDCG@10"]
+    result.ndcg10 = {**ndcg, "delta": ndcg[result.format] - ndcg["pytorch"], "bound": NDCG_BOUND}

@@ -1,0 +1,129 @@
+"""Scorers: a student folder's PyTorch weights, ONNX graphs or TorchScript file, as one callable each.
+
+A scorer maps a padded :data:`~distill.backend.encoding.Batch` to the ``[batch]`` float32 scores.
+torch and onnxruntime are imported by the scorer that needs them, not by this module.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from distill.backend.encoding import INPUT_NAMES, Batch
+
+FORMAT_FILES = {
+    "onnx": "model.onnx",
+    "onnx-fp16": "model.fp16.onnx",
+    "onnx-int8": "model.int8.onnx",
+    "torchscript": "model.torchscript.pt",
+}
+"""The exported formats and their files in an export folder."""
+
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
+"""A Hugging Face folder's weights: one file, or the index of its shards."""
+
+TORCH_DTYPES = ("float32", "float16", "bfloat16")
+
+
+class Scorer(Protocol):
+    input_names: tuple[str, ...]
+    """The batch arrays the scorer reads."""
+
+    def __call__(self, batch: Batch) -> np.ndarray:
+        """float32 scores ``[batch]`` of int64 arrays ``[batch, sequence]``."""
+        ...
+
+
+def require_file(folder: Path, *names: str) -> Path:
+    """The first of ``names`` present in ``folder``; FileNotFoundError naming the folder and the file otherwise."""
+    for name in names:
+        if (folder / name).is_file():
+            return folder / name
+    raise FileNotFoundError(f"{folder}: missing {' or '.join(names)}")
+
+
+class TorchScorer:
+    """The Hugging Face weights of ``folder`` (``AutoModelForSequenceClassification``, one label)."""
+
+    def __init__(self, folder: Path, device: str = "cpu", dtype: str | None = None) -> None:
+        import inspect
+
+        import torch
+        from transformers import AutoModelForSequenceClassification
+
+        if dtype not in (None, *TORCH_DTYPES):
+            raise ValueError(f"the torch backend's dtype is one of {list(TORCH_DTYPES)}, not {dtype!r}")
+        require_file(folder, *WEIGHT_FILES)
+        self.device = torch.device(device)
+        model = AutoModelForSequenceClassification.from_pretrained(folder, dtype=getattr(torch, dtype or "float32"))
+        self.model = model.to(self.device).eval()
+        accepted = inspect.signature(self.model.forward).parameters
+        self.input_names = tuple(name for name in INPUT_NAMES if name in accepted)
+
+    def __call__(self, batch: Batch) -> np.ndarray:
+        import torch
+
+        inputs = {k: torch.from_numpy(v).to(self.device) for k, v in batch.items() if k in self.input_names}
+        with torch.inference_mode():
+            return self.model(**inputs).logits[:, 0].float().cpu().numpy()
+
+
+class OnnxScorer:
+    """An ONNX graph with inputs named as the tokenizer's and a ``logits`` output ``[batch, 1]``, on onnxruntime."""
+
+    def __init__(self, path: Path, device: str = "cpu") -> None:
+        import onnxruntime as ort
+
+        require_file(path.parent, path.name)
+        if device == "cpu":
+            providers = ["CPUExecutionProvider"]
+        elif device.startswith("cuda"):
+            if "CUDAExecutionProvider" not in ort.get_available_providers():
+                raise ValueError(f"{path}: onnxruntime has no CUDA provider here (install onnxruntime-gpu)")
+            index = device.partition(":")[2] or "0"
+            providers = [("CUDAExecutionProvider", {"device_id": int(index)})]
+        else:
+            raise ValueError(f"{path}: device must be 'cpu' or 'cuda[:N]' for ONNX, not {device!r}")
+        self.session = ort.InferenceSession(str(path), providers=providers)
+        self.input_names = tuple(i.name for i in self.session.get_inputs())
+
+    def __call__(self, batch: Batch) -> np.ndarray:
+        (logits,) = self.session.run(["logits"], {name: batch[name] for name in self.input_names})
+        return logits[:, 0].astype(np.float32)
+
+
+class TorchScriptScorer:
+    """A traced module taking the input arrays positionally (named in its schema) and returning ``[batch]`` scores."""
+
+    def __init__(self, path: Path, device: str = "cpu") -> None:
+        import torch
+
+        require_file(path.parent, path.name)
+        self.device = torch.device(device)
+        self.module = torch.jit.load(str(path), map_location=self.device).eval()
+        self.input_names = tuple(arg.name for arg in self.module.forward.schema.arguments[1:])
+
+    def __call__(self, batch: Batch) -> np.ndarray:
+        import torch
+
+        with torch.inference_mode():
+            scores = self.module(*(torch.from_numpy(batch[name]).to(self.device) for name in self.input_names))
+        return scores.float().cpu().numpy()
+
+
+def load_scorer(folder: str | Path, fmt: str, device: str = "cpu", dtype: str | None = None) -> Scorer:
+    """The scorer of format ``fmt`` (``torch`` or a key of :data:`FORMAT_FILES`) in ``folder``.
+
+    ``dtype`` (one of :data:`TORCH_DTYPES`) applies to ``torch`` only; the exported files have theirs.
+    """
+    folder = Path(folder)
+    if fmt == "torch":
+        return TorchScorer(folder, device, dtype)
+    if fmt not in FORMAT_FILES:
+        raise ValueError(f"unknown format {fmt!r}: expected 'torch' or one of {sorted(FORMAT_FILES)}")
+    if dtype not in (None, "float32"):
+        raise ValueError(f"{fmt} has a fixed dtype; dtype={dtype!r} applies to the torch backend only")
+    path = folder / FORMAT_FILES[fmt]
+    return TorchScriptScorer(path, device) if fmt == "torchscript" else OnnxScorer(path, device)

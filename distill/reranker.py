@@ -1,0 +1,106 @@
+"""``Reranker``: score and rank a query's passages with a student, on PyTorch, ONNX or TorchScript.
+
+``Reranker.load("checkpoints/minilm/export", backend="onnx").rerank("what is a rhino", passages, top_k=10)``
+gives ``[(index into passages, score), ...]``, best first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from distill.backend.encoding import encode_pairs, model_max_length, pad_batch
+from distill.backend.scorers import Scorer, load_scorer, require_file
+from distill.batching import token_budget_batches
+
+BACKENDS = ("torch", "onnx", "torchscript")
+ONNX_DTYPES = {None: "onnx", "float32": "onnx", "float16": "onnx-fp16", "int8": "onnx-int8"}
+"""The ONNX backend's ``dtype`` -> the exported format it runs."""
+
+
+class Reranker:
+    """A cross-encoder student that scores (query, passage) pairs.
+
+    Passages are encoded as in training (the passage truncated to ``max_length``), sorted by length into
+    batches of at most ``max_batch_tokens`` padded tokens, and their scores returned in input order.
+
+    Attributes:
+        truncated: how many pairs, over all calls, were longer than ``max_length`` and cut.
+    """
+
+    def __init__(self, scorer: Scorer, tokenizer: Any, max_length: int, max_batch_tokens: int = 16384) -> None:
+        if max_length < 1 or max_batch_tokens < 1:
+            raise ValueError(f"max_length and max_batch_tokens must be positive, got {max_length}, {max_batch_tokens}")
+        self.scorer = scorer
+        self.tokenizer = tokenizer
+        self.max_length = max_length
+        self.max_batch_tokens = max_batch_tokens
+        self.truncated = 0
+
+    @classmethod
+    def load(
+        cls,
+        path: str | Path,
+        backend: str = "torch",
+        device: str = "cpu",
+        dtype: str | None = None,
+        max_length: int | None = None,
+        max_batch_tokens: int = 16384,
+    ) -> Reranker:
+        """The student in ``path``: an HF folder (``torch``) or an export folder (any backend).
+
+        Args:
+            backend: ``torch`` (the HF weights), ``onnx`` (onnxruntime) or ``torchscript``.
+            device: ``cpu`` or ``cuda[:N]``.
+            dtype: ``torch``: ``float32`` (default), ``float16`` or ``bfloat16``; ``onnx``: ``float32`` (default,
+                ``model.onnx``), ``float16`` (``model.fp16.onnx``) or ``int8`` (``model.int8.onnx``);
+                ``torchscript``: ``float32`` only.
+            max_length: the longest pair in tokens; default the model's (up to 512).
+            max_batch_tokens: the budget of padded tokens per batch.
+
+        Raises:
+            FileNotFoundError: a file the backend needs is missing; the message names the folder and the file.
+        """
+        from transformers import AutoConfig, AutoTokenizer
+
+        path = Path(path)
+        if not path.is_dir():
+            raise FileNotFoundError(f"{path}: no such model folder")
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {list(BACKENDS)}, not {backend!r}")
+        if backend == "onnx" and dtype not in ONNX_DTYPES:
+            raise ValueError(f"the onnx backend's dtype is one of {list(ONNX_DTYPES)}, not {dtype!r}")
+        require_file(path, "config.json")
+        require_file(path, "tokenizer_config.json")
+        fmt = ONNX_DTYPES[dtype] if backend == "onnx" else backend
+        scorer = load_scorer(path, fmt, device, None if backend == "onnx" else dtype)
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        limit = model_max_length(AutoConfig.from_pretrained(path), tokenizer)
+        if max_length is not None and max_length > limit:
+            raise ValueError(f"{path}: max_length {max_length} is over the model's {limit}")
+        return cls(scorer, tokenizer, max_length or limit, max_batch_tokens)
+
+    def score(self, query: str, passages: Sequence[str]) -> list[float]:
+        """The score of each passage for ``query``, in the order of ``passages`` (higher is more relevant)."""
+        if isinstance(passages, str) or not all(isinstance(p, str) for p in passages) or not isinstance(query, str):
+            raise TypeError("score(query, passages) takes a query string and a sequence of passage strings")
+        if not passages:
+            return []
+        encoded = encode_pairs(self.tokenizer, [query] * len(passages), list(passages), self.max_length)
+        self.truncated += encoded.truncated
+        scores = np.empty(len(passages), dtype=np.float32)
+        for rows in token_budget_batches(encoded.lengths, self.max_batch_tokens):
+            scores[rows] = self.scorer(pad_batch(self.tokenizer, [encoded.features[i] for i in rows]))
+        return scores.tolist()
+
+    def rerank(self, query: str, passages: Sequence[str], top_k: int | None = None) -> list[tuple[int, float]]:
+        """``(index into passages, score)`` of the ``top_k`` best passages (all by default), best first; ties keep
+        the input order."""
+        if top_k is not None and top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {top_k}")
+        scores = self.score(query, passages)
+        order = sorted(range(len(scores)), key=lambda i: (-scores[i], i))
+        return [(i, scores[i]) for i in order[:top_k]]

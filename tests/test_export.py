@@ -1,0 +1,354 @@
+"""Export (ONNX fp32/fp16/int8, TorchScript) with its parity check, and the Reranker on every backend."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from distill.backend import ParityError, ParitySet, export_student, verify_export
+from distill.backend.encoding import encode_pairs, pad_batch
+from distill.backend.parity import BATCH_SIZES, NDCG_BOUND, SCORE_BOUNDS, SHORT_MAX_LENGTH, FormatParity
+from distill.backend.scorers import TorchScorer
+from distill.loaders import load_candidates
+from distill.reranker import Reranker
+
+from .conftest import DL19, DL19_QRELS
+
+
+@pytest.fixture(scope="module")
+def parity() -> ParitySet:
+    """Two real DL19 queries, 24 BM25 candidates each (and the long pair), with the DL19 qrels."""
+    return ParitySet.from_data(load_candidates(DL19, qrels=DL19_QRELS), queries=2, depth=24)
+
+
+@pytest.fixture(scope="module")
+def student(tmp_path_factory: pytest.TempPathFactory, tiny_bert: Path, parity: ParitySet) -> Path:
+    """The tiny BERT fitted to the graded relevance of the parity pairs, saved as a student.
+
+    A random model's ranking is noise that int8 quantisation reshuffles; one that separates the grades
+    is what the int8 nDCG@10 bound is about.
+    """
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from students.model import save_student
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_bert)
+    model = AutoModelForSequenceClassification.from_pretrained(tiny_bert)
+    pairs = [p for p in parity.pairs if p.docid is not None]
+    grades = torch.tensor([float(parity.qrels.get(p.qid, {}).get(p.docid, 0)) for p in pairs])
+    features = encode_pairs(tokenizer, [p.query for p in pairs], [p.passage for p in pairs], 512).features
+    batch = {k: torch.from_numpy(v) for k, v in pad_batch(tokenizer, features).items()}
+    torch.manual_seed(0)
+    optimiser = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    model.train()
+    for _ in range(50):
+        loss = torch.nn.functional.mse_loss(model(**batch).logits[:, 0], grades)
+        optimiser.zero_grad()
+        loss.backward()
+        optimiser.step()
+    model.eval()
+    metadata = {"backbone": str(tiny_bert), "label": "qrels grade", "teacher_data": [], "max_length": 512}
+    return save_student(model, tokenizer, tmp_path_factory.mktemp("student"), metadata)
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory: pytest.TempPathFactory, student: Path, parity: ParitySet) -> Path:
+    out = tmp_path_factory.mktemp("exports") / "student"
+    export_student(student, out, fp16=True, int8=True, parity=parity)
+    return out
+
+
+def pytorch_scores(folder: Path, queries: list[str], passages: list[str], max_length: int = 512) -> np.ndarray:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    features = encode_pairs(tokenizer, queries, passages, max_length).features
+    return TorchScorer(folder)(pad_batch(tokenizer, features))
+
+
+def test_export_writes_every_format_and_a_card(exported: Path, student: Path) -> None:
+    for name in ("model.onnx", "model.fp16.onnx", "model.int8.onnx", "model.torchscript.pt", "tokenizer.json"):
+        assert (exported / name).is_file(), name
+    assert not list(exported.parent.glob(".student.tmp*"))  # the staging folder is gone
+    card = json.loads((exported / "card.json").read_text())
+    assert card["formats"] == {
+        "onnx": "model.onnx",
+        "onnx-fp16": "model.fp16.onnx",
+        "onnx-int8": "model.int8.onnx",
+        "torchscript": "model.torchscript.pt",
+    }
+    assert card["inputs"] == ["input_ids", "attention_mask", "token_type_ids"] and card["max_length"] == 512
+    assert card["onnx_opset"] >= 17 and card["cis_distill"]["label"] == "qrels grade"
+    assert card["source"] == str(student) and card["versions"]["onnxruntime"]
+    parity = {p["format"]: p for p in card["parity"]}
+    cases = {f"batch={b} max_length={m}" for b in BATCH_SIZES for m in (SHORT_MAX_LENGTH, 512)}
+    for fmt in ("onnx", "torchscript", "onnx-int8"):
+        assert set(parity[fmt]["by_case"]) == cases, fmt  # any batch size, short and full lengths
+    for fmt in ("onnx", "torchscript"):
+        assert parity[fmt]["max_abs_diff"] <= SCORE_BOUNDS[fmt] == 1e-4
+    fp16 = parity["onnx-fp16"]
+    assert (fp16["device"] == "cpu" and fp16["max_abs_diff"] <= 2e-2) or fp16["not_checked"]
+    ndcg = parity["onnx-int8"]["ndcg10"]
+    assert ndcg["pytorch"] > 0 and abs(ndcg["delta"]) <= NDCG_BOUND == 0.5
+
+
+def test_export_folder_loads_as_hf_and_cross_encoder(exported: Path, parity: ParitySet) -> None:
+    st = pytest.importorskip("sentence_transformers")
+    from transformers import AutoModelForSequenceClassification
+
+    assert AutoModelForSequenceClassification.from_pretrained(exported).config.num_labels == 1
+    pairs = [(p.query, p.passage) for p in parity.pairs[:8]]
+    theirs = st.CrossEncoder(str(exported), device="cpu").predict(pairs)
+    ours = pytorch_scores(exported, [q for q, _ in pairs], [p for _, p in pairs])
+    np.testing.assert_allclose(theirs, ours, rtol=1e-5, atol=1e-5)
+
+
+def edit_initializer(path: Path, suffix: str, change) -> None:
+    """Plant a broken graph: ``change`` the values of the initializer of ``path`` whose name ends with ``suffix``."""
+    import onnx
+    from onnx import numpy_helper
+
+    graph = onnx.load(str(path))
+    (tensor,) = [t for t in graph.graph.initializer if t.name.endswith(suffix)]
+    tensor.CopyFrom(numpy_helper.from_array(change(numpy_helper.to_array(tensor)), tensor.name))
+    onnx.save(graph, str(path))
+
+
+def break_classifier_bias(path: Path) -> None:
+    """Every score of ``path`` moves by +1."""
+    edit_initializer(path, "classifier.bias", lambda bias: bias + 1.0)
+
+
+def test_a_broken_graph_fails_the_parity_check(exported: Path, parity: ParitySet, tmp_path: Path) -> None:
+    broken = tmp_path / "broken"
+    shutil.copytree(exported, broken)
+    break_classifier_bias(broken / "model.onnx")
+    with pytest.raises(ParityError) as caught:
+        verify_export(broken, parity)
+    message = str(caught.value)
+    assert re.search(r"onnx: max \|Δscore\| 1 > bound 0.0001, worst at batch=\d+ max_length=\d+: query \d+ '", message)
+    assert re.search(r"passage \d+ .*\(PyTorch -?[\d.]+, onnx -?[\d.]+\)", message)
+    assert "torchscript" not in message and "onnx-int8" not in message  # the others still hold
+    assert {r.format for r in caught.value.results} == {"onnx", "onnx-fp16", "onnx-int8", "torchscript"}
+
+
+def test_a_failed_export_writes_nothing(
+    student: Path, parity: ParitySet, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from distill.backend import onnx_export
+
+    real = onnx_export.export_onnx
+
+    def planted(model, example, path):
+        real(model, example, path)
+        break_classifier_bias(path)
+
+    monkeypatch.setattr(onnx_export, "export_onnx", planted)
+    with pytest.raises(ParityError, match=r"out \(nothing written\): parity check failed:\n  onnx: max \|Δscore"):
+        export_student(student, tmp_path / "out", formats=("onnx",), parity=parity)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_int8_ranking_bound_is_enforced(exported: Path, parity: ParitySet, tmp_path: Path) -> None:
+    """An int8 graph that reverses the ranking (its classifier negated) breaks the nDCG@10 bound."""
+    planted = tmp_path / "planted"
+    shutil.copytree(exported, planted)
+    shutil.copy(planted / "model.onnx", planted / "model.int8.onnx")
+    edit_initializer(planted / "model.int8.onnx", "classifier.weight", lambda weight: -weight)
+    with pytest.raises(ParityError, match=r"onnx-int8: nDCG@10 .* > bound 0.5 points") as caught:
+        verify_export(planted, parity)
+    assert "onnx:" not in str(caught.value)
+
+
+def test_nan_scores_break_any_bound(parity: ParitySet) -> None:
+    result = FormatParity("onnx-int8")  # no score bound of its own
+    reference = np.zeros(len(parity.pairs))
+    scores = reference.copy()
+    scores[3] = np.nan
+    result.record("batch=7 max_length=32", reference, scores, parity.pairs)
+    worst = f"worst at batch=7 max_length=32: query {parity.pairs[3].qid}"
+    assert result.failure().startswith(f"onnx-int8: max |Δscore| nan > bound inf, {worst}")
+
+
+def test_fp16_the_cpu_cannot_run_is_recorded_as_not_checked(
+    exported: Path, parity: ParitySet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import onnxruntime
+    from onnxruntime.capi import onnxruntime_pybind11_state as ort_errors
+
+    from distill.backend import parity as parity_module
+
+    real = parity_module.OnnxScorer
+
+    def cpu_without_fp16(path: Path, device: str = "cpu"):
+        if path.name == "model.fp16.onnx":
+            raise ort_errors.NotImplemented("Could not find an implementation for LayerNormalization(17)")
+        return real(path, device)
+
+    monkeypatch.setattr(parity_module, "OnnxScorer", cpu_without_fp16)
+    monkeypatch.setattr(onnxruntime, "get_available_providers", lambda: ["CPUExecutionProvider"])
+    fp16 = {r.format: r for r in verify_export(exported, parity)}["onnx-fp16"]
+    assert fp16.device is None and fp16.max_abs_diff is None and fp16.failure() is None
+    assert fp16.not_checked == (
+        "not checked: onnxruntime cannot run it on the CPU (Could not find an implementation for "
+        "LayerNormalization(17)), and there is no CUDA provider"
+    )
+
+
+def test_bad_export_arguments(student: Path, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="unknown export format"):
+        export_student(student, tmp_path / "x", formats=("tflite",))
+    with pytest.raises(ValueError, match="add 'onnx'"):
+        export_student(student, tmp_path / "x", formats=("torchscript",), int8=True)
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "notes.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match="not an export folder"):
+        export_student(student, tmp_path / "taken")
+    with pytest.raises(FileNotFoundError, match=r"nowhere: missing config\.json"):
+        export_student(tmp_path / "nowhere", tmp_path / "y")
+
+
+FRESH_PROCESS = """
+import json, sys
+import numpy as np, onnxruntime
+from tokenizers import Tokenizer
+
+folder, pairs = sys.argv[1], json.loads(sys.argv[2])
+tokenizer = Tokenizer.from_file(folder + "/tokenizer.json")
+tokenizer.enable_truncation(max_length=512, strategy="only_second")
+tokenizer.enable_padding(pad_id=tokenizer.token_to_id("[PAD]"), pad_token="[PAD]")
+encodings = tokenizer.encode_batch([tuple(p) for p in pairs])
+arrays = {
+    "input_ids": np.array([e.ids for e in encodings], dtype=np.int64),
+    "attention_mask": np.array([e.attention_mask for e in encodings], dtype=np.int64),
+    "token_type_ids": np.array([e.type_ids for e in encodings], dtype=np.int64),
+}
+session = onnxruntime.InferenceSession(folder + "/model.onnx", providers=["CPUExecutionProvider"])
+(logits,) = session.run(["logits"], {i.name: arrays[i.name] for i in session.get_inputs()})
+assert "torch" not in sys.modules and "distill" not in sys.modules and "transformers" not in sys.modules
+print(json.dumps(logits[:, 0].tolist()))
+"""
+
+
+def test_onnx_runs_in_a_fresh_process_without_torch(exported: Path, parity: ParitySet) -> None:
+    pairs = [(p.query, p.passage) for p in [*parity.pairs[:40:5], parity.pairs[-1]]]  # the long one cut to 512
+    done = subprocess.run(
+        [sys.executable, "-c", FRESH_PROCESS, str(exported), json.dumps(pairs)],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd="/",
+    )
+    theirs = np.array(json.loads(done.stdout.splitlines()[-1]))
+    ours = pytorch_scores(exported, [q for q, _ in pairs], [p for _, p in pairs])
+    assert np.abs(theirs - ours).max() <= 1e-4
+
+
+@pytest.fixture(scope="module")
+def candidates() -> tuple[str, list[str]]:
+    """A real DL19 query and its first 20 BM25 passages."""
+    first = load_candidates(DL19).candidates[0]
+    return first.query.text, [p.text for p in first.passages[:20]]
+
+
+@pytest.mark.parametrize(("backend", "dtype", "tolerance"), [("onnx", None, 1e-4), ("torchscript", None, 1e-4)])
+def test_reranker_backends_agree(
+    exported: Path, candidates: tuple[str, list[str]], backend: str, dtype: str | None, tolerance: float
+) -> None:
+    query, passages = candidates
+    reference = Reranker.load(exported).score(query, passages)
+    reranker = Reranker.load(exported, backend=backend, dtype=dtype, max_batch_tokens=600)  # several batches
+    scores = reranker.score(query, passages)
+    np.testing.assert_allclose(scores, reference, atol=tolerance, rtol=0)
+    ranked = reranker.rerank(query, passages, top_k=5)
+    assert [i for i, _ in ranked] == sorted(range(len(passages)), key=lambda i: -scores[i])[:5]
+    assert [s for _, s in ranked] == [scores[i] for i, _ in ranked]
+
+
+def test_reranker_restores_the_input_order(exported: Path, candidates: tuple[str, list[str]]) -> None:
+    query, passages = candidates
+    reranker = Reranker.load(exported, backend="onnx", max_batch_tokens=300)
+    one_by_one = [reranker.score(query, [p])[0] for p in passages]
+    np.testing.assert_allclose(reranker.score(query, passages), one_by_one, atol=1e-5, rtol=0)
+    assert len(reranker.rerank(query, passages)) == len(passages)
+
+
+def test_reranker_quantised_and_half_files(exported: Path, candidates: tuple[str, list[str]]) -> None:
+    query, passages = candidates
+    reference = Reranker.load(exported).score(query, passages)
+    int8 = Reranker.load(exported, backend="onnx", dtype="int8").score(query, passages)
+    assert np.corrcoef(int8, reference)[0, 1] > 0.99
+    fp16 = Reranker.load(exported, backend="onnx", dtype="float16").score(query, passages)
+    np.testing.assert_allclose(fp16, reference, atol=2e-2, rtol=0)
+
+
+def test_reranker_bad_input(exported: Path, tmp_path: Path) -> None:
+    reranker = Reranker.load(exported, backend="onnx", max_length=64)
+    assert reranker.score("a query", []) == [] and reranker.rerank("a query", []) == []
+    scores = reranker.score("", ["", "a passage", "word " * 300])
+    assert len(scores) == 3 and all(math.isfinite(s) for s in scores)
+    assert reranker.truncated == 1
+    assert len(reranker.score("word " * 100, ["a passage"])) == 1  # a query over the max length too
+    assert reranker.truncated == 2
+    with pytest.raises(TypeError, match="sequence of passage strings"):
+        reranker.score("a query", "a passage")
+    with pytest.raises(ValueError, match="top_k"):
+        reranker.rerank("a query", ["a"], top_k=-1)
+    with pytest.raises(ValueError, match="over the model's 512"):
+        Reranker.load(exported, max_length=1000)
+    with pytest.raises(ValueError, match="dtype is one of"):
+        Reranker.load(exported, backend="onnx", dtype="bfloat16")
+    with pytest.raises(ValueError, match="torch backend only"):
+        Reranker.load(exported, backend="torchscript", dtype="float16")
+
+    partial = tmp_path / "partial"
+    shutil.copytree(exported, partial, ignore=shutil.ignore_patterns("model.onnx", "model.safetensors"))
+    with pytest.raises(FileNotFoundError, match=rf"{partial}: missing model\.onnx"):
+        Reranker.load(partial, backend="onnx")
+    with pytest.raises(FileNotFoundError, match=rf"{partial}: missing model\.safetensors"):
+        Reranker.load(partial)
+    assert Reranker.load(partial, backend="torchscript").score("q", ["p"])
+    (partial / "tokenizer_config.json").unlink()
+    with pytest.raises(FileNotFoundError, match=r"missing tokenizer_config\.json"):
+        Reranker.load(partial, backend="torchscript")
+
+
+def test_reranker_is_lazy_in_a_light_package() -> None:
+    code = (
+        "import sys, distill\n"
+        "assert 'torch' not in sys.modules and 'numpy' not in sys.modules\n"
+        "assert distill.Reranker.__name__ == 'Reranker'\n"
+        "assert 'torch' not in sys.modules and 'onnxruntime' not in sys.modules\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[1])
+
+
+def test_cli_export_rerank_and_eval(student: Path, tmp_path: Path, sample_file: Path, capsys) -> None:
+    """distill export (a run folder holding hf/), then distill rerank with the ONNX file, then distill eval."""
+    import shutil
+
+    from distill.cli import main
+    from distill.runs import read_trec_run
+
+    run = tmp_path / "run"
+    shutil.copytree(student, run / "hf")
+    assert main(["export", "--checkpoint", str(run), "--formats", "onnx", "--parity-queries", "1"]) == 0
+    assert (run / "export" / "model.onnx").is_file() and not (run / "export" / "model.torchscript.pt").exists()
+    out = tmp_path / "reranked.trec"
+    args = ["rerank", "--model", str(run / "export"), "--backend", "onnx", "--run", str(sample_file)]
+    assert main([*args, "--output", str(out)]) == 0
+    reranked = read_trec_run(out)
+    assert len(reranked) == 3 and all(len(docs) == 12 for docs in reranked.values())
+    assert main(["eval", "--qrels", str(DL19_QRELS), "--run", str(out)]) == 0
+    assert "nDCG@10" in capsys.readouterr().out
+    assert main(["export", "--checkpoint", str(run), "--formats", "onnx,tflite"]) == 2
+    assert "unknown format(s) ['tflite']" in capsys.readouterr().err
