@@ -181,8 +181,13 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--int8", action="store_true", help="also model.int8.onnx (int8 weights, for CPUs)")
     export.add_argument("--parity-input", help="candidates to check on (default: the shipped DL19 BM25 top-100)")
     export.add_argument("--qrels", help="qrels of --parity-input, for the int8 nDCG@10 bound")
-    export.add_argument("--parity-queries", type=int, default=3, help="queries of --parity-input to check on")
-    export.add_argument("--parity-depth", type=int, default=32, help="candidates per query to check on")
+    export.add_argument(
+        "--parity-queries",
+        type=int,
+        default=3,
+        help="queries of --parity-input for the score bounds (int8 is checked on all judged ones)",
+    )
+    export.add_argument("--parity-depth", type=int, default=32, help="candidates per query for the score bounds")
     export.set_defaults(func=cmd_export)
 
     rerank = sub.add_parser("rerank", help="rerank candidates with a student and write a TREC run")

@@ -26,8 +26,9 @@ from .conftest import DL19, DL19_QRELS
 
 @pytest.fixture(scope="module")
 def parity() -> ParitySet:
-    """Two real DL19 queries, 24 BM25 candidates each (and the long pair), with the DL19 qrels."""
-    return ParitySet.from_data(load_candidates(DL19, qrels=DL19_QRELS), queries=2, depth=24)
+    """Two real DL19 queries, 24 BM25 candidates each (and the long pair), also the int8 evaluation set."""
+    data = load_candidates(DL19, qrels=DL19_QRELS)
+    return ParitySet.from_data(data, queries=2, depth=24, ranking_queries=2, ranking_depth=24)
 
 
 @pytest.fixture(scope="module")
