@@ -1,4 +1,7 @@
-"""Ranking metrics with ir-measures (trec_eval convention: unjudged documents count as irrelevant)."""
+"""Ranking metrics with ir-measures (trec_eval convention: unjudged documents count as irrelevant).
+
+Values are ×100. Means are over the queries that are both in the run and judged (trec_eval without ``-c``).
+"""
 
 from __future__ import annotations
 
@@ -9,15 +12,76 @@ import ir_measures
 from distill.runs import Run
 from distill.schema import Qrels
 
-DEFAULT_METRICS = ("nDCG@1", "nDCG@5", "nDCG@10")
+DEFAULT_METRICS = ("nDCG@1", "nDCG@5", "nDCG@10", "RR@10", "R@100")
+"""Passage ranking (TREC DL): the binary ones (RR, R) take the relevance level of :func:`parse_metrics`."""
+MULTIHOP_METRICS = ("R@3", "R@4", "R@6", "P@3", "P@4", "P@6")
+"""Multi-hop QA: recall and precision of the supporting paragraphs in the top k (R@k: |supporting ∩ top k| /
+|supporting|; P@k: |supporting ∩ top k| / k, also where fewer than k paragraphs are ranked)."""
+
+PerQuery = dict[str, dict[str, float]]
+"""metric -> qid -> value × 100."""
 
 
-def evaluate(run: Run, qrels: Qrels, metrics: Sequence[str] = DEFAULT_METRICS) -> dict[str, float]:
-    """Mean of each metric (ir-measures names such as ``nDCG@10``) x 100, over the queries that are both
-    in the run and judged (trec_eval's convention without ``-c``)."""
-    parsed = [ir_measures.parse_measure(m) for m in metrics]
+def default_rel_level(qrels: Qrels) -> int:
+    """The grade from which a document counts as relevant for binary metrics: 2 for graded qrels whose top
+    grade is at least 2 (TREC DL: "highly relevant" and "perfectly relevant"), else 1."""
+    top = max((grade for judged in qrels.values() for grade in judged.values()), default=1)
+    return 2 if top >= 2 else 1
+
+
+def parse_metrics(names: Sequence[str], rel_level: int = 1) -> dict[str, ir_measures.Measure]:
+    """ir-measures names -> measures, keyed by their canonical names.
+
+    A measure that takes a relevance level (``RR``, ``R``, ``P``, ``AP``, ...) and does not name one gets
+    ``rel=rel_level``; its key then says so (``RR@10`` with ``rel_level=2`` is ``RR(rel=2)@10``). Graded
+    measures (nDCG) use the grades as they are. An unknown name raises :class:`ValueError` naming it.
+    """
+    measures: dict[str, ir_measures.Measure] = {}
+    for name in names:
+        try:
+            measure = ir_measures.parse_measure(name)
+        except (NameError, ValueError, SyntaxError) as e:
+            raise ValueError(
+                f"unknown metric {name!r} ({e}); expected ir-measures names such as nDCG@10, RR(rel=2)@10, R@100, P@5"
+            ) from None
+        if "rel" in measure.SUPPORTED_PARAMS and "rel" not in measure.params:
+            measure = measure(rel=rel_level)
+        measures[str(measure)] = measure
+    return measures
+
+
+def evaluate_per_query(
+    run: Run, qrels: Qrels, metrics: Sequence[str] = DEFAULT_METRICS, rel_level: int = 1
+) -> PerQuery:
+    """Each metric's value × 100 for each query that is both in the run and judged.
+
+    Args:
+        run: qid -> docid -> score.
+        qrels: qid -> docid -> grade.
+        metrics: ir-measures names, see :func:`parse_metrics` (keys of the result are its canonical names).
+        rel_level: relevance level of the binary measures that do not name one.
+
+    Raises :class:`ValueError` where no query of the run is judged.
+    """
+    measures = parse_metrics(metrics, rel_level)
     judged = {qid: docs for qid, docs in run.items() if qid in qrels}
     if not judged:
         raise ValueError("no query of the run has relevance judgements")
-    results = ir_measures.calc_aggregate(parsed, {qid: qrels[qid] for qid in judged}, judged)
-    return {m: 100.0 * results[p] for m, p in zip(metrics, parsed, strict=True)}
+    names = {measure: name for name, measure in measures.items()}
+    values: PerQuery = {name: {} for name in measures}
+    for m in ir_measures.iter_calc(list(measures.values()), {qid: qrels[qid] for qid in judged}, judged):
+        values[names[m.measure]][m.query_id] = 100.0 * m.value
+    return values
+
+
+def means(per_query: PerQuery) -> dict[str, float]:
+    """metric -> mean over its queries."""
+    return {name: sum(values.values()) / len(values) for name, values in per_query.items()}
+
+
+def evaluate(run: Run, qrels: Qrels, metrics: Sequence[str] = DEFAULT_METRICS, rel_level: int = 1) -> dict[str, float]:
+    """Mean of each metric × 100 over the queries that are both in the run and judged.
+
+    Arguments and errors as for :func:`evaluate_per_query`.
+    """
+    return means(evaluate_per_query(run, qrels, metrics, rel_level))

@@ -33,3 +33,31 @@ def read_trec_run(path: str | Path) -> Run:
     if not path.is_file():
         raise InputError(f"{path}: run file not found")
     return {qid: {line.docid: line.score for line in lines} for qid, lines in read_run(path, BadInput("error")).items()}
+
+
+def find_run_files(given: list[str | Path]) -> dict[str, Path]:
+    """Run files by display name, in the order given, each file once.
+
+    Each of ``given`` is a run file, a folder of ``*.trec`` files, or a folder with a ``runs/`` folder of them (a
+    ``distill teach`` output). A folder's files come in name order, but ``first_stage.trec`` (the input ranking of
+    ``distill teach``) first. A file in a ``runs/`` folder is named ``<folder above runs>/<file stem>``, any other
+    by its path. Raises :class:`InputError` for a path that does not exist or when no run file is found.
+    """
+    files: list[Path] = []
+    for path in map(Path, given):
+        if path.is_dir():
+            runs_dir = path / "runs" if (path / "runs").is_dir() else path
+            files.extend(sorted(runs_dir.glob("*.trec"), key=lambda f: (f.name != "first_stage.trec", f.name)))
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise InputError(f"{path}: no such run file or folder")
+    if not files:
+        raise InputError(f"no .trec run files in {', '.join(map(str, given))}")
+    named: dict[str, Path] = {}
+    for f in files:
+        if f.resolve() in {p.resolve() for p in named.values()}:
+            continue
+        name = f"{f.parent.parent.name}/{f.stem}" if f.parent.name == "runs" else str(f)
+        named[str(f) if name in named else name] = f
+    return named

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
-from distill.loaders._common import BadInput, CandidatesBuilder, clean_text, require
+from distill.loaders._common import BadInput, CandidatesBuilder, clean_text, iter_jsonl, read_json, require
 from distill.schema import Candidates, Qrels
 
 
@@ -50,6 +50,14 @@ def is_multihop(data: object) -> bool:
     if not (isinstance(data, list) and data and isinstance(data[0], dict)):
         return False
     return "question" in data[0] and ("context" in data[0] or "paragraphs" in data[0])
+
+
+def is_multihop_file(path: Path) -> bool:
+    """Whether ``path`` is a multi-hop QA file (``.json`` list or ``.jsonl`` lines; judged by its first question)."""
+    if path.suffix == ".jsonl":
+        first = next(iter_jsonl(path), None)
+        return first is not None and is_multihop([first[1]])
+    return path.suffix == ".json" and is_multihop(read_json(path))
 
 
 def load_multihop(path: Path, data: list, bad: BadInput, repair: bool) -> tuple[list[Candidates], Qrels]:
