@@ -6,7 +6,8 @@
 - a JSON list (or JSON-lines file) of ``{query, hits}``: rank_llm (:mod:`.rank_llm`);
 - a JSON list (or JSON-lines file) of multi-hop QA questions (HotpotQA, 2Wiki, MuSiQue; distractor
   setting) (:mod:`.multihop`);
-- any other file: a TREC run, which needs ``queries`` and ``corpus`` (:mod:`.trec`).
+- any other file: a TREC run, which needs ``queries`` and ``corpus`` (:mod:`.trec`);
+- a string ``irds:<dataset id>``: an ir_datasets dataset's top ``depth`` scoreddocs (:mod:`.irds`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 
 from distill.loaders._common import BadInput, OnBadInput, iter_jsonl, read_json
 from distill.loaders.beir import is_beir_dir, load_beir
+from distill.loaders.irds import DEFAULT_DEPTH, is_irds, load_irds
 from distill.loaders.multihop import is_multihop, load_multihop
 from distill.loaders.qrels import load_qrels
 from distill.loaders.rank_llm import is_rank_llm, load_rank_llm
@@ -33,11 +35,12 @@ def load_candidates(
     qrels: str | Path | None = None,
     on_bad_input: OnBadInput = "error",
     repair_mojibake: bool = True,
+    depth: int = DEFAULT_DEPTH,
 ) -> RerankingData:
     """Read candidate lists (and qrels, where there are any) from ``path``.
 
     Args:
-        path: a rank_llm or multi-hop JSON file, a TREC run file, or a BEIR folder.
+        path: a rank_llm or multi-hop JSON file, a TREC run file, a BEIR folder, or ``irds:<ir_datasets id>``.
         queries: for a TREC run, the queries (TSV ``qid<TAB>text`` or JSONL).
         corpus: for a TREC run, the passages (TSV ``docid<TAB>text`` or JSONL).
         run: for a BEIR folder, a TREC run over its corpus; without one, the judged pairs are the candidates.
@@ -45,7 +48,14 @@ def load_candidates(
         on_bad_input: ``"error"`` raises :class:`InputError` at the first bad record;
             ``"skip"`` drops it and counts the reason in ``RerankingData.skipped``.
         repair_mojibake: undo UTF-8-read-as-Latin-1 damage (MS MARCO) in all texts.
+        depth: for an ``irds:`` input, the candidates per query (its top scoreddocs).
     """
+    if is_irds(path):
+        bad = BadInput(on_bad_input)
+        candidates, source_qrels = load_irds(str(path), depth, bad, repair_mojibake)
+        if not candidates:
+            raise InputError(f"{path}: no candidates left to score")
+        return RerankingData(str(path), candidates, load_qrels(Path(qrels)) if qrels else source_qrels, bad.skipped)
     path = Path(path)
     if not path.exists():
         raise InputError(f"{path}: no such file or directory")

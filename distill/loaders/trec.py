@@ -142,10 +142,10 @@ def read_queries(path: Path, bad: BadInput, repair: bool, needed: set[str] | Non
     return queries
 
 
-def read_corpus(path: Path, bad: BadInput, repair: bool, needed: set[str]) -> dict[str, str]:
-    """docid -> passage text, for the docids in ``needed`` only; reading stops once all are found."""
+def read_corpus(path: Path, bad: BadInput, repair: bool, needed: set[str] | None) -> dict[str, str]:
+    """docid -> passage text, for the docids in ``needed`` only (reading stops once all are found); all, if ``None``."""
     corpus: dict[str, str] = {}
-    if not needed:
+    if needed is not None and not needed:
         return corpus
     if is_jsonl(path):
         records = _json_records(path, DOC_ID_KEYS, DOC_TEXT_KEYS, bad, needed)
@@ -153,7 +153,7 @@ def read_corpus(path: Path, bad: BadInput, repair: bool, needed: set[str]) -> di
         records = _tsv_records(path, "docid<TAB>text' or 'docid<TAB>title<TAB>text", bad, needed, titled=True)
     for where, docid, title, text in records:
         _keep_first(corpus, where, "docid", docid, passage_text(title, text, repair), bad)
-        if len(corpus) == len(needed):
+        if needed is not None and len(corpus) == len(needed):
             break
     return corpus
 

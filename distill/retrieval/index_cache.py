@@ -1,0 +1,112 @@
+"""A first-stage index on disk, keyed by what it was built from, and saved atomically.
+
+An index folder holds the retriever's files, ``docids.json`` (row ``i`` of the index is passage
+``docids[i]``) and ``manifest.json``, whose ``key`` is a hash of the corpus file's content and of
+every setting that changes the index. A later call with the same key loads the folder; any other
+key rebuilds it. A build is written to a temporary sibling folder and renamed into place, so an
+interrupted build never leaves a half-written index under the index's name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol, TypeVar
+
+INDEX_FORMAT = 1
+"""Bumped whenever the files of an index change layout; an index of another format is rebuilt."""
+
+MANIFEST = "manifest.json"
+DOCIDS = "docids.json"
+
+
+class SavableIndex(Protocol):
+    def save(self, directory: Path) -> None:
+        """Write the index's files into ``directory`` (an existing, empty folder)."""
+
+
+Index = TypeVar("Index", bound=SavableIndex)
+
+
+def file_sha256(path: Path, chunk_bytes: int = 1 << 20) -> str:
+    """The SHA-256 of the file's bytes, as hex, read ``chunk_bytes`` at a time."""
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(chunk_bytes):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def index_key(corpus: Path, settings: dict[str, Any]) -> str:
+    """The key of an index of ``corpus`` built with ``settings`` (JSON-serialisable): a SHA-256, as hex.
+
+    The corpus counts by content (not by path) and by format (its suffix picks TSV or JSONL parsing).
+    """
+    record = {"format": INDEX_FORMAT, "corpus_sha256": file_sha256(corpus), "corpus_suffix": corpus.suffix.lower()}
+    blob = json.dumps({**record, **settings}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def saved_key(directory: Path) -> str | None:
+    """The key in ``directory``'s manifest, or ``None`` where there is no readable manifest."""
+    try:
+        return json.loads((directory / MANIFEST).read_text())["key"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def load_docids(directory: Path) -> list[str]:
+    return json.loads((directory / DOCIDS).read_text())
+
+
+def save_atomically(
+    directory: Path, key: str, settings: dict[str, Any], docids: list[str], write: Callable[[Path], None]
+) -> None:
+    """Replace ``directory`` with a new index: ``write(folder)`` writes the retriever's files into a temporary
+    folder, which gets ``docids.json`` and ``manifest.json`` and then takes ``directory``'s name.
+
+    Between the two renames of a replacement there is briefly no folder under the name (never a partial
+    one); a call interrupted there finds no index and rebuilds.
+    """
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = directory.with_name(f".{directory.name}.tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        write(tmp)
+        (tmp / DOCIDS).write_text(json.dumps(docids))
+        manifest = {"key": key, "num_docs": len(docids), **settings}
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+        if directory.exists():
+            old = directory.with_name(f".{directory.name}.old{os.getpid()}")
+            directory.rename(old)
+            tmp.rename(directory)
+            shutil.rmtree(old)
+        else:
+            tmp.rename(directory)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def load_or_build(
+    directory: Path,
+    key: str,
+    settings: dict[str, Any],
+    load: Callable[[Path], Index],
+    build: Callable[[], tuple[Index, list[str]]],
+) -> tuple[Index, list[str], bool]:
+    """The index in ``directory`` if its key is ``key``; otherwise ``build()``'s, saved there atomically.
+
+    Returns:
+        ``(index, docids, reused)``: ``docids[i]`` is the passage of the index's row ``i``; ``reused`` is
+        whether the saved index was loaded rather than built.
+    """
+    if saved_key(directory) == key:
+        return load(directory), load_docids(directory), True
+    index, docids = build()
+    save_atomically(directory, key, settings, docids, index.save)
+    return index, docids, False

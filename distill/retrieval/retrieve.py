@@ -1,0 +1,154 @@
+"""The retrieve stage: a corpus and queries in, each query's top-k passages out, as the candidates
+``distill teach`` and ``distill rerank`` read (a TREC run, or a self-contained rank_llm JSON)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Literal
+
+from distill.loaders._common import BadInput
+from distill.loaders.beir import is_beir_dir
+from distill.loaders.trec import check_file, read_corpus, read_queries
+from distill.retrieval import bm25
+from distill.retrieval.dense import DEFAULT_ENCODER, DenseIndex, Encoder
+from distill.retrieval.index_cache import index_key, load_or_build
+from distill.runs import Run, write_trec_run
+from distill.schema import InputError
+
+Method = Literal["bm25", "dense"]
+OutputFormat = Literal["trec", "rank_llm"]
+METHODS: tuple[Method, ...] = ("bm25", "dense")
+OUTPUT_FORMATS: tuple[OutputFormat, ...] = ("trec", "rank_llm")
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RetrievalResult:
+    run: Run
+    """qid -> docid -> score, for the queries with at least one hit (BM25 score, or cosine similarity)."""
+    num_queries: int
+    num_docs: int
+    index_dir: Path
+    reused_index: bool
+    """Whether the index was loaded from ``index_dir`` rather than built."""
+
+
+def input_files(corpus: Path, queries: Path | None) -> tuple[Path, Path]:
+    """The corpus and queries files: a BEIR folder's ``corpus.jsonl`` and (unless ``queries`` is given)
+    ``queries.jsonl``, or the files as given."""
+    if corpus.is_dir():
+        if not is_beir_dir(corpus):
+            raise InputError(f"{corpus}: a corpus folder must be a BEIR folder with corpus.jsonl and queries.jsonl")
+        return corpus / "corpus.jsonl", queries or corpus / "queries.jsonl"
+    if queries is None:
+        raise InputError(f"{corpus}: a corpus file needs --queries (a BEIR folder brings its own)")
+    return corpus, queries
+
+
+def default_index_dir(output: Path, method: Method) -> Path:
+    """``<output folder>/<output stem>.<method>-index``."""
+    return output.parent / f"{output.stem}.{method}-index"
+
+
+def retrieve(
+    corpus: str | Path,
+    queries: str | Path | None,
+    output: str | Path,
+    method: Method = "bm25",
+    *,
+    k: int = 100,
+    index_dir: str | Path | None = None,
+    encoder: str = DEFAULT_ENCODER,
+    device: str = "cpu",
+    max_batch_tokens: int = 16384,
+    output_format: OutputFormat = "trec",
+    repair_mojibake: bool = True,
+) -> RetrievalResult:
+    """Retrieve each query's top ``k`` passages of ``corpus`` and write them to ``output``.
+
+    Args:
+        corpus: TSV ``docid<TAB>[title<TAB>]text`` or JSONL, as :mod:`distill.loaders.trec` reads; or a BEIR folder.
+        queries: TSV ``qid<TAB>text`` or JSONL; ``None`` for a BEIR folder's own ``queries.jsonl``.
+        output: the TREC run (``output_format="trec"``) or rank_llm JSON (``"rank_llm"``) to write.
+        method: ``bm25`` (:mod:`.bm25`) or ``dense`` (:mod:`.dense`).
+        k: passages per query.
+        index_dir: where the index is saved and looked for (default :func:`default_index_dir`).
+        encoder: for ``dense``: the encoder model, as :func:`distill.models.resolve_model` resolves it.
+        device: for ``dense``: ``cpu`` or ``cuda[:N]``.
+        max_batch_tokens: for ``dense``: padded tokens per forward pass.
+        output_format: ``trec`` or ``rank_llm``.
+        repair_mojibake: undo UTF-8-read-as-Latin-1 damage in all texts, as the loaders do.
+    """
+    if method not in METHODS:
+        raise InputError(f"--method: unknown method {method!r}; choose from {', '.join(METHODS)}")
+    if output_format not in OUTPUT_FORMATS:
+        raise InputError(f"--format: unknown format {output_format!r}; choose from {', '.join(OUTPUT_FORMATS)}")
+    if k < 1:
+        raise InputError(f"--k: must be positive, got {k}")
+    output = Path(output)
+    corpus_path, queries_path = input_files(Path(corpus), Path(queries) if queries else None)
+    check_file(corpus_path, "corpus")
+    check_file(queries_path, "queries")
+    bad = BadInput("error")
+    query_texts = require_texts(queries_path, "query", read_queries(queries_path, bad, repair_mojibake))
+    index_dir = Path(index_dir) if index_dir else default_index_dir(output, method)
+
+    if method == "bm25":
+        settings = bm25.settings()
+        build, load = bm25.BM25Index.build, bm25.BM25Index.load
+    else:
+        model = Encoder(encoder, device, max_batch_tokens)
+        settings = model.settings()
+        build, load = partial(DenseIndex.build, model), partial(DenseIndex.load, model)
+    settings = {**settings, "repair_mojibake": repair_mojibake}
+
+    def build_index() -> tuple[bm25.BM25Index | DenseIndex, list[str]]:
+        texts = require_texts(corpus_path, "passage", read_corpus(corpus_path, bad, repair_mojibake, needed=None))
+        return build(list(texts.values())), list(texts)
+
+    index, docids, reused = load_or_build(index_dir, index_key(corpus_path, settings), settings, load, build_index)
+    hits = index.search(list(query_texts.values()), k)
+    log.info("%s index %s: %s", method, index_dir, "reused" if reused else "built")
+    run = {q: {docids[row]: score for row, score in found} for q, found in zip(query_texts, hits, strict=True) if found}
+    if output_format == "trec":
+        write_trec_run(output, run, tag=f"distill-{method}")
+    else:
+        needed = {docid for scores in run.values() for docid in scores}
+        write_rank_llm(output, run, query_texts, read_corpus(corpus_path, bad, repair_mojibake, needed))
+    return RetrievalResult(run, len(query_texts), len(docids), index_dir, reused)
+
+
+def require_texts(path: Path, kind: str, texts: dict[str, str]) -> dict[str, str]:
+    """``texts`` (id -> text), checked to be there and non-empty, as ``distill teach``'s loaders require."""
+    if not texts:
+        raise InputError(f"{path}: no {kind} texts")
+    empty = [key for key, text in texts.items() if not text]
+    if empty:
+        more = f" (and {len(empty) - 1} more)" if len(empty) > 1 else ""
+        raise InputError(f"{path}: empty {kind} text for id {empty[0]}{more}")
+    return texts
+
+
+def write_rank_llm(path: Path, run: Run, queries: dict[str, str], passages: dict[str, str]) -> None:
+    """Write ``run`` as rank_llm candidates (``[{query, hits: [{qid, docid, content, rank, score}]}]``), atomically.
+
+    Hits are ranked by score (ties by docid), as :func:`distill.runs.write_trec_run` ranks them.
+    """
+    entries = []
+    for qid, scores in run.items():
+        ranked = sorted(scores.items(), key=lambda kv: (-kv[1], kv[0]))
+        hits = [
+            {"qid": qid, "docid": docid, "content": passages[docid], "rank": rank, "score": score}
+            for rank, (docid, score) in enumerate(ranked, start=1)
+        ]
+        entries.append({"query": queries[qid], "hits": hits})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(json.dumps(entries, ensure_ascii=False))
+    tmp.replace(path)
