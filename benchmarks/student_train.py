@@ -51,18 +51,14 @@ import torch
 from _common import (
     RESULTS,
     ROOT,
-    MemoryProbe,
     display_path,
-    dtype_name,
-    environment,
     invocation,
-    matmul_flops_per_s,
     slug,
-    synchronize,
     yes,
 )
 from pytorch_lightning import Callback, LightningModule, Trainer
 
+from distill.bench.measure import MemoryProbe, dtype_name, environment, matmul_flops_per_s, synchronize
 from distill.models import ARCHITECTURES, resolve_model
 from students.data import StudentDataModule, load_teacher_table
 from students.model import build_student

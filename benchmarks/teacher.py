@@ -40,19 +40,15 @@ import torch
 from _common import (
     RESULTS,
     ROOT,
-    MemoryProbe,
     display_path,
-    dtype_name,
-    environment,
     invocation,
-    matmul_flops_per_s,
     slug,
-    synchronize,
     yes,
 )
 from tqdm.auto import tqdm
 
 from distill.batching import token_budget_batches
+from distill.bench.measure import MemoryProbe, dtype_name, environment, matmul_flops_per_s, synchronize
 from distill.loaders import load_candidates
 from distill.models import ARCHITECTURES, load_pretrained, resolve_model
 from teachers.causal_lm import ScoringSequence

@@ -16,7 +16,23 @@ from typing import Any, get_args
 
 from distill.schema import InputError
 
-FLAG_TYPES = {"int": int, "int | None": int, "str": str, "str | None": str, "int | str | None": str}
+FLAG_TYPES = {
+    "int": int,
+    "int | None": int,
+    "float": float,
+    "str": str,
+    "str | None": str,
+    "int | str | None": str,
+}
+LIST_TYPES = {"list[str]": str, "list[str] | None": str, "list[int]": int}
+"""Option types given as comma-separated flags, and their item type."""
+
+
+def _comma_list(item: type) -> Any:
+    def parse(text: str) -> list[Any]:
+        return [item(x.strip()) for x in text.split(",") if x.strip()]
+
+    return parse
 
 
 def _bool(text: str) -> bool:
@@ -34,9 +50,9 @@ def add_config_flags(parser: argparse.ArgumentParser, cls: type) -> None:
         flag = "--" + f.name.replace("_", "-")
         kwargs: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS, "help": f"(default: {_default(f)})"}
         if f.type == "bool":
-            kwargs.update(type=_bool, metavar="BOOL")
-        elif f.type == "list[str]":
-            kwargs.update(type=lambda s: [x.strip() for x in s.split(",") if x.strip()], metavar="A,B")
+            kwargs.update(type=_bool, metavar="BOOL", nargs="?", const=True)
+        elif f.type in LIST_TYPES:
+            kwargs.update(type=_comma_list(LIST_TYPES[f.type]), metavar="A,B")
         elif f.type == "OnBadInput":
             from distill.loaders import OnBadInput
 
@@ -70,36 +86,41 @@ def cmd_teach(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from distill.evaluate import evaluate
-    from distill.loaders import load_qrels
-    from distill.runs import read_trec_run
+    from distill.eval_report import evaluate_runs, format_per_query, format_table, to_json
+    from distill.evaluate import DEFAULT_METRICS, MULTIHOP_METRICS, default_rel_level, parse_metrics
+    from distill.loaders import load_candidates, load_qrels
+    from distill.loaders.multihop import is_multihop_file
+    from distill.runs import Run, find_run_files, read_trec_run
 
-    qrels = load_qrels(Path(args.qrels))
-    files: list[Path] = []
-    for given in map(Path, args.run):
-        if given.is_dir():
-            runs_dir = given / "runs" if (given / "runs").is_dir() else given
-            files.extend(sorted(runs_dir.glob("*.trec")))
-        elif given.is_file():
-            files.append(given)
-        else:
-            raise InputError(f"{given}: no such run file or folder")
-    if not files:
-        raise InputError(f"no .trec run files in {args.run}")
-    results = {
-        f"{f.parent.parent.name}/{f.stem}" if f.parent.name == "runs" else str(f): evaluate(
-            read_trec_run(f), qrels, args.metrics
-        )
-        for f in files
-    }
-    width = max(map(len, results))
-    print(f"{'run':<{width}}  " + "  ".join(f"{m:>8}" for m in args.metrics))
-    for name, values in results.items():
-        print(f"{name:<{width}}  " + "  ".join(f"{values[m]:8.2f}" for m in args.metrics))
+    if not (args.input or (args.qrels and args.run)):
+        raise InputError("give --qrels and --run, or --input (with --qrels where it has no judgements of its own)")
+    runs: dict[str, Run] = {}
+    if args.input:  # its own ranking first: the baseline
+        data = load_candidates(args.input, qrels=args.qrels)
+        if not data.qrels:
+            raise InputError(f"{args.input}: no relevance judgements; give --qrels")
+        qrels = data.qrels
+        runs[f"{Path(args.input).stem}/first_stage"] = data.first_stage_run()
+    else:
+        qrels = load_qrels(Path(args.qrels))
+    multihop = args.multihop or bool(args.input and is_multihop_file(Path(args.input)))
+    metrics = args.metrics or list(MULTIHOP_METRICS if multihop else DEFAULT_METRICS)
+    rel_level = default_rel_level(qrels) if args.rel_level is None else args.rel_level
+    parse_metrics(metrics, rel_level)  # an unknown name fails before the runs are read
+    if args.run:
+        for name, path in find_run_files(args.run).items():
+            runs[name] = read_trec_run(path)
+            if not runs[name].keys() & qrels.keys():
+                raise InputError(f"{path}: no query of the run has relevance judgements in {args.qrels or args.input}")
+    report = evaluate_runs(runs, qrels, metrics, rel_level, args.test)
     if args.json:
         command = "distill " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-        record = {"command": command, "qrels": args.qrels, "metrics": args.metrics, "results": results}
+        record = {"command": command, "qrels": args.qrels, "input": args.input, **to_json(report)}
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(record, indent=2) + "\n")
+    print(format_table(report))
+    if args.per_query:
+        print("\n" + format_per_query(report))
     return 0
 
 
@@ -147,7 +168,50 @@ def cmd_rerank(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_retrieve(args: argparse.Namespace) -> int:
+    from distill.retrieval import retrieve
+
+    result = retrieve(
+        args.corpus,
+        args.queries,
+        args.output,
+        args.method,
+        k=args.k,
+        index_dir=args.index,
+        encoder=args.encoder,
+        device=args.device,
+        max_batch_tokens=args.max_batch_tokens,
+        output_format=args.format,
+    )
+    action = "reused" if result.reused_index else "built"
+    print(f"{action} the {args.method} index {result.index_dir} ({result.num_docs} passages)")
+    pairs = sum(map(len, result.run.values()))
+    no_hits = result.num_queries - len(result.run)
+    print(f"wrote {args.output}: {len(result.run)} queries, {pairs} pairs, {no_hits} queries without a hit")
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from distill.bench import report
+
+    if args.results:
+        result = json.loads(Path(args.results).read_text())
+    else:
+        from distill.bench.run import BenchConfig, run_bench
+
+        result = run_bench(_build_config(BenchConfig, args), "distill " + shlex.join(sys.argv[1:]))
+    print(report.latency_table(result))
+    for name, reason in result["skipped"].items():
+        print(f"skipped {name}: {reason}")
+    if getattr(args, "compare", False):
+        print("\n" + report.compare_table(result))
+    if "output" in result:
+        print(f"wrote {result['output']}/bench.{{json,csv,png}}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from distill.evaluate import DEFAULT_METRICS, MULTIHOP_METRICS
     from distill.teach import TeachConfig
 
     parser = argparse.ArgumentParser(
@@ -164,11 +228,37 @@ def build_parser() -> argparse.ArgumentParser:
     )
     train.add_argument("args", nargs=argparse.REMAINDER)
 
-    ev = sub.add_parser("eval", help="nDCG and other ir-measures metrics of TREC runs")
-    ev.add_argument("--qrels", required=True, help="TREC qrels file")
-    ev.add_argument("--run", nargs="+", required=True, help="run files, or folders holding them (or a runs/ folder)")
-    ev.add_argument("--metrics", nargs="+", default=["nDCG@1", "nDCG@5", "nDCG@10"], help="ir-measures names")
-    ev.add_argument("--json", help="also write the results to this JSON file")
+    ev = sub.add_parser("eval", help="nDCG and other ir-measures metrics of TREC runs, with significance tests")
+    ev.add_argument("--qrels", help="TREC qrels file (overrides the judgements of --input)")
+    ev.add_argument(
+        "--run", nargs="+", help="run files, or folders holding them (or a runs/ folder); the first is the baseline"
+    )
+    ev.add_argument(
+        "--input",
+        help="candidates with judgements (a multi-hop QA file, rank_llm JSON with --qrels, ...): their own order is "
+        "evaluated as the first run (the baseline) and their judgements are the qrels",
+    )
+    ev.add_argument(
+        "--metrics",
+        nargs="+",
+        help=f"ir-measures names (default: {' '.join(DEFAULT_METRICS)}; multi-hop: {' '.join(MULTIHOP_METRICS)})",
+    )
+    ev.add_argument(
+        "--rel-level",
+        type=int,
+        help="grade from which a document is relevant for RR, R, P, AP, ... without a rel= of their own "
+        "(default: 2 where the top grade is >= 2, as in TREC DL, else 1)",
+    )
+    ev.add_argument(
+        "--multihop",
+        action="store_true",
+        help="multi-hop QA metrics (supporting-paragraph recall and precision at 3, 4, 6); automatic for such --input",
+    )
+    ev.add_argument(
+        "--test", choices=["t", "randomization"], default="t", help="paired significance test vs the first run"
+    )
+    ev.add_argument("--per-query", action="store_true", help="also print each query's values")
+    ev.add_argument("--json", help="also write the results (means, per query, significance) to this JSON file")
     ev.set_defaults(func=cmd_eval)
 
     export = sub.add_parser("export", help="export a student to ONNX and TorchScript, checked for parity with PyTorch")
@@ -205,6 +295,29 @@ def build_parser() -> argparse.ArgumentParser:
     rerank.add_argument("--max-batch-tokens", type=int, default=16384, help="padded tokens per batch")
     rerank.add_argument("--max-queries", type=int, help="rerank only the first N queries")
     rerank.set_defaults(func=cmd_rerank)
+
+    from distill.retrieval.dense import DEFAULT_ENCODER
+    from distill.retrieval.retrieve import METHODS, OUTPUT_FORMATS
+
+    retrieve = sub.add_parser("retrieve", help="first-stage retrieval (BM25 or dense): candidates for teach and rerank")
+    retrieve.add_argument("--corpus", required=True, help="passages (TSV docid<TAB>text or JSONL), or a BEIR folder")
+    retrieve.add_argument("--queries", help="queries (TSV qid<TAB>text or JSONL); default: the BEIR folder's")
+    retrieve.add_argument("--method", choices=METHODS, default="bm25")
+    retrieve.add_argument("--encoder", default=DEFAULT_ENCODER, help="dense: encoder (alias, folder, hub id)")
+    retrieve.add_argument("--k", type=int, default=100, help="passages per query")
+    retrieve.add_argument("--index", help="index folder, reused while corpus and settings match (default: by --output)")
+    retrieve.add_argument("--output", required=True, help="the candidates file to write")
+    retrieve.add_argument("--format", choices=OUTPUT_FORMATS, default="trec", help="a TREC run, or rank_llm JSON")
+    retrieve.add_argument("--device", default="cpu", help="dense: cpu or cuda[:N]")
+    retrieve.add_argument("--max-batch-tokens", type=int, default=16384, help="dense: padded tokens per batch")
+    retrieve.set_defaults(func=cmd_retrieve)
+
+    from distill.bench.run import BenchConfig
+
+    bench = sub.add_parser("bench", help="latency of a student's backends against its teacher (the paper's protocol)")
+    add_config_flags(bench, BenchConfig)
+    bench.add_argument("--results", help="print the tables of a saved bench.json instead of running")
+    bench.set_defaults(func=cmd_bench)
     return parser
 
 

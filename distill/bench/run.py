@@ -1,0 +1,243 @@
+"""``distill bench``: the latency of a distilled student on each backend against its teacher and the
+sentence-transformers baseline, on identical real inputs (see :mod:`distill.bench.workload`).
+
+Writes ``bench.json`` (every timed call, the environment, the command), ``bench.csv`` (one row per method and
+workload) and ``bench.png`` (the bar chart) to the output folder.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from distill.bench import report
+from distill.bench.measure import ROOT, dtype_name, environment, matmul_flops_per_s
+from distill.bench.methods import (
+    BASELINE,
+    DEFAULT_BACKENDS,
+    STUDENT_BACKENDS,
+    Method,
+    baseline_method,
+    student_method,
+    teacher_method,
+)
+from distill.bench.timing import time_method
+from distill.bench.workload import TOKEN_COUNTS, Workload, rerank_workload, token_count_workloads
+from distill.loaders import load_candidates
+from distill.schema import InputError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_INPUT = str(ROOT / "data" / "trec-dl19" / "bm25_top100.json")
+DEFAULT_TEACHER = "smollm2-135m"
+RANDOM_STUDENT = "bert-large-uncased"
+RANDOM_TEACHER = "meta-llama/Meta-Llama-3-8B"
+
+
+@dataclass
+class BenchConfig:
+    """Options of ``distill bench`` (YAML keys and ``--flags`` alike)."""
+
+    student: str | None = None
+    """A training run (``checkpoints/<run>``: its ``export/``, else its ``hf/``), an export folder or an HF
+    folder. With ``random_weights``: an architecture name (default ``bert-large-uncased``)."""
+    teacher: str | None = None
+    """A teacher model name (see ``distill.models``; default ``smollm2-135m``), or ``none`` to time the students
+    only. With ``random_weights``: an architecture name (default ``meta-llama/Meta-Llama-3-8B``)."""
+    random_weights: bool = False
+    """Build the student and the teacher from their configs with random weights (full-size timing offline)."""
+    input: str = DEFAULT_INPUT
+    """The candidates the calls are made of (any ``distill teach`` input)."""
+    qid: str | None = None
+    """The query of the token-count workloads (default: the one whose candidates hold the most tokens)."""
+    token_counts: list[int] = field(default_factory=lambda: list(TOKEN_COUNTS))
+    """Total passage-token counts of the paper's protocol; empty to skip it."""
+    rerank_queries: int = 3
+    """Queries of the "rerank a query's candidates" workload (each with all its candidates); 0 to skip it."""
+    backends: list[str] | None = None
+    """Student backends (of ``torch-fp32, torch-fp16, torch-bf16, torchscript, onnx-fp32, onnx-fp16,
+    onnx-int8``) and ``st-crossencoder``; default those of the device whose files exist."""
+    device: str = "auto"
+    """``auto`` (cuda if there is one), ``cpu`` or ``cuda[:N]``."""
+    threads: int | None = None
+    """torch threads on a CPU (onnxruntime uses its default, the physical cores)."""
+    warmup: int = 1
+    repeats: int = 10
+    max_seconds: float = 20.0
+    """Stop repeating a (method, workload) once its timed calls pass this many seconds (one round at least)."""
+    max_length: int | None = None
+    """Longest student pair in tokens (default: the model's, up to 512)."""
+    max_batch_tokens: int = 16384
+    """Padded tokens per student batch."""
+    teacher_max_batch_tokens: int | None = None
+    """Padded tokens per teacher batch (default 8192 on a CPU, 16384 on a GPU)."""
+    matmul_size: int | None = None
+    """Side of the square matmul whose rate FLOP floors use (default 8192 on a GPU, 2048 on a CPU)."""
+    output: str | None = None
+    """The result folder (default: ``<run>/bench``, or ``checkpoints/bench-random-<device>``)."""
+    compare: bool = False
+    """Also print the speed-up of each method over the teacher, the baseline and PyTorch fp32."""
+    seed: int = 0
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {name!r}: CUDA is not available here")
+    return device
+
+
+def student_folder(student: str) -> Path:
+    """The folder to time: a run's ``export/`` (else its ``hf/``), or the given export or HF folder."""
+    path = Path(student)
+    for candidate in (path / "export", path / "hf", path):
+        if (candidate / "config.json").is_file():
+            return candidate
+    raise FileNotFoundError(f"{path}: no student here (neither a run with export/ or hf/, nor a model folder)")
+
+
+def default_output(config: BenchConfig, folder: Path | None, device: torch.device) -> Path:
+    if config.output:
+        return Path(config.output)
+    if folder is None:
+        return ROOT / "checkpoints" / f"bench-random-{device.type}"
+    run = folder.parent if folder.name in ("export", "hf") else folder
+    return run / "bench"
+
+
+def _random_student(config: BenchConfig, out: Path) -> Path:
+    from students.model import build_student, save_student
+
+    name = config.student or RANDOM_STUDENT
+    torch.manual_seed(config.seed)
+    model, tokenizer = build_student(name, random_init=True)
+    return save_student(model, tokenizer, out, {"random_weights": name})
+
+
+def _teacher(config: BenchConfig, device: torch.device) -> Method | None:
+    from teachers.teacher import CausalLMTeacher, resolve_dtype
+
+    if config.teacher == "none":
+        return None
+    budget = config.teacher_max_batch_tokens or (16384 if device.type == "cuda" else 8192)
+    if not config.random_weights:
+        teacher = CausalLMTeacher.load(config.teacher or DEFAULT_TEACHER, device=device, max_batch_tokens=budget)
+        return teacher_method(teacher)
+    from transformers import AutoModelForCausalLM
+
+    from distill.models import load_architecture
+
+    name = config.teacher or RANDOM_TEACHER
+    model_config, tokenizer = load_architecture(name)
+    torch.manual_seed(config.seed)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(
+            model_config, dtype=resolve_dtype("auto", device), attn_implementation="sdpa"
+        )
+    identity = f"random:{name}:seed{config.seed}"
+    return teacher_method(CausalLMTeacher(model.eval(), tokenizer, identity=identity, max_batch_tokens=budget))
+
+
+def _students(config: BenchConfig, folder: Path, device: torch.device) -> tuple[list[Method], dict[str, str]]:
+    """The student methods that run, and the reason each default backend left out does not."""
+    from distill.backend.scorers import FORMAT_FILES
+
+    requested = config.backends is not None
+    names = config.backends if requested else list(DEFAULT_BACKENDS[device.type])
+    unknown = sorted(set(names) - {*STUDENT_BACKENDS, BASELINE})
+    if unknown:
+        raise InputError(f"--backends: unknown {unknown}; choose from {[*STUDENT_BACKENDS, BASELINE]}")
+    methods, skipped = [], {}
+    for name in names:
+        kind, dtype = STUDENT_BACKENDS.get(name, ("torch", None))
+        fmt = {"float16": "onnx-fp16", "int8": "onnx-int8"}.get(dtype or "", "onnx") if kind == "onnx" else kind
+        if fmt in FORMAT_FILES and not (folder / FORMAT_FILES[fmt]).is_file() and not requested:
+            skipped[name] = f"no {FORMAT_FILES[fmt]} in {folder}"
+            continue
+        try:
+            if name == BASELINE:
+                methods.append(baseline_method(folder, str(device), config.max_length))
+            else:
+                methods.append(student_method(folder, name, str(device), config.max_length, config.max_batch_tokens))
+        except (ImportError, ValueError) as e:  # no sentence-transformers, or no CUDA provider in onnxruntime
+            if requested:
+                raise
+            skipped[name] = str(e).splitlines()[0]
+    return methods, skipped
+
+
+def _workloads(config: BenchConfig, tokenizer: Any) -> list[Workload]:
+    data = load_candidates(config.input)
+    workloads = token_count_workloads(data, tokenizer, config.token_counts, config.qid) if config.token_counts else []
+    if config.rerank_queries:
+        workloads.append(rerank_workload(data, tokenizer, config.rerank_queries))
+    if not workloads:
+        raise InputError("nothing to time: give --token-counts or --rerank-queries")
+    return workloads
+
+
+def run_bench(config: BenchConfig, command: str | None = None) -> dict[str, Any]:
+    """Time every method on every workload; write and return the result (see :mod:`distill.bench.report`).
+
+    ``command`` is the command line recorded with the result.
+    """
+    from transformers import AutoTokenizer
+
+    device = resolve_device(config.device)
+    if config.threads is not None:
+        torch.set_num_threads(config.threads)
+    if not config.random_weights and not config.student:
+        raise InputError("--student is required (a run, export or HF folder), unless --random-weights is given")
+    with tempfile.TemporaryDirectory(prefix="cis-distill-bench-") as scratch:
+        folder = _random_student(config, Path(scratch)) if config.random_weights else student_folder(config.student)
+        out = default_output(config, None if config.random_weights else folder, device)
+        workloads = _workloads(config, AutoTokenizer.from_pretrained(folder))
+        students, skipped = _students(config, folder, device)
+        teacher = _teacher(config, device)
+        methods = [m for m in (*students, teacher) if m is not None]
+        rate_dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+        rate = matmul_flops_per_s(
+            device, rate_dtype, config.matmul_size or (8192 if device.type == "cuda" else 2048), 10
+        )
+        cells = []
+        for method in methods:
+            for workload in workloads:
+                log.warning("timing %s on %s", method.name, workload.name)
+                cells.append(
+                    time_method(method, workload, device, config.warmup, config.repeats, config.max_seconds, rate)
+                )
+    result = {
+        "command": command,
+        "config": asdict(config),
+        "environment": environment(device, rate_dtype),
+        "matmul": {"dtype": dtype_name(rate_dtype), "flops_per_s": rate},
+        "student": {
+            "name": f"random {config.student or RANDOM_STUDENT}" if config.random_weights else str(config.student),
+            "folder": None if config.random_weights else str(folder),
+        },
+        "skipped": skipped,
+        "workloads": [
+            {
+                "name": w.name,
+                "calls": [
+                    {"qid": c.qid, "pairs": len(c.passages), "passage_tokens": c.passage_tokens} for c in w.calls
+                ],
+            }
+            for w in workloads
+        ],
+        "cells": [c.to_json() for c in cells],
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench.json").write_text(json.dumps(result, indent=2) + "\n")
+    report.write_csv(result, out / "bench.csv")
+    report.plot(result, out / "bench.png")
+    result["output"] = str(out)
+    return result

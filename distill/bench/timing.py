@@ -1,0 +1,105 @@
+"""Timing one method on one workload: warm-up calls, then timed rounds of every call."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from distill.bench.measure import MemoryProbe, synchronize
+from distill.bench.methods import Method
+from distill.bench.workload import Workload
+
+
+@dataclass
+class Cell:
+    """The figures of one (method, workload)."""
+
+    method: str
+    role: str
+    dtype: str
+    workload: str
+    calls: int
+    """Distinct calls of the workload (queries)."""
+    pairs_per_call: float
+    passage_tokens_per_call: float
+    tokens_fed_per_call: float
+    """Tokens the model reads per call, padding excluded (students: query + passage + special tokens)."""
+    seconds: list[float]
+    """Wall time of each timed call, device synchronised at both ends, tokenisation included."""
+    peak_memory_bytes: int
+    flop_floor_s: float | None
+    """``2 * n_params * tokens_fed_per_call`` over the measured matmul rate: the time the FLOPs take at best."""
+
+    @property
+    def p50_s(self) -> float:
+        return float(np.percentile(self.seconds, 50))
+
+    @property
+    def p95_s(self) -> float:
+        return float(np.percentile(self.seconds, 95))
+
+    @property
+    def pairs_per_s(self) -> float:
+        return self.pairs_per_call * len(self.seconds) / sum(self.seconds)
+
+    def to_json(self) -> dict:
+        return {
+            **{k: v for k, v in vars(self).items()},
+            "n": len(self.seconds),
+            "p50_s": self.p50_s,
+            "p95_s": self.p95_s,
+            "pairs_per_s": self.pairs_per_s,
+            "floor_ratio": None if self.flop_floor_s is None else self.p50_s / self.flop_floor_s,
+        }
+
+
+def time_method(
+    method: Method,
+    workload: Workload,
+    device: torch.device,
+    warmup: int,
+    repeats: int,
+    max_seconds: float,
+    matmul_flops_per_s: float | None,
+) -> Cell:
+    """Time ``method`` on every call of ``workload``.
+
+    ``warmup`` untimed rounds, then up to ``repeats`` timed rounds (each round calls every call once), stopping
+    after the first round that ends past ``max_seconds`` of timed work: slow methods get fewer samples, at
+    least one round.
+    """
+    for _ in range(warmup):
+        for call in workload.calls:
+            method.score(call.query, call.passages)
+    probe = MemoryProbe(device)
+    probe.reset()
+    seconds: list[float] = []
+    for _ in range(repeats):
+        for call in workload.calls:
+            synchronize(device)
+            start = time.perf_counter()
+            scores = method.score(call.query, call.passages)
+            synchronize(device)
+            seconds.append(time.perf_counter() - start)
+            if len(scores) != len(call.passages):
+                raise RuntimeError(f"{method.name}: {len(scores)} scores for {len(call.passages)} passages")
+        if sum(seconds) > max_seconds:
+            break
+    tokens_fed = float(np.mean([method.tokens_fed(call) for call in workload.calls]))
+    floor = None if matmul_flops_per_s is None else 2 * method.n_params * tokens_fed / matmul_flops_per_s
+    return Cell(
+        method.name,
+        method.role,
+        method.dtype,
+        workload.name,
+        len(workload.calls),
+        workload.pairs_per_call,
+        workload.passage_tokens_per_call,
+        tokens_fed,
+        seconds,
+        probe.peak(),
+        floor,
+    )
