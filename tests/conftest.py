@@ -115,3 +115,55 @@ def teacher_dataset(tmp_path_factory: pytest.TempPathFactory, tiny_llama: Path, 
         progress=False,
     )
     return run_teach(config)
+
+
+@pytest.fixture(scope="session")
+def parity():
+    """Two real DL19 queries, 24 BM25 candidates each (and the long pair), also the int8 evaluation set."""
+    from distill.backend import ParitySet
+    from distill.loaders import load_candidates
+
+    data = load_candidates(DL19, qrels=DL19_QRELS)
+    return ParitySet.from_data(data, queries=2, depth=24, ranking_queries=2, ranking_depth=24)
+
+
+@pytest.fixture(scope="session")
+def student(tmp_path_factory: pytest.TempPathFactory, tiny_bert: Path, parity) -> Path:
+    """The tiny BERT fitted to the graded relevance of the parity pairs, saved as a student.
+
+    A random model's ranking is noise that int8 quantisation reshuffles; one that separates the grades
+    is what the int8 nDCG@10 bound is about.
+    """
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from distill.backend.encoding import encode_pairs, pad_batch
+    from students.model import save_student
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_bert)
+    model = AutoModelForSequenceClassification.from_pretrained(tiny_bert)
+    pairs = [p for p in parity.pairs if p.docid is not None]
+    grades = torch.tensor([float(parity.qrels.get(p.qid, {}).get(p.docid, 0)) for p in pairs])
+    features = encode_pairs(tokenizer, [p.query for p in pairs], [p.passage for p in pairs], 512).features
+    batch = {k: torch.from_numpy(v) for k, v in pad_batch(tokenizer, features).items()}
+    torch.manual_seed(0)
+    optimiser = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    model.train()
+    for _ in range(50):
+        loss = torch.nn.functional.mse_loss(model(**batch).logits[:, 0], grades)
+        optimiser.zero_grad()
+        loss.backward()
+        optimiser.step()
+    model.eval()
+    metadata = {"backbone": str(tiny_bert), "label": "qrels grade", "teacher_data": [], "max_length": 512}
+    return save_student(model, tokenizer, tmp_path_factory.mktemp("student"), metadata)
+
+
+@pytest.fixture(scope="session")
+def exported(tmp_path_factory: pytest.TempPathFactory, student: Path, parity) -> Path:
+    """The fitted student exported to every format (ONNX fp32/fp16/int8, TorchScript)."""
+    from distill.backend import export_student
+
+    out = tmp_path_factory.mktemp("exports") / "student"
+    export_student(student, out, fp16=True, int8=True, parity=parity)
+    return out

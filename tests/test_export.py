@@ -12,7 +12,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from distill.backend import ParityError, ParitySet, export_student, verify_export
 from distill.backend.encoding import encode_pairs, pad_batch
@@ -22,50 +21,6 @@ from distill.loaders import load_candidates
 from distill.reranker import Reranker
 
 from .conftest import DL19, DL19_QRELS
-
-
-@pytest.fixture(scope="module")
-def parity() -> ParitySet:
-    """Two real DL19 queries, 24 BM25 candidates each (and the long pair), also the int8 evaluation set."""
-    data = load_candidates(DL19, qrels=DL19_QRELS)
-    return ParitySet.from_data(data, queries=2, depth=24, ranking_queries=2, ranking_depth=24)
-
-
-@pytest.fixture(scope="module")
-def student(tmp_path_factory: pytest.TempPathFactory, tiny_bert: Path, parity: ParitySet) -> Path:
-    """The tiny BERT fitted to the graded relevance of the parity pairs, saved as a student.
-
-    A random model's ranking is noise that int8 quantisation reshuffles; one that separates the grades
-    is what the int8 nDCG@10 bound is about.
-    """
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
-
-    from students.model import save_student
-
-    tokenizer = AutoTokenizer.from_pretrained(tiny_bert)
-    model = AutoModelForSequenceClassification.from_pretrained(tiny_bert)
-    pairs = [p for p in parity.pairs if p.docid is not None]
-    grades = torch.tensor([float(parity.qrels.get(p.qid, {}).get(p.docid, 0)) for p in pairs])
-    features = encode_pairs(tokenizer, [p.query for p in pairs], [p.passage for p in pairs], 512).features
-    batch = {k: torch.from_numpy(v) for k, v in pad_batch(tokenizer, features).items()}
-    torch.manual_seed(0)
-    optimiser = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    model.train()
-    for _ in range(50):
-        loss = torch.nn.functional.mse_loss(model(**batch).logits[:, 0], grades)
-        optimiser.zero_grad()
-        loss.backward()
-        optimiser.step()
-    model.eval()
-    metadata = {"backbone": str(tiny_bert), "label": "qrels grade", "teacher_data": [], "max_length": 512}
-    return save_student(model, tokenizer, tmp_path_factory.mktemp("student"), metadata)
-
-
-@pytest.fixture(scope="module")
-def exported(tmp_path_factory: pytest.TempPathFactory, student: Path, parity: ParitySet) -> Path:
-    out = tmp_path_factory.mktemp("exports") / "student"
-    export_student(student, out, fp16=True, int8=True, parity=parity)
-    return out
 
 
 def pytorch_scores(folder: Path, queries: list[str], passages: list[str], max_length: int = 512) -> np.ndarray:

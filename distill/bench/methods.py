@@ -93,7 +93,7 @@ def baseline_method(folder: Path, device: str, max_length: int | None) -> Method
     dtype = torch.float16 if device.startswith("cuda") else torch.float32
     encoder = CrossEncoder(str(folder), device=device, max_length=max_length, model_kwargs={"dtype": dtype})
     tokenizer = encoder.tokenizer
-    limit = encoder.max_length
+    limit = encoder.max_seq_length
 
     def score(query: str, passages: list[str]) -> Sequence[float]:
         pairs = [(query, p) for p in passages]

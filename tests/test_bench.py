@@ -1,0 +1,152 @@
+"""The latency benchmark: its workloads on real DL19 candidates, every method on identical inputs, its outputs."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from transformers import AutoTokenizer
+
+from distill.bench import report
+from distill.bench.methods import baseline_method, student_method, teacher_method
+from distill.bench.run import BenchConfig, run_bench
+from distill.bench.workload import rerank_workload, token_count_workloads
+from distill.cli import main
+from distill.loaders import load_candidates
+from distill.reranker import Reranker
+from distill.schema import InputError
+from teachers.teacher import CausalLMTeacher
+
+from .conftest import DL19
+
+
+@pytest.fixture(scope="module")
+def dl19():
+    return load_candidates(DL19)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_bert: Path):
+    return AutoTokenizer.from_pretrained(tiny_bert)
+
+
+def test_token_count_workloads_cut_one_querys_candidates(dl19, tokenizer) -> None:
+    workloads = token_count_workloads(dl19, tokenizer, [500, 2000, 10000])
+    totals = {
+        c.query.qid: sum(map(len, tokenizer([p.text for p in c.passages], add_special_tokens=False)["input_ids"]))
+        for c in dl19.candidates
+    }
+    longest = max(totals, key=totals.get)
+    by_qid = {c.query.qid: c for c in dl19.candidates}
+    for count, workload in zip([500, 2000, 10000], workloads, strict=True):
+        (call,) = workload.calls
+        assert workload.name == f"{count} tokens" and call.qid == longest
+        assert abs(call.passage_tokens - count) <= 3
+        texts = [p.text for p in by_qid[longest].passages]
+        assert call.passages[:-1] == texts[: len(call.passages) - 1]  # first-stage order, the last one cut
+        assert texts[len(call.passages) - 1].lower().replace(" ", "").startswith(
+            call.passages[-1].lower().replace(" ", "")[:20]
+        )
+    assert len(workloads[2].calls[0].passages) > len(workloads[0].calls[0].passages)
+
+
+def test_token_count_workloads_bad_input(dl19, tokenizer) -> None:
+    qid = dl19.candidates[0].query.qid
+    with pytest.raises(InputError, match=rf"query {qid}'s candidates hold \d+ tokens, fewer than 100000"):
+        token_count_workloads(dl19, tokenizer, [100000], qid=qid)
+    with pytest.raises(InputError, match="no query 'nope'"):
+        token_count_workloads(dl19, tokenizer, [500], qid="nope")
+
+
+def test_rerank_workload_takes_whole_candidate_lists(dl19, tokenizer) -> None:
+    workload = rerank_workload(dl19, tokenizer, 2)
+    assert workload.name == "100 candidates"
+    assert [c.qid for c in workload.calls] == [c.query.qid for c in dl19.candidates[:2]]
+    assert all(len(c.passages) == 100 for c in workload.calls)
+
+
+def test_methods_score_identical_inputs_identically(exported: Path, tiny_llama: Path, dl19, tokenizer) -> None:
+    """The bench times what the stages compute: the Reranker's scores, the same numbers in sentence-transformers,
+    and the teacher stage's CIS."""
+    pytest.importorskip("sentence_transformers")
+    call = token_count_workloads(dl19, tokenizer, [300])[0].calls[0]
+    reference = np.array(Reranker.load(exported).score(call.query, call.passages))
+    for method in (
+        student_method(exported, "torch-fp32", "cpu", None, 4096),
+        student_method(exported, "onnx-fp32", "cpu", None, 4096),
+        baseline_method(exported, "cpu", None),
+    ):
+        np.testing.assert_allclose(method.score(call.query, call.passages), reference, atol=1e-4, err_msg=method.name)
+        assert method.n_params == sum(p.numel() for p in Reranker.load(exported).scorer.model.parameters())
+        assert method.tokens_fed(call) > call.passage_tokens  # query and special tokens added
+    teacher = CausalLMTeacher.load(str(tiny_llama))
+    cis = teacher_method(teacher).score(call.query, call.passages)
+    ids = teacher.encode_passages(call.passages)
+    cond = teacher.pair_terms([call.query] * len(ids), ids, ["logp_cond"])["logp_cond"]
+    np.testing.assert_allclose(cis, cond - teacher.passage_logprobs(ids), rtol=1e-6)
+
+
+def test_bench_times_every_method_and_writes_json_csv_png(exported: Path, tiny_llama: Path, tmp_path: Path) -> None:
+    config = BenchConfig(
+        student=str(exported),
+        teacher=str(tiny_llama),
+        token_counts=[200, 400],
+        rerank_queries=2,
+        repeats=3,
+        max_seconds=60,
+        output=str(tmp_path / "bench"),
+        matmul_size=256,
+    )
+    result = run_bench(config, "distill bench ...")
+    expected = ["student torch-fp32", "student torchscript", "student onnx-fp32", "student onnx-int8"]
+    expected += ["st-crossencoder"] if "st-crossencoder" not in result["skipped"] else []
+    assert report.methods(result) == [*expected, "teacher cis"]
+    assert report.workloads(result) == ["200 tokens", "400 tokens", "100 candidates"]
+    for cell in result["cells"]:
+        calls = 2 if cell["workload"] == "100 candidates" else 1
+        assert cell["n"] == 3 * calls and cell["calls"] == calls
+        assert 0 < cell["p50_s"] <= cell["p95_s"] <= max(cell["seconds"])
+        assert cell["pairs_per_s"] == pytest.approx(cell["pairs_per_call"] * cell["n"] / sum(cell["seconds"]))
+        assert cell["peak_memory_bytes"] > 0 and cell["flop_floor_s"] > 0
+    out = tmp_path / "bench"
+    saved = json.loads((out / "bench.json").read_text())
+    assert saved["command"] == "distill bench ..." and saved["cells"] == json.loads(json.dumps(result["cells"]))
+    rows = list(csv.DictReader((out / "bench.csv").open()))
+    assert len(rows) == len(result["cells"]) and float(rows[0]["p50_s"]) == pytest.approx(result["cells"][0]["p50_s"])
+    assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    speedups = report.speedups(result, "teacher cis")
+    teacher = report.cell(result, "teacher cis", "100 candidates")
+    onnx = report.cell(result, "student onnx-fp32", "100 candidates")
+    assert speedups["student onnx-fp32"]["100 candidates"] == pytest.approx(teacher["p50_s"] / onnx["p50_s"])
+
+
+def test_bench_random_weights_and_saved_results_on_the_cli(
+    tiny_bert: Path, tiny_llama: Path, tmp_path: Path, capsys
+) -> None:
+    """``--random-weights`` builds both models from their configs (here the tiny ones' folders); ``--results``
+    prints a saved run's tables, ``--compare`` its speed-ups."""
+    out = tmp_path / "random"
+    argv = ["bench", "--random-weights", "--student", str(tiny_bert), "--teacher", str(tiny_llama)]
+    argv += ["--token-counts", "100", "--rerank-queries", "0", "--repeats", "2", "--backends", "torch-fp32"]
+    argv += ["--output", str(out), "--matmul-size", "128", "--device", "cpu"]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "student torch-fp32" in printed and "teacher cis" in printed and "100 tokens" in printed
+    result = json.loads((out / "bench.json").read_text())
+    assert result["student"]["name"] == f"random {tiny_bert}" and len(result["cells"]) == 2
+    assert main(["bench", "--results", str(out / "bench.json"), "--compare"]) == 0
+    printed = capsys.readouterr().out
+    ratio = report.speedups(result, "teacher cis")["student torch-fp32"]["100 tokens"]
+    assert "speed-up over teacher cis" in printed and f"{ratio:.2f}x" in printed
+
+
+def test_bench_bad_arguments(exported: Path, capsys) -> None:
+    assert main(["bench", "--student", str(exported), "--backends", "torch-fp8"]) == 2
+    assert "unknown ['torch-fp8']" in capsys.readouterr().err
+    assert main(["bench"]) == 2
+    assert "--student is required" in capsys.readouterr().err
+    assert main(["bench", "--student", "/nonexistent/run"]) == 2
+    assert "no student here" in capsys.readouterr().err
