@@ -85,6 +85,18 @@ def cmd_teach(args: argparse.Namespace) -> int:
     return 0
 
 
+def held_out_queries(student: Path) -> set[str]:
+    """The query ids a student was validated on (``config.cis_distill.val_queries`` of its HF folder), given the
+    training run folder or the HF (or export) folder."""
+    config = student / "hf" / "config.json" if (student / "hf").is_dir() else student / "config.json"
+    if not config.is_file():
+        raise InputError(f"{student}: no student here (no hf/config.json or config.json)")
+    queries = json.loads(config.read_text()).get("cis_distill", {}).get("val_queries")
+    if not queries:
+        raise InputError(f"{config}: cis_distill.val_queries is missing (trained before held-out ids were recorded)")
+    return set(queries)
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     from distill.eval_report import evaluate_runs, format_per_query, format_table, to_json
     from distill.evaluate import DEFAULT_METRICS, MULTIHOP_METRICS, default_rel_level, parse_metrics
@@ -112,6 +124,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
             runs[name] = read_trec_run(path)
             if not runs[name].keys() & qrels.keys():
                 raise InputError(f"{path}: no query of the run has relevance judgements in {args.qrels or args.input}")
+    if args.held_out:
+        qrels = {qid: judged for qid, judged in qrels.items() if qid in held_out_queries(Path(args.held_out))}
     report = evaluate_runs(runs, qrels, metrics, rel_level, args.test)
     if args.json:
         command = "distill " + " ".join(shlex.quote(a) for a in sys.argv[1:])
@@ -256,6 +270,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ev.add_argument(
         "--test", choices=["t", "randomization"], default="t", help="paired significance test vs the first run"
+    )
+    ev.add_argument(
+        "--held-out",
+        metavar="STUDENT",
+        help="evaluate only the queries this student was validated on (its run or HF folder)",
     )
     ev.add_argument("--per-query", action="store_true", help="also print each query's values")
     ev.add_argument("--json", help="also write the results (means, per query, significance) to this JSON file")

@@ -33,7 +33,8 @@ class ExportBestToHF(Callback):
     """Writes the best checkpoint of ``checkpoints`` as an HF folder at ``dirpath`` when fit ends.
 
     The folder loads with ``AutoModelForSequenceClassification`` and ``CrossEncoder``; its
-    ``config.cis_distill`` records the teacher data, label, target scaling and validation metrics.
+    ``config.cis_distill`` records the teacher data, label, target scaling, the held-out (validation) query ids
+    and the validation metric.
     """
 
     def __init__(self, checkpoints: ModelCheckpoint, dirpath: str | Path) -> None:
@@ -60,6 +61,7 @@ class ExportBestToHF(Callback):
             "label": data.hparams.label,
             "target_scaling": data.scaling.to_dict(),
             "max_length": data.hparams.max_length,
+            "val_queries": sorted(set(data.val.qid)),
             "checkpoint": str(best),
             "best_score": float(checkpoints.best_model_score) if checkpoints.best_model_score is not None else None,
             "monitor": checkpoints.monitor,

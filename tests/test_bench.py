@@ -47,8 +47,11 @@ def test_token_count_workloads_cut_one_querys_candidates(dl19, tokenizer) -> Non
         assert abs(call.passage_tokens - count) <= 3
         texts = [p.text for p in by_qid[longest].passages]
         assert call.passages[:-1] == texts[: len(call.passages) - 1]  # first-stage order, the last one cut
-        assert texts[len(call.passages) - 1].lower().replace(" ", "").startswith(
-            call.passages[-1].lower().replace(" ", "")[:20]
+        assert (
+            texts[len(call.passages) - 1]
+            .lower()
+            .replace(" ", "")
+            .startswith(call.passages[-1].lower().replace(" ", "")[:20])
         )
     assert len(workloads[2].calls[0].passages) > len(workloads[0].calls[0].passages)
 

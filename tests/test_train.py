@@ -48,7 +48,9 @@ def metrics(run: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
-def test_train_validates_checkpoints_and_exports(tmp_path: Path, tiny_bert: Path, teacher_dataset: Path) -> None:
+def test_train_validates_checkpoints_and_exports(
+    tmp_path: Path, tiny_bert: Path, teacher_dataset: Path, capsys
+) -> None:
     assert main(["train", "--config", str(write_config(tmp_path, tiny_bert, teacher_dataset))]) == 0
     run = tmp_path / "runs" / "tiny"
     assert (run / "checkpoints" / "best.ckpt").is_file() and (run / "checkpoints" / "last.ckpt").is_file()
@@ -66,9 +68,21 @@ def test_train_validates_checkpoints_and_exports(tmp_path: Path, tiny_bert: Path
     meta = model.config.cis_distill
     assert model.config.num_labels == 1 and meta["label"] == "cis" and meta["target_scaling"]["kind"] == "global"
     assert meta["monitor"] == "val/nDCG@10" and (hf / "model.safetensors").is_file()
+    sample = {line.split()[0] for line in (teacher_dataset / "runs" / "cis.trec").read_text().splitlines()}
+    assert len(meta["val_queries"]) == 1 and set(meta["val_queries"]) < sample  # the held-out query
     best = torch.load(run / "checkpoints" / "best.ckpt", weights_only=False)["state_dict"]
     for name, value in model.state_dict().items():
         torch.testing.assert_close(value, best[f"model.{name}"])
+
+    # distill eval --held-out: the runs on the student's held-out queries only
+    capsys.readouterr()
+    assert main(["eval", "--qrels", str(DL19_QRELS), "--run", str(teacher_dataset), "--held-out", str(run)]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith("triplets/")]
+    means = rows[:3]  # then the differences to the first run
+    assert [r[0] for r in means] == ["triplets/first_stage", "triplets/cis", "triplets/upr"]
+    assert all(r[1] == "1" for r in means)  # evaluated on the one held-out query of 3
+    assert main(["eval", "--qrels", str(DL19_QRELS), "--run", str(teacher_dataset), "--held-out", str(tmp_path)]) == 2
+    assert "no student here" in capsys.readouterr().err
 
 
 def test_exported_student_scores_the_same_in_sentence_transformers(
