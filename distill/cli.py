@@ -224,6 +224,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_run(args: argparse.Namespace) -> int:
+    from distill.pipeline import load_pipeline, run_pipeline
+
+    run_pipeline(load_pipeline(args.config), set(args.force))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from distill.evaluate import DEFAULT_METRICS, MULTIHOP_METRICS
     from distill.teach import TeachConfig
@@ -337,6 +344,17 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_flags(bench, BenchConfig)
     bench.add_argument("--results", help="print the tables of a saved bench.json instead of running")
     bench.set_defaults(func=cmd_bench)
+
+    run = sub.add_parser("run", help="the whole pipeline (teach, train, export, bench, eval) from one YAML file")
+    run.add_argument("--config", required=True, help="a pipeline YAML, such as configs/quickstart.yaml")
+    run.add_argument(
+        "--force",
+        type=lambda s: [x.strip() for x in s.split(",") if x.strip()],
+        default=[],
+        metavar="STAGE,...",
+        help="rerun these stages (teach, train, export, bench, eval, or all) even when up to date",
+    )
+    run.set_defaults(func=cmd_run)
     return parser
 
 
