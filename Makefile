@@ -22,9 +22,7 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 demo: setup
-	$(VENV)/bin/distill teach --config configs/teach/quickstart.yaml
-	$(VENV)/bin/distill eval --qrels data/trec-dl19/qrels.txt --run checkpoints/quickstart/teacher
-	$(VENV)/bin/distill train --config configs/train/quickstart.yaml
+	$(VENV)/bin/distill run --config configs/quickstart.yaml
 
 test: setup
 	$(PY) -m pytest -q

@@ -13,6 +13,26 @@ from distill.schema import InputError
 C = TypeVar("C")
 
 
+def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
+    """The mapping in the YAML file at ``path`` (empty for an empty file).
+
+    Raises:
+        InputError: the file is missing, cannot be parsed (the message names the line), or is not a mapping.
+    """
+    path = Path(path)
+    try:
+        loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except FileNotFoundError:
+        raise InputError(f"{path}: config file not found") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        raise InputError(f"{where}: malformed YAML: {getattr(e, 'problem', e)}") from None
+    if not isinstance(loaded, dict):
+        raise InputError(f"{path}: a config must be a mapping of option: value")
+    return loaded
+
+
 def load_config(cls: type[C], path: str | Path | None, overrides: dict[str, Any]) -> C:
     """Build ``cls`` from the YAML mapping at ``path`` (if any), then ``overrides``.
 
@@ -22,17 +42,7 @@ def load_config(cls: type[C], path: str | Path | None, overrides: dict[str, Any]
     """
     values: dict[str, Any] = {}
     if path is not None:
-        path = Path(path)
-        try:
-            loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        except FileNotFoundError:
-            raise InputError(f"{path}: config file not found") from None
-        except yaml.YAMLError as e:
-            mark = getattr(e, "problem_mark", None)
-            where = f"{path}:{mark.line + 1}" if mark else str(path)
-            raise InputError(f"{where}: malformed YAML: {getattr(e, 'problem', e)}") from None
-        if not isinstance(loaded, dict):
-            raise InputError(f"{path}: a config must be a mapping of option: value")
+        loaded = read_yaml_mapping(path)
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(loaded) - known)
         if unknown:

@@ -27,8 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from distill.config import read_yaml_mapping
 from distill.schema import InputError, RerankingData
 
 log = logging.getLogger(__name__)
@@ -86,14 +85,7 @@ class PipelineConfig:
 def load_pipeline(path: str | Path) -> PipelineConfig:
     """Read a pipeline YAML; unknown sections or options raise :class:`InputError` naming the file and the key."""
     path = Path(path)
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except FileNotFoundError:
-        raise InputError(f"{path}: config file not found") from None
-    except yaml.YAMLError as e:
-        raise InputError(f"{path}: malformed YAML: {e}") from None
-    if not isinstance(raw, dict):
-        raise InputError(f"{path}: a pipeline config is a mapping of name and stage sections")
+    raw = read_yaml_mapping(path)
     known = {f.name for f in PipelineConfig.__dataclass_fields__.values()}
     if unknown := sorted(set(raw) - known):
         raise InputError(f"{path}: unknown section(s) {unknown}; known: {sorted(known)}")
@@ -101,10 +93,9 @@ def load_pipeline(path: str | Path) -> PipelineConfig:
         if key not in raw:
             raise InputError(f"{path}: missing {key!r}")
     if isinstance(raw["teach"], str):
-        teach_file = Path(raw["teach"])
-        if not teach_file.is_file():
-            raise InputError(f"{path}: teach: no such config file {teach_file}")
-        raw["teach"] = yaml.safe_load(teach_file.read_text(encoding="utf-8")) or {}
+        if not Path(raw["teach"]).is_file():
+            raise InputError(f"{path}: teach: no such config file {raw['teach']}")
+        raw["teach"] = read_yaml_mapping(raw["teach"])
     sections: dict[str, Any] = {}
     for key, cls in (("export", ExportOptions), ("eval", EvalOptions)):
         given = raw.get(key) or {}
