@@ -7,10 +7,13 @@ workload) and ``bench.png`` (the bar chart) to the output folder.
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import tempfile
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -122,11 +125,9 @@ def _random_student(config: BenchConfig, out: Path) -> Path:
     return save_student(model, tokenizer, out, {"random_weights": name})
 
 
-def _teacher(config: BenchConfig, device: torch.device) -> Method | None:
+def _teacher(config: BenchConfig, device: torch.device) -> Method:
     from teachers.teacher import CausalLMTeacher, resolve_dtype
 
-    if config.teacher == "none":
-        return None
     budget = config.teacher_max_batch_tokens or (16384 if device.type == "cuda" else 8192)
     if not config.random_weights:
         teacher = CausalLMTeacher.load(config.teacher or DEFAULT_TEACHER, device=device, max_batch_tokens=budget)
@@ -146,8 +147,11 @@ def _teacher(config: BenchConfig, device: torch.device) -> Method | None:
     return teacher_method(CausalLMTeacher(model.eval(), tokenizer, identity=identity, max_batch_tokens=budget))
 
 
-def _students(config: BenchConfig, folder: Path, device: torch.device) -> tuple[list[Method], dict[str, str]]:
-    """The student methods that run, and the reason each default backend left out does not."""
+def _students(
+    config: BenchConfig, folder: Path, device: torch.device
+) -> tuple[list[tuple[str, Callable[[], Method]]], dict[str, str]]:
+    """The student methods to time, each as (backend name, a function that loads it), and the reason each
+    default backend left out is left out (its file is missing)."""
     from distill.backend.scorers import FORMAT_FILES
 
     requested = config.backends is not None
@@ -155,23 +159,18 @@ def _students(config: BenchConfig, folder: Path, device: torch.device) -> tuple[
     unknown = sorted(set(names) - {*STUDENT_BACKENDS, BASELINE})
     if unknown:
         raise InputError(f"--backends: unknown {unknown}; choose from {[*STUDENT_BACKENDS, BASELINE]}")
-    methods, skipped = [], {}
+    loaders, skipped = [], {}
     for name in names:
         kind, dtype = STUDENT_BACKENDS.get(name, ("torch", None))
         fmt = {"float16": "onnx-fp16", "int8": "onnx-int8"}.get(dtype or "", "onnx") if kind == "onnx" else kind
         if fmt in FORMAT_FILES and not (folder / FORMAT_FILES[fmt]).is_file() and not requested:
             skipped[name] = f"no {FORMAT_FILES[fmt]} in {folder}"
-            continue
-        try:
-            if name == BASELINE:
-                methods.append(baseline_method(folder, str(device), config.max_length))
-            else:
-                methods.append(student_method(folder, name, str(device), config.max_length, config.max_batch_tokens))
-        except (ImportError, ValueError) as e:  # no sentence-transformers, or no CUDA provider in onnxruntime
-            if requested:
-                raise
-            skipped[name] = str(e).splitlines()[0]
-    return methods, skipped
+        elif name == BASELINE:
+            loaders.append((name, partial(baseline_method, folder, str(device), config.max_length)))
+        else:
+            load = partial(student_method, folder, name, str(device), config.max_length, config.max_batch_tokens)
+            loaders.append((name, load))
+    return loaders, skipped
 
 
 def _workloads(config: BenchConfig, tokenizer: Any) -> list[Workload]:
@@ -200,20 +199,31 @@ def run_bench(config: BenchConfig, command: str | None = None) -> dict[str, Any]
         folder = _random_student(config, Path(scratch)) if config.random_weights else student_folder(config.student)
         out = default_output(config, None if config.random_weights else folder, device)
         workloads = _workloads(config, AutoTokenizer.from_pretrained(folder))
-        students, skipped = _students(config, folder, device)
-        teacher = _teacher(config, device)
-        methods = [m for m in (*students, teacher) if m is not None]
+        loaders, skipped = _students(config, folder, device)
+        if config.teacher != "none":
+            loaders.append(("teacher", partial(_teacher, config, device)))
         rate_dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
         rate = matmul_flops_per_s(
             device, rate_dtype, config.matmul_size or (8192 if device.type == "cuda" else 2048), 10
         )
         cells = []
-        for method in methods:
+        for name, load in loaders:  # one method in memory at a time, so its peak memory is its own
+            try:
+                method = load()
+            except (ImportError, ValueError) as e:  # no sentence-transformers, or no CUDA provider in onnxruntime
+                if config.backends is not None or name == "teacher":
+                    raise
+                skipped[name] = str(e).splitlines()[0]
+                continue
             for workload in workloads:
                 log.warning("timing %s on %s", method.name, workload.name)
                 cells.append(
                     time_method(method, workload, device, config.warmup, config.repeats, config.max_seconds, rate)
                 )
+            del method
+            gc.collect()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
     result = {
         "command": command,
         "config": asdict(config),
