@@ -318,7 +318,9 @@ def build_parser() -> argparse.ArgumentParser:
     rerank.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
     rerank.add_argument("--dtype", help="torch: float32|float16|bfloat16; onnx: float32|float16|int8")
     rerank.add_argument("--max-length", type=int, help="longest pair in tokens (default: the model's)")
-    rerank.add_argument("--max-batch-tokens", type=int, default=16384, help="padded tokens per batch")
+    rerank.add_argument(
+        "--max-batch-tokens", type=int, help="padded tokens per batch (default 1024 on a CPU, 16384 on a GPU)"
+    )
     rerank.add_argument("--max-queries", type=int, help="rerank only the first N queries")
     rerank.set_defaults(func=cmd_rerank)
 

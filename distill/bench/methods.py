@@ -72,7 +72,9 @@ def count_parameters(folder: Path) -> int:
     return total
 
 
-def student_method(folder: Path, backend: str, device: str, max_length: int | None, max_batch_tokens: int) -> Method:
+def student_method(
+    folder: Path, backend: str, device: str, max_length: int | None, max_batch_tokens: int | None
+) -> Method:
     """The student in ``folder`` on ``backend`` (a key of :data:`STUDENT_BACKENDS`)."""
     kind, dtype = STUDENT_BACKENDS[backend]
     reranker = Reranker.load(folder, kind, device, dtype, max_length, max_batch_tokens)

@@ -76,8 +76,8 @@ class BenchConfig:
     """Stop repeating a (method, workload) once its timed calls pass this many seconds (one round at least)."""
     max_length: int | None = None
     """Longest student pair in tokens (default: the model's, up to 512)."""
-    max_batch_tokens: int = 16384
-    """Padded tokens per student batch."""
+    max_batch_tokens: int | None = None
+    """Padded tokens per student batch (default the Reranker's: 1024 on a CPU, 16384 on a GPU)."""
     teacher_max_batch_tokens: int | None = None
     """Padded tokens per teacher batch (default 8192 on a CPU, 16384 on a GPU)."""
     matmul_size: int | None = None
