@@ -20,8 +20,8 @@ BACKENDS = ("torch", "onnx", "torchscript")
 ONNX_DTYPES = {None: "onnx", "float32": "onnx", "float16": "onnx-fp16", "int8": "onnx-int8"}
 """The ONNX backend's ``dtype`` -> the exported format it runs."""
 DEFAULT_BATCH_TOKENS = {"cpu": 1024, "cuda": 16384}
-"""Padded tokens per batch by device type. Small batches keep a CPU's caches warm: on 2 cores, MiniLM reranks
-100 DL19 candidates about twice as fast at 1024 tokens a batch as at 16384, on every backend."""
+"""Padded tokens per batch by device type. Small batches keep a CPU's caches warm (on 2 cores, compare
+``benchmarks/results/bench-cpu-minilm-dl19-all-cis`` with its ``-batch16384`` twin); a GPU wants large ones."""
 
 
 class Reranker:
