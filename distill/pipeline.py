@@ -309,7 +309,8 @@ def summarize(config: PipelineConfig) -> dict[str, Any]:
 
 
 def format_summary(summary: dict[str, Any]) -> str:
-    lines = [f"== {summary['name']}: nDCG@10 on {summary['eval_queries']} evaluation queries =="]
+    n = summary["eval_queries"]
+    lines = [f"== {summary['name']}: nDCG@10 on {n} evaluation {'query' if n == 1 else 'queries'} =="]
     width = max(map(len, summary["nDCG@10"]))
     lines += [f"  {run:<{width}}  {value:6.2f}" for run, value in summary["nDCG@10"].items()]
     for workload, times in summary["latency_p50_s"].items():
