@@ -85,18 +85,6 @@ def cmd_teach(args: argparse.Namespace) -> int:
     return 0
 
 
-def held_out_queries(student: Path) -> set[str]:
-    """The query ids a student was validated on (``config.cis_distill.val_queries`` of its HF folder), given the
-    training run folder or the HF (or export) folder."""
-    config = student / "hf" / "config.json" if (student / "hf").is_dir() else student / "config.json"
-    if not config.is_file():
-        raise InputError(f"{student}: no student here (no hf/config.json or config.json)")
-    queries = json.loads(config.read_text()).get("cis_distill", {}).get("val_queries")
-    if not queries:
-        raise InputError(f"{config}: cis_distill.val_queries is missing (trained before held-out ids were recorded)")
-    return set(queries)
-
-
 def cmd_eval(args: argparse.Namespace) -> int:
     from distill.eval_report import evaluate_runs, format_per_query, format_table, to_json
     from distill.evaluate import DEFAULT_METRICS, MULTIHOP_METRICS, default_rel_level, parse_metrics
@@ -125,6 +113,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
             if not runs[name].keys() & qrels.keys():
                 raise InputError(f"{path}: no query of the run has relevance judgements in {args.qrels or args.input}")
     if args.held_out:
+        from students.model import held_out_queries
+
         qrels = {qid: judged for qid, judged in qrels.items() if qid in held_out_queries(Path(args.held_out))}
     report = evaluate_runs(runs, qrels, metrics, rel_level, args.test)
     if args.json:

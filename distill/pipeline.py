@@ -239,11 +239,11 @@ def load_eval_data(inputs: list[str], qrels: str | None) -> RerankingData:
 
 def evaluate_pipeline(config: PipelineConfig, teacher: Path, student: Path, eval_input: list[str], out: Path) -> None:
     """Rerank the eval queries with the student; evaluate the first stage, every teacher score and the student."""
-    from distill.cli import held_out_queries
     from distill.eval_report import evaluate_runs, format_table, to_json
     from distill.evaluate import default_rel_level
     from distill.reranker import Reranker
     from distill.runs import read_trec_run, write_trec_run
+    from students.model import held_out_queries
 
     e = config.eval
     data = load_eval_data(eval_input, e.qrels)

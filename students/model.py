@@ -9,12 +9,14 @@ plain HF folder that ``AutoModelForSequenceClassification`` and sentence-transfo
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 from transformers import AutoModelForSequenceClassification, PreTrainedModel
 
 from distill.models import load_architecture, load_pretrained, resolve_model
+from distill.schema import InputError
 
 IDENTITY_ACTIVATION = "torch.nn.modules.linear.Identity"
 
@@ -48,3 +50,15 @@ def save_student(model: PreTrainedModel, tokenizer: Any, path: str | Path, metad
     model.save_pretrained(path, safe_serialization=True)
     tokenizer.save_pretrained(path)
     return path
+
+
+def held_out_queries(student: Path) -> set[str]:
+    """The query ids a student was validated on (``config.cis_distill.val_queries`` of its HF folder), given the
+    training run folder or the HF (or export) folder."""
+    config = student / "hf" / "config.json" if (student / "hf").is_dir() else student / "config.json"
+    if not config.is_file():
+        raise InputError(f"{student}: no student here (no hf/config.json or config.json)")
+    queries = json.loads(config.read_text()).get("cis_distill", {}).get("val_queries")
+    if not queries:
+        raise InputError(f"{config}: cis_distill.val_queries is missing (trained before held-out ids were recorded)")
+    return set(queries)
