@@ -153,3 +153,14 @@ def test_bench_bad_arguments(exported: Path, capsys) -> None:
     assert "--student is required" in capsys.readouterr().err
     assert main(["bench", "--student", "/nonexistent/run"]) == 2
     assert "no student here" in capsys.readouterr().err
+
+
+def test_a_failing_method_keeps_the_figures_already_taken(exported: Path, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "partial"
+    argv = ["bench", "--student", str(exported), "--teacher", str(tmp_path / "no-such-teacher"), "--device", "cpu"]
+    argv += ["--token-counts", "100", "--rerank-queries", "0", "--repeats", "1", "--backends", "torch-fp32,onnx-fp32"]
+    assert main([*argv, "--output", str(out), "--matmul-size", "128"]) == 2
+    assert "no-such-teacher" in capsys.readouterr().err
+    saved = json.loads((out / "bench.json").read_text())
+    assert not saved["complete"] and report.methods(saved) == ["student torch-fp32", "student onnx-fp32"]
+    assert not (out / "bench.png").exists()

@@ -183,8 +183,17 @@ def _workloads(config: BenchConfig, tokenizer: Any) -> list[Workload]:
     return workloads
 
 
+def _write_json(result: dict[str, Any], out: Path) -> None:
+    """``bench.json``, written atomically; ``complete`` is false until every method has been timed."""
+    tmp = out / "bench.json.tmp"
+    tmp.write_text(json.dumps(result, indent=2) + "\n")
+    tmp.replace(out / "bench.json")
+
+
 def run_bench(config: BenchConfig, command: str | None = None) -> dict[str, Any]:
     """Time every method on every workload; write and return the result (see :mod:`distill.bench.report`).
+
+    ``bench.json`` is rewritten after each method, so a run that fails part-way keeps what it measured.
 
     ``command`` is the command line recorded with the result.
     """
@@ -206,7 +215,29 @@ def run_bench(config: BenchConfig, command: str | None = None) -> dict[str, Any]
         rate = matmul_flops_per_s(
             device, rate_dtype, config.matmul_size or (8192 if device.type == "cuda" else 2048), 10
         )
-        cells = []
+        result = {
+            "command": command,
+            "config": asdict(config),
+            "environment": environment(device, rate_dtype),
+            "matmul": {"dtype": dtype_name(rate_dtype), "flops_per_s": rate},
+            "student": {
+                "name": f"random {config.student or RANDOM_STUDENT}" if config.random_weights else str(config.student),
+                "folder": None if config.random_weights else str(folder),
+            },
+            "skipped": skipped,
+            "workloads": [
+                {
+                    "name": w.name,
+                    "calls": [
+                        {"qid": c.qid, "pairs": len(c.passages), "passage_tokens": c.passage_tokens} for c in w.calls
+                    ],
+                }
+                for w in workloads
+            ],
+            "cells": [],
+            "complete": False,
+        }
+        out.mkdir(parents=True, exist_ok=True)
         for name, load in loaders:  # one method in memory at a time, so its peak memory is its own
             try:
                 method = load()
@@ -217,36 +248,15 @@ def run_bench(config: BenchConfig, command: str | None = None) -> dict[str, Any]
                 continue
             for workload in workloads:
                 log.warning("timing %s on %s", method.name, workload.name)
-                cells.append(
-                    time_method(method, workload, device, config.warmup, config.repeats, config.max_seconds, rate)
-                )
+                cell = time_method(method, workload, device, config.warmup, config.repeats, config.max_seconds, rate)
+                result["cells"].append(cell.to_json())
+            _write_json(result, out)  # a later method that fails loses none of the figures already taken
             del method
             gc.collect()
             if device.type == "cuda":
                 torch.cuda.empty_cache()
-    result = {
-        "command": command,
-        "config": asdict(config),
-        "environment": environment(device, rate_dtype),
-        "matmul": {"dtype": dtype_name(rate_dtype), "flops_per_s": rate},
-        "student": {
-            "name": f"random {config.student or RANDOM_STUDENT}" if config.random_weights else str(config.student),
-            "folder": None if config.random_weights else str(folder),
-        },
-        "skipped": skipped,
-        "workloads": [
-            {
-                "name": w.name,
-                "calls": [
-                    {"qid": c.qid, "pairs": len(c.passages), "passage_tokens": c.passage_tokens} for c in w.calls
-                ],
-            }
-            for w in workloads
-        ],
-        "cells": [c.to_json() for c in cells],
-    }
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "bench.json").write_text(json.dumps(result, indent=2) + "\n")
+    result["complete"] = True
+    _write_json(result, out)
     report.write_csv(result, out / "bench.csv")
     report.plot(result, out / "bench.png")
     result["output"] = str(out)
