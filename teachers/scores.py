@@ -11,10 +11,15 @@ logp_uncond        [start]                                                  pass
 logp_cond_noprompt [start] + tok("{query}")                                 passage ids
 logp_upr           [start] + tok("Passage:") + passage ids[:200]            tok(" " + query)
                    + tok("\\nQuestion:")
+logp_upr_empty     [start] + tok("Passage:") + tok("\\nQuestion:")            tok(" " + query)
 ================== ======================================================== =====================
 
 Passage ids are ``tok(" " + passage)`` truncated to ``max_passage_tokens``; ``tok`` adds no
-special tokens. ``logp_uncond`` depends on the passage alone and is computed once per passage.
+special tokens. ``logp_uncond`` depends on the passage alone and is computed once per passage;
+``logp_upr_empty`` depends on the query alone and is computed once per query.
+
+A per-token score divides by a token count that every teacher dataset keeps:
+``n_passage_tokens`` (the passage ids) or ``n_query_tokens`` (``tok(" " + query)``).
 """
 
 from __future__ import annotations
@@ -28,24 +33,33 @@ UPR_PASSAGE_TOKENS = 200
 
 PAIR_TERMS = ("logp_cond", "logp_cond_noprompt", "logp_upr")
 """Terms that depend on the (query, passage) pair; ``logp_uncond`` depends on the passage only."""
+QUERY_TERMS = ("logp_upr_empty",)
+"""Terms that depend on the query only."""
+TOKEN_COUNTS = ("n_passage_tokens", "n_query_tokens")
 
 
 @dataclass(frozen=True)
 class ScoreDefinition:
-    """score = ``plus`` term − ``minus`` term (or the ``plus`` term alone)."""
+    """score = (``plus`` term − ``minus`` term) / ``per_token`` count, the parts that are set.
+
+    Terms are summed log-probabilities in nats; a per-token score is in nats per token.
+    """
 
     name: str
     plus: str
     minus: str | None
     description: str
+    per_token: str | None = None
+    """A token count of :data:`TOKEN_COUNTS` to divide by, or None for a summed score."""
 
     @property
     def terms(self) -> tuple[str, ...]:
         return (self.plus,) if self.minus is None else (self.plus, self.minus)
 
     def __call__(self, terms: dict) -> object:
-        """The score from a mapping of term name to value (numbers or arrays)."""
-        return terms[self.plus] if self.minus is None else terms[self.plus] - terms[self.minus]
+        """The score from a mapping of term (and token count) name to value (numbers or arrays)."""
+        value = terms[self.plus] if self.minus is None else terms[self.plus] - terms[self.minus]
+        return value if self.per_token is None else value / terms[self.per_token]
 
 
 SCORES: dict[str, ScoreDefinition] = {
@@ -57,6 +71,14 @@ SCORES: dict[str, ScoreDefinition] = {
             "noprompt", "logp_cond_noprompt", "logp_uncond", "CIS with plain concatenation, the 'w/o prompt' ablation"
         ),
         ScoreDefinition("upr", "logp_upr", None, "query likelihood log p(Q | K), the UPR baseline"),
+        ScoreDefinition(
+            "cis_q",
+            "logp_upr",
+            "logp_upr_empty",
+            "CIS in the query direction: log p(Q | K) - log p(Q | empty passage) (Bayes: = log p(K|Q) - log p(K))",
+        ),
+        ScoreDefinition("cis_mean", "logp_cond", "logp_uncond", "CIS per passage token", "n_passage_tokens"),
+        ScoreDefinition("cis_q_mean", "logp_upr", "logp_upr_empty", "cis_q per query token", "n_query_tokens"),
     )
 }
 

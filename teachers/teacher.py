@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from distill.models import ModelSource, load_pretrained, resolve_model
+from distill.core.models import ModelSource, load_pretrained, resolve_model
 from teachers.causal_lm import CausalLMScorer, ScoringSequence
 from teachers.scores import (
     DEFAULT_PROMPT,
@@ -81,7 +81,7 @@ class CausalLMTeacher:
         start_token: int | str | None = None,
         **kwargs: Any,
     ) -> CausalLMTeacher:
-        """Load a teacher by name (see :func:`distill.models.resolve_model`).
+        """Load a teacher by name (see :func:`distill.core.models.resolve_model`).
 
         ``device_map="auto"`` spreads a model that does not fit one GPU over all visible GPUs
         (model parallel); otherwise the model goes to ``device``. ``start_token`` is a token id
@@ -132,6 +132,24 @@ class CausalLMTeacher:
         start = [self.start_token_id]
         return self.scorer.logprobs([ScoringSequence(start, ids) for ids in passage_ids], on_batch)
 
+    def encode_queries(self, queries: Sequence[str]) -> list[list[int]]:
+        """Query ids as the query-likelihood terms score them: ``tok(" " + query)``."""
+        return self.tokenize([" " + q for q in queries])
+
+    def query_terms(
+        self, queries: Sequence[str], terms: Sequence[str], on_batch: Callable[[int], None] | None = None
+    ) -> dict[str, np.ndarray]:
+        """The terms named in ``terms`` (of :data:`QUERY_TERMS`) that depend on the query alone.
+
+        Returns:
+            term name -> ``[n]`` float64 nats.
+        """
+        if "logp_upr_empty" not in terms:
+            return {}
+        head, tail = self.tokenize([UPR_PASSAGE_PREFIX, UPR_QUESTION_PREFIX])
+        sequences = [ScoringSequence([self.start_token_id, *head, *tail], q) for q in self.encode_queries(queries)]
+        return {"logp_upr_empty": self.scorer.logprobs(sequences, on_batch)}
+
     def pair_terms(
         self,
         queries: Sequence[str],
@@ -155,7 +173,7 @@ class CausalLMTeacher:
             sequences += [ScoringSequence(start + p, ids) for p, ids in zip(prefixes, passage_ids, strict=True)]
         if "logp_upr" in wanted:
             head, tail = self.tokenize([UPR_PASSAGE_PREFIX, UPR_QUESTION_PREFIX])
-            query_ids = self.tokenize([" " + q for q in queries])
+            query_ids = self.encode_queries(queries)
             sequences += [
                 ScoringSequence(start + head + ids[:UPR_PASSAGE_TOKENS] + tail, q)
                 for q, ids in zip(query_ids, passage_ids, strict=True)
