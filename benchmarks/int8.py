@@ -20,12 +20,12 @@ from typing import Any
 import numpy as np
 from _common import RESULTS, invocation, slug
 
-from distill.backend.encoding import encode_pairs, model_max_length, pad_batch
 from distill.backend.parity import dl19_parity_set
-from distill.backend.scorers import OnnxScorer, Scorer, TorchScorer
 from distill.bench.measure import environment
 from distill.bench.run import student_folder
-from distill.evaluate import evaluate
+from distill.core.metrics import evaluate
+from distill.serving.encoding import encode_pairs, model_max_length, pad_batch
+from distill.serving.scorers import OnnxScorer, Scorer, TorchScorer
 
 VARIANTS = {"per_tensor": {"per_channel": False}, "per_channel": {"per_channel": True}}
 BATCH_SIZE = 32

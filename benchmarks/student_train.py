@@ -59,7 +59,7 @@ from _common import (
 from pytorch_lightning import Callback, LightningModule, Trainer
 
 from distill.bench.measure import MemoryProbe, dtype_name, environment, matmul_flops_per_s, synchronize
-from distill.models import ARCHITECTURES, resolve_model
+from distill.core.models import ARCHITECTURES, resolve_model
 from students.data import StudentDataModule, load_teacher_table
 from students.model import build_student
 from students.module import CrossEncoderModule
@@ -154,7 +154,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--backbone",
         default="all-minilm-l6-v2",
-        help="any name distill.models.resolve_model takes; bert-large-uncased builds offline from its embedded config",
+        help="any name resolve_model takes; bert-large-uncased builds offline from its embedded config",
     )
     p.add_argument(
         "--random-init",

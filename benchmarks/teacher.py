@@ -47,10 +47,10 @@ from _common import (
 )
 from tqdm.auto import tqdm
 
-from distill.batching import token_budget_batches
 from distill.bench.measure import MemoryProbe, dtype_name, environment, matmul_flops_per_s, synchronize
-from distill.loaders import load_candidates
-from distill.models import ARCHITECTURES, load_pretrained, resolve_model
+from distill.core.batching import token_budget_batches
+from distill.core.loaders import load_candidates
+from distill.core.models import ARCHITECTURES, load_pretrained, resolve_model
 from teachers.causal_lm import ScoringSequence
 from teachers.teacher import DTYPES, CausalLMTeacher, resolve_dtype
 
@@ -152,7 +152,7 @@ class Phase:
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     model = p.add_mutually_exclusive_group()
-    model.add_argument("--teacher", default="smollm2-135m", help="any name distill.models.resolve_model takes")
+    model.add_argument("--teacher", default="smollm2-135m", help="any name distill.core.models.resolve_model takes")
     model.add_argument(
         "--random-config",
         choices=sorted(RANDOM_CONFIGS),

@@ -11,7 +11,7 @@ __version__ = "0.1.0"
 
 def __getattr__(name: str) -> Any:
     if name == "Reranker":
-        from distill.reranker import Reranker
+        from distill.serving.reranker import Reranker
 
         return Reranker
     raise AttributeError(f"module 'distill' has no attribute {name!r}")

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any, get_args
 
-from distill.schema import InputError
+from distill.core.schema import InputError
 
 FLAG_TYPES = {
     "int": int,
@@ -54,7 +54,7 @@ def add_config_flags(parser: argparse.ArgumentParser, cls: type) -> None:
         elif f.type in LIST_TYPES:
             kwargs.update(type=_comma_list(LIST_TYPES[f.type]), metavar="A,B")
         elif f.type == "OnBadInput":
-            from distill.loaders import OnBadInput
+            from distill.core.loaders import OnBadInput
 
             kwargs.update(choices=get_args(OnBadInput))
         else:
@@ -72,25 +72,25 @@ def _default(f: dataclasses.Field) -> Any:
 
 
 def _build_config(cls: type, args: argparse.Namespace) -> Any:
-    from distill.config import load_config
+    from distill.core.config import load_config
 
     overrides = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if hasattr(args, f.name)}
     return load_config(cls, args.config, overrides)
 
 
 def cmd_teach(args: argparse.Namespace) -> int:
-    from distill.teach import TeachConfig, run_teach
+    from distill.stages.teach import TeachConfig, run_teach
 
     run_teach(_build_config(TeachConfig, args))
     return 0
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from distill.eval_report import evaluate_runs, format_per_query, format_table, to_json
-    from distill.evaluate import DEFAULT_METRICS, MULTIHOP_METRICS, default_rel_level, parse_metrics
-    from distill.loaders import load_candidates, load_qrels
-    from distill.loaders.multihop import is_multihop_file
-    from distill.runs import Run, find_run_files, read_trec_run
+    from distill.core.eval_report import evaluate_runs, format_per_query, format_table, to_json
+    from distill.core.loaders import load_candidates, load_qrels
+    from distill.core.loaders.multihop import is_multihop_file
+    from distill.core.metrics import DEFAULT_METRICS, MULTIHOP_METRICS, default_rel_level, parse_metrics
+    from distill.core.runs import Run, find_run_files, read_trec_run
 
     if not (args.input or (args.qrels and args.run)):
         raise InputError("give --qrels and --run, or --input (with --qrels where it has no judgements of its own)")
@@ -129,8 +129,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from distill.backend import ParitySet, export_student
-    from distill.loaders import load_candidates
+    from distill.backend.export import export_student
+    from distill.backend.parity import ParitySet
+    from distill.core.loaders import load_candidates
 
     parity = None
     if args.parity_input:
@@ -156,9 +157,9 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_rerank(args: argparse.Namespace) -> int:
-    from distill.loaders import load_candidates
-    from distill.reranker import Reranker
-    from distill.runs import write_trec_run
+    from distill.core.loaders import load_candidates
+    from distill.core.runs import write_trec_run
+    from distill.serving.reranker import Reranker
 
     data = load_candidates(args.input, queries=args.queries, corpus=args.corpus)
     reranker = Reranker.load(args.model, args.backend, args.device, args.dtype, args.max_length, args.max_batch_tokens)
@@ -222,8 +223,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from distill.evaluate import DEFAULT_METRICS, MULTIHOP_METRICS
-    from distill.teach import TeachConfig
+    from distill.core.metrics import DEFAULT_METRICS, MULTIHOP_METRICS
+    from distill.stages.teach import TeachConfig
 
     parser = argparse.ArgumentParser(
         prog="distill", description="Distil a causal LM's CIS into cross-encoder rerankers."
@@ -356,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     command = argv[0] if argv else "distill"
     try:
         if command == "train":  # LightningCLI parses its own arguments
-            from distill.train import run_train
+            from distill.stages.train import run_train
 
             return run_train(argv[1:])
         args = build_parser().parse_args(argv)

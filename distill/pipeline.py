@@ -27,8 +27,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from distill.config import read_yaml_mapping
-from distill.schema import InputError, RerankingData
+from distill.core.config import read_yaml_mapping
+from distill.core.schema import InputError, RerankingData
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +157,7 @@ class Runner:
 
 
 def _teach(config: PipelineConfig, runner: Runner) -> Stage:
-    from distill.teach import TeachConfig, run_teach
+    from distill.stages.teach import TeachConfig, run_teach
 
     options = {**config.teach, "output": str(config.folder / "teacher")}
     teach = TeachConfig(**options)
@@ -167,7 +167,7 @@ def _teach(config: PipelineConfig, runner: Runner) -> Stage:
 
 
 def _train(config: PipelineConfig, runner: Runner, teach: Stage) -> Stage:
-    from distill.train import run_train
+    from distill.stages.train import run_train
 
     configs = [str(c) for c in config.train.get("configs", [])]
     args = dict(config.train.get("args") or {})
@@ -192,7 +192,8 @@ def _train(config: PipelineConfig, runner: Runner, teach: Stage) -> Stage:
 
 
 def _export(config: PipelineConfig, runner: Runner, train: Stage, eval_input: list[str]) -> Stage:
-    from distill.backend import ParitySet, export_student
+    from distill.backend.export import export_student
+    from distill.backend.parity import ParitySet
 
     options = asdict(config.export)
     out = config.folder / "student" / "export"
@@ -232,17 +233,17 @@ def _eval(config: PipelineConfig, runner: Runner, teach: Stage, export: Stage, e
 
 def load_eval_data(inputs: list[str], qrels: str | None) -> RerankingData:
     """The candidates of ``inputs`` joined, with ``qrels`` (a file) or their own judgements."""
-    from distill.loaders import load_candidates
+    from distill.core.loaders import load_candidates
 
     return RerankingData.union([load_candidates(path, qrels=qrels) for path in inputs])
 
 
 def evaluate_pipeline(config: PipelineConfig, teacher: Path, student: Path, eval_input: list[str], out: Path) -> None:
     """Rerank the eval queries with the student; evaluate the first stage, every teacher score and the student."""
-    from distill.eval_report import evaluate_runs, format_table, to_json
-    from distill.evaluate import default_rel_level
-    from distill.reranker import Reranker
-    from distill.runs import read_trec_run, write_trec_run
+    from distill.core.eval_report import evaluate_runs, format_table, to_json
+    from distill.core.metrics import default_rel_level
+    from distill.core.runs import read_trec_run, write_trec_run
+    from distill.serving.reranker import Reranker
     from students.model import held_out_queries
 
     e = config.eval

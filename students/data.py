@@ -12,8 +12,8 @@ import torch
 from pytorch_lightning import LightningDataModule
 from torch.utils.data import DataLoader, Dataset
 
-from distill.loaders import load_qrels
-from distill.schema import InputError, Qrels
+from distill.core.loaders import load_qrels
+from distill.core.schema import InputError, Qrels
 from students.sampling import LengthGroupedBatches, QueryGroupedBatches
 from students.scaling import ScalingKind, TargetScaling
 
@@ -146,7 +146,7 @@ class StudentDataModule(LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         if self.train is not None:
             return
-        from distill.models import load_architecture
+        from distill.core.models import load_architecture
 
         h = self.hparams
         table = load_teacher_table(list(h.teacher_data), h.label)

@@ -15,8 +15,8 @@ from typing import Any
 
 from transformers import AutoModelForSequenceClassification, PreTrainedModel
 
-from distill.models import load_architecture, load_pretrained, resolve_model
-from distill.schema import InputError
+from distill.core.models import load_architecture, load_pretrained, resolve_model
+from distill.core.schema import InputError
 
 IDENTITY_ACTIVATION = "torch.nn.modules.linear.Identity"
 
@@ -27,7 +27,7 @@ def build_student(
     """A cross-encoder on ``backbone`` and its tokenizer.
 
     Args:
-        backbone: any name :func:`distill.models.resolve_model` takes; ``bert-large-uncased`` builds offline.
+        backbone: any name :func:`distill.core.models.resolve_model` takes; ``bert-large-uncased`` builds offline.
         random_init: random weights from the backbone's config (for timing where its weights are absent).
         dropout: dropout before the linear head; default the backbone's.
     """

@@ -123,7 +123,7 @@ def validation_metrics(val: Any, rows: list[int], scores: np.ndarray, qrels: dic
     """nDCG@10 of the student (and, for reference, of the teacher and the first stage) on the validation
     pairs ``rows`` of ``val`` scored ``scores``, and the Pearson and Spearman correlations of student and
     teacher scores."""
-    from distill.evaluate import evaluate
+    from distill.core.metrics import evaluate
 
     labels = val.labels[rows]
     metrics = {

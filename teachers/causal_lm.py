@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from distill.batching import token_budget_batches
+from distill.core.batching import token_budget_batches
 
 
 @dataclass(frozen=True)

@@ -80,7 +80,7 @@ def tiny_bert(tmp_path_factory: pytest.TempPathFactory) -> Path:
     import torch
     from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
 
-    from distill.models import load_pretrained, resolve_model
+    from distill.core.models import load_pretrained, resolve_model
 
     tokenizer = load_pretrained(resolve_model("all-minilm-l6-v2"), AutoTokenizer)
     config = BertConfig(
@@ -102,7 +102,7 @@ def tiny_bert(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def teacher_dataset(tmp_path_factory: pytest.TempPathFactory, tiny_llama: Path, dl19_sample: list[dict]) -> Path:
     """Teacher triplets (cis and upr) of the DL19 sample, scored by the tiny Llama."""
-    from distill.teach import TeachConfig, run_teach
+    from distill.stages.teach import TeachConfig, run_teach
 
     root = tmp_path_factory.mktemp("teacher")
     (root / "in.json").write_text(json.dumps(dl19_sample))
@@ -120,8 +120,8 @@ def teacher_dataset(tmp_path_factory: pytest.TempPathFactory, tiny_llama: Path, 
 @pytest.fixture(scope="session")
 def parity():
     """Two real DL19 queries, 24 BM25 candidates each (and the long pair), also the int8 evaluation set."""
-    from distill.backend import ParitySet
-    from distill.loaders import load_candidates
+    from distill.backend.parity import ParitySet
+    from distill.core.loaders import load_candidates
 
     data = load_candidates(DL19, qrels=DL19_QRELS)
     return ParitySet.from_data(data, queries=2, depth=24, ranking_queries=2, ranking_depth=24)
@@ -137,7 +137,7 @@ def student(tmp_path_factory: pytest.TempPathFactory, tiny_bert: Path, parity) -
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from distill.backend.encoding import encode_pairs, pad_batch
+    from distill.serving.encoding import encode_pairs, pad_batch
     from students.model import save_student
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_bert)
@@ -162,7 +162,7 @@ def student(tmp_path_factory: pytest.TempPathFactory, tiny_bert: Path, parity) -
 @pytest.fixture(scope="session")
 def exported(tmp_path_factory: pytest.TempPathFactory, student: Path, parity) -> Path:
     """The fitted student exported to every format (ONNX fp32/fp16/int8, TorchScript)."""
-    from distill.backend import export_student
+    from distill.backend.export import export_student
 
     out = tmp_path_factory.mktemp("exports") / "student"
     export_student(student, out, fp16=True, int8=True, parity=parity)

@@ -2,7 +2,7 @@ import random
 
 import pytest
 
-from distill.batching import token_budget_batches
+from distill.core.batching import token_budget_batches
 
 
 @pytest.mark.parametrize("budget", [1, 7, 64, 1000])

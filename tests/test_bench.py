@@ -15,9 +15,9 @@ from distill.bench.methods import baseline_method, student_method, teacher_metho
 from distill.bench.run import BenchConfig, run_bench
 from distill.bench.workload import rerank_workload, token_count_workloads
 from distill.cli import main
-from distill.loaders import load_candidates
-from distill.reranker import Reranker
-from distill.schema import InputError
+from distill.core.loaders import load_candidates
+from distill.core.schema import InputError
+from distill.serving.reranker import Reranker
 from teachers.teacher import CausalLMTeacher
 
 from .conftest import DL19

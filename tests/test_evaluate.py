@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from distill.cli import main
-from distill.evaluate import (
+from distill.core.loaders import load_candidates, load_qrels
+from distill.core.metrics import (
     DEFAULT_METRICS,
     MULTIHOP_METRICS,
     default_rel_level,
@@ -20,9 +21,8 @@ from distill.evaluate import (
     means,
     parse_metrics,
 )
-from distill.loaders import load_candidates, load_qrels
-from distill.runs import read_trec_run, write_trec_run
-from distill.significance import TESTS, compare, randomization_test
+from distill.core.runs import read_trec_run, write_trec_run
+from distill.core.significance import TESTS, compare, randomization_test
 
 from .conftest import DL19, DL19_QRELS, REPO
 

@@ -13,12 +13,21 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from distill.backend import ParityError, ParitySet, export_student, verify_export
-from distill.backend.encoding import encode_pairs, pad_batch
-from distill.backend.parity import BATCH_SIZES, NDCG_BOUND, SCORE_BOUNDS, SHORT_MAX_LENGTH, FormatParity
-from distill.backend.scorers import TorchScorer
-from distill.loaders import load_candidates
-from distill.reranker import Reranker
+from distill.backend.export import export_student
+from distill.backend.parity import (
+    BATCH_SIZES,
+    NDCG_BOUND,
+    SCORE_BOUNDS,
+    SHORT_MAX_LENGTH,
+    FormatParity,
+    ParityError,
+    ParitySet,
+    verify_export,
+)
+from distill.core.loaders import load_candidates
+from distill.serving.encoding import encode_pairs, pad_batch
+from distill.serving.reranker import Reranker
+from distill.serving.scorers import TorchScorer
 
 from .conftest import DL19, DL19_QRELS
 
@@ -293,7 +302,7 @@ def test_cli_export_rerank_and_eval(student: Path, tmp_path: Path, sample_file: 
     import shutil
 
     from distill.cli import main
-    from distill.runs import read_trec_run
+    from distill.core.runs import read_trec_run
 
     run = tmp_path / "run"
     shutil.copytree(student, run / "hf")

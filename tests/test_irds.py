@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from distill.loaders import load_candidates, load_qrels
-from distill.loaders._common import repair_mojibake
-from distill.schema import InputError, RerankingData
+from distill.core.loaders import load_candidates, load_qrels
+from distill.core.loaders._common import repair_mojibake
+from distill.core.schema import InputError, RerankingData
 
 DL19 = Path(__file__).resolve().parents[1] / "data" / "trec-dl19"
 NUM_QUERIES = 2

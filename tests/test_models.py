@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from distill.models import ModelNotFoundError, resolve_model
+from distill.core.models import ModelNotFoundError, resolve_model
 from teachers import CausalLMTeacher
 
 

@@ -9,9 +9,9 @@ import pytest
 import yaml
 
 from distill.cli import main
+from distill.core.runs import read_trec_run
+from distill.core.schema import InputError
 from distill.pipeline import load_pipeline
-from distill.runs import read_trec_run
-from distill.schema import InputError
 
 from .conftest import DL19_QRELS
 

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 
 from distill.cli import main
-from distill.evaluate import evaluate
-from distill.loaders import load_candidates, load_qrels
+from distill.core.loaders import load_candidates, load_qrels
+from distill.core.metrics import evaluate
+from distill.core.schema import InputError, Qrels, RerankingData
 from distill.retrieval import RetrievalResult, retrieve
 from distill.retrieval.dense import Encoder
 from distill.retrieval.index_cache import MANIFEST, index_key, save_atomically
-from distill.schema import InputError, Qrels, RerankingData
 
 DL19 = Path(__file__).resolve().parents[1] / "data" / "trec-dl19"
 

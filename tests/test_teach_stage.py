@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 from distill.cli import main
-from distill.runs import read_trec_run
-from distill.schema import InputError
-from distill.teach import TeachConfig, read_metadata, run_teach
+from distill.core.runs import read_trec_run
+from distill.core.schema import InputError
+from distill.stages.teach import TeachConfig, read_metadata, run_teach
 
 REPO = Path(__file__).resolve().parents[1]
 

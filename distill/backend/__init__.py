@@ -1,10 +1,5 @@
 """Export backends: a student's HF folder to ONNX (fp32, fp16, int8) and TorchScript files, checked for parity.
 
-Isolated from the rest of the project, and light to import: torch, onnx and onnxruntime are imported by
-the functions that use them.
+Import what you need from its modules (:mod:`distill.backend.export`, :mod:`distill.backend.parity`); this
+package imports nothing itself, so serving code never pulls in the exporters.
 """
-
-from distill.backend.export import ExportReport, export_student
-from distill.backend.parity import ParityError, ParitySet, verify_export
-
-__all__ = ["ExportReport", "ParityError", "ParitySet", "export_student", "verify_export"]

@@ -2,7 +2,7 @@
 
 The export folder holds the HF folder's files (it loads with ``AutoModelForSequenceClassification`` and
 sentence-transformers' ``CrossEncoder``), the tokenizer (``tokenizer.json`` included, for runtimes
-without transformers), the exported files of :data:`~distill.backend.scorers.FORMAT_FILES` and
+without transformers), the exported files of :data:`~distill.serving.scorers.FORMAT_FILES` and
 ``card.json``. It is written to a staging folder and moved into place only when every file passes the
 parity check, so a failed export leaves nothing behind.
 """
@@ -17,9 +17,9 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from distill.backend.encoding import encode_pairs, input_names, model_max_length, pad_batch
 from distill.backend.parity import FormatParity, ParityError, ParitySet, verify_export
-from distill.backend.scorers import FORMAT_FILES, WEIGHT_FILES, require_file
+from distill.serving.encoding import encode_pairs, input_names, model_max_length, pad_batch
+from distill.serving.scorers import FORMAT_FILES, WEIGHT_FILES, require_file
 
 CARD = "card.json"
 EXPORTABLE = ("onnx", "torchscript")
@@ -133,7 +133,7 @@ def _card(hf_dir: Path, folder: Path, report: ExportReport) -> dict[str, Any]:
     from transformers import AutoConfig, AutoTokenizer
 
     from distill.backend.onnx_export import OPSET
-    from distill.teach import read_metadata
+    from distill.stages.teach import read_metadata
 
     config = AutoConfig.from_pretrained(folder)
     tokenizer = AutoTokenizer.from_pretrained(folder)

@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from distill.backend.encoding import encode_pairs, model_max_length, pad_batch
-from distill.backend.scorers import FORMAT_FILES, OnnxScorer, Scorer, TorchScorer, load_scorer
-from distill.schema import Qrels, RerankingData
+from distill.core.schema import Qrels, RerankingData
+from distill.serving.encoding import encode_pairs, model_max_length, pad_batch
+from distill.serving.scorers import FORMAT_FILES, OnnxScorer, Scorer, TorchScorer, load_scorer
 
 BATCH_SIZES = (1, 7, 32)
 SHORT_MAX_LENGTH = 32
@@ -85,7 +85,7 @@ class ParitySet:
 
 def dl19_parity_set() -> ParitySet:
     """The default: the first 3 DL19 queries, 32 BM25 candidates each; for int8, all 43 judged DL19 queries."""
-    from distill.loaders import load_candidates
+    from distill.core.loaders import load_candidates
 
     return ParitySet.from_data(load_candidates(DL19 / "bm25_top100.json", qrels=DL19 / "qrels.txt"))
 
@@ -220,7 +220,7 @@ def _check_ranking(
     result: FormatParity, reference: Scorer, int8: Scorer, tokenizer: Any, max_length: int, parity: ParitySet
 ) -> None:
     """nDCG@10 of the int8 graph and of PyTorch on the evaluation set (judged queries' candidate lists)."""
-    from distill.evaluate import evaluate
+    from distill.core.metrics import evaluate
 
     if not parity.ranking:
         result.not_checked = "nDCG@10 not checked: no judged queries in the parity input"

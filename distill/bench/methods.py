@@ -1,7 +1,7 @@
 """The methods the latency benchmark times, each as ``score(query, passages) -> scores``, end to end
 (tokenisation included):
 
-- the student on each backend (:class:`distill.reranker.Reranker`): ``torch-fp32``, ``torch-fp16``,
+- the student on each backend (:class:`distill.serving.reranker.Reranker`): ``torch-fp32``, ``torch-fp16``,
   ``torch-bf16``, ``torchscript``, ``onnx-fp32``, ``onnx-fp16``, ``onnx-int8``;
 - the teacher: CIS with the teacher stage's scorer (:class:`teachers.teacher.CausalLMTeacher`), both terms
   computed per call (log p(K|Q) and log p(K); no p(K) cache);
@@ -18,9 +18,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from distill.backend.encoding import encode_pairs
 from distill.bench.workload import Call
-from distill.reranker import Reranker
+from distill.serving.encoding import encode_pairs
+from distill.serving.reranker import Reranker
 from teachers.teacher import CausalLMTeacher
 
 STUDENT_BACKENDS: dict[str, tuple[str, str | None]] = {

@@ -32,8 +32,8 @@ from distill.bench.methods import (
 )
 from distill.bench.timing import time_method
 from distill.bench.workload import TOKEN_COUNTS, Workload, rerank_workload, token_count_workloads
-from distill.loaders import load_candidates
-from distill.schema import InputError
+from distill.core.loaders import load_candidates
+from distill.core.schema import InputError
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ class BenchConfig:
     """A training run (``checkpoints/<run>``: its ``export/``, else its ``hf/``), an export folder or an HF
     folder. With ``random_weights``: an architecture name (default ``bert-large-uncased``)."""
     teacher: str | None = None
-    """A teacher model name (see ``distill.models``; default ``smollm2-135m``), or ``none`` to time the students
+    """A teacher model name (see ``distill.core.models``; default ``smollm2-135m``), or ``none`` to time the students
     only. With ``random_weights``: an architecture name (default ``meta-llama/Meta-Llama-3-8B``)."""
     random_weights: bool = False
     """Build the student and the teacher from their configs with random weights (full-size timing offline)."""
@@ -134,7 +134,7 @@ def _teacher(config: BenchConfig, device: torch.device) -> Method:
         return teacher_method(teacher)
     from transformers import AutoModelForCausalLM
 
-    from distill.models import load_architecture
+    from distill.core.models import load_architecture
 
     name = config.teacher or RANDOM_TEACHER
     model_config, tokenizer = load_architecture(name)
@@ -152,7 +152,7 @@ def _students(
 ) -> tuple[list[tuple[str, Callable[[], Method]]], dict[str, str]]:
     """The student methods to time, each as (backend name, a function that loads it), and the reason each
     default backend left out is left out (its file is missing)."""
-    from distill.backend.scorers import FORMAT_FILES
+    from distill.serving.scorers import FORMAT_FILES
 
     requested = config.backends is not None
     names = config.backends if requested else list(DEFAULT_BACKENDS[device.type])

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from distill.schema import Candidates, InputError, RerankingData
+from distill.core.schema import Candidates, InputError, RerankingData
 
 TOKEN_COUNTS = (500, 1000, 2000, 3000, 5000, 10000)
 """The paper's total candidate-token counts."""

@@ -11,14 +11,14 @@ from functools import partial
 from pathlib import Path
 from typing import Literal
 
-from distill.loaders._common import BadInput
-from distill.loaders.beir import is_beir_dir
-from distill.loaders.trec import check_file, read_corpus, read_queries
+from distill.core.loaders._common import BadInput
+from distill.core.loaders.beir import is_beir_dir
+from distill.core.loaders.trec import check_file, read_corpus, read_queries
+from distill.core.runs import Run, write_trec_run
+from distill.core.schema import InputError
 from distill.retrieval import bm25
 from distill.retrieval.dense import DEFAULT_ENCODER, DenseIndex, Encoder
 from distill.retrieval.index_cache import index_key, load_or_build
-from distill.runs import Run, write_trec_run
-from distill.schema import InputError
 
 Method = Literal["bm25", "dense"]
 OutputFormat = Literal["trec", "rank_llm"]
@@ -73,13 +73,13 @@ def retrieve(
     """Retrieve each query's top ``k`` passages of ``corpus`` and write them to ``output``.
 
     Args:
-        corpus: TSV ``docid<TAB>[title<TAB>]text`` or JSONL, as :mod:`distill.loaders.trec` reads; or a BEIR folder.
+        corpus: TSV ``docid<TAB>[title<TAB>]text`` or JSONL (see :mod:`distill.core.loaders.trec`), or a BEIR folder.
         queries: TSV ``qid<TAB>text`` or JSONL; ``None`` for a BEIR folder's own ``queries.jsonl``.
         output: the TREC run (``output_format="trec"``) or rank_llm JSON (``"rank_llm"``) to write.
         method: ``bm25`` (:mod:`.bm25`) or ``dense`` (:mod:`.dense`).
         k: passages per query.
         index_dir: where the index is saved and looked for (default :func:`default_index_dir`).
-        encoder: for ``dense``: the encoder model, as :func:`distill.models.resolve_model` resolves it.
+        encoder: for ``dense``: the encoder model, as :func:`distill.core.models.resolve_model` resolves it.
         device: for ``dense``: ``cpu`` or ``cuda[:N]``.
         max_batch_tokens: for ``dense``: padded tokens per forward pass.
         output_format: ``trec`` or ``rank_llm``.
@@ -138,7 +138,7 @@ def require_texts(path: Path, kind: str, texts: dict[str, str]) -> dict[str, str
 def write_rank_llm(path: Path, run: Run, queries: dict[str, str], passages: dict[str, str]) -> None:
     """Write ``run`` as rank_llm candidates (``[{query, hits: [{qid, docid, content, rank, score}]}]``), atomically.
 
-    Hits are ranked by score (ties by docid), as :func:`distill.runs.write_trec_run` ranks them.
+    Hits are ranked by score (ties by docid), as :func:`distill.core.runs.write_trec_run` ranks them.
     """
     entries = []
     for qid, scores in run.items():

@@ -15,8 +15,8 @@ from __future__ import annotations
 import heapq
 from typing import Any
 
-from distill.loaders._common import BadInput, CandidatesBuilder, clean_text
-from distill.schema import Candidates, InputError, Qrels
+from distill.core.loaders._common import BadInput, CandidatesBuilder, clean_text
+from distill.core.schema import Candidates, InputError, Qrels
 
 PREFIX = "irds:"
 DEFAULT_DEPTH = 100

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from distill.loaders._common import BadInput, CandidatesBuilder, clean_text, read_json, require
-from distill.schema import Candidates, InputError
+from distill.core.loaders._common import BadInput, CandidatesBuilder, clean_text, read_json, require
+from distill.core.schema import Candidates, InputError
 
 
 def is_rank_llm(data: object) -> bool:

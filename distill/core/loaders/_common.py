@@ -7,7 +7,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Literal
 
-from distill.schema import Candidates, InputError, Passage, Query
+from distill.core.schema import Candidates, InputError, Passage, Query
 
 OnBadInput = Literal["error", "skip"]
 

@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 
 import yaml
 
-from distill.schema import InputError
+from distill.core.schema import InputError
 
 C = TypeVar("C")
 

@@ -1,6 +1,6 @@
 """Scorers: a student folder's PyTorch weights, ONNX graphs or TorchScript file, as one callable each.
 
-A scorer maps a padded :data:`~distill.backend.encoding.Batch` to the ``[batch]`` float32 scores.
+A scorer maps a padded :data:`~distill.serving.encoding.Batch` to the ``[batch]`` float32 scores.
 torch and onnxruntime are imported by the scorer that needs them, not by this module.
 """
 
@@ -11,7 +11,7 @@ from typing import Protocol
 
 import numpy as np
 
-from distill.backend.encoding import INPUT_NAMES, Batch
+from distill.serving.encoding import INPUT_NAMES, Batch
 
 FORMAT_FILES = {
     "onnx": "model.onnx",

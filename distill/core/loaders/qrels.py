@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from distill.schema import InputError, Qrels
+from distill.core.schema import InputError, Qrels
 
 
 def load_qrels(path: Path) -> Qrels:

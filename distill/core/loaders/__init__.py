@@ -1,4 +1,4 @@
-"""Loaders: each reads one input format into the internal schema (:mod:`distill.schema`).
+"""Loaders: each reads one input format into the internal schema (:mod:`distill.core.schema`).
 
 :func:`load_candidates` picks the loader from the input itself:
 
@@ -14,14 +14,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from distill.loaders._common import BadInput, OnBadInput, iter_jsonl, read_json
-from distill.loaders.beir import is_beir_dir, load_beir
-from distill.loaders.irds import DEFAULT_DEPTH, is_irds, load_irds
-from distill.loaders.multihop import is_multihop, load_multihop
-from distill.loaders.qrels import load_qrels
-from distill.loaders.rank_llm import is_rank_llm, load_rank_llm
-from distill.loaders.trec import load_trec_run
-from distill.schema import InputError, RerankingData
+from distill.core.loaders._common import BadInput, OnBadInput, iter_jsonl, read_json
+from distill.core.loaders.beir import is_beir_dir, load_beir
+from distill.core.loaders.irds import DEFAULT_DEPTH, is_irds, load_irds
+from distill.core.loaders.multihop import is_multihop, load_multihop
+from distill.core.loaders.qrels import load_qrels
+from distill.core.loaders.rank_llm import is_rank_llm, load_rank_llm
+from distill.core.loaders.trec import load_trec_run
+from distill.core.schema import InputError, RerankingData
 
 __all__ = ["load_candidates", "load_qrels"]
 

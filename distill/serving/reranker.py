@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 
-from distill.backend.encoding import encode_pairs, model_max_length, pad_batch
-from distill.backend.scorers import Scorer, load_scorer, require_file
-from distill.batching import token_budget_batches
+from distill.core.batching import token_budget_batches
+from distill.serving.encoding import encode_pairs, model_max_length, pad_batch
+from distill.serving.scorers import Scorer, load_scorer, require_file
 
 BACKENDS = ("torch", "onnx", "torchscript")
 ONNX_DTYPES = {None: "onnx", "float32": "onnx", "float16": "onnx-fp16", "int8": "onnx-int8"}

@@ -7,10 +7,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from distill.evaluate import PerQuery, evaluate_per_query, means, parse_metrics
-from distill.runs import Run
-from distill.schema import InputError, Qrels
-from distill.significance import ALPHA, PERMUTATIONS, SEED, Comparison, Test, compare
+from distill.core.metrics import PerQuery, evaluate_per_query, means, parse_metrics
+from distill.core.runs import Run
+from distill.core.schema import InputError, Qrels
+from distill.core.significance import ALPHA, PERMUTATIONS, SEED, Comparison, Test, compare
 
 TEST_NAMES = {
     "t": "paired t-test",

@@ -27,12 +27,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm.auto import tqdm
 
-from distill.loaders import OnBadInput, load_candidates
-from distill.models import cache_home
-from distill.passage_cache import PassageLogProbCache, passage_key
-from distill.runs import write_trec_run
-from distill.schema import InputError, RerankingData
-from teachers.scores import DEFAULT_PROMPT, PAIR_TERMS, SCORES, required_terms
+from distill.core.loaders import OnBadInput, load_candidates
+from distill.core.models import cache_home
+from distill.core.runs import write_trec_run
+from distill.core.schema import InputError, RerankingData
+from teachers.passage_cache import PassageLogProbCache, passage_key
+from teachers.scores import DEFAULT_PROMPT, PAIR_TERMS, QUERY_TERMS, SCORES, required_terms
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ class TeachConfig:
     output: str
     """The dataset folder to write."""
     teacher: str = "smollm2-135m"
-    """A hub id, a local model folder, a .gguf file or an embedded alias (see ``distill.models``)."""
+    """A hub id, a local model folder, a .gguf file or an embedded alias (see ``distill.core.models``)."""
     scores: list[str] = field(default_factory=lambda: ["cis"])
     """Scores to compute; the first is the dataset's primary label. ``cis`` is always included."""
     queries: str | None = None
@@ -195,7 +195,8 @@ def run_teach(cfg: TeachConfig) -> Path:
     _score_passages(teacher, keys, passage_ids, cache, cfg, state)
     state.wait_for_everyone()
     cache.reload()
-    _score_pairs(teacher, pairs, passage_ids, keys, cache, work, cfg, state)
+    query_values = _score_queries(teacher, pairs, cfg, state)
+    _score_pairs(teacher, pairs, passage_ids, keys, cache, query_values, work, cfg, state)
     state.wait_for_everyone()
     if state.is_main_process:
         _merge(work, output, pairs, cfg, fingerprint)
@@ -275,12 +276,28 @@ def _score_passages(
                 cache.add([key for key, _ in chunk], values)
 
 
+def _score_queries(teacher: Any, pairs: Pairs, cfg: TeachConfig, state: Any) -> dict[str, dict[str, Any]]:
+    """The query-only terms and ``n_query_tokens`` of every distinct query text: term -> {query: value}.
+
+    Every process scores all distinct queries in the same batches (one short sequence each), so all
+    processes and all chunks see the same value for a query.
+    """
+    queries = list(dict.fromkeys(pairs.query))
+    values: dict[str, Any] = {"n_query_tokens": [len(ids) for ids in teacher.encode_queries(queries)]}
+    wanted = [t for t in QUERY_TERMS if t in required_terms(cfg.score_columns)]
+    if wanted:
+        with _progress(cfg, state, len(queries), "query terms", "query") as bar:
+            values.update(teacher.query_terms(queries, wanted, on_batch=bar.update))
+    return {name: dict(zip(queries, column, strict=True)) for name, column in values.items()}
+
+
 def _score_pairs(
     teacher: Any,
     pairs: Pairs,
     passage_ids: list[list[int]],
     keys: list[str],
     cache: PassageLogProbCache,
+    query_values: dict[str, dict[str, Any]],
     work: Path,
     cfg: TeachConfig,
     state: Any,
@@ -303,6 +320,9 @@ def _score_pairs(
                 on_batch=bar.update,
             )
             values["logp_uncond"] = np.array([cache[keys[i]] for i in chunk])
+            for name, by_query in query_values.items():
+                values[name] = np.array([by_query[pairs.query[i]] for i in chunk])
+            values["n_passage_tokens"] = np.array([len(passage_ids[i]) for i in chunk])
             columns: dict[str, Any] = {
                 "qid": [pairs.qid[i] for i in chunk],
                 "docid": [pairs.docid[i] for i in chunk],
@@ -310,7 +330,8 @@ def _score_pairs(
                 "passage": [pairs.passage[i] for i in chunk],
                 "first_stage_rank": pa.array([pairs.rank[i] for i in chunk], pa.int32()),
                 "first_stage_score": [pairs.first_stage_score[i] for i in chunk],
-                "n_passage_tokens": pa.array([len(passage_ids[i]) for i in chunk], pa.int32()),
+                "n_passage_tokens": pa.array(values["n_passage_tokens"], pa.int32()),
+                "n_query_tokens": pa.array(values["n_query_tokens"], pa.int32()),
             }
             columns.update({score: SCORES[score](values) for score in cfg.score_columns})
             columns.update({term: values[term] for term in terms})

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from distill.schema import InputError
+from distill.core.schema import InputError
 
 Run = dict[str, dict[str, float]]
 """qid -> docid -> score (higher is better)."""
@@ -26,8 +26,8 @@ def write_trec_run(path: str | Path, run: Run, tag: str) -> None:
 
 def read_trec_run(path: str | Path) -> Run:
     """Read a TREC run; a malformed line raises :class:`InputError` naming file and line."""
-    from distill.loaders._common import BadInput
-    from distill.loaders.trec import read_run
+    from distill.core.loaders._common import BadInput
+    from distill.core.loaders.trec import read_run
 
     path = Path(path)
     if not path.is_file():
