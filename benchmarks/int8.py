@@ -20,11 +20,10 @@ from typing import Any
 import numpy as np
 from _common import RESULTS, invocation, slug
 
-from distill.backend.parity import dl19_parity_set
+from distill.backend.parity import dl19_parity_set, ranking_ndcg10
 from distill.bench.measure import environment
-from distill.bench.run import student_folder
-from distill.core.metrics import evaluate
-from distill.serving.encoding import encode_pairs, model_max_length, pad_batch
+from distill.core.layout import student_folder
+from distill.serving.encoding import encode_pairs, load_tokenizer, model_max_length, pad_batch
 from distill.serving.scorers import OnnxScorer, Scorer, TorchScorer
 
 VARIANTS = {"per_tensor": {"per_channel": False}, "per_channel": {"per_channel": True}}
@@ -43,7 +42,6 @@ def scores_of(scorer: Scorer, tokenizer: Any, queries: list[str], passages: list
 def main(argv: Sequence[str] | None = None) -> int:
     import torch
     from onnxruntime.quantization import QuantType, quantize_dynamic
-    from transformers import AutoConfig, AutoTokenizer
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--student", required=True, help="a training run, or an export or HF folder with model.onnx")
@@ -52,18 +50,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     folder = student_folder(args.student)
     if not (folder / "model.onnx").is_file():
         p.error(f"{folder}: no model.onnx; run distill export first")
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    max_length = model_max_length(AutoConfig.from_pretrained(folder), tokenizer)
+    tokenizer = load_tokenizer(folder)
+    max_length = model_max_length(folder, tokenizer)
     pairs = dl19_parity_set().ranking
     qrels = dl19_parity_set().qrels
     queries, passages = [x.query for x in pairs], [x.passage for x in pairs]
     reference = scores_of(TorchScorer(folder), tokenizer, queries, passages, max_length)
 
     def ndcg(values: np.ndarray) -> float:
-        run: dict[str, dict[str, float]] = {}
-        for pair, value in zip(pairs, values, strict=True):
-            run.setdefault(pair.qid, {})[pair.docid] = float(value)
-        return evaluate(run, qrels, ["nDCG@10"])["nDCG@10"]
+        return ranking_ndcg10(pairs, values, qrels)
 
     results = {"pytorch_fp32": {"nDCG@10": ndcg(reference)}}
     with tempfile.TemporaryDirectory() as tmp:

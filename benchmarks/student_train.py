@@ -59,6 +59,7 @@ from _common import (
 from pytorch_lightning import Callback, LightningModule, Trainer
 
 from distill.bench.measure import MemoryProbe, dtype_name, environment, matmul_flops_per_s, synchronize
+from distill.core.devices import MATMUL_SIZE, resolve_device
 from distill.core.models import ARCHITECTURES, resolve_model
 from students.data import StudentDataModule, load_teacher_table
 from students.model import build_student
@@ -169,7 +170,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="a folder written by `distill teach` (default: the DL19 BM25 SmolLM2 triplets)",
     )
     p.add_argument("--label", default="cis", help="the teacher score column regressed")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--device", default="auto", help="auto (cuda where there is one), cpu or cuda[:N]")
     p.add_argument("--precision", choices=PRECISIONS, help="default: bf16-mixed on cuda, 32 on cpu")
     p.add_argument("--batch-size", type=int, default=32, help="pairs per optimiser step")
     p.add_argument("--steps", type=int, default=20, help="timed optimiser steps per phase")
@@ -202,7 +203,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if args.random_init is None:
         args.random_init = args.backbone in ARCHITECTURES
     if args.precision is None:
-        args.precision = "bf16-mixed" if torch.device(args.device).type == "cuda" else "32"
+        args.precision = "bf16-mixed" if resolve_device(args.device).type == "cuda" else "32"
     return args
 
 
@@ -452,11 +453,11 @@ def model_info(args: argparse.Namespace, model: torch.nn.Module, n_params: int) 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    device = torch.device(args.device)
+    device = resolve_device(args.device)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     dtype = torch.bfloat16 if args.precision == "bf16-mixed" else torch.float32
-    size = args.matmul_size or (8192 if device.type == "cuda" else 2048)
+    size = args.matmul_size or MATMUL_SIZE[device.type]
     logging.getLogger("pytorch_lightning").setLevel(logging.WARNING)
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
     warnings.filterwarnings("ignore", ".*does not have many workers.*")

@@ -49,33 +49,16 @@ from tqdm.auto import tqdm
 
 from distill.bench.measure import MemoryProbe, dtype_name, environment, matmul_flops_per_s, synchronize
 from distill.core.batching import token_budget_batches
+from distill.core.devices import MATMUL_SIZE, TEACHER_BATCH_TOKENS, resolve_device
 from distill.core.loaders import load_candidates
-from distill.core.models import ARCHITECTURES, load_pretrained, resolve_model
+from distill.core.models import ARCHITECTURES
 from teachers.causal_lm import ScoringSequence
 from teachers.teacher import DTYPES, CausalLMTeacher, resolve_dtype
 
 DEFAULT_INPUT = ROOT / "data" / "trec-dl19" / "bm25_top100.json"
-TOKENIZER_FOR_RANDOM = "smollm2-135m"
-"""Random-weight models are fed the embedded SmolLM2 tokenizer's ids (all below 49152)."""
 
-RANDOM_CONFIGS: dict[str, dict[str, Any]] = {
-    # The shapes of meta-llama/Meta-Llama-3-8B (config.json), weights random.
-    "llama3-8b": {k: v for k, v in ARCHITECTURES["meta-llama/Meta-Llama-3-8B"].config.items() if k != "model_type"},
-    # A 2-layer model for smoke tests; its vocabulary covers the SmolLM2 tokenizer.
-    "tiny": {
-        "vocab_size": 49152,
-        "hidden_size": 64,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "intermediate_size": 128,
-        "rope_theta": 10000.0,
-        "max_position_embeddings": 2048,
-        "rms_norm_eps": 1e-5,
-        "tie_word_embeddings": False,
-        "hidden_act": "silu",
-    },
-}
+RANDOM_CONFIGS = {"llama3-8b": "meta-llama/Meta-Llama-3-8B", "tiny": "tiny-llama"}
+"""``--random-config`` names -> architectures of :data:`distill.core.models.ARCHITECTURES` (random weights)."""
 
 # Per-sequence relative tolerance of (a) against (b): |a - b| / max(|b|, 1).
 TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 2e-2, torch.float16: 2e-2}
@@ -162,7 +145,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--input", default=str(DEFAULT_INPUT), help="rank_llm or multi-hop JSON, or a BEIR folder (default: DL19 BM25)"
     )
     p.add_argument("--max-queries", type=int, help="use only the first N queries of the input")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--device", default="auto", help="auto (cuda where there is one), cpu or cuda[:N]")
     p.add_argument("--dtype", default="auto", choices=["auto", *DTYPES], help="auto: bf16 on cuda, fp32 on cpu")
     p.add_argument("--max-batch-tokens", type=int, help="teacher batch budget (default 8192 on cpu, 16384 on cuda)")
     p.add_argument("--logit-chunk-rows", type=int, default=1024, help="teacher LM-head chunk (target positions)")
@@ -184,18 +167,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 # ----------------------------------------------------------------------------- model and data
 
 
-def random_llama(name: str, device: torch.device, dtype: torch.dtype, seed: int) -> torch.nn.Module:
-    """A ``LlamaForCausalLM`` of the ``RANDOM_CONFIGS[name]`` shapes, randomly initialised on ``device`` in
-    ``dtype`` (never materialised in fp32 on the CPU first)."""
-    from transformers import AutoModelForCausalLM, LlamaConfig
-
-    config = LlamaConfig(**RANDOM_CONFIGS[name])
-    torch.manual_seed(seed)
-    with torch.device(device):
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
-    return model.eval()
-
-
 def build_teacher(args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> tuple[CausalLMTeacher, str]:
     """The teacher under test and a short label of its model for file names."""
     options = {
@@ -206,15 +177,9 @@ def build_teacher(args: argparse.Namespace, device: torch.device, dtype: torch.d
     if args.random_config is None:
         teacher = CausalLMTeacher.load(args.teacher, device=device, dtype=dtype_name(dtype), **options)
         return teacher, slug(args.teacher)
-    from transformers import AutoTokenizer
-
-    tokenizer = load_pretrained(resolve_model(TOKENIZER_FOR_RANDOM), AutoTokenizer)
-    model = random_llama(args.random_config, device, dtype, args.seed)
-    if len(tokenizer) > model.config.vocab_size:
-        vocab = model.config.vocab_size
-        raise ValueError(f"the tokenizer's {len(tokenizer)} ids do not fit the {vocab}-token vocabulary")
-    identity = f"random:{args.random_config}:seed{args.seed}"
-    return CausalLMTeacher(model, tokenizer, identity=identity, **options), f"random-{args.random_config}"
+    name = RANDOM_CONFIGS[args.random_config]
+    teacher = CausalLMTeacher.random(name, device=device, dtype=dtype_name(dtype), seed=args.seed, **options)
+    return teacher, f"random-{args.random_config}"
 
 
 def load_workload(teacher: CausalLMTeacher, path: str, max_queries: int | None) -> Workload:
@@ -226,10 +191,8 @@ def load_workload(teacher: CausalLMTeacher, path: str, max_queries: int | None) 
     first: dict[tuple[int, ...], int] = {}
     distinct_index = [first.setdefault(tuple(ids), len(first)) for ids in passage_ids]
     distinct_ids = [list(ids) for ids in first]
-    start = [teacher.start_token_id]
-    prefixes = teacher.tokenize([teacher.prompt.format(query=q) for q in queries])
-    cond = [ScoringSequence(start + p, ids) for p, ids in zip(prefixes, passage_ids, strict=True)]
-    uncond = [ScoringSequence(start, ids) for ids in distinct_ids]
+    cond = teacher.pair_sequences("logp_cond", queries, passage_ids)
+    uncond = teacher.passage_sequences(distinct_ids)
     return Workload(queries, passage_ids, distinct_ids, distinct_index, cond, uncond, len(candidates))
 
 
@@ -402,13 +365,13 @@ def print_report(result: dict[str, Any], phases: list[Phase]) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    device = torch.device(args.device)
+    device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     if args.max_batch_tokens is None:
-        args.max_batch_tokens = 16384 if device.type == "cuda" else 8192
-    size = args.matmul_size or (8192 if device.type == "cuda" else 2048)
+        args.max_batch_tokens = TEACHER_BATCH_TOKENS[device.type]
+    size = args.matmul_size or MATMUL_SIZE[device.type]
     show = not args.no_progress and sys.stderr.isatty()
 
     teacher, label = build_teacher(args, device, dtype)
@@ -491,8 +454,8 @@ def model_info(args: argparse.Namespace, teacher: CausalLMTeacher, n_params: int
         "tied_embeddings": tied,
         "start_token_id": teacher.start_token_id,
         "note": (
-            f"token ids: the {TOKENIZER_FOR_RANDOM} tokenizer's (all < {len(teacher.tokenizer)}), valid ids of the "
-            f"{model.config.vocab_size}-token vocabulary"
+            f"token ids: the {ARCHITECTURES[RANDOM_CONFIGS[args.random_config]].tokenizer} tokenizer's "
+            f"(all < {len(teacher.tokenizer)}), valid ids of the {model.config.vocab_size}-token vocabulary"
             if random
             else ""
         ),

@@ -14,11 +14,11 @@ from torch.utils.data import DataLoader, Dataset
 
 from distill.core.loaders import load_qrels
 from distill.core.schema import InputError, Qrels
+from distill.core.teacher_data import TEXT_COLUMNS, TeacherDataset
 from students.sampling import LengthGroupedBatches, QueryGroupedBatches
 from students.scaling import ScalingKind, TargetScaling
 
 log = logging.getLogger(__name__)
-TEXT_COLUMNS = ("qid", "docid", "query", "passage")
 
 
 @dataclass
@@ -70,26 +70,22 @@ class Collator:
 
 
 def load_teacher_table(paths: list[str], label: str) -> Any:
-    """The union of teacher datasets as a DataFrame (each (qid, docid) once, the first kept), checked."""
-    import datasets
+    """The union of teacher datasets as a DataFrame (each (qid, docid) once, the first kept), checked.
+
+    Raises:
+        InputError: a folder is no teacher dataset, lacks a column, or its label has NaN/inf values.
+    """
+    import pandas as pd
 
     frames = []
     for path in paths:
-        if not Path(path).is_dir():
-            raise InputError(f"{path}: no teacher dataset here (run `distill teach` first)")
-        frame = datasets.load_from_disk(path).to_pandas()
-        missing = [c for c in (*TEXT_COLUMNS, label) if c not in frame.columns]
-        if missing:
-            raise InputError(f"{path}: missing column(s) {missing}; it has {list(frame.columns)}")
+        dataset = TeacherDataset.open(path)
+        frame = dataset.to_pandas([*TEXT_COLUMNS, "first_stage_score", label])
         bad = ~np.isfinite(frame[label].to_numpy(dtype=np.float64))
         if bad.any():
             rows = np.flatnonzero(bad)[:5].tolist()
             raise InputError(f"{path}: column {label!r} has {int(bad.sum())} NaN/inf value(s), rows {rows}...")
-        if "first_stage_score" not in frame.columns:
-            frame["first_stage_score"] = 0.0
         frames.append(frame)
-    import pandas as pd
-
     table = pd.concat(frames, ignore_index=True).drop_duplicates(["qid", "docid"], keep="first")
     return table.reset_index(drop=True)
 

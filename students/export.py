@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import json
 import logging
+import os
 import tempfile
 from pathlib import Path
-from typing import Any
 
 import torch
 from pytorch_lightning import Callback, LightningModule, Trainer
 from pytorch_lightning.callbacks import ModelCheckpoint
 
+from distill.core.student_card import StudentCard
 from students.model import save_student
 
 log = logging.getLogger(__name__)
@@ -33,8 +33,8 @@ class ExportBestToHF(Callback):
     """Writes the best checkpoint of ``checkpoints`` as an HF folder at ``dirpath`` when fit ends.
 
     The folder loads with ``AutoModelForSequenceClassification`` and ``CrossEncoder``; its
-    ``config.cis_distill`` records the teacher data, label, target scaling, the held-out (validation) query ids
-    and the validation metric.
+    ``config.cis_distill`` is its :class:`~distill.core.student_card.StudentCard`: the teacher data, label,
+    target scaling, the held-out (validation) query ids and the validation metric.
     """
 
     def __init__(self, checkpoints: ModelCheckpoint, dirpath: str | Path) -> None:
@@ -54,17 +54,17 @@ class ExportBestToHF(Callback):
         state = {k[len(prefix) :]: v for k, v in checkpoint_state_dict(best).items() if k.startswith(prefix)}
         model.load_state_dict(state)
         data = trainer.datamodule
-        metadata: dict[str, Any] = {
-            "backbone": pl_module.hparams.backbone,
-            "loss": pl_module.hparams.loss,
-            "teacher_data": list(data.hparams.teacher_data),
-            "label": data.hparams.label,
-            "target_scaling": data.scaling.to_dict(),
-            "max_length": data.hparams.max_length,
-            "val_queries": sorted(set(data.val.qid)),
-            "checkpoint": str(best),
-            "best_score": float(checkpoints.best_model_score) if checkpoints.best_model_score is not None else None,
-            "monitor": checkpoints.monitor,
-        }
-        save_student(model, data.tokenizer, self.dirpath, metadata)
-        log.warning("exported %s to %s: %s", best, self.dirpath, json.dumps(metadata))
+        card = StudentCard(
+            backbone=pl_module.hparams.backbone,
+            label=data.hparams.label,
+            loss=pl_module.hparams.loss,
+            teacher_data=list(data.hparams.teacher_data),
+            target_scaling=data.scaling.to_dict(),
+            max_length=data.hparams.max_length,
+            val_queries=sorted(set(data.val.qid)),
+            monitor=checkpoints.monitor,
+            best_score=float(checkpoints.best_model_score) if checkpoints.best_model_score is not None else None,
+            checkpoint=os.path.relpath(best, self.dirpath.parent),
+        )
+        save_student(model, data.tokenizer, self.dirpath, card)
+        log.warning("exported %s to %s", best, self.dirpath)

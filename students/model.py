@@ -9,14 +9,13 @@ plain HF folder that ``AutoModelForSequenceClassification`` and sentence-transfo
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from transformers import AutoModelForSequenceClassification, PreTrainedModel
 
 from distill.core.models import load_architecture, load_pretrained, resolve_model
-from distill.core.schema import InputError
+from distill.core.student_card import StudentCard
 
 IDENTITY_ACTIVATION = "torch.nn.modules.linear.Identity"
 
@@ -42,23 +41,12 @@ def build_student(
     return model, tokenizer
 
 
-def save_student(model: PreTrainedModel, tokenizer: Any, path: str | Path, metadata: dict[str, Any]) -> Path:
-    """Save a plain HF folder (safetensors, tokenizer, config) with ``metadata`` under ``config.cis_distill``."""
+def save_student(model: PreTrainedModel, tokenizer: Any, path: str | Path, card: StudentCard | None) -> Path:
+    """Save a plain HF folder (safetensors, tokenizer, config) with ``card`` under ``config.cis_distill``."""
     path = Path(path)
-    model.config.cis_distill = metadata
+    if card is not None:
+        card.write_to(model.config)
     model.config.sentence_transformers = {"activation_fn": IDENTITY_ACTIVATION}
     model.save_pretrained(path, safe_serialization=True)
     tokenizer.save_pretrained(path)
     return path
-
-
-def held_out_queries(student: Path) -> set[str]:
-    """The query ids a student was validated on (``config.cis_distill.val_queries`` of its HF folder), given the
-    training run folder or the HF (or export) folder."""
-    config = student / "hf" / "config.json" if (student / "hf").is_dir() else student / "config.json"
-    if not config.is_file():
-        raise InputError(f"{student}: no student here (no hf/config.json or config.json)")
-    queries = json.loads(config.read_text()).get("cis_distill", {}).get("val_queries")
-    if not queries:
-        raise InputError(f"{config}: cis_distill.val_queries is missing (trained before held-out ids were recorded)")
-    return set(queries)

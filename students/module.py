@@ -10,7 +10,7 @@ import torch
 from pytorch_lightning import LightningModule
 from scipy.stats import pearsonr, spearmanr
 
-from students.losses import LOSSES, ListwiseKL
+from students.losses import build_loss
 from students.model import build_student
 
 
@@ -21,8 +21,9 @@ class CrossEncoderModule(LightningModule):
         backbone: the encoder (``bert-large-uncased``, the paper's; ``all-minilm-l6-v2`` offline).
         random_init: random weights from the backbone's config (timing runs without weights).
         dropout: dropout before the linear head; default the backbone's.
-        loss: ``mse`` (pointwise, the paper), ``margin_mse`` or ``listwise_kl``.
-        temperature: teacher temperature of ``listwise_kl``.
+        loss: a name of :data:`students.losses.LOSSES`: ``mse`` (pointwise, the paper), or within a query
+            ``margin_mse``, ``ranknet``, ``listwise_kl``, ``adr_mse``.
+        temperature: the temperature of ``listwise_kl`` (teacher) and ``adr_mse`` (approximate rank).
         lr: peak AdamW learning rate.
         weight_decay: AdamW weight decay (not on biases and norms).
         warmup_ratio: share of the optimiser steps of linear warm-up, before linear decay to 0.
@@ -40,10 +41,8 @@ class CrossEncoderModule(LightningModule):
         warmup_ratio: float = 0.1,
     ) -> None:
         super().__init__()
-        if loss not in LOSSES:
-            raise ValueError(f"loss must be one of {sorted(LOSSES)}, not {loss!r}")
         self.save_hyperparameters()
-        self.loss_fn = ListwiseKL(temperature) if loss == "listwise_kl" else LOSSES[loss]()
+        self.loss_fn = build_loss(loss, temperature)
         self.model: torch.nn.Module | None = None
         self._val_scores: dict[int, float] = {}
         self._last_step: float | None = None
@@ -124,6 +123,7 @@ def validation_metrics(val: Any, rows: list[int], scores: np.ndarray, qrels: dic
     pairs ``rows`` of ``val`` scored ``scores``, and the Pearson and Spearman correlations of student and
     teacher scores."""
     from distill.core.metrics import evaluate
+    from distill.core.runs import run_from_columns
 
     labels = val.labels[rows]
     metrics = {
@@ -133,8 +133,6 @@ def validation_metrics(val: Any, rows: list[int], scores: np.ndarray, qrels: dic
     if qrels:
         qids, docids = [val.qid[i] for i in rows], [val.docid[i] for i in rows]
         for name, values in (("", scores), ("teacher_", labels), ("first_stage_", val.first_stage[rows])):
-            run: dict[str, dict[str, float]] = {}
-            for qid, docid, value in zip(qids, docids, values, strict=True):
-                run.setdefault(qid, {})[docid] = float(value)
+            run = run_from_columns(qids, docids, values.tolist())
             metrics[f"{name}nDCG@10"] = evaluate(run, qrels, ["nDCG@10"])["nDCG@10"]
     return metrics

@@ -8,7 +8,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from distill.core.devices import compute_dtype
 from distill.core.models import ModelSource, load_pretrained, resolve_model
+from distill.core.schema import InputError
 from teachers.causal_lm import CausalLMScorer, ScoringSequence
 from teachers.scores import (
     DEFAULT_PROMPT,
@@ -24,9 +26,9 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     """``"auto"`` is bf16 on a GPU and fp32 elsewhere."""
     if dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
+        return compute_dtype(device)
     if dtype not in DTYPES:
-        raise ValueError(f"dtype must be 'auto' or one of {sorted(DTYPES)}, not {dtype!r}")
+        raise InputError(f"dtype must be 'auto' or one of {sorted(DTYPES)}, not {dtype!r}")
     return DTYPES[dtype]
 
 
@@ -103,6 +105,26 @@ class CausalLMTeacher:
             model, tokenizer, identity=source.identity, start_token_id=_token_id(tokenizer, start_token), **kwargs
         )
 
+    @classmethod
+    def random(
+        cls, name: str, *, device: str | torch.device = "cpu", dtype: str = "auto", seed: int = 0, **kwargs: Any
+    ) -> CausalLMTeacher:
+        """A teacher with random weights in the shapes of ``name`` (a key of
+        :data:`~distill.core.models.ARCHITECTURES`), built directly on ``device`` in ``dtype``: for timing
+        full-size shapes where the weights are absent. Its tokenizer is the architecture's compatible one."""
+        from transformers import AutoModelForCausalLM
+
+        from distill.core.models import load_architecture
+
+        device = torch.device(device)
+        config, tokenizer = load_architecture(name)
+        torch.manual_seed(seed)
+        with device:
+            model = AutoModelForCausalLM.from_config(
+                config, dtype=resolve_dtype(dtype, device), attn_implementation="sdpa"
+            )
+        return cls(model.eval(), tokenizer, identity=f"random:{name}:seed{seed}", **kwargs)
+
     def describe(self) -> dict[str, Any]:
         """Everything the scores depend on, for dataset metadata and cache keys."""
         return {
@@ -125,16 +147,47 @@ class CausalLMTeacher:
         """Passage ids: ``tok(" " + passage)`` truncated to ``max_passage_tokens``."""
         return [ids[: self.max_passage_tokens] for ids in self.tokenize([" " + p for p in passages])]
 
+    def encode_queries(self, queries: Sequence[str]) -> list[list[int]]:
+        """Query ids as the query-likelihood terms score them: ``tok(" " + query)``."""
+        return self.tokenize([" " + q for q in queries])
+
+    # The sequence layout of every term (see teachers.scores), in one place: scoring, benchmarks and
+    # FLOP counts all build their sequences here.
+
+    def passage_sequences(self, passage_ids: Sequence[list[int]]) -> list[ScoringSequence]:
+        """``logp_uncond``: ``[start]`` then the passage ids, one sequence per passage."""
+        return [ScoringSequence([self.start_token_id], list(ids)) for ids in passage_ids]
+
+    def query_sequences(self, queries: Sequence[str]) -> list[ScoringSequence]:
+        """``logp_upr_empty``: ``[start] + tok("Passage:") + tok("\\nQuestion:")`` then the query ids, one per query."""
+        head, tail = self.tokenize([UPR_PASSAGE_PREFIX, UPR_QUESTION_PREFIX])
+        return [ScoringSequence([self.start_token_id, *head, *tail], q) for q in self.encode_queries(queries)]
+
+    def pair_sequences(
+        self, term: str, queries: Sequence[str], passage_ids: Sequence[list[int]]
+    ) -> list[ScoringSequence]:
+        """The sequences of the pair term ``term`` (of :data:`PAIR_TERMS`), one per (query, passage) pair."""
+        start = [self.start_token_id]
+        if term == "logp_cond":
+            prefixes = self.tokenize([self.prompt.format(query=q) for q in queries])
+            return [ScoringSequence(start + p, list(ids)) for p, ids in zip(prefixes, passage_ids, strict=True)]
+        if term == "logp_cond_noprompt":
+            prefixes = self.tokenize(queries)
+            return [ScoringSequence(start + p, list(ids)) for p, ids in zip(prefixes, passage_ids, strict=True)]
+        if term == "logp_upr":
+            head, tail = self.tokenize([UPR_PASSAGE_PREFIX, UPR_QUESTION_PREFIX])
+            query_ids = self.encode_queries(queries)
+            return [
+                ScoringSequence(start + head + ids[:UPR_PASSAGE_TOKENS] + tail, q)
+                for q, ids in zip(query_ids, passage_ids, strict=True)
+            ]
+        raise ValueError(f"{term!r} is not a pair term; pair terms: {PAIR_TERMS}")
+
     def passage_logprobs(
         self, passage_ids: Sequence[list[int]], on_batch: Callable[[int], None] | None = None
     ) -> np.ndarray:
         """``logp_uncond`` = log p(K) of each passage, ``[n]`` float64 nats."""
-        start = [self.start_token_id]
-        return self.scorer.logprobs([ScoringSequence(start, ids) for ids in passage_ids], on_batch)
-
-    def encode_queries(self, queries: Sequence[str]) -> list[list[int]]:
-        """Query ids as the query-likelihood terms score them: ``tok(" " + query)``."""
-        return self.tokenize([" " + q for q in queries])
+        return self.scorer.logprobs(self.passage_sequences(passage_ids), on_batch)
 
     def query_terms(
         self, queries: Sequence[str], terms: Sequence[str], on_batch: Callable[[int], None] | None = None
@@ -146,9 +199,7 @@ class CausalLMTeacher:
         """
         if "logp_upr_empty" not in terms:
             return {}
-        head, tail = self.tokenize([UPR_PASSAGE_PREFIX, UPR_QUESTION_PREFIX])
-        sequences = [ScoringSequence([self.start_token_id, *head, *tail], q) for q in self.encode_queries(queries)]
-        return {"logp_upr_empty": self.scorer.logprobs(sequences, on_batch)}
+        return {"logp_upr_empty": self.scorer.logprobs(self.query_sequences(queries), on_batch)}
 
     def pair_terms(
         self,
@@ -159,25 +210,13 @@ class CausalLMTeacher:
     ) -> dict[str, np.ndarray]:
         """The pair terms named in ``terms`` (of :data:`PAIR_TERMS`) for each (query, passage) pair.
 
+        All terms' sequences are scored together (one length-sorted batching).
+
         Returns:
             term name -> ``[n]`` float64 nats, for the terms asked for that depend on the pair.
         """
-        start = [self.start_token_id]
         wanted = [t for t in PAIR_TERMS if t in terms]
-        sequences: list[ScoringSequence] = []
-        if "logp_cond" in wanted:
-            prefixes = self.tokenize([self.prompt.format(query=q) for q in queries])
-            sequences += [ScoringSequence(start + p, ids) for p, ids in zip(prefixes, passage_ids, strict=True)]
-        if "logp_cond_noprompt" in wanted:
-            prefixes = self.tokenize(queries)
-            sequences += [ScoringSequence(start + p, ids) for p, ids in zip(prefixes, passage_ids, strict=True)]
-        if "logp_upr" in wanted:
-            head, tail = self.tokenize([UPR_PASSAGE_PREFIX, UPR_QUESTION_PREFIX])
-            query_ids = self.encode_queries(queries)
-            sequences += [
-                ScoringSequence(start + head + ids[:UPR_PASSAGE_TOKENS] + tail, q)
-                for q, ids in zip(query_ids, passage_ids, strict=True)
-            ]
+        sequences = [seq for term in wanted for seq in self.pair_sequences(term, queries, passage_ids)]
         values = self.scorer.logprobs(sequences, on_batch)
         n = len(queries)
         return {term: values[k * n : (k + 1) * n] for k, term in enumerate(wanted)}
@@ -191,5 +230,5 @@ def _token_id(tokenizer: Any, token: int | str | None) -> int | None:
         return int(token)
     token_id = tokenizer.convert_tokens_to_ids(token)
     if token_id is None or token_id == tokenizer.unk_token_id:
-        raise ValueError(f"start token {token!r} is not in the tokenizer's vocabulary")
+        raise InputError(f"start token {token!r} is not in the tokenizer's vocabulary")
     return token_id

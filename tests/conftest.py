@@ -102,19 +102,19 @@ def tiny_bert(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def teacher_dataset(tmp_path_factory: pytest.TempPathFactory, tiny_llama: Path, dl19_sample: list[dict]) -> Path:
     """Teacher triplets (cis and upr) of the DL19 sample, scored by the tiny Llama."""
-    from distill.stages.teach import TeachConfig, run_teach
+    from distill.stages.teach import TeachConfig, teach
 
     root = tmp_path_factory.mktemp("teacher")
     (root / "in.json").write_text(json.dumps(dl19_sample))
     config = TeachConfig(
-        input=str(root / "in.json"),
+        input=[str(root / "in.json")],
         output=str(root / "triplets"),
         teacher=str(tiny_llama),
         scores=["cis", "upr"],
         cache_dir=str(root / "cache"),
         progress=False,
     )
-    return run_teach(config)
+    return teach(config).output
 
 
 @pytest.fixture(scope="session")
@@ -137,6 +137,7 @@ def student(tmp_path_factory: pytest.TempPathFactory, tiny_bert: Path, parity) -
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
+    from distill.core.student_card import StudentCard
     from distill.serving.encoding import encode_pairs, pad_batch
     from students.model import save_student
 
@@ -155,8 +156,16 @@ def student(tmp_path_factory: pytest.TempPathFactory, tiny_bert: Path, parity) -
         loss.backward()
         optimiser.step()
     model.eval()
-    metadata = {"backbone": str(tiny_bert), "label": "qrels grade", "teacher_data": [], "max_length": 512}
-    return save_student(model, tokenizer, tmp_path_factory.mktemp("student"), metadata)
+    card = StudentCard(
+        backbone=str(tiny_bert),
+        label="qrels grade",
+        loss="mse",
+        teacher_data=[],
+        target_scaling={"kind": "none", "mean": 0.0, "std": 1.0},
+        max_length=512,
+        val_queries=sorted({p.qid for p in pairs}),
+    )
+    return save_student(model, tokenizer, tmp_path_factory.mktemp("student"), card)
 
 
 @pytest.fixture(scope="session")

@@ -152,7 +152,7 @@ def test_bench_bad_arguments(exported: Path, capsys) -> None:
     assert main(["bench"]) == 2
     assert "--student is required" in capsys.readouterr().err
     assert main(["bench", "--student", "/nonexistent/run"]) == 2
-    assert "no student here" in capsys.readouterr().err
+    assert "no such run or model folder" in capsys.readouterr().err
 
 
 def test_a_failing_method_keeps_the_figures_already_taken(exported: Path, tmp_path: Path, capsys) -> None:

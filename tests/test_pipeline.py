@@ -10,7 +10,6 @@ import yaml
 
 from distill.cli import main
 from distill.core.runs import read_trec_run
-from distill.core.schema import InputError
 from distill.pipeline import load_pipeline
 
 from .conftest import DL19_QRELS
@@ -35,7 +34,7 @@ def write_pipeline(tmp_path: Path, sample_file: Path, tiny_llama: Path, tiny_ber
             "cache_dir": str(tmp_path / "cache"),
             "progress": False,
         },
-        "train": {"configs": [str(tmp_path / "train.yaml")], "args": {"model.warmup_ratio": 0.0}},
+        "train": {"config": [str(tmp_path / "train.yaml")], "model": {"warmup_ratio": 0.0}},
         "export": {"formats": ["onnx", "torchscript"], "int8": False, "parity_queries": 1, "parity_depth": 8},
         "bench": {
             "input": str(sample_file),
@@ -45,7 +44,7 @@ def write_pipeline(tmp_path: Path, sample_file: Path, tiny_llama: Path, tiny_ber
             "matmul_size": 256,
             **bench,
         },
-        "eval": {"qrels": str(DL19_QRELS), "backend": "onnx"},
+        "rerank": {"backend": "onnx"},
     }
     path = tmp_path / "pipeline.yaml"
     path.write_text(yaml.safe_dump(config))
@@ -69,40 +68,85 @@ def test_pipeline_runs_every_stage_then_skips_what_is_up_to_date(
     summary = json.loads((folder / "summary.json").read_text())
     held_out = json.loads((folder / "student/hf/config.json").read_text())["cis_distill"]["val_queries"]
     assert summary["eval_queries"] == len(held_out) == 1
-    assert list(summary["nDCG@10"]) == ["first stage (sample)", "teacher cis", "teacher upr", "student (onnx)"]
+    assert list(summary["nDCG@10"]) == ["teacher/first_stage", "teacher/cis", "teacher/upr", "student (onnx)"]
     evaluation = json.loads((folder / "eval/eval.json").read_text())
-    assert evaluation["qids"] == held_out and set(read_trec_run(folder / "eval/student.trec")) == set(held_out)
+    student = str(folder / "eval/student.trec")
+    assert set(evaluation["per_query"][student]["nDCG@10"]) == set(held_out)
+    assert set(read_trec_run(folder / "eval/student.trec")) == set(held_out)
     assert set(summary["latency_p50_s"]) == {"200 tokens", "12 candidates"}
     assert "teacher cis" in summary["latency_p50_s"]["200 tokens"]
     assert "nDCG@10 on 1 evaluation query ==" in printed and "faster than the teacher" in printed
     first = stamps(folder)
-    assert set(first) == {"teach", "train", "export", "bench", "eval"}
+    assert set(first) == {"teach", "train", "export", "bench", "rerank", "eval"}
 
     # Nothing changed: every stage is skipped.
     assert main(["run", "--config", str(config)]) == 0
-    assert capsys.readouterr().out.count("up to date") == 5 and stamps(folder) == first
+    assert capsys.readouterr().out.count("up to date") == 6 and stamps(folder) == first
 
     # A bench option changed: the bench alone reruns; --force reruns a named stage.
     config = write_pipeline(tmp_path, sample_file, tiny_llama, tiny_bert, repeats=1)
     assert main(["run", "--config", str(config), "--force", "eval"]) == 0
     printed = capsys.readouterr().out
-    assert "[bench] running" in printed and "[eval] running" in printed and printed.count("up to date") == 3
+    assert "[bench] running" in printed and "[eval] running" in printed and printed.count("up to date") == 4
     after = stamps(folder)
     assert after["bench"] != first["bench"] and after["teach"] == first["teach"] and after["train"] == first["train"]
     assert all(cell["n"] == 1 for cell in json.loads((folder / "student/bench/bench.json").read_text())["cells"])
 
 
-def test_pipeline_config_errors_name_the_file_and_key(tmp_path: Path, capsys) -> None:
-    path = tmp_path / "bad.yaml"
-    path.write_text(yaml.safe_dump({"name": "x", "teach": {}, "train": {}, "exprot": {}}))
+def one_line_error(capsys) -> str:
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    return err
+
+
+@pytest.mark.parametrize(
+    ("sections", "expected"),
+    [
+        ({"exprot": {}}, "{path}: exprot: unknown option (did you mean 'export'?)"),
+        ({"teach": {"max_querys": 1}}, "{path}: teach: max_querys: unknown option (did you mean 'max_queries'?)"),
+        ({"train": {"model": {"lrr": 0.1}}}, "{path}: train: "),
+        ({"export": {"int9": True}}, "{path}: export: int9: unknown option (did you mean 'int8'?)"),
+        ({"bench": {"repeets": 2}}, "{path}: bench: repeets: unknown option (did you mean 'repeats'?)"),
+        ({"rerank": {"backnd": "onnx"}}, "{path}: rerank: backnd: unknown option (did you mean 'backend'?)"),
+        ({"eval": {"qrel": "x"}}, "{path}: eval: qrel: unknown option (did you mean 'qrels'?)"),
+        ({"eval": {"test": "z"}}, "{path}: eval: test: expected 't' | 'randomization', got 'z'"),
+        ({"bench": {"repeats": "many"}}, "{path}: bench: repeats: expected int, got 'many'"),
+        ({"name": None}, "{path}: name: missing"),
+        ({"teach": "nope.yaml"}, "nope.yaml: config file not found"),
+    ],
+)
+def test_pipeline_config_errors_are_one_line_naming_the_file_and_key(
+    tmp_path: Path, sample_file: Path, capsys, sections: dict, expected: str
+) -> None:
+    train = tmp_path / "train.yaml"
+    train.write_text(yaml.safe_dump({"model": {"backbone": "all-minilm-l6-v2"}, "data": {"label": "cis"}}))
+    config = {
+        "name": "x",
+        "root": str(tmp_path / "runs"),
+        "teach": {"input": str(sample_file), "qrels": str(DL19_QRELS)},
+        "train": {"config": [str(train)]},
+    }
+    for key, value in sections.items():
+        if value is None:
+            config.pop(key)
+        elif isinstance(value, dict) and isinstance(config.get(key), dict):
+            config[key] = {**config[key], **value}
+        else:
+            config[key] = value
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(yaml.safe_dump(config))
     assert main(["run", "--config", str(path)]) == 2
-    assert f"{path}: unknown section(s) ['exprot']" in capsys.readouterr().err
-    path.write_text(yaml.safe_dump({"name": "x", "teach": {}, "train": {}, "eval": {"backend": "onnx", "qrel": 1}}))
-    assert main(["run", "--config", str(path)]) == 2
-    assert f"{path}: eval: unknown option(s) ['qrel']" in capsys.readouterr().err
-    path.write_text(yaml.safe_dump({"name": "x", "train": {}}))
-    assert main(["run", "--config", str(path)]) == 2
-    assert "missing 'teach'" in capsys.readouterr().err
-    path.write_text(yaml.safe_dump({"name": "x", "teach": "nope.yaml", "train": {}}))
-    with pytest.raises(InputError, match=r"no such config file nope\.yaml"):
-        load_pipeline(path)
+    assert expected.format(path=path) in one_line_error(capsys)
+    assert not (tmp_path / "runs").exists()  # nothing ran
+
+
+def test_a_pipeline_without_optional_sections_takes_their_defaults(tmp_path: Path, sample_file: Path) -> None:
+    path = tmp_path / "pipeline.yaml"
+    train = {"model": {"backbone": "all-minilm-l6-v2"}}
+    teach = {"input": str(sample_file), "qrels": str(DL19_QRELS)}
+    path.write_text(yaml.safe_dump({"name": "x", "root": str(tmp_path), "teach": teach, "train": train}))
+    pipeline = load_pipeline(path)
+    assert pipeline.export.int8 is False and pipeline.export.parity_queries == 3  # ExportConfig's defaults
+    assert pipeline.rerank.backend == "torch" and pipeline.rerank.input == [str(sample_file)]
+    assert pipeline.eval.qrels == str(DL19_QRELS) and pipeline.eval.held_out == str(tmp_path / "x" / "student")
+    assert pipeline.bench.output == str(tmp_path / "x" / "student" / "bench")

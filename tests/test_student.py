@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from students.losses import ListwiseKL, MarginMSE, PointwiseMSE
+from students.losses import ADRMSE, LOSSES, ListwiseKL, MarginMSE, PointwiseMSE, RankNet, build_loss
 from students.sampling import LengthGroupedBatches, QueryGroupedBatches
 from students.scaling import TargetScaling
 
@@ -38,6 +38,42 @@ def test_listwise_kl_per_query_matches_the_definition() -> None:
     got = ListwiseKL(temperature=2.0)(scores, targets, groups)
     assert got.item() == pytest.approx(torch.stack(expected).mean().item(), rel=1e-6)
     assert ListwiseKL()(targets, targets, groups).item() == pytest.approx(0.0, abs=1e-7)
+
+
+def test_ranknet_is_the_logistic_loss_of_the_teachers_ordered_pairs() -> None:
+    scores = torch.tensor([2.0, 0.0, 5.0, 1.0])
+    targets = torch.tensor([1.0, 3.0, 0.0, 0.0])  # query 0: the teacher prefers the second; query 1: a tie
+    groups = torch.tensor([0, 0, 1, 1])
+    expected = torch.nn.functional.softplus(torch.tensor(2.0))  # log(1 + exp(-(0 - 2)))
+    assert RankNet()(scores, targets, groups).item() == pytest.approx(expected.item())
+    assert RankNet()(scores[2:], targets[2:], groups[2:] - 1).item() == 0.0  # ties give no pair
+
+
+def test_adr_mse_is_zero_for_the_teachers_order_and_weighs_the_top_most() -> None:
+    targets = torch.tensor([4.0, 3.0, 2.0, 1.0])
+    groups = torch.zeros(4, dtype=torch.long)
+    sharp = ADRMSE(temperature=0.01)
+    assert sharp(targets * 10, targets, groups).item() == pytest.approx(0.0, abs=1e-6)
+    top_swapped = sharp(torch.tensor([30.0, 40.0, 20.0, 10.0]), targets, groups)
+    bottom_swapped = sharp(torch.tensor([40.0, 30.0, 10.0, 20.0]), targets, groups)
+    assert top_swapped.item() > bottom_swapped.item() > 0
+
+
+@pytest.mark.parametrize("name", sorted(LOSSES))
+def test_every_loss_checks_its_inputs_and_has_gradients(name: str) -> None:
+    loss = build_loss(name, temperature=1.0)
+    scores = torch.randn(6, requires_grad=True)
+    targets, groups = torch.randn(6), torch.tensor([0, 0, 0, 1, 1, 1])
+    value = loss(scores, targets, groups)
+    value.backward()
+    assert value.ndim == 0 and torch.isfinite(value) and scores.grad is not None
+    with pytest.raises(ValueError, match=r"must all be \[B\]"):
+        loss(scores[:, None], targets, groups)
+    with pytest.raises(ValueError, match="must be long"):
+        loss(scores, targets, groups.float())
+    with pytest.raises(ValueError, match="empty batch"):
+        loss(scores[:0], targets[:0], groups[:0])
+    assert loss.within_query == (name != "mse")
 
 
 def test_target_scaling() -> None:

@@ -18,7 +18,8 @@ import pytest
 from distill.cli import main
 from distill.core.runs import read_trec_run
 from distill.core.schema import InputError
-from distill.stages.teach import TeachConfig, read_metadata, run_teach
+from distill.core.teacher_data import TeacherDataset
+from distill.stages.teach import TeachConfig, teach
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -39,6 +40,14 @@ def config(tiny_llama: Path, sample_file: Path, tmp_path: Path, **overrides) -> 
 
 def rows(path: Path) -> list[dict]:
     return datasets.load_from_disk(str(path)).to_list()
+
+
+def run_teach(cfg: TeachConfig) -> Path:
+    return teach(cfg).output
+
+
+def metadata(out: Path):
+    return TeacherDataset.open(out).metadata
 
 
 def test_writes_triplets_metadata_and_runs(tiny_llama: Path, sample_file: Path, tmp_path: Path) -> None:
@@ -67,9 +76,9 @@ def test_writes_triplets_metadata_and_runs(tiny_llama: Path, sample_file: Path, 
     np.testing.assert_allclose(table.noprompt, table.logp_cond_noprompt - table.logp_uncond)
     np.testing.assert_array_equal(table.upr, table.logp_upr)
     assert (table.n_passage_tokens > 0).all() and (table.logp_uncond < 0).all()
-    meta = read_metadata(out)
-    assert meta["score"] == "cis" and meta["fingerprint"]["prompt"] == "Q: {query} A:"
-    assert meta["fingerprint"]["teacher"].startswith("directory:")
+    meta = metadata(out)
+    assert meta.score == "cis" and meta.fingerprint["prompt"] == "Q: {query} A:"
+    assert meta.fingerprint["teacher"].startswith("directory:")
     run = read_trec_run(out / "runs" / "cis.trec")
     top = max(run["264014"], key=run["264014"].get)
     assert top == table[table.qid == "264014"].sort_values("cis").docid.iloc[-1]
@@ -112,7 +121,7 @@ def test_rerun_of_a_complete_output_is_a_no_op(tiny_llama: Path, sample_file: Pa
     with pytest.raises(InputError, match="--overwrite"):
         run_teach(config(tiny_llama, sample_file, tmp_path, prompt="Question: {query} Answer:"))
     run_teach(config(tiny_llama, sample_file, tmp_path, prompt="Question: {query} Answer:", overwrite=True))
-    assert read_metadata(out)["fingerprint"]["prompt"] == "Question: {query} Answer:"
+    assert metadata(out).fingerprint["prompt"] == "Question: {query} Answer:"
 
 
 def _cli(tiny_llama: Path, sample_file: Path, out: Path, cache: Path) -> list[str]:
@@ -126,7 +135,7 @@ def _cli(tiny_llama: Path, sample_file: Path, out: Path, cache: Path) -> list[st
         str(out),
         "--teacher",
         str(tiny_llama),
-        "--score",
+        "--scores",
         "cis,upr",
         "--chunk-size",
         "3",
@@ -211,9 +220,7 @@ def test_bad_input_is_named_and_nothing_is_scored(
     assert not (tmp_path / "o").exists() and not (tmp_path / "o.partial").exists()
 
 
-def test_bad_records_can_be_skipped_and_counted(
-    tiny_llama: Path, dl19_sample: list[dict], tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_bad_records_can_be_skipped_and_counted(tiny_llama: Path, dl19_sample: list[dict], tmp_path: Path) -> None:
     sample = json.loads(json.dumps(dl19_sample))
     sample[0]["hits"][1]["content"] = "  "
     sample[1]["hits"].append(dict(sample[1]["hits"][0]))
@@ -221,9 +228,10 @@ def test_bad_records_can_be_skipped_and_counted(
     path.write_text(json.dumps(sample))
     with pytest.raises(InputError, match="empty passage"):
         run_teach(config(tiny_llama, path, tmp_path))
-    out = run_teach(config(tiny_llama, path, tmp_path, on_bad_input="skip"))
-    assert datasets.load_from_disk(str(out)).num_rows == 35
-    assert "skipped bad input records" in caplog.text and "duplicate" in caplog.text
+    report = teach(config(tiny_llama, path, tmp_path, on_bad_input="skip"))
+    assert datasets.load_from_disk(str(report.output)).num_rows == 35
+    assert sum(report.skipped.values()) == 2 and any("duplicate" in reason for reason in report.skipped)
+    assert "skipped bad input records" in report.format()
 
 
 def test_unknown_teacher_lists_what_was_tried(sample_file: Path, tmp_path: Path, capsys) -> None:
@@ -251,10 +259,9 @@ def test_config_file_and_flag_overrides(tiny_llama: Path, sample_file: Path, tmp
     )
     assert main(["teach", "--config", str(cfg), "--max-queries", "2", "--output", str(tmp_path / "flag")]) == 0
     ds = datasets.load_from_disk(str(tmp_path / "flag"))
-    assert ds.num_rows == 24 and "upr" in ds.column_names and read_metadata(tmp_path / "flag")["score"] == "upr"
+    assert ds.num_rows == 24 and "upr" in ds.column_names and metadata(tmp_path / "flag").score == "upr"
     cfg.write_text("input: x\nbogus: 1\n")
-    with pytest.raises(SystemExit):
-        main(["teach", "--nonsense"])
+    assert main(["teach", "--nonsense"]) == 2
     assert main(["teach", "--config", str(cfg)]) == 2
 
 
@@ -273,4 +280,48 @@ def test_several_inputs_are_joined_and_each_pair_scored_once(
     table = datasets.load_from_disk(str(out)).to_pandas()
     assert len(table) == 36 and not table.duplicated(["qid", "docid"]).any()
     assert list(table.qid.unique()) == [str(e["hits"][0]["qid"]) for e in dl19_sample]
-    assert read_metadata(out)["input"] == [str(first), str(second)]
+    assert metadata(out).input == [str(first), str(second)]
+
+
+def test_cis_q_ranks_as_upr_within_a_query_and_is_comparable_across_queries(
+    tiny_llama: Path, sample_file: Path, tmp_path: Path
+) -> None:
+    scores = ["cis", "upr", "cis_q", "cis_mean", "cis_q_mean"]
+    table = datasets.load_from_disk(str(run_teach(config(tiny_llama, sample_file, tmp_path, scores=scores))))
+    table = table.to_pandas()
+    np.testing.assert_allclose(table.cis_q, table.logp_upr - table.logp_upr_empty)
+    np.testing.assert_allclose(table.cis_mean, table.cis / table.n_passage_tokens)
+    np.testing.assert_allclose(table.cis_q_mean, table.cis_q / table.n_query_tokens)
+    by_query = table.groupby("qid")
+    for _, group in by_query:
+        # The subtracted term is one value per query, so the order within a query is upr's, ties and all.
+        assert group.logp_upr_empty.nunique() == 1
+        assert list(group.sort_values(["upr", "docid"]).docid) == list(group.sort_values(["cis_q", "docid"]).docid)
+    # Raw query likelihood scales with the query's length; the PMI does not (a random LM learns nothing from K).
+    lengths = by_query.n_query_tokens.first()
+    upr, cis_q = by_query.upr.mean(), by_query.cis_q.mean()
+    assert lengths.nunique() == len(lengths) and list(upr.sort_values().index) == list(
+        lengths.sort_values().index[::-1]
+    )
+    assert cis_q.abs().max() < 0.05 * (upr.max() - upr.min())
+
+
+def test_migrate_moves_legacy_metadata_to_teacher_json_and_keeps_every_row(
+    teacher_dataset: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    legacy = tmp_path / "legacy"
+    shutil.copytree(teacher_dataset, legacy)
+    metadata = json.loads((legacy / "teacher.json").read_text())
+    (legacy / "teacher.json").unlink()
+    info = json.loads((legacy / "dataset_info.json").read_text())
+    (legacy / "dataset_info.json").write_text(json.dumps({**info, "description": json.dumps(metadata)}))
+    with pytest.raises(InputError, match="run `distill migrate` on it"):
+        TeacherDataset.open(legacy)
+    arrow = {f.name: f.read_bytes() for f in legacy.glob("*.arrow")}
+    assert main(["migrate", "--paths", str(legacy), str(teacher_dataset)]) == 0
+    assert capsys.readouterr().out.splitlines() == [f"migrated {legacy}", f"already current: {teacher_dataset}"]
+    assert {f.name: f.read_bytes() for f in legacy.glob("*.arrow")} == arrow  # every score bit-identical
+    assert TeacherDataset.open(legacy).metadata == TeacherDataset.open(teacher_dataset).metadata
+    assert rows(legacy) == rows(teacher_dataset)
+    assert main(["migrate", "--paths", str(tmp_path)]) == 2
+    assert "not a teacher dataset" in capsys.readouterr().err

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import shutil
 from pathlib import Path
 
 import pytest
@@ -141,8 +142,35 @@ def test_nan_targets_are_rejected(tmp_path: Path, tiny_bert: Path, teacher_datas
     broken = tmp_path / "broken"
     ds = datasets.load_from_disk(str(teacher_dataset))
     ds.map(lambda row, i: {"cis": float("nan") if i == 3 else row["cis"]}, with_indices=True).save_to_disk(broken)
+    shutil.copy(teacher_dataset / "teacher.json", broken)
     assert main(["train", "--config", str(write_config(tmp_path, tiny_bert, broken))]) == 2
     assert "NaN/inf" in capsys.readouterr().err
+
+
+def test_bad_data_fails_before_any_logger_exists_with_one_message(
+    tmp_path: Path, tiny_bert: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = write_config(tmp_path, tiny_bert, tmp_path / "no-such-teacher-data")
+    assert main(["train", "--config", str(config), "--wandb_mode", "offline"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("no teacher dataset here") == 1 and "Traceback" not in err
+    assert not (tmp_path / "runs" / "tiny" / "wandb").exists() and not (tmp_path / "runs" / "tiny" / "logs").exists()
+
+
+def test_training_to_a_log_file_prints_progress_lines(
+    tmp_path: Path, tiny_bert: Path, teacher_dataset: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = write_config(tmp_path, tiny_bert, teacher_dataset, max_epochs=1)
+    assert main(["train", "--config", str(config)]) == 0  # stderr is captured: not a terminal
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("train: ")]
+    assert lines and lines[-1].startswith("train: epoch 0, batch ") and "loss" in lines[-1]
+
+
+def test_a_misspelt_train_key_is_one_line(tmp_path: Path, tiny_bert: Path, teacher_dataset: Path, capsys) -> None:
+    config = write_config(tmp_path, tiny_bert, teacher_dataset)
+    assert main(["train", "--config", str(config), "--model.lr", "fast"]) == 2
+    err = capsys.readouterr().err
+    assert err == "distill train: error: model.lr: expected float, got 'fast'\n"
 
 
 def test_full_size_bert_large_config_runs_a_step(tmp_path: Path, teacher_dataset: Path) -> None:

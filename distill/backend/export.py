@@ -18,7 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from distill.backend.parity import FormatParity, ParityError, ParitySet, verify_export
-from distill.serving.encoding import encode_pairs, input_names, model_max_length, pad_batch
+from distill.core.schema import ExistingOutputError, InputError
+from distill.core.student_card import CONFIG_KEY, StudentCard
+from distill.core.teacher_data import TeacherDataset
+from distill.serving.encoding import encode_pairs, input_names, load_tokenizer, model_max_length, pad_batch
 from distill.serving.scorers import FORMAT_FILES, WEIGHT_FILES, require_file
 
 CARD = "card.json"
@@ -41,6 +44,21 @@ class ExportReport:
 
     def to_dict(self) -> dict[str, Any]:
         return {"formats": self.formats, "parity": [asdict(p) for p in self.parity]}
+
+    def format(self) -> str:
+        """A table of the files and their parity figures."""
+        header = f"{'format':<12} {'file':<22} {'device':<6} {'max |Δscore|':>12} {'bound':>7}"
+        lines = [f"{header}  nDCG@10 (PyTorch -> format)"]
+        for p in self.parity:
+            ndcg = f"{p.ndcg10['pytorch']:.2f} -> {p.ndcg10[p.format]:.2f}" if p.ndcg10 else ""
+            diff = "-" if p.max_abs_diff is None else f"{p.max_abs_diff:.3g}"
+            bound = "-" if p.bound is None else f"{p.bound:g}"
+            file = self.formats[p.format]
+            lines.append(
+                f"{p.format:<12} {file:<22} {p.device or '-':<6} {diff:>12} {bound:>7}  {ndcg}{p.not_checked or ''}"
+            )
+        lines.append(f"wrote {self.out_dir} (card.json has the parity figures)")
+        return "\n".join(lines)
 
 
 def export_student(
@@ -67,13 +85,13 @@ def export_student(
     """
     hf_dir, out_dir = Path(hf_dir), Path(out_dir)
     if unknown := sorted(set(formats) - set(EXPORTABLE)):
-        raise ValueError(f"unknown export format(s) {unknown}: expected some of {list(EXPORTABLE)}")
+        raise InputError(f"unknown export format(s) {unknown}: expected some of {list(EXPORTABLE)}")
     if (fp16 or int8) and "onnx" not in formats:
-        raise ValueError("fp16 and int8 are variants of the ONNX graph: add 'onnx' to the formats")
+        raise InputError("fp16 and int8 are variants of the ONNX graph: add 'onnx' to the formats")
     require_file(hf_dir, "config.json")
     require_file(hf_dir, *WEIGHT_FILES)
     if out_dir.exists() and any(out_dir.iterdir()) and not (out_dir / CARD).is_file():
-        raise FileExistsError(f"{out_dir} exists and is not an export folder (no {CARD}): choose another out_dir")
+        raise ExistingOutputError(f"{out_dir} exists and is not an export folder (no {CARD}): choose another out_dir")
     staging = out_dir.with_name(f".{out_dir.name}.tmp{os.getpid()}")
     if staging.exists():
         shutil.rmtree(staging)
@@ -81,7 +99,7 @@ def export_student(
         shutil.copytree(hf_dir, staging, ignore=shutil.ignore_patterns(*FORMAT_FILES.values(), CARD))
         written = _write_formats(staging, formats, fp16, int8)
         report = ExportReport(out_dir, written, verify_export(staging, parity))
-        (staging / CARD).write_text(json.dumps(_card(hf_dir, staging, report), indent=2) + "\n")
+        (staging / CARD).write_text(json.dumps(_card(hf_dir, out_dir, staging, report), indent=2) + "\n")
     except BaseException as e:
         shutil.rmtree(staging, ignore_errors=True)
         if isinstance(e, ParityError):
@@ -99,13 +117,13 @@ def _write_formats(folder: Path, formats: tuple[str, ...], fp16: bool, int8: boo
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    tokenizer.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)  # writes tokenizer.json, for runtimes without transformers
     require_file(folder, "tokenizer.json")
     model = AutoModelForSequenceClassification.from_pretrained(folder, dtype=torch.float32).eval()
     if model.config.num_labels != 1:
-        raise ValueError(f"{folder}: a student has one output (num_labels=1), this model has {model.config.num_labels}")
+        raise InputError(f"{folder}: a student has one output (num_labels=1), this model has {model.config.num_labels}")
     queries, passages = zip(*EXAMPLE_PAIRS, strict=True)
-    encoded = encode_pairs(tokenizer, queries, passages, model_max_length(model.config, tokenizer))
+    encoded = encode_pairs(tokenizer, queries, passages, model_max_length(folder, tokenizer))
     example = {name: torch.from_numpy(array) for name, array in pad_batch(tokenizer, encoded.features).items()}
     written: dict[str, str] = {}
     if "onnx" in formats:
@@ -127,28 +145,28 @@ def _write_formats(folder: Path, formats: tuple[str, ...], fp16: bool, int8: boo
     return written
 
 
-def _card(hf_dir: Path, folder: Path, report: ExportReport) -> dict[str, Any]:
-    """``card.json``: the student's training metadata (``cis_distill``), the metadata of its teacher data (None for
-    a folder not found at export time), the files written and their parity figures."""
-    from transformers import AutoConfig, AutoTokenizer
+def _card(hf_dir: Path, out_dir: Path, folder: Path, report: ExportReport) -> dict[str, Any]:
+    """``card.json``: the student's card (``config.cis_distill``), the metadata of its teacher datasets (None for
+    one not found at export time), the files written and their parity figures. Paths are relative to the export
+    folder (the student's source) or as the training command gave them (its teacher data)."""
+    from transformers import AutoConfig
 
     from distill.backend.onnx_export import OPSET
-    from distill.stages.teach import read_metadata
 
     config = AutoConfig.from_pretrained(folder)
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    metadata = getattr(config, "cis_distill", None) or {}
+    tokenizer = load_tokenizer(folder)
+    card = StudentCard.read(folder) if getattr(config, CONFIG_KEY, None) else None
     teacher_data = {
-        path: read_metadata(path) if (Path(path) / "dataset_info.json").is_file() else None
-        for path in metadata.get("teacher_data", [])
+        path: asdict(TeacherDataset.open(path).metadata) if TeacherDataset.is_complete(path) else None
+        for path in (card.teacher_data if card else [])
     }
     return {
-        "source": str(hf_dir.resolve()),
+        "source": os.path.relpath(hf_dir.resolve(), out_dir.resolve()),
         "model_type": config.model_type,
         "inputs": list(input_names(tokenizer)),
-        "max_length": model_max_length(config, tokenizer),
+        "max_length": model_max_length(folder, tokenizer),
         "onnx_opset": OPSET if "onnx" in report.formats else None,
-        "cis_distill": metadata,
+        "student": card.to_dict() if card else None,
         "teacher_data": teacher_data,
         **report.to_dict(),
         "versions": {p: version(p) for p in ("torch", "transformers", "onnx", "onnxruntime", "onnxscript")},

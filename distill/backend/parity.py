@@ -17,8 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from distill.core.schema import Qrels, RerankingData
-from distill.serving.encoding import encode_pairs, model_max_length, pad_batch
+from distill.core.runs import run_from_columns
+from distill.core.schema import InputError, Qrels, RerankingData, UserError
+from distill.serving.encoding import encode_pairs, load_tokenizer, model_max_length, pad_batch
 from distill.serving.scorers import FORMAT_FILES, OnnxScorer, Scorer, TorchScorer, load_scorer
 
 BATCH_SIZES = (1, 7, 32)
@@ -32,7 +33,7 @@ DL19 = Path(__file__).resolve().parents[2] / "data" / "trec-dl19"
 """The shipped TREC DL19 BM25 candidates and qrels: the default parity pairs."""
 
 
-class ParityError(ValueError):
+class ParityError(UserError):
     """Exported files break their bounds. The message names each format, its bound and its worst pair."""
 
     def __init__(self, where: str, failures: list[str], results: list[FormatParity]) -> None:
@@ -74,7 +75,7 @@ class ParitySet:
         first ``ranking_depth`` candidates of the first ``ranking_queries`` judged queries (default all)."""
         lists = data.candidates[:queries]
         if not lists:
-            raise ValueError(f"{data.source}: no candidates for the parity check")
+            raise InputError(f"{data.source}: no candidates for the parity check")
         pairs = [Pair(c.query.qid, p.docid, c.query.text, p.text) for c in lists for p in c.passages[:depth]]
         first = lists[0]
         long_passage = " ".join(p.text for p in first.passages[:depth])
@@ -156,11 +157,10 @@ def verify_export(folder: str | Path, parity: ParitySet | None = None) -> list[F
     Raises:
         ParityError: a format breaks its bound; the message names each one, the bound and its worst pair.
     """
-    from transformers import AutoConfig, AutoTokenizer
 
     folder = Path(folder)
     parity = parity or dl19_parity_set()
-    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer = load_tokenizer(folder)
     reference = TorchScorer(folder)
     results: dict[str, FormatParity] = {}
     scorers: dict[str, Scorer] = {}
@@ -170,7 +170,7 @@ def verify_export(folder: str | Path, parity: ParitySet | None = None) -> list[F
             scorer = _open(folder, results[fmt])
             if scorer is not None:
                 scorers[fmt] = scorer
-    max_length = model_max_length(AutoConfig.from_pretrained(folder), tokenizer)
+    max_length = model_max_length(folder, tokenizer)
     for length in (SHORT_MAX_LENGTH, max_length):
         for size in BATCH_SIZES:
             scores = _score(tokenizer, {"pytorch": reference, **scorers}, parity.pairs, length, size)
@@ -216,21 +216,22 @@ def _score(
     return scores
 
 
+def ranking_ndcg10(pairs: list[Pair], scores: np.ndarray, qrels: Qrels) -> float:
+    """nDCG@10 (x100) of the candidate lists ``pairs`` ranked by ``scores`` (``[len(pairs)]``)."""
+    from distill.core.metrics import evaluate
+
+    run = run_from_columns([p.qid for p in pairs], [p.docid for p in pairs], scores.tolist())
+    return evaluate(run, qrels, ["nDCG@10"])["nDCG@10"]
+
+
 def _check_ranking(
     result: FormatParity, reference: Scorer, int8: Scorer, tokenizer: Any, max_length: int, parity: ParitySet
 ) -> None:
     """nDCG@10 of the int8 graph and of PyTorch on the evaluation set (judged queries' candidate lists)."""
-    from distill.core.metrics import evaluate
-
     if not parity.ranking:
         result.not_checked = "nDCG@10 not checked: no judged queries in the parity input"
         return
     scores = _score(tokenizer, {"pytorch": reference, result.format: int8}, parity.ranking, max_length, 32)
-    ndcg = {}
-    for name, values in scores.items():
-        run: dict[str, dict[str, float]] = {}
-        for pair, value in zip(parity.ranking, values, strict=True):
-            run.setdefault(pair.qid, {})[pair.docid] = float(value)
-        ndcg[name] = evaluate(run, parity.qrels, ["nDCG@10"])["nDCG@10"]
+    ndcg = {name: ranking_ndcg10(parity.ranking, values, parity.qrels) for name, values in scores.items()}
     queries = len({p.qid for p in parity.ranking})
     result.ndcg10 = {**ndcg, "delta": ndcg[result.format] - ndcg["pytorch"], "bound": NDCG_BOUND, "queries": queries}

@@ -120,7 +120,7 @@ def teacher_method(teacher: CausalLMTeacher) -> Method:
 
     def tokens_fed(call: Call) -> int:
         ids = teacher.encode_passages(call.passages)
-        prefix = 1 + len(teacher.tokenize([teacher.prompt.format(query=call.query)])[0])
-        return sum(prefix + len(k) for k in ids) + sum(1 + len(k) for k in ids)
+        cond = teacher.pair_sequences("logp_cond", [call.query] * len(ids), ids)
+        return sum(map(len, cond)) + sum(map(len, teacher.passage_sequences(ids)))
 
     return Method("teacher cis", "teacher", str(teacher.dtype).removeprefix("torch."), n_params, score, tokens_fed)

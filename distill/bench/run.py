@@ -32,8 +32,11 @@ from distill.bench.methods import (
 )
 from distill.bench.timing import time_method
 from distill.bench.workload import TOKEN_COUNTS, Workload, rerank_workload, token_count_workloads
+from distill.core.devices import MATMUL_SIZE, TEACHER_BATCH_TOKENS, compute_dtype, resolve_device
+from distill.core.layout import RunLayout, student_folder
 from distill.core.loaders import load_candidates
-from distill.core.schema import InputError
+from distill.core.schema import InputError, MissingFileError
+from distill.serving.encoding import load_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -87,33 +90,45 @@ class BenchConfig:
     compare: bool = False
     """Also print the speed-up of each method over the teacher, the baseline and PyTorch fp32."""
     seed: int = 0
+    """Seed of the random weights."""
+    results: str | None = None
+    """Print the tables of a saved ``bench.json`` instead of timing anything."""
 
 
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {name!r}: CUDA is not available here")
-    return device
+@dataclass(frozen=True)
+class BenchReport:
+    """A benchmark result (the content of ``bench.json``, see :mod:`distill.bench.report`) and how to show it."""
+
+    result: dict[str, Any]
+    compare: bool
+
+    def format(self) -> str:
+        lines = [report.latency_table(self.result)]
+        lines += [f"skipped {name}: {reason}" for name, reason in self.result["skipped"].items()]
+        if self.compare:
+            lines.append("\n" + report.compare_table(self.result))
+        if "output" in self.result:
+            lines.append(f"wrote {self.result['output']}/bench.{{json,csv,png}}")
+        return "\n".join(lines)
 
 
-def student_folder(student: str) -> Path:
-    """The folder to time: a run's ``export/`` (else its ``hf/``), or the given export or HF folder."""
-    path = Path(student)
-    for candidate in (path / "export", path / "hf", path):
-        if (candidate / "config.json").is_file():
-            return candidate
-    raise FileNotFoundError(f"{path}: no student here (neither a run with export/ or hf/, nor a model folder)")
+def bench(config: BenchConfig, command: str | None = None) -> BenchReport:
+    """Run the benchmark (or read ``config.results``); ``command`` is recorded with a new result."""
+    if config.results:
+        path = Path(config.results)
+        if not path.is_file():
+            raise MissingFileError(f"{path}: no such bench.json")
+        return BenchReport(json.loads(path.read_text()), config.compare)
+    return BenchReport(run_bench(config, command), config.compare)
 
 
 def default_output(config: BenchConfig, folder: Path | None, device: torch.device) -> Path:
+    """``output``, else the student's run's ``bench/``, else (random weights) ``checkpoints/bench-random-<device>``."""
     if config.output:
         return Path(config.output)
     if folder is None:
         return ROOT / "checkpoints" / f"bench-random-{device.type}"
-    run = folder.parent if folder.name in ("export", "hf") else folder
-    return run / "bench"
+    return RunLayout.of(folder).bench
 
 
 def _random_student(config: BenchConfig, out: Path) -> Path:
@@ -122,29 +137,19 @@ def _random_student(config: BenchConfig, out: Path) -> Path:
     name = config.student or RANDOM_STUDENT
     torch.manual_seed(config.seed)
     model, tokenizer = build_student(name, random_init=True)
-    return save_student(model, tokenizer, out, {"random_weights": name})
+    return save_student(model, tokenizer, out, None)
 
 
 def _teacher(config: BenchConfig, device: torch.device) -> Method:
-    from teachers.teacher import CausalLMTeacher, resolve_dtype
+    from teachers.teacher import CausalLMTeacher
 
-    budget = config.teacher_max_batch_tokens or (16384 if device.type == "cuda" else 8192)
-    if not config.random_weights:
+    budget = config.teacher_max_batch_tokens or TEACHER_BATCH_TOKENS[device.type]
+    if config.random_weights:
+        name = config.teacher or RANDOM_TEACHER
+        teacher = CausalLMTeacher.random(name, device=device, seed=config.seed, max_batch_tokens=budget)
+    else:
         teacher = CausalLMTeacher.load(config.teacher or DEFAULT_TEACHER, device=device, max_batch_tokens=budget)
-        return teacher_method(teacher)
-    from transformers import AutoModelForCausalLM
-
-    from distill.core.models import load_architecture
-
-    name = config.teacher or RANDOM_TEACHER
-    model_config, tokenizer = load_architecture(name)
-    torch.manual_seed(config.seed)
-    with torch.device(device):
-        model = AutoModelForCausalLM.from_config(
-            model_config, dtype=resolve_dtype("auto", device), attn_implementation="sdpa"
-        )
-    identity = f"random:{name}:seed{config.seed}"
-    return teacher_method(CausalLMTeacher(model.eval(), tokenizer, identity=identity, max_batch_tokens=budget))
+    return teacher_method(teacher)
 
 
 def _students(
@@ -197,7 +202,6 @@ def run_bench(config: BenchConfig, command: str | None = None) -> dict[str, Any]
 
     ``command`` is the command line recorded with the result.
     """
-    from transformers import AutoTokenizer
 
     device = resolve_device(config.device)
     if config.threads is not None:
@@ -207,14 +211,12 @@ def run_bench(config: BenchConfig, command: str | None = None) -> dict[str, Any]
     with tempfile.TemporaryDirectory(prefix="cis-distill-bench-") as scratch:
         folder = _random_student(config, Path(scratch)) if config.random_weights else student_folder(config.student)
         out = default_output(config, None if config.random_weights else folder, device)
-        workloads = _workloads(config, AutoTokenizer.from_pretrained(folder))
+        workloads = _workloads(config, load_tokenizer(folder))
         loaders, skipped = _students(config, folder, device)
         if config.teacher != "none":
             loaders.append(("teacher", partial(_teacher, config, device)))
-        rate_dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-        rate = matmul_flops_per_s(
-            device, rate_dtype, config.matmul_size or (8192 if device.type == "cuda" else 2048), 10
-        )
+        rate_dtype = compute_dtype(device)
+        rate = matmul_flops_per_s(device, rate_dtype, config.matmul_size or MATMUL_SIZE[device.type], 10)
         result = {
             "command": command,
             "config": asdict(config),

@@ -1,8 +1,26 @@
-"""Stage configs: dataclass defaults, overridden by a YAML file, overridden by command-line flags."""
+"""The one config system: every stage's options are a typed dataclass, read from YAML files and flags.
+
+jsonargparse does the typing (``int | None``, ``Literal``, lists, nested dataclasses), ``--config`` files and
+``--print_config``; this module adds what a user needs on top of it:
+
+- every mistake is an :class:`~distill.core.schema.InputError` of one line that names the file (or the flag)
+  and the key: an unknown or misspelt key (with the closest known one), a wrong type, a missing option;
+- flags are written as the YAML keys (``--max_queries 3``); ``--max-queries`` is accepted too, and a list
+  option takes ``--scores cis,upr``, ``--run a.trec b.trec`` or ``--scores '[cis, upr]'``; a bool flag alone
+  (``--fp16``) means true.
+
+Defaults live in the dataclasses and nowhere else. ``distill train`` is LightningCLI, which is jsonargparse too.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import json
+import re
+import types
+import typing
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -33,27 +51,247 @@ def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
     return loaded
 
 
-def load_config(cls: type[C], path: str | Path | None, overrides: dict[str, Any]) -> C:
-    """Build ``cls`` from the YAML mapping at ``path`` (if any), then ``overrides``.
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _args(hint: Any) -> tuple[Any, ...]:
+    return typing.get_args(hint)
+
+
+def _is_union(hint: Any) -> bool:
+    return typing.get_origin(hint) in (typing.Union, types.UnionType)
+
+
+def _strip_optional(hint: Any) -> Any:
+    if _is_union(hint):
+        rest = [a for a in _args(hint) if a is not type(None)]
+        return rest[0] if len(rest) == 1 else hint
+    return hint
+
+
+def _is_list(hint: Any) -> bool:
+    return typing.get_origin(_strip_optional(hint)) in (list, Sequence)
+
+
+def _is_bool(hint: Any) -> bool:
+    return _strip_optional(hint) is bool
+
+
+def _nested(hint: Any) -> type | None:
+    """The dataclass of a nested section, if ``hint`` is one."""
+    inner = _strip_optional(hint)
+    return inner if dataclasses.is_dataclass(inner) else None
+
+
+def _type_name(hint: Any) -> str:
+    if hint is type(None):
+        return "null"
+    if isinstance(hint, type) and not typing.get_args(hint):
+        return hint.__name__
+    if typing.get_origin(hint) is typing.Literal:
+        return " | ".join(repr(a) for a in _args(hint))
+    if _is_union(hint):
+        return " | ".join(_type_name(a) for a in _args(hint))
+    return str(hint).replace("typing.", "")
+
+
+def check_keys(cls: type, mapping: dict[str, Any], where: str, prefix: str = "") -> None:
+    """Every key of ``mapping`` (and of its nested sections) is a field of ``cls``.
 
     Raises:
-        InputError: the file cannot be parsed, names a key that ``cls`` does not have, or a
-            required option is given nowhere.
+        InputError: ``<where>: <prefix><key>: unknown option (did you mean ...?)``.
     """
-    values: dict[str, Any] = {}
-    if path is not None:
-        loaded = read_yaml_mapping(path)
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(loaded) - known)
-        if unknown:
-            raise InputError(f"{path}: unknown option(s) {unknown}; known: {sorted(known)}")
-        values.update(loaded)
-    values.update(overrides)
-    missing = [
-        f.name
+    hints = _hints(cls)
+    for key, value in mapping.items():
+        if key not in hints:
+            close = difflib.get_close_matches(str(key), list(hints), n=1)
+            hint = f"did you mean {close[0]!r}?" if close else f"known: {', '.join(hints)}"
+            raise InputError(f"{where}: {prefix}{key}: unknown option ({hint})")
+        nested = _nested(hints[key])
+        if nested is not None and isinstance(value, dict):
+            check_keys(nested, value, where, f"{prefix}{key}.")
+
+
+def _parser(cls: type, prog: str) -> Any:
+    from jsonargparse import ActionConfigFile, ArgumentParser, set_parsing_settings
+
+    set_parsing_settings(docstring_parse_attribute_docstrings=True)
+    parser = ArgumentParser(prog=prog, description=cls.__doc__, exit_on_error=False)
+    if "config" not in _hints(cls):  # a config whose own option is named config (distill run) has no files
+        parser.add_argument("--config", action=ActionConfigFile, help="a YAML file of options; flags override it")
+    parser.add_class_arguments(cls, as_group=False)
+    return parser
+
+
+def _field_of(cls: type, dotted: str) -> Any:
+    """The type hint of a (dotted) key of ``cls``, or None."""
+    hint: Any = cls
+    for part in dotted.split("."):
+        nested = _nested(hint) if hint is not cls else cls
+        if nested is None or part not in _hints(nested):
+            return None
+        hint = _hints(nested)[part]
+    return hint
+
+
+def _one_line(error: Exception, cls: type, origin: Callable[[str], tuple[str, Any]]) -> InputError:
+    """jsonargparse's (multi-line) error as one line naming where the key was set and the key.
+
+    ``origin(key)`` gives where a (dotted) key was set (a file, or ``flags``) and the value given there.
+    """
+    text = str(error)
+    if match := re.search(r'Parser key "([^"]+)"', text):
+        key = match.group(1)
+        where, value = origin(key)
+        hint = _field_of(cls, key)
+        expected = _type_name(hint) if hint is not None else "another type"
+        named = where if where == f"--{key}" else f"{where}: {key}"
+        return InputError(f"{named}: expected {expected}, got {value!r}")
+    where, _ = origin("")
+    if match := re.search(r"arguments are required: (.+)", text):
+        keys = ", ".join(k.strip().lstrip("-") for k in match.group(1).split(","))
+        return InputError(f"{where}: missing required option(s): {keys}")
+    if match := re.search(r"Option '([^']+)' is not accepted", text):
+        return InputError(f"{where}: {match.group(1)}: unknown option")
+    return InputError(f"{where}: {' '.join(text.split())}")
+
+
+def _lookup(mapping: dict[str, Any], dotted: str) -> tuple[bool, Any]:
+    value: Any = mapping
+    for part in dotted.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return False, None
+        value = value[part]
+    return True, value
+
+
+def _instantiate(cls: type[C], values: dict[str, Any]) -> C:
+    hints = _hints(cls)
+    kwargs = {}
+    for key, value in values.items():
+        nested = _nested(hints[key])
+        kwargs[key] = _instantiate(nested, value) if nested is not None and isinstance(value, dict) else value
+    return cls(**kwargs)
+
+
+def _listify(cls: type, mapping: dict[str, Any]) -> dict[str, Any]:
+    """``mapping`` with a lone value given for a list option made a one-item list (``input: a.json``)."""
+    hints = _hints(cls)
+    out = {}
+    for key, value in mapping.items():
+        hint = hints.get(key)
+        nested = _nested(hint) if hint is not None else None
+        if nested is not None and isinstance(value, dict):
+            value = _listify(nested, value)
+        elif hint is not None and _is_list(hint) and isinstance(value, str | int | float):
+            value = [value]
+        out[key] = value
+    return out
+
+
+def _validated(cls: type, mapping: dict[str, Any], where: str) -> dict[str, Any]:
+    """``mapping`` checked against ``cls``: known keys, right types (lone values of list options listified)."""
+    if not isinstance(mapping, dict):
+        raise InputError(f"{where}: expected a mapping of option: value, got {mapping!r}")
+    check_keys(cls, mapping, where)
+    mapping = _listify(cls, mapping)
+    try:
+        _parser(cls, where).parse_object(mapping)
+    except Exception as e:  # jsonargparse raises ArgumentError (and, for nested types, ValueError)
+        raise _one_line(e, cls, lambda key: (where, _lookup(mapping, key)[1])) from None
+    return mapping
+
+
+def load_section(cls: type[C], mapping: dict[str, Any] | None, where: str) -> C:
+    """``cls`` from a mapping (a pipeline section, say): unknown keys and wrong types name ``where`` and the key;
+    an absent section (None) takes every default."""
+    mapping = _validated(cls, mapping or {}, where)
+    return _instantiate(cls, _fields_only(cls, {**_defaults(cls), **mapping}))
+
+
+def _defaults(cls: type) -> dict[str, Any]:
+    return {
+        f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()
         for f in dataclasses.fields(cls)
-        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING and f.name not in values
-    ]
-    if missing:
-        raise InputError(f"missing required option(s) {missing}: give them as --flags or in the config file")
-    return cls(**values)
+        if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
+    }
+
+
+def _fields_only(cls: type, values: dict[str, Any]) -> dict[str, Any]:
+    """The parsed values of ``cls``'s fields (without ``config`` files and jsonargparse's ``__path__``)."""
+    hints = _hints(cls)
+    return {key: value for key, value in values.items() if key in hints}
+
+
+def normalize_flags(cls: type, argv: Sequence[str]) -> list[str]:
+    """Flags as jsonargparse takes them: ``--a-b`` -> ``--a_b``; a list option's values (``--x a,b`` or
+    ``--x a b``) -> one list; a bool flag with no value -> ``true``."""
+    out: list[str] = []
+    i = 0
+    argv = list(argv)
+    while i < len(argv):
+        arg = argv[i]
+        i += 1
+        if not arg.startswith("--") or arg == "--print_config" or arg.startswith("--print_config="):
+            out.append(arg)
+            continue
+        name, eq, inline = arg[2:].partition("=")
+        name = name.replace("-", "_")
+        hint = _field_of(cls, name)
+        if hint is None:
+            out.append(f"--{name}{eq}{inline}")
+            continue
+        values = [inline] if eq else []
+        if not eq:
+            while i < len(argv) and not argv[i].startswith("--") and (_is_list(hint) or not values):
+                values.append(argv[i])
+                i += 1
+        if _is_bool(hint) and not values:
+            values = ["true"]
+        if _is_list(hint) and values and not (len(values) == 1 and values[0].lstrip().startswith("[")):
+            items = [item.strip() for value in values for item in value.split(",") if item.strip()]
+            values = [json.dumps(items)]
+        out += [f"--{name}", *values]
+    return out
+
+
+def parse_config(cls: type[C], argv: Sequence[str], prog: str) -> C:
+    """``cls`` from ``--config`` files (applied in order) and flags (applied last).
+
+    ``--help`` and ``--print_config`` print and raise ``SystemExit(0)``.
+
+    Raises:
+        InputError: one line naming the file or the flag, and the key.
+    """
+    argv = normalize_flags(cls, argv)
+    flags: list[str] = []
+    values: dict[str, Any] = {}
+    takes_files = "config" not in _hints(cls)
+    i = 0
+    while i < len(argv):
+        if takes_files and argv[i] == "--config" and i + 1 < len(argv):
+            values.update(_validated(cls, read_yaml_mapping(argv[i + 1]), argv[i + 1]))
+            i += 2
+        else:
+            flags.append(argv[i])
+            i += 1
+    parser = _parser(cls, prog)
+    parser.set_defaults(values)
+    try:
+        namespace = parser.parse_args(flags)
+    except Exception as e:  # jsonargparse raises ArgumentError
+
+        def origin(key: str) -> tuple[str, Any]:
+            flag = f"--{key}"
+            if key and flag in flags[:-1]:
+                return flag, flags[flags.index(flag) + 1]
+            return prog, None
+
+        raise _one_line(e, cls, origin) from None
+    return _instantiate(cls, _fields_only(cls, namespace.as_dict()))
+
+
+def to_yaml(config: Any) -> str:
+    """A config dataclass as the YAML that recreates it."""
+    return yaml.safe_dump(dataclasses.asdict(config), sort_keys=False)

@@ -20,10 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from distill.core.schema import MissingFileError
+
 SourceKind = Literal["directory", "gguf", "package", "hub"]
 
 
-class ModelNotFoundError(FileNotFoundError):
+class ModelNotFoundError(MissingFileError):
     """No source could provide the model; the message lists every place tried."""
 
 
@@ -212,6 +214,25 @@ ARCHITECTURES: dict[str, Architecture] = {
             "eos_token_id": 128001,
         },
         "smollm2-135m",  # ids < 49152, valid in the 128256-token vocabulary
+    ),
+    "tiny-llama": Architecture(
+        {
+            "model_type": "llama",
+            "vocab_size": 49152,
+            "hidden_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "intermediate_size": 128,
+            "rope_theta": 10000.0,
+            "max_position_embeddings": 2048,
+            "rms_norm_eps": 1e-5,
+            "tie_word_embeddings": False,
+            "hidden_act": "silu",
+            "bos_token_id": 1,
+            "eos_token_id": 2,
+        },
+        "smollm2-135m",  # a 2-layer Llama for smoke tests, over the SmolLM2 vocabulary
     ),
     "bert-large-uncased": Architecture(
         {

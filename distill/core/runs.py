@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 from distill.core.schema import InputError
 
 Run = dict[str, dict[str, float]]
 """qid -> docid -> score (higher is better)."""
+
+
+def run_from_columns(qids: Sequence[str], docids: Sequence[str], scores: Sequence[float]) -> Run:
+    """A run from parallel columns: row ``i`` gives ``scores[i]`` to ``docids[i]`` for ``qids[i]``."""
+    run: Run = {}
+    for qid, docid, score in zip(qids, docids, scores, strict=True):
+        run.setdefault(qid, {})[docid] = float(score)
+    return run
 
 
 def write_trec_run(path: str | Path, run: Run, tag: str) -> None:

@@ -9,8 +9,23 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 
-class InputError(ValueError):
-    """Bad input data. The message names the file and the line, entry or field at fault."""
+class UserError(Exception):
+    """A failure the user can act on: the CLI prints its message on one line (or a short list), no traceback.
+
+    Anything else that escapes a command is a bug and keeps its traceback.
+    """
+
+
+class InputError(UserError, ValueError):
+    """Bad input: data, options or files. The message names the file and the line, entry, key or field at fault."""
+
+
+class MissingFileError(InputError, FileNotFoundError):
+    """A file or folder the command needs is not there; the message names it."""
+
+
+class ExistingOutputError(InputError, FileExistsError):
+    """An output path holds something the command must not overwrite; the message names it."""
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,10 @@ Method = Literal["bm25", "dense"]
 OutputFormat = Literal["trec", "rank_llm"]
 METHODS: tuple[Method, ...] = ("bm25", "dense")
 OUTPUT_FORMATS: tuple[OutputFormat, ...] = ("trec", "rank_llm")
+DEFAULT_K = 100
+"""Passages retrieved per query."""
+DENSE_BATCH_TOKENS = 16384
+"""Padded tokens per forward pass of the dense encoder."""
 
 log = logging.getLogger(__name__)
 
@@ -62,11 +66,11 @@ def retrieve(
     output: str | Path,
     method: Method = "bm25",
     *,
-    k: int = 100,
+    k: int = DEFAULT_K,
     index_dir: str | Path | None = None,
     encoder: str = DEFAULT_ENCODER,
     device: str = "cpu",
-    max_batch_tokens: int = 16384,
+    max_batch_tokens: int = DENSE_BATCH_TOKENS,
     output_format: OutputFormat = "trec",
     repair_mojibake: bool = True,
 ) -> RetrievalResult:

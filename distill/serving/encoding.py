@@ -7,8 +7,10 @@ the same int64 arrays.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -25,9 +27,23 @@ def input_names(tokenizer: Any) -> tuple[str, ...]:
     return tuple(name for name in INPUT_NAMES if name in tokenizer.model_input_names)
 
 
-def model_max_length(config: Any, tokenizer: Any) -> int:
-    """The longest sequence the model takes, in tokens: the tokenizer's limit, capped by the position embeddings."""
-    return int(min(tokenizer.model_max_length, getattr(config, "max_position_embeddings", tokenizer.model_max_length)))
+def load_tokenizer(folder: str | Path) -> Any:
+    """The tokenizer of a student folder, by the class its ``tokenizer_config.json`` names (that import needs no
+    torch, where ``AutoTokenizer`` reads the model config, which imports it), else by ``AutoTokenizer``."""
+    import transformers
+
+    folder = Path(folder)
+    config = folder / "tokenizer_config.json"
+    name = json.loads(config.read_text()).get("tokenizer_class") if config.is_file() else None
+    tokenizer_class = getattr(transformers, name, None) if name else None
+    return (tokenizer_class or transformers.AutoTokenizer).from_pretrained(folder)
+
+
+def model_max_length(folder: str | Path, tokenizer: Any) -> int:
+    """The longest sequence the student in ``folder`` takes, in tokens: the tokenizer's limit, capped by the
+    position embeddings of its ``config.json``."""
+    config = json.loads((Path(folder) / "config.json").read_text())
+    return int(min(tokenizer.model_max_length, config.get("max_position_embeddings", tokenizer.model_max_length)))
 
 
 @dataclass

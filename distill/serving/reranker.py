@@ -13,15 +13,14 @@ from typing import Any
 import numpy as np
 
 from distill.core.batching import token_budget_batches
-from distill.serving.encoding import encode_pairs, model_max_length, pad_batch
+from distill.core.devices import STUDENT_BATCH_TOKENS, device_type
+from distill.core.schema import InputError, MissingFileError
+from distill.serving.encoding import encode_pairs, load_tokenizer, model_max_length, pad_batch
 from distill.serving.scorers import Scorer, load_scorer, require_file
 
 BACKENDS = ("torch", "onnx", "torchscript")
 ONNX_DTYPES = {None: "onnx", "float32": "onnx", "float16": "onnx-fp16", "int8": "onnx-int8"}
 """The ONNX backend's ``dtype`` -> the exported format it runs."""
-DEFAULT_BATCH_TOKENS = {"cpu": 1024, "cuda": 16384}
-"""Padded tokens per batch by device type. Small batches keep a CPU's caches warm (on 2 cores, compare
-``benchmarks/results/bench-cpu-minilm-dl19-all-cis`` with its ``-batch16384`` twin); a GPU wants large ones."""
 
 
 class Reranker:
@@ -62,29 +61,29 @@ class Reranker:
                 ``model.onnx``), ``float16`` (``model.fp16.onnx``) or ``int8`` (``model.int8.onnx``);
                 ``torchscript``: ``float32`` only.
             max_length: the longest pair in tokens; default the model's (up to 512).
-            max_batch_tokens: the budget of padded tokens per batch (default :data:`DEFAULT_BATCH_TOKENS`).
+            max_batch_tokens: the budget of padded tokens per batch (default
+                :data:`~distill.core.devices.STUDENT_BATCH_TOKENS`).
 
         Raises:
-            FileNotFoundError: a file the backend needs is missing; the message names the folder and the file.
+            MissingFileError: a file the backend needs is missing; the message names the folder and the file.
         """
-        from transformers import AutoConfig, AutoTokenizer
 
         path = Path(path)
         if not path.is_dir():
-            raise FileNotFoundError(f"{path}: no such model folder")
+            raise MissingFileError(f"{path}: no such model folder")
         if backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {list(BACKENDS)}, not {backend!r}")
+            raise InputError(f"backend must be one of {list(BACKENDS)}, not {backend!r}")
         if backend == "onnx" and dtype not in ONNX_DTYPES:
-            raise ValueError(f"the onnx backend's dtype is one of {list(ONNX_DTYPES)}, not {dtype!r}")
+            raise InputError(f"the onnx backend's dtype is one of {list(ONNX_DTYPES)}, not {dtype!r}")
         require_file(path, "config.json")
         require_file(path, "tokenizer_config.json")
         fmt = ONNX_DTYPES[dtype] if backend == "onnx" else backend
         scorer = load_scorer(path, fmt, device, None if backend == "onnx" else dtype)
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        limit = model_max_length(AutoConfig.from_pretrained(path), tokenizer)
+        tokenizer = load_tokenizer(path)
+        limit = model_max_length(path, tokenizer)
         if max_length is not None and max_length > limit:
-            raise ValueError(f"{path}: max_length {max_length} is over the model's {limit}")
-        budget = max_batch_tokens or DEFAULT_BATCH_TOKENS["cuda" if device.startswith("cuda") else "cpu"]
+            raise InputError(f"{path}: max_length {max_length} is over the model's {limit}")
+        budget = max_batch_tokens or STUDENT_BATCH_TOKENS[device_type(device)]
         return cls(scorer, tokenizer, max_length or limit, budget)
 
     def score(self, query: str, passages: Sequence[str]) -> list[float]:

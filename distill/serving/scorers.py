@@ -11,6 +11,7 @@ from typing import Protocol
 
 import numpy as np
 
+from distill.core.schema import InputError, MissingFileError
 from distill.serving.encoding import INPUT_NAMES, Batch
 
 FORMAT_FILES = {
@@ -37,11 +38,11 @@ class Scorer(Protocol):
 
 
 def require_file(folder: Path, *names: str) -> Path:
-    """The first of ``names`` present in ``folder``; FileNotFoundError naming the folder and the file otherwise."""
+    """The first of ``names`` present in ``folder``; else :class:`MissingFileError` naming the folder and the file."""
     for name in names:
         if (folder / name).is_file():
             return folder / name
-    raise FileNotFoundError(f"{folder}: missing {' or '.join(names)}")
+    raise MissingFileError(f"{folder}: missing {' or '.join(names)}")
 
 
 class TorchScorer:
@@ -54,7 +55,7 @@ class TorchScorer:
         from transformers import AutoModelForSequenceClassification
 
         if dtype not in (None, *TORCH_DTYPES):
-            raise ValueError(f"the torch backend's dtype is one of {list(TORCH_DTYPES)}, not {dtype!r}")
+            raise InputError(f"the torch backend's dtype is one of {list(TORCH_DTYPES)}, not {dtype!r}")
         require_file(folder, *WEIGHT_FILES)
         self.device = torch.device(device)
         model = AutoModelForSequenceClassification.from_pretrained(folder, dtype=getattr(torch, dtype or "float32"))
@@ -81,11 +82,11 @@ class OnnxScorer:
             providers = ["CPUExecutionProvider"]
         elif device.startswith("cuda"):
             if "CUDAExecutionProvider" not in ort.get_available_providers():
-                raise ValueError(f"{path}: onnxruntime has no CUDA provider here (install onnxruntime-gpu)")
+                raise InputError(f"{path}: onnxruntime has no CUDA provider here (install onnxruntime-gpu)")
             index = device.partition(":")[2] or "0"
             providers = [("CUDAExecutionProvider", {"device_id": int(index)})]
         else:
-            raise ValueError(f"{path}: device must be 'cpu' or 'cuda[:N]' for ONNX, not {device!r}")
+            raise InputError(f"{path}: device must be 'cpu' or 'cuda[:N]' for ONNX, not {device!r}")
         self.session = ort.InferenceSession(str(path), providers=providers)
         self.input_names = tuple(i.name for i in self.session.get_inputs())
 
@@ -122,8 +123,8 @@ def load_scorer(folder: str | Path, fmt: str, device: str = "cpu", dtype: str | 
     if fmt == "torch":
         return TorchScorer(folder, device, dtype)
     if fmt not in FORMAT_FILES:
-        raise ValueError(f"unknown format {fmt!r}: expected 'torch' or one of {sorted(FORMAT_FILES)}")
+        raise InputError(f"unknown format {fmt!r}: expected 'torch' or one of {sorted(FORMAT_FILES)}")
     if dtype not in (None, "float32"):
-        raise ValueError(f"{fmt} has a fixed dtype; dtype={dtype!r} applies to the torch backend only")
+        raise InputError(f"{fmt} has a fixed dtype; dtype={dtype!r} applies to the torch backend only")
     path = folder / FORMAT_FILES[fmt]
     return TorchScriptScorer(path, device) if fmt == "torchscript" else OnnxScorer(path, device)

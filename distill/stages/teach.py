@@ -8,11 +8,12 @@ to process ``i mod world_size``. Each chunk is scored as one unit and written at
   uninterrupted run;
 - log p(K) is computed once per distinct passage and kept in a disk cache across runs.
 
-The output folder loads with ``datasets.load_from_disk`` and holds ``runs/<score>.trec``.
+The output is a :class:`~distill.core.teacher_data.TeacherDataset` folder.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -29,8 +30,8 @@ from tqdm.auto import tqdm
 
 from distill.core.loaders import OnBadInput, load_candidates
 from distill.core.models import cache_home
-from distill.core.runs import write_trec_run
-from distill.core.schema import InputError, RerankingData
+from distill.core.schema import ExistingOutputError, InputError, RerankingData
+from distill.core.teacher_data import TeacherDataset, TeacherMetadata
 from teachers.passage_cache import PassageLogProbCache, passage_key
 from teachers.scores import DEFAULT_PROMPT, PAIR_TERMS, QUERY_TERMS, SCORES, required_terms
 
@@ -39,50 +40,70 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class TeachConfig:
-    """Options of ``distill teach`` (YAML keys and ``--flags`` alike)."""
+    """Options of ``distill teach``: score every (query, candidate) pair with a causal-LM teacher."""
 
-    input: list[str]
-    """Candidates: rank_llm or multi-hop QA JSON files, TREC run files or BEIR folders; several are joined,
-    each (qid, docid) pair scored once."""
-    output: str
-    """The dataset folder to write."""
+    input: list[str] = field(default_factory=list)
+    """Candidates (required): rank_llm or multi-hop QA JSON files, TREC run files, BEIR folders or ``irds:`` ids;
+    several are joined, each (qid, docid) pair scored once."""
+    output: str | None = None
+    """The dataset folder to write (required; ``distill run`` sets it)."""
     teacher: str = "smollm2-135m"
     """A hub id, a local model folder, a .gguf file or an embedded alias (see ``distill.core.models``)."""
     scores: list[str] = field(default_factory=lambda: ["cis"])
     """Scores to compute; the first is the dataset's primary label. ``cis`` is always included."""
     queries: str | None = None
+    """For a TREC run input: the queries (TSV ``qid<TAB>text`` or JSONL)."""
     corpus: str | None = None
+    """For a TREC run input: the passages (TSV or JSONL)."""
     run: str | None = None
+    """For a BEIR folder input: the candidates as a TREC run (default its judged pairs)."""
     qrels: str | None = None
+    """Relevance judgements (TREC qrels) to keep with the candidates."""
     max_queries: int | None = None
     """Score only the first N queries of the input."""
     start_token: int | str | None = None
     """Token every prefix starts with (id or string); default the tokenizer's BOS, else EOS."""
     max_passage_tokens: int = 256
+    """Passage ids are truncated to this many tokens."""
     prompt: str = DEFAULT_PROMPT
+    """The QA prompt of log p(K | Q), with a ``{query}`` field."""
     dtype: str = "auto"
     """``auto`` (bf16 on GPU, fp32 on CPU), ``float32``, ``bfloat16`` or ``float16``."""
     device_map: str | None = None
     """``auto`` shards one model over all visible GPUs (model parallel, one process)."""
     max_batch_tokens: int = 8192
+    """Padded tokens per forward pass."""
     logit_chunk_rows: int = 1024
+    """Target positions per LM-head chunk (memory: rows x vocabulary fp32 values)."""
     chunk_size: int = 256
     """Pairs (or passages) per unit of work, the granularity of sharding and resuming."""
     cache_dir: str | None = None
     """Where log p(K) is cached; default ``$CIS_DISTILL_CACHE/pk`` (``~/.cache/cis-distill/pk``)."""
     on_bad_input: OnBadInput = "error"
+    """``error``: stop at the first bad record, naming it; ``skip``: skip bad records and count them."""
     repair_mojibake: bool = True
+    """Repair MS MARCO's mojibake (``â\\x80\\x99`` for ``’``) where ``latin-1 -> utf-8`` decodes."""
     overwrite: bool = False
+    """Replace an output (or partial results) made by another configuration."""
     progress: bool = True
+    """Show progress bars."""
 
     def __post_init__(self) -> None:
-        if isinstance(self.input, str):
+        if isinstance(self.input, str):  # Python callers may name one input
             self.input = [self.input]
         if isinstance(self.scores, str):
             self.scores = [s.strip() for s in self.scores.split(",") if s.strip()]
-        required_terms(self.scores)  # validates the names
-        if self.chunk_size < 1 or self.max_batch_tokens < 1 or self.max_passage_tokens < 1:
-            raise ValueError("chunk_size, max_batch_tokens and max_passage_tokens must be positive")
+        if not self.input:
+            raise InputError("teach: input is required (--input or input: in the config)")
+        if not self.output:
+            raise InputError("teach: output is required (--output or output: in the config)")
+        try:
+            required_terms(self.scores)
+        except ValueError as e:
+            raise InputError(f"teach: scores: {e}") from None
+        for name in ("chunk_size", "max_batch_tokens", "max_passage_tokens"):
+            if getattr(self, name) < 1:
+                raise InputError(f"teach: {name} must be positive, got {getattr(self, name)}")
 
     @property
     def score_columns(self) -> list[str]:
@@ -133,8 +154,29 @@ def _atomic_write_parquet(table: pa.Table, path: Path) -> None:
     tmp.replace(path)
 
 
-def run_teach(cfg: TeachConfig) -> Path:
-    """Run the teacher stage (in every process of an ``accelerate launch``); returns the output folder."""
+@dataclass(frozen=True)
+class TeachReport:
+    """What the teacher stage wrote."""
+
+    output: Path
+    pairs: int
+    queries: int
+    scores: list[str]
+    up_to_date: bool
+    """The output was already complete for this configuration: nothing was scored."""
+    skipped: dict[str, int]
+    """Bad input records skipped (``on_bad_input: skip``), by reason."""
+
+    def format(self) -> str:
+        done = "up to date" if self.up_to_date else "wrote"
+        lines = [f"{done} {self.output}: {self.pairs} pairs of {self.queries} queries, scores {', '.join(self.scores)}"]
+        if self.skipped:
+            lines.append(f"skipped bad input records: {self.skipped}")
+        return "\n".join(lines)
+
+
+def teach(cfg: TeachConfig) -> TeachReport:
+    """Run the teacher stage (in every process of an ``accelerate launch``)."""
     from accelerate import PartialState
 
     from teachers.teacher import CausalLMTeacher
@@ -178,10 +220,9 @@ def run_teach(cfg: TeachConfig) -> Path:
         "chunk_size": cfg.chunk_size,
         "max_batch_tokens": cfg.max_batch_tokens,
     }
+    report = TeachReport(output, len(pairs), len(data.candidates), cfg.score_columns, True, dict(data.skipped))
     if _is_complete(output, fingerprint, cfg.overwrite):
-        if state.is_main_process:
-            log.warning("%s is complete and up to date; nothing to do", output)
-        return output
+        return report
 
     work = output.with_name(output.name + ".partial")
     if state.is_main_process:
@@ -200,20 +241,17 @@ def run_teach(cfg: TeachConfig) -> Path:
     state.wait_for_everyone()
     if state.is_main_process:
         _merge(work, output, pairs, cfg, fingerprint)
-        if data.skipped:
-            log.warning("skipped bad input records: %s", dict(data.skipped))
     state.wait_for_everyone()
-    return output
+    return dataclasses.replace(report, up_to_date=False)
 
 
 def _is_complete(output: Path, fingerprint: dict[str, Any], overwrite: bool) -> bool:
     if not output.exists():
         return False
-    meta = output / "dataset_info.json"
-    if meta.is_file() and read_metadata(output).get("fingerprint") == fingerprint:
+    if TeacherDataset.is_complete(output) and TeacherDataset.open(output).metadata.fingerprint == fingerprint:
         return True
     if not overwrite:
-        raise InputError(
+        raise ExistingOutputError(
             f"{output} exists and was not made by this configuration: pass --overwrite or another --output"
         )
     return False
@@ -339,36 +377,16 @@ def _score_pairs(
 
 
 def _merge(work: Path, output: Path, pairs: Pairs, cfg: TeachConfig, fingerprint: dict[str, Any]) -> None:
-    """Join the chunks into the final dataset and run files, then swap it into place."""
-    import datasets
-
+    """Join the chunks into the final dataset folder, then swap it into place."""
     n_chunks = len(_chunks(len(pairs), cfg.chunk_size))
     table = pa.concat_tables([pq.read_table(work / "chunks" / f"{j:06d}.parquet") for j in range(n_chunks)])
     if table.num_rows != len(pairs):
         raise RuntimeError(f"merged {table.num_rows} rows for {len(pairs)} pairs")
-    metadata = {"score": cfg.scores[0], "scores": cfg.score_columns, "input": cfg.input, "fingerprint": fingerprint}
-    dataset = datasets.Dataset(table, info=datasets.DatasetInfo(description=json.dumps(metadata)))
     staging = work / "dataset"
     if staging.exists():
         shutil.rmtree(staging)
-    dataset.save_to_disk(str(staging))
-    qids, docids = table.column("qid").to_pylist(), table.column("docid").to_pylist()
-    runs = {"first_stage": table.column("first_stage_score").to_pylist()}
-    runs.update({score: table.column(score).to_pylist() for score in cfg.score_columns})
-    for name, values in runs.items():
-        run: dict[str, dict[str, float]] = {}
-        for qid, docid, value in zip(qids, docids, values, strict=True):
-            run.setdefault(qid, {})[docid] = value
-        write_trec_run(staging / "runs" / f"{name}.trec", run, tag=name)
+    TeacherDataset.write(table, TeacherMetadata(cfg.scores[0], cfg.score_columns, cfg.input, fingerprint), staging)
     if output.exists():
         shutil.rmtree(output)
     staging.rename(output)
     shutil.rmtree(work)
-    log.warning("wrote %d triplets to %s", len(pairs), output)
-
-
-def read_metadata(output: str | Path) -> dict[str, Any]:
-    """The teacher stage's metadata of a saved dataset: primary ``score``, ``scores``, ``input`` and
-    ``fingerprint`` (teacher identity, dtype, start token, prompt, ...)."""
-    info = json.loads((Path(output) / "dataset_info.json").read_text())
-    return json.loads(info.get("description") or "{}")

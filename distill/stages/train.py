@@ -1,14 +1,21 @@
 """``distill train``: the student stage, driven by LightningCLI and composable YAML.
 
-    distill train --config configs/train/minilm-dl19-cis.yaml [--trainer.devices 4 --trainer.strategy ddp]
+    distill train --config configs/train/minilm-dl19.yaml [--trainer.devices 4 --trainer.strategy ddp]
 
-Every run writes to ``<checkpoint_root>/<run_name>/``: ``checkpoints/`` (``best.ckpt`` by validation
-nDCG@10, ``last.ckpt``), ``hf/`` (the best student as a plain Hugging Face folder), ``logs/`` (CSV and
-the resolved config) and ``wandb/`` (offline by default). ``--ckpt_path last`` resumes a run.
+Every run writes to ``<checkpoint_root>/<run_name>/`` (see :class:`~distill.core.layout.RunLayout`):
+``checkpoints/`` (``best.ckpt`` by validation nDCG@10, ``last.ckpt``), ``hf/`` (the best student as a plain
+Hugging Face folder), ``logs/`` (CSV and the resolved config) and ``wandb/`` (offline by default).
+``--ckpt_path last`` resumes a run.
 """
 
 from __future__ import annotations
 
+import contextlib
+import re
+import sys
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +25,12 @@ from pytorch_lightning.callbacks import ModelCheckpoint
 from pytorch_lightning.cli import LightningCLI
 from pytorch_lightning.loggers import CSVLogger, WandbLogger
 
+from distill.core.layout import RunLayout
+from distill.core.schema import InputError
 from students.data import StudentDataModule
 from students.export import ExportBestToHF
 from students.module import CrossEncoderModule
+from students.progress import LogProgress
 
 
 class DistillCLI(LightningCLI):
@@ -40,6 +50,8 @@ class DistillCLI(LightningCLI):
         return Path(self.config.checkpoint_root) / self.config.run_name
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
+        # The data is read and checked before any logger (or wandb run) exists: bad data fails fast and cleanly.
+        self.datamodule.setup("fit")
         config = {**self._get(self.config_init, "trainer", default={}), **kwargs}
         if config.get("precision") is None:
             config["precision"] = "bf16-mixed" if torch.cuda.is_available() else "32-true"
@@ -56,36 +68,116 @@ class DistillCLI(LightningCLI):
                     )
                 )
         monitor = "val/nDCG@10" if self.config.data.qrels else "val/spearman"
-        folder = self.run_dir / "checkpoints"
-        best = ModelCheckpoint(folder, "best", monitor=monitor, mode="max", enable_version_counter=False)
+        layout = RunLayout(self.run_dir)
+        best = ModelCheckpoint(layout.checkpoints, "best", monitor=monitor, mode="max", enable_version_counter=False)
         # Lightning's save_last only follows top-k saves; this one writes last.ckpt after every validation.
-        last = ModelCheckpoint(folder, "last", save_top_k=1, enable_version_counter=False)
-        callbacks = [best, last, ExportBestToHF(best, self.run_dir / "hf")]
+        last = ModelCheckpoint(layout.checkpoints, "last", save_top_k=1, enable_version_counter=False)
+        callbacks = [best, last, ExportBestToHF(best, layout.hf)]
+        if not config.get("enable_progress_bar", True) or not sys.stderr.isatty():
+            callbacks.append(LogProgress())  # a log file gets a line a minute instead of a progress bar
         extra = [self._get(self.config_init, key) for key in self._parser(self.subcommand).callback_keys]
         return self._instantiate_trainer(config, [*extra, *callbacks])
 
 
-def run_train(argv: list[str]) -> int:
-    cli = DistillCLI(
-        CrossEncoderModule,
-        StudentDataModule,
-        args=argv,
-        run=False,
-        seed_everything_default=0,
-        save_config_kwargs={"overwrite": True},
-        parser_kwargs={"prog": "distill train"},
-    )
+@dataclass(frozen=True)
+class TrainReport:
+    """Where the run is and its last validation's metrics."""
+
+    run_dir: Path
+    metrics: dict[str, float]
+    """``val/...`` -> value, of the last validation (held-out queries)."""
+
+    def format(self) -> str:
+        layout = RunLayout(self.run_dir)
+        lines = [f"run folder: {self.run_dir}  (best student as a Hugging Face folder: {layout.hf})"]
+        if self.metrics:
+            lines.append("last validation, held-out queries:")
+            lines += [f"  {key:<28} {self.metrics[key]:10.4f}" for key in sorted(self.metrics)]
+        return "\n".join(lines)
+
+
+def train(argv: list[str]) -> TrainReport | None:
+    """Run ``distill train`` with these arguments; the report on the global-zero rank (None on the others).
+
+    Raises:
+        InputError: the arguments or config files are wrong (one line naming the key), or the data is bad.
+    """
+    from jsonargparse import ArgumentError
+
+    try:
+        with _quiet_args_warning():
+            cli = DistillCLI(
+                CrossEncoderModule,
+                StudentDataModule,
+                args=argv,
+                run=False,
+                seed_everything_default=0,
+                save_config_kwargs={"overwrite": True},
+                parser_kwargs={"prog": "distill train", "exit_on_error": False},
+            )
+    except ArgumentError as e:
+        raise InputError(_one_line(str(e))) from None
     cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=cli.config.ckpt_path)
-    if cli.trainer.is_global_zero:
-        print_summary(cli.trainer, cli.run_dir)
-    return 0
+    if not cli.trainer.is_global_zero:
+        return None
+    metrics = {k: float(v) for k, v in cli.trainer.callback_metrics.items() if k.startswith("val/")}
+    return TrainReport(cli.run_dir, metrics)
 
 
-def print_summary(trainer: Trainer, run_dir: Path) -> None:
-    """The last validation's metrics and where the run's artefacts are."""
-    metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
-    print(f"\nrun folder: {run_dir}  (best student as a Hugging Face folder: {run_dir / 'hf'})")
-    if metrics:
-        print("last validation, held-out queries:")
-        for key in sorted(metrics):
-            print(f"  {key:<28} {metrics[key]:10.4f}")
+@contextlib.contextmanager
+def _quiet_args_warning() -> Iterator[None]:
+    """LightningCLI warns when it is given arguments while ``sys.argv`` has some: ours are ``distill train``'s."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
+        yield
+
+
+class _ParseOnly(DistillCLI):
+    """Parses and checks ``distill train`` arguments; builds and seeds nothing."""
+
+    def _set_seed(self) -> None:
+        pass
+
+    def instantiate_classes(self) -> None:
+        pass
+
+
+def check_train_args(argv: list[str], where: str) -> None:
+    """Check ``distill train`` arguments without building anything.
+
+    Raises:
+        InputError: ``<where>: <key>: <what is wrong>``.
+    """
+    from jsonargparse import ArgumentError
+
+    try:
+        with _quiet_args_warning():
+            _ParseOnly(
+                CrossEncoderModule,
+                StudentDataModule,
+                args=argv,
+                run=False,
+                seed_everything_default=0,
+                parser_kwargs={"prog": "distill train", "exit_on_error": False},
+            )
+    except ArgumentError as e:
+        raise InputError(f"{where}: {_one_line(str(e))}") from None
+
+
+def _one_line(message: str) -> str:
+    """jsonargparse's error as one line: the key at fault and what is wrong with it."""
+    if match := re.search(r'Parser key "([^"]+)"', message):
+        given = re.search(r"(?:Given value|Got value): (.*)", message)
+        expected = re.search(r"Subtypes: \[(.*)\]", message) or re.search(r"Expected an? (.*?)\.? Got", message)
+        what = f"expected {_type_names(expected.group(1))}" if expected else "invalid value"
+        return f"{match.group(1)}: {what}, got {given.group(1).strip()!r}" if given else f"{match.group(1)}: {what}"
+    if match := re.search(r"Group '([^']+)' does not accept option '([^']+)'", message):
+        return f"{match.group(1)}.{match.group(2)}: unknown option"
+    return " ".join(message.split())
+
+
+def _type_names(text: str) -> str:
+    """``<class 'int'>, <class 'NoneType'>`` -> ``int | None``."""
+    names = re.findall(r"<class '([^']+)'>|(typing\.Literal\[[^\]]*\])", text)
+    parts = [cls or literal.removeprefix("typing.") for cls, literal in names]
+    return " | ".join("None" if p == "NoneType" else p for p in parts) or text

@@ -19,6 +19,8 @@ class BadInput:
     problem in a few words; skips are counted by reason.
     """
 
+    SKIP_HINT = "--on_bad_input skip (on_bad_input: skip in YAML) skips and counts such records"
+
     def __init__(self, policy: OnBadInput) -> None:
         if policy not in ("error", "skip"):
             raise ValueError(f"on_bad_input must be 'error' or 'skip', not {policy!r}")
@@ -27,7 +29,7 @@ class BadInput:
 
     def __call__(self, where: str, reason: str) -> None:
         if self.policy == "error":
-            raise InputError(f"{where}: {reason} (set on_bad_input: skip to skip and count such records)")
+            raise InputError(f"{where}: {reason} ({self.SKIP_HINT})")
         self.skipped[reason] += 1
 
 

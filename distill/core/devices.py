@@ -1,0 +1,50 @@
+"""Devices, and every default that depends on the device type, in one place.
+
+torch is imported by the functions that need it, so importing this module stays light.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Literal
+
+from distill.core.schema import InputError
+
+if TYPE_CHECKING:
+    import torch
+
+DeviceType = Literal["cpu", "cuda"]
+
+STUDENT_BATCH_TOKENS: dict[DeviceType, int] = {"cpu": 1024, "cuda": 16384}
+"""Padded tokens per student (cross-encoder) batch. Small batches keep a CPU's caches warm (on 2 cores, compare
+``benchmarks/results/bench-cpu-minilm-dl19-all-cis`` with its ``-batch16384`` twin); a GPU wants large ones."""
+TEACHER_BATCH_TOKENS: dict[DeviceType, int] = {"cpu": 8192, "cuda": 16384}
+"""Padded tokens per teacher forward pass in the benchmarks (the teach stage's own default is its config's)."""
+MATMUL_SIZE: dict[DeviceType, int] = {"cpu": 2048, "cuda": 8192}
+"""Side of the square matmul whose rate FLOP floors and ceilings are measured against."""
+
+
+def device_type(device: str | torch.device) -> DeviceType:
+    """``cuda`` for any CUDA device, else ``cpu``."""
+    return "cuda" if str(device).startswith("cuda") else "cpu"
+
+
+def resolve_device(name: str = "auto") -> torch.device:
+    """``auto`` is the first GPU where there is one, else the CPU; a CUDA device that is not there is an error."""
+    import torch
+
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError as e:
+        raise InputError(f"device {name!r}: {e}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise InputError(f"device {name!r}: CUDA is not available here")
+    return device
+
+
+def compute_dtype(device: str | torch.device) -> torch.dtype:
+    """The dtype models compute in by default: bf16 on a GPU, fp32 on a CPU."""
+    import torch
+
+    return torch.bfloat16 if device_type(device) == "cuda" else torch.float32

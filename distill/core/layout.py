@@ -1,0 +1,86 @@
+"""Where a training run keeps its artefacts, in one place.
+
+A run is the folder ``<checkpoint_root>/<run_name>/`` that ``distill train`` writes::
+
+    checkpoints/  best.ckpt (by the validation metric) and last.ckpt
+    hf/           the best student as a plain Hugging Face folder (``config.cis_distill`` is its card)
+    logs/         metrics.csv and the resolved config
+    wandb/        the wandb run (offline by default)
+    export/       ONNX and TorchScript files with card.json (``distill export``)
+    bench/        bench.json, bench.csv, bench.png (``distill bench``)
+    eval/         reranked runs and eval.json (``distill run``)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from distill.core.schema import MissingFileError
+
+MODEL_CONFIG = "config.json"
+
+
+@dataclass(frozen=True)
+class RunLayout:
+    """The folders of the run at ``root``."""
+
+    root: Path
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    @property
+    def hf(self) -> Path:
+        return self.root / "hf"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def export(self) -> Path:
+        return self.root / "export"
+
+    @property
+    def bench(self) -> Path:
+        return self.root / "bench"
+
+    @property
+    def eval(self) -> Path:
+        return self.root / "eval"
+
+    @classmethod
+    def of(cls, path: str | Path) -> RunLayout:
+        """The run a path belongs to: the run folder itself, or a model folder inside it (``hf/``, ``export/``).
+
+        A model folder that is not in a run (an HF folder anywhere) counts as a run's ``hf/``: its exports and
+        benchmarks go beside it.
+        """
+        path = Path(path)
+        if path.name in ("hf", "export") or (path / MODEL_CONFIG).is_file():
+            return cls(path.parent)
+        return cls(path)
+
+    def student(self, *, exported: bool = True) -> Path:
+        """The student's model folder: ``export/`` (if ``exported`` and it is there), else ``hf/``."""
+        for folder in (self.export, self.hf) if exported else (self.hf,):
+            if (folder / MODEL_CONFIG).is_file():
+                return folder
+        raise MissingFileError(f"{self.root}: no student here (no hf/{MODEL_CONFIG} or export/{MODEL_CONFIG})")
+
+
+def student_folder(path: str | Path, *, exported: bool = True) -> Path:
+    """The model folder that ``path`` names: ``path`` itself if it holds ``config.json``, else the student of the
+    run at ``path`` (its ``export/`` if ``exported`` and present, else its ``hf/``).
+
+    Raises:
+        MissingFileError: no model folder there.
+    """
+    path = Path(path)
+    if (path / MODEL_CONFIG).is_file():
+        return path
+    if not path.exists():
+        raise MissingFileError(f"{path}: no such run or model folder")
+    return RunLayout(path).student(exported=exported)

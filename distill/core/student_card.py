@@ -1,0 +1,74 @@
+"""The student card: what a student was trained on and how to use it, in ``config.cis_distill`` of its
+Hugging Face folder (so it travels with the weights through ``save_pretrained``, export and the hub)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from distill.core.layout import MODEL_CONFIG
+from distill.core.schema import InputError, MissingFileError
+
+CONFIG_KEY = "cis_distill"
+
+
+@dataclass
+class StudentCard:
+    """A distilled student's metadata. Paths are as the training command was given them."""
+
+    backbone: str
+    """The encoder it was initialised from."""
+    label: str
+    """The teacher score (or fused label) it learned."""
+    loss: str
+    teacher_data: list[str]
+    """The teacher datasets it learned from."""
+    target_scaling: dict[str, Any]
+    """How the label was standardised (``kind``, ``mean``, ``std``): see ``students.scaling``."""
+    max_length: int
+    """The longest (query, passage) pair in tokens in training."""
+    val_queries: list[str]
+    """The held-out query ids it was validated (and its settings chosen) on."""
+    monitor: str | None = None
+    """The validation metric that picked the best checkpoint."""
+    best_score: float | None = None
+    checkpoint: str | None = None
+    """The checkpoint these weights come from, relative to the run folder."""
+    interpolation: float | None = None
+    """α of ``α · z(student) + (1 − α) · z(first stage)``, chosen on the validation queries; None: not chosen."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Anything else worth keeping (validation metrics at the best checkpoint, ...)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any], where: str) -> StudentCard:
+        known = {f.name for f in fields(cls)}
+        if unknown := sorted(set(values) - known):
+            raise InputError(f"{where}: {CONFIG_KEY}: unknown key(s) {unknown}")
+        try:
+            return cls(**values)
+        except TypeError as e:
+            raise InputError(f"{where}: {CONFIG_KEY}: {e}") from None
+
+    @classmethod
+    def read(cls, folder: str | Path) -> StudentCard:
+        """The card in a student's model folder (its ``config.json``).
+
+        Raises:
+            MissingFileError: no ``config.json``; InputError: it has no (valid) card.
+        """
+        config = Path(folder) / MODEL_CONFIG
+        if not config.is_file():
+            raise MissingFileError(f"{folder}: no student here (no {MODEL_CONFIG})")
+        values = json.loads(config.read_text()).get(CONFIG_KEY)
+        if not values:
+            raise InputError(f"{config}: no {CONFIG_KEY} card (not a cis-distill student)")
+        return cls.from_dict(values, str(config))
+
+    def write_to(self, model_config: Any) -> None:
+        """Put the card on a ``transformers`` config, for ``save_pretrained``."""
+        setattr(model_config, CONFIG_KEY, self.to_dict())

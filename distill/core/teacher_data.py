@@ -1,0 +1,165 @@
+"""The teacher stage's output type: a folder of ⟨Q, K, score⟩ triplets with its metadata and TREC runs.
+
+A teacher dataset folder holds
+
+- the triplets as a Hugging Face ``datasets`` folder (``datasets.load_from_disk`` reads it), one row per
+  (query, candidate) pair: :data:`TEXT_COLUMNS`, ``first_stage_rank``, ``first_stage_score``, the token counts,
+  every score column and every raw log-probability term (nats);
+- ``teacher.json``: the :class:`TeacherMetadata` (primary score, scores, inputs, the teacher's fingerprint);
+- ``runs/<score>.trec``: a TREC run per score, and ``runs/first_stage.trec`` (the input order).
+
+``distill migrate`` moves the metadata of folders written before ``teacher.json`` existed (it was JSON inside
+``dataset_info.json``'s description) into ``teacher.json``; the rows are not touched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from distill.core.runs import run_from_columns, write_trec_run
+from distill.core.schema import InputError, MissingFileError
+
+METADATA_FILE = "teacher.json"
+DATASET_INFO = "dataset_info.json"
+TEXT_COLUMNS = ("qid", "docid", "query", "passage")
+FIRST_STAGE = "first_stage"
+"""The run name of the input ranking (column ``first_stage_score``)."""
+
+
+@dataclass
+class TeacherMetadata:
+    """What a teacher dataset holds and how it was made."""
+
+    score: str
+    """The primary label: the first score asked for."""
+    scores: list[str]
+    """Every score column."""
+    input: list[str]
+    """The candidate inputs, as given."""
+    fingerprint: dict[str, Any]
+    """Everything the scores depend on (teacher identity, dtype, start token, prompt, input digest, ...)."""
+
+    @classmethod
+    def read(cls, folder: Path) -> TeacherMetadata:
+        path = folder / METADATA_FILE
+        if not path.is_file():
+            hint = " (written before teacher.json existed: run `distill migrate` on it)" if _legacy(folder) else ""
+            raise MissingFileError(f"{folder}: no {METADATA_FILE}; not a teacher dataset{hint}")
+        values = json.loads(path.read_text())
+        known = {f.name for f in fields(cls)}
+        if missing := sorted(known - set(values)):
+            raise InputError(f"{path}: missing key(s) {missing}")
+        return cls(**{k: v for k, v in values.items() if k in known})
+
+    def write(self, folder: Path) -> None:
+        _write_text_atomic(folder / METADATA_FILE, json.dumps(asdict(self), indent=2, sort_keys=True) + "\n")
+
+
+class TeacherDataset:
+    """A teacher dataset folder, opened. Rows are read on demand.
+
+    Args:
+        path: the folder.
+        metadata: its ``teacher.json``.
+    """
+
+    def __init__(self, path: Path, metadata: TeacherMetadata) -> None:
+        self.path = path
+        self.metadata = metadata
+
+    @classmethod
+    def open(cls, path: str | Path) -> TeacherDataset:
+        """Open the folder at ``path``.
+
+        Raises:
+            MissingFileError: no teacher dataset there.
+        """
+        path = Path(path)
+        if not (path / DATASET_INFO).is_file():
+            raise MissingFileError(f"{path}: no teacher dataset here (run `distill teach` first)")
+        return cls(path, TeacherMetadata.read(path))
+
+    @staticmethod
+    def is_complete(path: str | Path) -> bool:
+        """Whether ``path`` holds a finished teacher dataset."""
+        return (Path(path) / DATASET_INFO).is_file() and (Path(path) / METADATA_FILE).is_file()
+
+    @property
+    def runs_dir(self) -> Path:
+        return self.path / "runs"
+
+    def table(self) -> Any:
+        """The rows as a ``pyarrow.Table``."""
+        import datasets
+
+        return datasets.load_from_disk(str(self.path)).data.table
+
+    def to_pandas(self, columns: list[str] | None = None) -> Any:
+        """The rows as a DataFrame (all columns, or ``columns``), checked for the columns asked for.
+
+        Raises:
+            InputError: a column asked for is missing.
+        """
+        table = self.table()
+        if columns is not None:
+            if missing := [c for c in columns if c not in table.column_names]:
+                raise InputError(f"{self.path}: missing column(s) {missing}; it has {table.column_names}")
+            table = table.select(columns)
+        return table.to_pandas()
+
+    @staticmethod
+    def write(table: Any, metadata: TeacherMetadata, path: Path) -> None:
+        """Write ``table`` (a ``pyarrow.Table`` of rows), ``teacher.json`` and the runs into the new folder ``path``."""
+        import datasets
+
+        datasets.Dataset(table).save_to_disk(str(path))
+        metadata.write(path)
+        qids, docids = table.column("qid").to_pylist(), table.column("docid").to_pylist()
+        for name in (FIRST_STAGE, *metadata.scores):
+            column = "first_stage_score" if name == FIRST_STAGE else name
+            run = run_from_columns(qids, docids, table.column(column).to_pylist())
+            write_trec_run(path / "runs" / f"{name}.trec", run, tag=name)
+
+
+def _legacy(folder: Path) -> dict[str, Any] | None:
+    """The metadata of a folder written before ``teacher.json``: JSON in ``dataset_info.json``'s description."""
+    info = folder / DATASET_INFO
+    if not info.is_file():
+        return None
+    description = json.loads(info.read_text()).get("description") or ""
+    try:
+        values = json.loads(description)
+    except json.JSONDecodeError:
+        return None
+    return values if isinstance(values, dict) and "fingerprint" in values else None
+
+
+def migrate(folder: str | Path) -> bool:
+    """Move a legacy folder's metadata into ``teacher.json`` and clear the description; True if it changed.
+
+    The rows (the ``.arrow`` files) are not touched, so every score stays bit-identical.
+
+    Raises:
+        MissingFileError: ``folder`` is not a teacher dataset of either format.
+    """
+    folder = Path(folder)
+    if (folder / METADATA_FILE).is_file():
+        return False
+    values = _legacy(folder)
+    if values is None:
+        raise MissingFileError(f"{folder}: not a teacher dataset (no {METADATA_FILE}, no metadata in {DATASET_INFO})")
+    TeacherMetadata(values["score"], values["scores"], values["input"], values["fingerprint"]).write(folder)
+    info = json.loads((folder / DATASET_INFO).read_text())
+    info["description"] = ""
+    _write_text_atomic(folder / DATASET_INFO, json.dumps(info, indent=2) + "\n")
+    return True
+
+
+def _write_text_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(text)
+    tmp.replace(path)

@@ -1,0 +1,89 @@
+"""The rerank stage: a student scores each query's candidates, and the new order is written as a TREC run."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from distill.core.runs import Run
+from distill.core.schema import Candidates, InputError, RerankingData
+
+if TYPE_CHECKING:
+    from distill.serving.reranker import Reranker
+
+
+@dataclass
+class RerankConfig:
+    """Options of ``distill rerank``: rerank candidates with a student and write a TREC run."""
+
+    model: str | None = None
+    """The student (required): an HF folder (torch backend), an export folder, or a training run."""
+    input: list[str] = field(default_factory=list)
+    """The candidates (required): TREC runs (with ``queries`` and ``corpus``), rank_llm JSON, ...; several are
+    joined."""
+    queries: str | None = None
+    """For a TREC run input: the queries (TSV or JSONL)."""
+    corpus: str | None = None
+    """For a TREC run input: the passages (TSV or JSONL)."""
+    output: str | None = None
+    """The TREC run to write (required; ``distill run`` sets it)."""
+    backend: Literal["torch", "onnx", "torchscript"] = "torch"
+    device: str = "cpu"
+    """``cpu`` or ``cuda[:N]``."""
+    dtype: str | None = None
+    """torch: float32, float16 or bfloat16; onnx: float32, float16 or int8."""
+    max_length: int | None = None
+    """The longest pair in tokens (default: the model's)."""
+    max_batch_tokens: int | None = None
+    """Padded tokens per batch (default 1024 on a CPU, 16384 on a GPU)."""
+    max_queries: int | None = None
+    """Rerank only the first N queries."""
+    held_out: str | None = None
+    """A student (training run or model folder): rerank only the queries it was validated on."""
+
+    def __post_init__(self) -> None:
+        missing = [name for name in ("model", "input", "output") if not getattr(self, name)]
+        if missing:
+            raise InputError(f"rerank: missing required option(s): {', '.join(missing)}")
+
+
+@dataclass(frozen=True)
+class RerankReport:
+    output: Path
+    queries: int
+    pairs: int
+    truncated: int
+    """Pairs longer than the student's max length, cut."""
+
+    def format(self) -> str:
+        return f"wrote {self.output}: {self.queries} queries, {self.pairs} pairs, {self.truncated} truncated"
+
+
+def rerank_run(reranker: Reranker, candidates: list[Candidates]) -> Run:
+    """The student's run: qid -> docid -> score for every candidate of every query."""
+    run: Run = {}
+    for c in candidates:
+        scores = reranker.score(c.query.text, [p.text for p in c.passages])
+        run[c.query.qid] = {p.docid: float(s) for p, s in zip(c.passages, scores, strict=True)}
+    return run
+
+
+def rerank(cfg: RerankConfig) -> RerankReport:
+    """Rerank ``cfg.input`` with the student ``cfg.model`` and write ``cfg.output``."""
+    from distill.core.layout import student_folder
+    from distill.core.loaders import load_candidates
+    from distill.core.runs import write_trec_run
+    from distill.serving.reranker import Reranker
+    from distill.stages.evaluate import held_out_queries
+
+    data = RerankingData.union([load_candidates(p, queries=cfg.queries, corpus=cfg.corpus) for p in cfg.input])
+    candidates = data.candidates[: cfg.max_queries]
+    if cfg.held_out:
+        keep = held_out_queries(cfg.held_out)
+        candidates = [c for c in candidates if c.query.qid in keep]
+    folder = student_folder(cfg.model, exported=cfg.backend != "torch")
+    reranker = Reranker.load(folder, cfg.backend, cfg.device, cfg.dtype, cfg.max_length, cfg.max_batch_tokens)
+    run = rerank_run(reranker, candidates)
+    write_trec_run(cfg.output, run, tag=f"{Path(cfg.model).name}-{cfg.backend}")
+    return RerankReport(Path(cfg.output), len(run), sum(map(len, run.values())), reranker.truncated)

@@ -1,0 +1,73 @@
+"""The retrieve stage: first-stage retrieval (BM25 or dense) of a corpus, for ``distill teach`` and ``rerank``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from distill.core.schema import InputError
+from distill.retrieval.dense import DEFAULT_ENCODER
+from distill.retrieval.retrieve import DEFAULT_K, DENSE_BATCH_TOKENS, Method, OutputFormat, RetrievalResult
+
+
+@dataclass
+class RetrieveConfig:
+    """Options of ``distill retrieve``: each query's top-k passages of a corpus."""
+
+    corpus: str | None = None
+    """Passages (required): TSV ``docid<TAB>text`` or JSONL, or a BEIR folder."""
+    queries: str | None = None
+    """Queries (TSV ``qid<TAB>text`` or JSONL); default: the BEIR folder's."""
+    output: str | None = None
+    """The candidates file to write (required)."""
+    method: Method = "bm25"
+    """``bm25`` (bm25s: Lucene BM25, English stop words, Snowball stemming) or ``dense``."""
+    encoder: str = DEFAULT_ENCODER
+    """Dense: the encoder (alias, folder or hub id)."""
+    k: int = DEFAULT_K
+    """Passages per query."""
+    index: str | None = None
+    """The index folder, reused while corpus and settings match (default: beside the output)."""
+    format: OutputFormat = "trec"
+    """``trec`` (a TREC run) or ``rank_llm`` (self-contained JSON with the texts)."""
+    device: str = "cpu"
+    """Dense: ``cpu`` or ``cuda[:N]``."""
+    max_batch_tokens: int = DENSE_BATCH_TOKENS
+    """Dense: padded tokens per batch."""
+
+    def __post_init__(self) -> None:
+        if self.corpus is None or self.output is None:
+            raise InputError("retrieve: corpus and output are required")
+
+
+@dataclass(frozen=True)
+class RetrieveReport:
+    result: RetrievalResult
+    method: str
+    output: str
+
+    def format(self) -> str:
+        r = self.result
+        pairs = sum(map(len, r.run.values()))
+        return (
+            f"{'reused' if r.reused_index else 'built'} the {self.method} index {r.index_dir} ({r.num_docs} passages)\n"
+            f"wrote {self.output}: {len(r.run)} queries, {pairs} pairs, "
+            f"{r.num_queries - len(r.run)} queries without a hit"
+        )
+
+
+def retrieve(cfg: RetrieveConfig) -> RetrieveReport:
+    from distill.retrieval.retrieve import retrieve as run_retrieval
+
+    result = run_retrieval(
+        cfg.corpus,
+        cfg.queries,
+        cfg.output,
+        cfg.method,
+        k=cfg.k,
+        index_dir=cfg.index,
+        encoder=cfg.encoder,
+        device=cfg.device,
+        max_batch_tokens=cfg.max_batch_tokens,
+        output_format=cfg.format,
+    )
+    return RetrieveReport(result, cfg.method, cfg.output)

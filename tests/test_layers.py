@@ -1,0 +1,113 @@
+"""The layers point one way, checked by importing each module in a fresh interpreter and reading sys.modules.
+
+- the ground floor (``distill.core``) imports nothing above it;
+- ``teachers`` and ``students`` import only the ground floor (and not each other);
+- serving imports no lightning, datasets, teachers, students or export code;
+- the CLI imports a stage only when its subcommand runs: ``distill eval`` and ``distill rerank --backend onnx``
+  never import torch.
+"""
+
+from __future__ import annotations
+
+import json
+import pkgutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .conftest import DL19_QRELS, REPO
+
+ABOVE_GROUND = (
+    "teachers",
+    "students",
+    "distill.serving",
+    "distill.backend",
+    "distill.stages",
+    "distill.bench",
+    "distill.retrieval",
+    "distill.cli",
+    "distill.pipeline",
+)
+RULES = {
+    "distill.core": ABOVE_GROUND,
+    "teachers": ("students", *ABOVE_GROUND[2:]),
+    "students": ("teachers", *ABOVE_GROUND[2:]),
+    "distill.serving": (
+        "pytorch_lightning",
+        "lightning",
+        "datasets",
+        "teachers",
+        "students",
+        "distill.backend",
+        "distill.stages",
+        "distill.bench",
+        "distill.cli",
+        "distill.pipeline",
+    ),
+}
+"""Package -> what none of its modules may import (a module name or a package prefix)."""
+
+PROBE = """
+import importlib, json, sys
+runpy_main = sys.argv[1] == "--main"
+if runpy_main:
+    from distill.cli import main
+    code = main(sys.argv[2:])
+    assert code == 0, code
+else:
+    importlib.import_module(sys.argv[1])
+print("MODULES" + json.dumps(sorted(sys.modules)))
+"""
+
+
+def loaded(*args: str) -> set[str]:
+    """The modules a fresh interpreter holds after importing a module (or running ``--main ARGS``)."""
+    out = subprocess.run([sys.executable, "-c", PROBE, *args], capture_output=True, text=True, cwd=REPO, check=False)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return set(json.loads(out.stdout.rsplit("MODULES", 1)[1]))
+
+
+def offending(modules: set[str], forbidden: tuple[str, ...]) -> list[str]:
+    return sorted(m for m in modules if any(m == f or m.startswith(f + ".") for f in forbidden))
+
+
+def modules_of(package: str) -> list[str]:
+    path = REPO.joinpath(*package.split("."))
+    return [package] + [f"{package}.{m.name}" for m in pkgutil.walk_packages([str(path)]) if not m.name.startswith("_")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("package", list(RULES))
+def test_each_module_imports_only_what_its_layer_may(package: str) -> None:
+    for module in modules_of(package):
+        bad = offending(loaded(module), RULES[package])
+        assert not bad, f"{module} imports {bad}"
+
+
+@pytest.mark.slow
+def test_the_cli_imports_no_stage_and_eval_never_loads_torch(tmp_path: Path) -> None:
+    assert not offending(loaded("distill.cli"), ("torch", *ABOVE_GROUND[:-2]))
+    runs = REPO / "data" / "teacher" / "dl19-bm25-smollm2"
+    modules = loaded("--main", "eval", "--qrels", str(DL19_QRELS), "--run", str(runs), "--metrics", "nDCG@10")
+    assert not offending(modules, ("torch", "pytorch_lightning", "teachers", "students"))
+
+
+@pytest.mark.slow
+def test_rerank_on_onnx_never_loads_torch(tmp_path: Path, exported: Path, sample_file: Path) -> None:
+    output = tmp_path / "run.trec"
+    modules = loaded(
+        "--main",
+        "rerank",
+        "--model",
+        str(exported),
+        "--backend",
+        "onnx",
+        "--input",
+        str(sample_file),
+        "--output",
+        str(output),
+    )
+    assert output.is_file()
+    assert not offending(modules, ("torch", "pytorch_lightning", "datasets", "teachers", "students", "distill.backend"))
