@@ -5,7 +5,10 @@ A pipeline YAML has a ``name`` and one section per stage. Each section is the sa
 :class:`~distill.stages.export.ExportConfig`, ...), written inline or as the path of that subcommand's YAML file;
 ``train:`` is a ``distill train`` config (``config:`` lists train YAML files to compose, the other keys override
 them). A missing section takes its defaults. The pipeline sets the paths that join the stages, over any value
-given for them: the teacher's output, the student to export, time and rerank, the runs to evaluate.
+given for them: the teacher's output, the student to export, time and rerank, and its run to evaluate. By
+default the student learns from the pipeline's teacher (unless the train config names ``data.teacher_data``)
+and is evaluated beside the teacher's runs (unless ``eval.run`` names others), every run on the queries they
+all rank.
 
 Everything goes under ``<root>/<name>/``::
 
@@ -74,7 +77,7 @@ class PipelineFile:
     """The pipeline's folder under ``root`` (required)."""
     root: str = "checkpoints"
     eval_queries: Literal["held_out", "all"] = "held_out"
-    """Evaluate on the student's held-out (validation) queries, or on every query of the rerank input."""
+    """Rerank and evaluate the student's held-out (validation) queries, or every query of the rerank input."""
     teach: dict[str, Any] | str | None = None
     train: dict[str, Any] | str | None = None
     export: dict[str, Any] | str | None = None
@@ -149,11 +152,9 @@ def load_pipeline(path: str | Path) -> Pipeline:
 
     teach = build("teach", {"output": str(folder / "teacher")})
     train = sections["train"]
-    train_joined = {
-        "run_name": run.root.name,
-        "checkpoint_root": str(run.root.parent),
-        "data": {"teacher_data": [teach.output]},
-    }
+    train_joined: dict[str, Any] = {"run_name": run.root.name, "checkpoint_root": str(run.root.parent)}
+    if not _train_sets_teacher_data(train):  # by default the student learns from the pipeline's teacher
+        train_joined["data"] = {"teacher_data": [teach.output]}
     with train_arguments(train, train_joined) as argv:
         check_train_args(argv, where["train"])
     rerank_input = sections["rerank"].get("input") or teach.input
@@ -167,10 +168,19 @@ def load_pipeline(path: str | Path) -> Pipeline:
     student_run = str(folder / "eval" / "student.trec")
     joined = {"model": str(run.root), "output": student_run, "held_out": held_out, "input": rerank_input}
     rerank = build("rerank", joined)
-    joined = {"run": [str(folder / "teacher"), student_run], "held_out": held_out, "qrels": qrels}
+    runs = sections["eval"].get("run") or [str(folder / "teacher")]
+    runs = [runs] if isinstance(runs, str) else list(runs)
+    joined = {"run": [*runs, student_run], "held_out": held_out, "qrels": qrels, "queries": "common"}
     evaluate = build("eval", {**joined, "json": str(folder / "eval" / "eval.json")})
     bench = build("bench", {"student": str(run.root), "output": str(run.bench)})
     return Pipeline(top.name, folder, top.eval_queries, teach, train, train_joined, export, bench, rerank, evaluate)
+
+
+def _train_sets_teacher_data(train: dict[str, Any]) -> bool:
+    """Whether a train section (its files, then its own keys) names its teacher data."""
+    sections = [read_yaml_mapping(file).get("data") or {} for file in _train_files(train)]
+    sections.append(train.get("data") or {})
+    return any("teacher_data" in section for section in sections)
 
 
 def _train_files(train: dict[str, Any]) -> list[str]:

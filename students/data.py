@@ -5,13 +5,14 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
 from pytorch_lightning import LightningDataModule
 from torch.utils.data import DataLoader, Dataset
 
+from distill.core.labels import FIRST_STAGE_COLUMN, Label
 from distill.core.loaders import load_qrels
 from distill.core.schema import InputError, Qrels
 from distill.core.teacher_data import TEXT_COLUMNS, TeacherDataset
@@ -70,32 +71,36 @@ class Collator:
 
 
 def load_teacher_table(paths: list[str], label: str) -> Any:
-    """The union of teacher datasets as a DataFrame (each (qid, docid) once, the first kept), checked.
+    """The union of teacher datasets as a DataFrame (each (qid, docid) once, the first kept), with the label
+    of each pair (see :mod:`distill.core.labels`) in a ``label`` column.
 
     Raises:
-        InputError: a folder is no teacher dataset, lacks a column, or its label has NaN/inf values.
+        InputError: a folder is no teacher dataset, lacks a column, or the label has NaN/inf values.
     """
     import pandas as pd
 
+    spec = Label.parse(label)
     frames = []
     for path in paths:
-        dataset = TeacherDataset.open(path)
-        frame = dataset.to_pandas([*TEXT_COLUMNS, "first_stage_score", label])
-        bad = ~np.isfinite(frame[label].to_numpy(dtype=np.float64))
+        columns = [*TEXT_COLUMNS, "first_stage_rank", FIRST_STAGE_COLUMN, spec.score]
+        frame = TeacherDataset.open(path).to_pandas(list(dict.fromkeys(columns)))
+        bad = ~np.isfinite(frame[spec.score].to_numpy(dtype=np.float64))
         if bad.any():
             rows = np.flatnonzero(bad)[:5].tolist()
-            raise InputError(f"{path}: column {label!r} has {int(bad.sum())} NaN/inf value(s), rows {rows}...")
+            raise InputError(f"{path}: column {spec.score!r} has {int(bad.sum())} NaN/inf value(s), rows {rows}...")
         frames.append(frame)
     table = pd.concat(frames, ignore_index=True).drop_duplicates(["qid", "docid"], keep="first")
-    return table.reset_index(drop=True)
+    table = table.reset_index(drop=True)
+    table["label"] = spec.values(table[spec.score].to_numpy(), table[FIRST_STAGE_COLUMN].to_numpy(), table.qid.tolist())
+    return table
 
 
 def split_queries(qids: list[str], val_queries: int | float, seed: int) -> set[str]:
-    """The held-out queries: a seeded random ``val_queries`` share (float < 1) or count (int)."""
+    """The held-out queries: a seeded random ``val_queries`` share (float < 1) or count (int) of ``qids``."""
     distinct = sorted(set(qids))
     count = round(len(distinct) * val_queries) if isinstance(val_queries, float) else int(val_queries)
-    if not 0 < count < len(distinct):
-        raise InputError(f"val_queries={val_queries} leaves an empty split of {len(distinct)} queries")
+    if not 0 < count <= len(distinct):
+        raise InputError(f"val_queries={val_queries}: cannot hold out that many of {len(distinct)} queries")
     return set(np.random.default_rng(seed).permutation(distinct)[:count].tolist())
 
 
@@ -104,10 +109,15 @@ class StudentDataModule(LightningDataModule):
 
     Args:
         teacher_data: folders written by ``distill teach``; several are joined, each (qid, docid) once.
-        label: the teacher score column to regress (``cis``, ``upr``, ...).
+        label: what to learn: a teacher score column (``cis``, ``upr``, ``cis_q``, ...) or a hybrid label
+            (``cis_q+0.5*first_stage``; see :mod:`distill.core.labels`).
         backbone: the student's backbone, for its tokenizer (linked from the model's).
         qrels: TREC qrels of the validation queries, for nDCG; without them only correlations are reported.
         val_queries: held-out queries, a share (0.2) or a count (8).
+        val_pool: where the held-out queries are drawn from: ``any`` query, or only the ``judged`` ones (those in
+            ``qrels``), so that unjudged training queries (DL22, say) never take a validation slot.
+        train_depth: train on each query's first N candidates by first-stage rank only (None: all); validation
+            always keeps every candidate.
         target_scaling: ``none``, ``global`` or ``per_query`` standardisation of the teacher scores.
         batch_size: pairs per training batch (pointwise), or ``group_size`` x queries per batch.
         group_size: candidates per query in a batch, for the within-query losses (None: pointwise batches).
@@ -122,6 +132,8 @@ class StudentDataModule(LightningDataModule):
         backbone: str = "bert-large-uncased",
         qrels: str | None = None,
         val_queries: int | float = 0.2,
+        val_pool: Literal["any", "judged"] = "any",
+        train_depth: int | None = None,
         target_scaling: ScalingKind = "none",
         batch_size: int = 32,
         group_size: int | None = None,
@@ -148,14 +160,25 @@ class StudentDataModule(LightningDataModule):
         table = load_teacher_table(list(h.teacher_data), h.label)
         if table.empty:
             raise InputError(f"{h.teacher_data}: no pairs")
-        held_out = split_queries(table.qid.tolist(), h.val_queries, h.seed)
+        qrels = load_qrels(Path(h.qrels)) if h.qrels else {}
+        pool = table.qid.tolist()
+        if h.val_pool == "judged":
+            if not qrels:
+                raise InputError("data.val_pool: judged needs data.qrels")
+            pool = [q for q in pool if q in qrels]
+        held_out = split_queries(pool, h.val_queries, h.seed)
         is_val = table.qid.isin(held_out).to_numpy()
-        self.scaling = TargetScaling.fit(h.target_scaling, table[h.label].to_numpy()[~is_val])
+        if is_val.all():
+            raise InputError(f"val_queries={h.val_queries} holds out every query: nothing is left to train on")
+        if h.train_depth is not None:
+            is_train = ~is_val & (table.first_stage_rank <= h.train_depth).to_numpy()
+        else:
+            is_train = ~is_val
+        self.scaling = TargetScaling.fit(h.target_scaling, table["label"].to_numpy()[is_train])
         _, self.tokenizer = load_architecture(h.backbone)
-        self.train = self._split(table[~is_val])
+        self.train = self._split(table[is_train])
         self.val = self._split(table[is_val])
-        if h.qrels:
-            self.qrels = {q: j for q, j in load_qrels(Path(h.qrels)).items() if q in held_out}
+        self.qrels = {q: j for q, j in qrels.items() if q in held_out}
         log.warning(
             "student data: %d train pairs (%d queries), %d validation pairs (%d queries); "
             "%d of %d pairs truncated to max_length=%d",
@@ -177,7 +200,7 @@ class StudentDataModule(LightningDataModule):
             for i in range(len(queries))
         ]
         self.truncated += self._count_truncated(queries, passages)
-        labels = table[h.label].to_numpy(dtype=np.float64)
+        labels = table["label"].to_numpy(dtype=np.float64)
         qids = table.qid.tolist()
         return Split(
             qids,

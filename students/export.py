@@ -6,6 +6,7 @@ import logging
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import torch
 from pytorch_lightning import Callback, LightningModule, Trainer
@@ -17,16 +18,16 @@ from students.model import save_student
 log = logging.getLogger(__name__)
 
 
-def checkpoint_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
-    """The LightningModule state dict of a checkpoint file, or of a DeepSpeed checkpoint folder (ZeRO
+def read_checkpoint(path: str | Path) -> dict[str, Any]:
+    """A checkpoint as a dict (``state_dict`` and the rest), from a file or a DeepSpeed checkpoint folder (ZeRO
     shards are gathered into fp32 weights)."""
     path = Path(path)
     if path.is_dir():
         from pytorch_lightning.utilities.deepspeed import convert_zero_checkpoint_to_fp32_state_dict
 
         with tempfile.TemporaryDirectory() as tmp:
-            return convert_zero_checkpoint_to_fp32_state_dict(path, Path(tmp) / "fp32.pt")["state_dict"]
-    return torch.load(path, map_location="cpu", weights_only=False)["state_dict"]
+            return convert_zero_checkpoint_to_fp32_state_dict(path, Path(tmp) / "fp32.pt")
+    return torch.load(path, map_location="cpu", weights_only=False)
 
 
 class ExportBestToHF(Callback):
@@ -37,9 +38,10 @@ class ExportBestToHF(Callback):
     target scaling, the held-out (validation) query ids and the validation metric.
     """
 
-    def __init__(self, checkpoints: ModelCheckpoint, dirpath: str | Path) -> None:
+    def __init__(self, checkpoints: ModelCheckpoint, dirpath: str | Path, interpolate: bool = False) -> None:
         self.checkpoints = checkpoints
         self.dirpath = Path(dirpath)
+        self.interpolate = interpolate
 
     def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         checkpoints = self.checkpoints
@@ -51,8 +53,11 @@ class ExportBestToHF(Callback):
 
         model = AutoModelForSequenceClassification.from_config(pl_module.model.config)
         prefix = "model."
-        state = {k[len(prefix) :]: v for k, v in checkpoint_state_dict(best).items() if k.startswith(prefix)}
-        model.load_state_dict(state)
+        checkpoint = read_checkpoint(best)
+        model.load_state_dict(
+            {k[len(prefix) :]: v for k, v in checkpoint["state_dict"].items() if k.startswith(prefix)}
+        )
+        validation = checkpoint.get("validation") or {}
         data = trainer.datamodule
         card = StudentCard(
             backbone=pl_module.hparams.backbone,
@@ -65,6 +70,9 @@ class ExportBestToHF(Callback):
             monitor=checkpoints.monitor,
             best_score=float(checkpoints.best_model_score) if checkpoints.best_model_score is not None else None,
             checkpoint=os.path.relpath(best, self.dirpath.parent),
+            interpolation=validation.get("interp_alpha"),
+            interpolate=self.interpolate,
+            extra={"validation": validation},
         )
         save_student(model, data.tokenizer, self.dirpath, card)
         log.warning("exported %s to %s", best, self.dirpath)

@@ -45,6 +45,7 @@ class CrossEncoderModule(LightningModule):
         self.loss_fn = build_loss(loss, temperature)
         self.model: torch.nn.Module | None = None
         self._val_scores: dict[int, float] = {}
+        self._last_validation: dict[str, float] = {}
         self._last_step: float | None = None
         self._samples_per_s: float | None = None
 
@@ -86,10 +87,14 @@ class CrossEncoderModule(LightningModule):
             return
         rows = sorted(self._val_scores)  # all of the split, unless limit_val_batches cut it short
         scores = np.array([self._val_scores[i] for i in rows])
-        for name, value in validation_metrics(
-            self.trainer.datamodule.val, rows, scores, self.trainer.datamodule.qrels
-        ).items():
+        metrics = validation_metrics(self.trainer.datamodule.val, rows, scores, self.trainer.datamodule.qrels)
+        for name, value in metrics.items():
             self.log(f"val/{name}", value, prog_bar=name == "nDCG@10", sync_dist=True)
+        self._last_validation = metrics
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Keep the last validation's figures with the weights: the best checkpoint's α goes into the card."""
+        checkpoint["validation"] = dict(self._last_validation)
 
     def configure_gradient_clipping(
         self, optimizer: torch.optim.Optimizer, gradient_clip_val: float | None = None, gradient_clip_algorithm=None
@@ -119,20 +124,33 @@ class CrossEncoderModule(LightningModule):
 
 
 def validation_metrics(val: Any, rows: list[int], scores: np.ndarray, qrels: dict) -> dict[str, float]:
-    """nDCG@10 of the student (and, for reference, of the teacher and the first stage) on the validation
-    pairs ``rows`` of ``val`` scored ``scores``, and the Pearson and Spearman correlations of student and
-    teacher scores."""
+    """The validation figures of the student's ``scores`` on the pairs ``rows`` of the split ``val``.
+
+    - ``pearson``, ``spearman``: correlations with the teacher's labels, pooled over all pairs;
+    - ``fidelity_kendall_tau``, ``fidelity_spearman``, ``fidelity_nDCG@10_teacher``: agreement with the teacher
+      query by query (:mod:`distill.core.fidelity`), what reranking needs;
+    - with qrels: ``nDCG@10`` of the student, the teacher and the first stage, and ``interp_alpha`` with its
+      ``interp_nDCG@10``: the best α of ``α · z(student) + (1 − α) · z(first stage)``
+      (:mod:`distill.core.interpolation`).
+    """
+    from distill.core.fidelity import fidelity_per_query, mean_fidelity
+    from distill.core.interpolation import choose_alpha
     from distill.core.metrics import evaluate
     from distill.core.runs import run_from_columns
 
-    labels = val.labels[rows]
+    labels, first_stage = val.labels[rows], val.first_stage[rows]
+    qids, docids = [val.qid[i] for i in rows], [val.docid[i] for i in rows]
     metrics = {
         "pearson": float(pearsonr(scores, labels).statistic),
         "spearman": float(spearmanr(scores, labels).statistic),
     }
+    student, teacher = run_from_columns(qids, docids, scores.tolist()), run_from_columns(qids, docids, labels.tolist())
+    metrics.update({f"fidelity_{k}": v for k, v in mean_fidelity(fidelity_per_query(student, teacher)).items()})
     if qrels:
-        qids, docids = [val.qid[i] for i in rows], [val.docid[i] for i in rows]
-        for name, values in (("", scores), ("teacher_", labels), ("first_stage_", val.first_stage[rows])):
-            run = run_from_columns(qids, docids, values.tolist())
-            metrics[f"{name}nDCG@10"] = evaluate(run, qrels, ["nDCG@10"])["nDCG@10"]
+        for name, values in (("", scores), ("teacher_", labels), ("first_stage_", first_stage)):
+            metrics[f"{name}nDCG@10"] = evaluate(run_from_columns(qids, docids, values.tolist()), qrels, ["nDCG@10"])[
+                "nDCG@10"
+            ]
+        alpha, by_alpha = choose_alpha(scores, first_stage, qids, docids, qrels)
+        metrics["interp_alpha"], metrics["interp_nDCG@10"] = alpha, by_alpha[alpha]
     return metrics

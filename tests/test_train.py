@@ -6,6 +6,7 @@ import csv
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import yaml
@@ -58,7 +59,17 @@ def test_train_validates_checkpoints_and_exports(
     rows = metrics(run)
     val = [r for r in rows if r.get("val/nDCG@10")]
     assert len(val) == 2  # one validation per epoch, on the held-out query
-    for key in ("val/spearman", "val/pearson", "val/teacher_nDCG@10", "val/first_stage_nDCG@10"):
+    for key in (
+        "val/spearman",
+        "val/pearson",
+        "val/teacher_nDCG@10",
+        "val/first_stage_nDCG@10",
+        "val/fidelity_spearman",
+        "val/fidelity_kendall_tau",
+        "val/fidelity_nDCG@10_teacher",
+        "val/interp_alpha",
+        "val/interp_nDCG@10",
+    ):
         assert all(r[key] for r in val), key
     assert any(r.get("train/loss") for r in rows)
 
@@ -69,6 +80,9 @@ def test_train_validates_checkpoints_and_exports(
     meta = model.config.cis_distill
     assert model.config.num_labels == 1 and meta["label"] == "cis" and meta["target_scaling"]["kind"] == "global"
     assert meta["monitor"] == "val/nDCG@10" and (hf / "model.safetensors").is_file()
+    best_epoch = max(val, key=lambda r: float(r["val/nDCG@10"]))
+    assert meta["interpolation"] == float(best_epoch["val/interp_alpha"]) and meta["interpolate"] is False
+    assert meta["extra"]["validation"]["interp_nDCG@10"] == pytest.approx(float(best_epoch["val/interp_nDCG@10"]))
     sample = {line.split()[0] for line in (teacher_dataset / "runs" / "cis.trec").read_text().splitlines()}
     assert len(meta["val_queries"]) == 1 and set(meta["val_queries"]) < sample  # the held-out query
     best = torch.load(run / "checkpoints" / "best.ckpt", weights_only=False)["state_dict"]
@@ -133,7 +147,7 @@ def test_bad_teacher_data_is_named(tmp_path: Path, tiny_bert: Path, teacher_data
     assert main(["train", "--config", str(path), "--data.teacher_data", f"[{tmp_path / 'nowhere'}]"]) == 2
     assert "no teacher dataset here" in capsys.readouterr().err
     assert main(["train", "--config", str(path), "--data.val_queries", "3"]) == 2
-    assert "empty split" in capsys.readouterr().err
+    assert "holds out every query" in capsys.readouterr().err
 
 
 def test_nan_targets_are_rejected(tmp_path: Path, tiny_bert: Path, teacher_dataset: Path, capsys) -> None:
@@ -145,6 +159,39 @@ def test_nan_targets_are_rejected(tmp_path: Path, tiny_bert: Path, teacher_datas
     shutil.copy(teacher_dataset / "teacher.json", broken)
     assert main(["train", "--config", str(write_config(tmp_path, tiny_bert, broken))]) == 2
     assert "NaN/inf" in capsys.readouterr().err
+
+
+def test_validation_draws_judged_queries_and_training_can_keep_the_top_candidates(
+    tiny_bert: Path, teacher_dataset: Path, tmp_path: Path
+) -> None:
+    from distill.core.loaders import load_qrels
+    from students.data import StudentDataModule
+
+    judged = load_qrels(DL19_QRELS)
+    qrels = tmp_path / "qrels.txt"  # only one of the three sample queries is judged now
+    first = sorted(q for q in judged if q in {"264014", "104861", "130510"})[0]
+    qrels.write_text("".join(f"{first} 0 {d} {g}\n" for d, g in judged[first].items()))
+    data = StudentDataModule(
+        [str(teacher_dataset)],
+        label="upr+1*first_stage",
+        backbone=str(tiny_bert),
+        qrels=str(qrels),
+        val_queries=1,
+        val_pool="judged",
+        train_depth=5,
+    )
+    data.setup("fit")
+    assert set(data.val.qid) == {first} and len(data.val) == 12  # validation keeps every candidate
+    assert len(data.train) == 2 * 5  # the other two queries' top 5
+    # The hybrid label standardises over each query's full candidate list, before the top 5 are kept.
+    from distill.core.labels import Label
+    from distill.core.teacher_data import TeacherDataset
+
+    table = TeacherDataset.open(teacher_dataset).to_pandas()
+    table["label"] = Label("upr", 1.0).values(table.upr.to_numpy(), table.first_stage_score.to_numpy(), table.qid)
+    expected = table.set_index(["qid", "docid"]).label
+    got = [expected[(q, d)] for q, d in zip(data.train.qid, data.train.docid, strict=True)]
+    np.testing.assert_allclose(data.train.labels, got)
 
 
 def test_bad_data_fails_before_any_logger_exists_with_one_message(

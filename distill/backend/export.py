@@ -19,7 +19,7 @@ from typing import Any
 
 from distill.backend.parity import FormatParity, ParityError, ParitySet, verify_export
 from distill.core.schema import ExistingOutputError, InputError
-from distill.core.student_card import CONFIG_KEY, StudentCard
+from distill.core.student_card import StudentCard
 from distill.core.teacher_data import TeacherDataset
 from distill.serving.encoding import encode_pairs, input_names, load_tokenizer, model_max_length, pad_batch
 from distill.serving.scorers import FORMAT_FILES, WEIGHT_FILES, require_file
@@ -155,7 +155,7 @@ def _card(hf_dir: Path, out_dir: Path, folder: Path, report: ExportReport) -> di
 
     config = AutoConfig.from_pretrained(folder)
     tokenizer = load_tokenizer(folder)
-    card = StudentCard.read(folder) if getattr(config, CONFIG_KEY, None) else None
+    card = StudentCard.find(folder)
     teacher_data = {
         path: asdict(TeacherDataset.open(path).metadata) if TeacherDataset.is_complete(path) else None
         for path in (card.teacher_data if card else [])

@@ -77,7 +77,7 @@ def student_method(
 ) -> Method:
     """The student in ``folder`` on ``backend`` (a key of :data:`STUDENT_BACKENDS`)."""
     kind, dtype = STUDENT_BACKENDS[backend]
-    reranker = Reranker.load(folder, kind, device, dtype, max_length, max_batch_tokens)
+    reranker = Reranker.load(folder, kind, device, dtype, max_length, max_batch_tokens, interpolation=False)
 
     def tokens_fed(call: Call) -> int:
         queries = [call.query] * len(call.passages)

@@ -38,6 +38,8 @@ class StudentCard:
     """The checkpoint these weights come from, relative to the run folder."""
     interpolation: float | None = None
     """α of ``α · z(student) + (1 − α) · z(first stage)``, chosen on the validation queries; None: not chosen."""
+    interpolate: bool = False
+    """Whether rerankers apply ``interpolation`` by default (they always can when asked)."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Anything else worth keeping (validation metrics at the best checkpoint, ...)."""
 
@@ -68,6 +70,14 @@ class StudentCard:
         if not values:
             raise InputError(f"{config}: no {CONFIG_KEY} card (not a cis-distill student)")
         return cls.from_dict(values, str(config))
+
+    @classmethod
+    def find(cls, folder: str | Path) -> StudentCard | None:
+        """The card of a model folder, or None where it has none (a model not trained by cis-distill)."""
+        config = Path(folder) / MODEL_CONFIG
+        if not config.is_file() or not json.loads(config.read_text()).get(CONFIG_KEY):
+            return None
+        return cls.read(folder)
 
     def write_to(self, model_config: Any) -> None:
         """Put the card on a ``transformers`` config, for ``save_pretrained``."""

@@ -14,7 +14,9 @@ import numpy as np
 
 from distill.core.batching import token_budget_batches
 from distill.core.devices import STUDENT_BATCH_TOKENS, device_type
+from distill.core.interpolation import interpolate
 from distill.core.schema import InputError, MissingFileError
+from distill.core.student_card import StudentCard
 from distill.serving.encoding import encode_pairs, load_tokenizer, model_max_length, pad_batch
 from distill.serving.scorers import Scorer, load_scorer, require_file
 
@@ -29,17 +31,30 @@ class Reranker:
     Passages are encoded as in training (the passage truncated to ``max_length``), sorted by length into
     batches of at most ``max_batch_tokens`` padded tokens, and their scores returned in input order.
 
+    With ``alpha`` set, a query's scores are interpolated with its first-stage scores (given to :meth:`score`):
+    ``alpha · z(student) + (1 − alpha) · z(first stage)``, ``z`` standardising over the query's passages.
+
     Attributes:
         truncated: how many pairs, over all calls, were longer than ``max_length`` and cut.
     """
 
-    def __init__(self, scorer: Scorer, tokenizer: Any, max_length: int, max_batch_tokens: int = 1024) -> None:
+    def __init__(
+        self,
+        scorer: Scorer,
+        tokenizer: Any,
+        max_length: int,
+        max_batch_tokens: int = 1024,
+        alpha: float | None = None,
+    ) -> None:
         if max_length < 1 or max_batch_tokens < 1:
             raise ValueError(f"max_length and max_batch_tokens must be positive, got {max_length}, {max_batch_tokens}")
+        if alpha is not None and not 0 <= alpha <= 1:
+            raise InputError(f"interpolation alpha must be in [0, 1], got {alpha}")
         self.scorer = scorer
         self.tokenizer = tokenizer
         self.max_length = max_length
         self.max_batch_tokens = max_batch_tokens
+        self.alpha = alpha
         self.truncated = 0
 
     @classmethod
@@ -51,6 +66,7 @@ class Reranker:
         dtype: str | None = None,
         max_length: int | None = None,
         max_batch_tokens: int | None = None,
+        interpolation: bool | float | None = None,
     ) -> Reranker:
         """The student in ``path``: an HF folder (``torch``) or an export folder (any backend).
 
@@ -63,6 +79,8 @@ class Reranker:
             max_length: the longest pair in tokens; default the model's (up to 512).
             max_batch_tokens: the budget of padded tokens per batch (default
                 :data:`~distill.core.devices.STUDENT_BATCH_TOKENS`).
+            interpolation: with the first stage: ``None`` as the student's card says (its α, where it was trained
+                to be used so); ``True`` the card's α; ``False`` never; a number that α.
 
         Raises:
             MissingFileError: a file the backend needs is missing; the message names the folder and the file.
@@ -84,26 +102,64 @@ class Reranker:
         if max_length is not None and max_length > limit:
             raise InputError(f"{path}: max_length {max_length} is over the model's {limit}")
         budget = max_batch_tokens or STUDENT_BATCH_TOKENS[device_type(device)]
-        return cls(scorer, tokenizer, max_length or limit, budget)
+        return cls(scorer, tokenizer, max_length or limit, budget, _alpha(path, interpolation))
 
-    def score(self, query: str, passages: Sequence[str]) -> list[float]:
-        """The score of each passage for ``query``, in the order of ``passages`` (higher is more relevant)."""
+    def score(
+        self, query: str, passages: Sequence[str], first_stage_scores: Sequence[float] | None = None
+    ) -> list[float]:
+        """The score of each passage for ``query``, in the order of ``passages`` (higher is more relevant).
+
+        ``first_stage_scores`` (one per passage) are needed, and used, when the reranker interpolates.
+        """
         if isinstance(passages, str) or not all(isinstance(p, str) for p in passages) or not isinstance(query, str):
             raise TypeError("score(query, passages) takes a query string and a sequence of passage strings")
         if not passages:
             return []
+        student = self._student_scores(query, passages)
+        if self.alpha is None:
+            return student.tolist()
+        if first_stage_scores is None or len(first_stage_scores) != len(passages):
+            raise InputError(
+                f"this reranker interpolates with the first stage (alpha {self.alpha}): give one first-stage score "
+                "per passage, or load it with interpolation=False"
+            )
+        fused = interpolate(
+            student, np.asarray(first_stage_scores, dtype=np.float64), [query] * len(student), self.alpha
+        )
+        return fused.tolist()
+
+    def _student_scores(self, query: str, passages: Sequence[str]) -> np.ndarray:
         encoded = encode_pairs(self.tokenizer, [query] * len(passages), list(passages), self.max_length)
         self.truncated += encoded.truncated
         scores = np.empty(len(passages), dtype=np.float32)
         for rows in token_budget_batches(encoded.lengths, self.max_batch_tokens):
             scores[rows] = self.scorer(pad_batch(self.tokenizer, [encoded.features[i] for i in rows]))
-        return scores.tolist()
+        return scores
 
-    def rerank(self, query: str, passages: Sequence[str], top_k: int | None = None) -> list[tuple[int, float]]:
+    def rerank(
+        self,
+        query: str,
+        passages: Sequence[str],
+        top_k: int | None = None,
+        first_stage_scores: Sequence[float] | None = None,
+    ) -> list[tuple[int, float]]:
         """``(index into passages, score)`` of the ``top_k`` best passages (all by default), best first; ties keep
         the input order."""
         if top_k is not None and top_k < 0:
             raise ValueError(f"top_k must be >= 0, got {top_k}")
-        scores = self.score(query, passages)
+        scores = self.score(query, passages, first_stage_scores)
         order = sorted(range(len(scores)), key=lambda i: (-scores[i], i))
         return [(i, scores[i]) for i in order[:top_k]]
+
+
+def _alpha(folder: Path, interpolation: bool | float | None) -> float | None:
+    """The α to interpolate with (None: none), from the argument and the student's card."""
+    if interpolation is False:
+        return None
+    if interpolation is not None and interpolation is not True:
+        return float(interpolation)
+    card = StudentCard.find(folder)
+    alpha = card.interpolation if card is not None else None
+    if interpolation is True and alpha is None:
+        raise InputError(f"{folder}: its card has no interpolation alpha (trained without qrels?): give a number")
+    return alpha if interpolation is True or (card is not None and card.interpolate) else None

@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from distill.core.eval_report import EvalReport, evaluate_runs, to_json
-from distill.core.schema import InputError
+from distill.core.runs import Run
+from distill.core.schema import InputError, Qrels
 
 
 @dataclass
@@ -34,24 +35,70 @@ class EvalConfig:
     """Paired significance test against the first run."""
     held_out: str | None = None
     """A student (training run or model folder): evaluate only the queries it was validated on."""
+    queries: Literal["each", "common"] = "each"
+    """``each``: every run over its own judged queries (trec_eval's convention); ``common``: every run over the
+    judged queries that all the runs rank."""
     per_query: bool = False
     """Also print each query's values."""
     json: str | None = None
     """Also write the results (means, per query, significance) to this JSON file."""
+    teacher: str | None = None
+    """A teacher dataset (or a run file): also report each run's agreement with it, query by query (Kendall τ,
+    Spearman, nDCG@10 judged against the teacher's ranking)."""
+    label: str | None = None
+    """The teacher's label to compare with: a score column or a hybrid (``cis_q+0.5*first_stage``); default the
+    dataset's primary score."""
+
+
+@dataclass(frozen=True)
+class Fidelity:
+    """Each run's agreement with a teacher label, query by query (see :mod:`distill.core.fidelity`)."""
+
+    teacher: str
+    label: str
+    per_query: dict[str, dict[str, dict[str, float]]]
+    """run -> metric -> qid -> value."""
+
+    @property
+    def means(self) -> dict[str, dict[str, float]]:
+        from distill.core.fidelity import mean_fidelity
+
+        return {run: mean_fidelity(values) for run, values in self.per_query.items()}
+
+    def format(self) -> str:
+        from distill.core.fidelity import FIDELITY_METRICS
+
+        width = max(len("run"), *map(len, self.per_query))
+        lines = [
+            f"agreement with the teacher's {self.label} ({self.teacher}), mean over queries:",
+            f"{'run':<{width}}  queries  " + "  ".join(f"{m:>15}" for m in FIDELITY_METRICS),
+        ]
+        for run, means in self.means.items():
+            queries = len(self.per_query[run]["nDCG@10_teacher"])
+            lines.append(f"{run:<{width}}  {queries:7d}  " + "  ".join(f"{means[m]:15.3f}" for m in FIDELITY_METRICS))
+        return "\n".join(lines)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"teacher": self.teacher, "label": self.label, "results": self.means, "per_query": self.per_query}
 
 
 @dataclass(frozen=True)
 class EvalResult:
-    """The evaluation of ``distill eval``: the metrics report and how it is shown."""
+    """The evaluation of ``distill eval``: the metrics report, the agreement with a teacher, how it is shown."""
 
     report: EvalReport
     per_query: bool = False
+    fidelity: Fidelity | None = None
 
     def format(self) -> str:
         from distill.core.eval_report import format_per_query, format_table
 
-        text = format_table(self.report)
-        return text + "\n\n" + format_per_query(self.report) if self.per_query else text
+        parts = [format_table(self.report)]
+        if self.fidelity is not None:
+            parts.append(self.fidelity.format())
+        if self.per_query:
+            parts.append(format_per_query(self.report))
+        return "\n\n".join(parts)
 
 
 def evaluate(cfg: EvalConfig, command: str | None = None) -> EvalResult:
@@ -63,7 +110,7 @@ def evaluate(cfg: EvalConfig, command: str | None = None) -> EvalResult:
     from distill.core.loaders import load_candidates, load_qrels
     from distill.core.loaders.multihop import is_multihop_file
     from distill.core.metrics import DEFAULT_METRICS, MULTIHOP_METRICS, default_rel_level, parse_metrics
-    from distill.core.runs import Run, find_run_files, read_trec_run
+    from distill.core.runs import find_run_files, read_trec_run
 
     if not (cfg.input or (cfg.qrels and cfg.run)):
         raise InputError("eval: give qrels and run, or input (with qrels where it has no judgements of its own)")
@@ -89,12 +136,41 @@ def evaluate(cfg: EvalConfig, command: str | None = None) -> EvalResult:
             raise InputError(f"{path}: no query of the run has relevance judgements in {cfg.qrels or cfg.input}")
     if cfg.held_out:
         qrels = {qid: judged for qid, judged in qrels.items() if qid in held_out_queries(cfg.held_out)}
+    if cfg.queries == "common":
+        shared = set.intersection(*(set(run) for run in runs.values())) if runs else set()
+        qrels = {qid: judged for qid, judged in qrels.items() if qid in shared}
     report = evaluate_runs(runs, qrels, metrics, rel_level, cfg.test)
+    fidelity = teacher_fidelity(runs, qrels, cfg.teacher, cfg.label) if cfg.teacher else None
     if cfg.json:
         record = {"command": command, "qrels": cfg.qrels, "input": cfg.input, **to_json(report)}
+        if fidelity is not None:
+            record["fidelity"] = fidelity.to_json()
         Path(cfg.json).parent.mkdir(parents=True, exist_ok=True)
         Path(cfg.json).write_text(json.dumps(record, indent=2) + "\n")
-    return EvalResult(report, cfg.per_query)
+    return EvalResult(report, cfg.per_query, fidelity)
+
+
+def teacher_fidelity(runs: dict[str, Run], qrels: Qrels, teacher: str, label: str | None) -> Fidelity:
+    """Each run's per-query agreement with the teacher's ``label`` (on the evaluated, judged queries)."""
+    from distill.core.fidelity import fidelity_per_query
+    from distill.core.labels import FIRST_STAGE_COLUMN, Label
+    from distill.core.runs import read_trec_run, run_from_columns
+    from distill.core.teacher_data import TeacherDataset
+
+    path = Path(teacher)
+    if path.is_file():
+        reference, label = read_trec_run(path), path.stem
+    else:
+        dataset = TeacherDataset.open(path)
+        spec = Label.parse(label or dataset.metadata.score)
+        table = dataset.to_pandas(list(dict.fromkeys(["qid", "docid", FIRST_STAGE_COLUMN, spec.score])))
+        values = spec.values(table[spec.score].to_numpy(), table[FIRST_STAGE_COLUMN].to_numpy(), table.qid.tolist())
+        reference, label = run_from_columns(table.qid.tolist(), table.docid.tolist(), values.tolist()), str(spec)
+    per_query = {
+        name: fidelity_per_query({q: docs for q, docs in run.items() if q in qrels}, reference)
+        for name, run in runs.items()
+    }
+    return Fidelity(str(teacher), label, per_query)
 
 
 def held_out_queries(student: str | Path) -> set[str]:

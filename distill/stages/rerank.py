@@ -41,6 +41,9 @@ class RerankConfig:
     """Rerank only the first N queries."""
     held_out: str | None = None
     """A student (training run or model folder): rerank only the queries it was validated on."""
+    interpolation: bool | float | None = None
+    """Fuse with the first stage, α · z(student) + (1 − α) · z(first stage): ``null`` as the student's card says,
+    ``true`` the card's α (chosen on validation), ``false`` never, a number that α."""
 
     def __post_init__(self) -> None:
         missing = [name for name in ("model", "input", "output") if not getattr(self, name)]
@@ -55,16 +58,19 @@ class RerankReport:
     pairs: int
     truncated: int
     """Pairs longer than the student's max length, cut."""
+    alpha: float | None = None
+    """The interpolation with the first stage, if any."""
 
     def format(self) -> str:
-        return f"wrote {self.output}: {self.queries} queries, {self.pairs} pairs, {self.truncated} truncated"
+        fused = "" if self.alpha is None else f", interpolated with the first stage (alpha {self.alpha:g})"
+        return f"wrote {self.output}: {self.queries} queries, {self.pairs} pairs, {self.truncated} truncated{fused}"
 
 
 def rerank_run(reranker: Reranker, candidates: list[Candidates]) -> Run:
     """The student's run: qid -> docid -> score for every candidate of every query."""
     run: Run = {}
     for c in candidates:
-        scores = reranker.score(c.query.text, [p.text for p in c.passages])
+        scores = reranker.score(c.query.text, [p.text for p in c.passages], c.scores)
         run[c.query.qid] = {p.docid: float(s) for p, s in zip(c.passages, scores, strict=True)}
     return run
 
@@ -83,7 +89,10 @@ def rerank(cfg: RerankConfig) -> RerankReport:
         keep = held_out_queries(cfg.held_out)
         candidates = [c for c in candidates if c.query.qid in keep]
     folder = student_folder(cfg.model, exported=cfg.backend != "torch")
-    reranker = Reranker.load(folder, cfg.backend, cfg.device, cfg.dtype, cfg.max_length, cfg.max_batch_tokens)
+    reranker = Reranker.load(
+        folder, cfg.backend, cfg.device, cfg.dtype, cfg.max_length, cfg.max_batch_tokens, cfg.interpolation
+    )
     run = rerank_run(reranker, candidates)
-    write_trec_run(cfg.output, run, tag=f"{Path(cfg.model).name}-{cfg.backend}")
-    return RerankReport(Path(cfg.output), len(run), sum(map(len, run.values())), reranker.truncated)
+    tag = f"{Path(cfg.model).name}-{cfg.backend}" + (f"-interp{reranker.alpha:g}" if reranker.alpha is not None else "")
+    write_trec_run(cfg.output, run, tag=tag)
+    return RerankReport(Path(cfg.output), len(run), sum(map(len, run.values())), reranker.truncated, reranker.alpha)

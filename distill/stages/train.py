@@ -41,6 +41,13 @@ class DistillCLI(LightningCLI):
         parser.add_argument("--checkpoint_root", default="checkpoints")
         parser.add_argument("--wandb_mode", default="offline", choices=["offline", "online", "disabled"])
         parser.add_argument("--ckpt_path", default=None, help="a checkpoint to resume from, or 'last'")
+        parser.add_argument(
+            "--interpolate",
+            type=bool,
+            default=False,
+            help="the student's card says to interpolate with the first stage by default, with the alpha chosen on "
+            "the validation queries (rerankers can always be asked to)",
+        )
         parser.link_arguments("model.backbone", "data.backbone")
         # Our batch samplers shard over ranks themselves; precision None means bf16-mixed on GPU, 32 on CPU.
         parser.set_defaults({"trainer.use_distributed_sampler": False, "trainer.precision": None})
@@ -72,7 +79,7 @@ class DistillCLI(LightningCLI):
         best = ModelCheckpoint(layout.checkpoints, "best", monitor=monitor, mode="max", enable_version_counter=False)
         # Lightning's save_last only follows top-k saves; this one writes last.ckpt after every validation.
         last = ModelCheckpoint(layout.checkpoints, "last", save_top_k=1, enable_version_counter=False)
-        callbacks = [best, last, ExportBestToHF(best, layout.hf)]
+        callbacks = [best, last, ExportBestToHF(best, layout.hf, self.config.interpolate)]
         if not config.get("enable_progress_bar", True) or not sys.stderr.isatty():
             callbacks.append(LogProgress())  # a log file gets a line a minute instead of a progress bar
         extra = [self._get(self.config_init, key) for key in self._parser(self.subcommand).callback_keys]

@@ -1,0 +1,197 @@
+"""Student quality: distillation choices compared on the validation queries, then tested once on DL19.
+
+Every student learns from the SmolLM2 teacher's labels of the TREC DL21 and DL22 BM25 top-100
+(``configs/train/minilm-dl2122.yaml``) and is validated on the same seeded split of 16 judged DL21 queries, where
+every setting (label, loss, epochs, learning rate, the interpolation α) is chosen. DL19 is the test set: only the
+variants named in :data:`TEST` are reranked on it, once each, and nothing is chosen by it.
+
+    python benchmarks/quality.py train NAME [NAME ...]   # train variants of EXPERIMENTS (skips finished runs)
+    python benchmarks/quality.py table                   # -> benchmarks/results/quality-dl21-val.{json,md}
+    python benchmarks/quality.py test                    # -> benchmarks/results/quality-dl19-test.{json,md}
+
+Each row of the tables carries the command that made it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import shlex
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from _common import RESULTS, ROOT
+
+BASE = ["distill", "train", "--config", "configs/train/minilm-dl2122.yaml"]
+WITHIN_QUERY = ["--data.group_size", "25", "--data.batch_size", "50"]
+"""Two queries of 25 candidates a batch, for the losses that compare candidates of one query."""
+
+EXPERIMENTS: dict[str, list[str]] = {
+    # labels, with the paper's pointwise MSE on globally standardised targets
+    "cis": ["--data.label", "cis"],
+    "upr": ["--data.label", "upr"],
+    "cis_q": ["--data.label", "cis_q"],
+    "cis_mean": ["--data.label", "cis_mean"],
+    "cis_q_mean": ["--data.label", "cis_q_mean"],
+    # target scaling and losses, on cis_q
+    "cis_q-per_query": ["--data.label", "cis_q", "--data.target_scaling", "per_query"],
+    "cis_q-margin_mse": ["--data.label", "cis_q", "--model.loss", "margin_mse", *WITHIN_QUERY],
+    "cis_q-listwise_kl": ["--data.label", "cis_q", "--model.loss", "listwise_kl", *WITHIN_QUERY],
+    "cis_q-ranknet": ["--data.label", "cis_q", "--model.loss", "ranknet", *WITHIN_QUERY],
+    "cis_q-adr_mse": ["--data.label", "cis_q", "--model.loss", "adr_mse", *WITHIN_QUERY],
+}
+"""Variant name -> its arguments after :data:`BASE` (each trains into ``checkpoints/q-<name>``)."""
+
+TEST: list[str] = []
+"""The variants tested on DL19, chosen on the validation table (see the README)."""
+
+DL19 = "data/trec-dl19"
+DL19_TEACHER = "data/teacher/dl19-bm25-smollm2"
+VAL_COLUMNS = (
+    "val/nDCG@10",
+    "val/interp_nDCG@10",
+    "val/interp_alpha",
+    "val/fidelity_spearman",
+    "val/fidelity_kendall_tau",
+    "val/fidelity_nDCG@10_teacher",
+    "val/teacher_nDCG@10",
+    "val/first_stage_nDCG@10",
+)
+
+
+def run_dir(name: str) -> Path:
+    return ROOT / "checkpoints" / f"q-{name}"
+
+
+def train_command(name: str) -> list[str]:
+    return [*BASE, *EXPERIMENTS[name], "--run_name", f"q-{name}"]
+
+
+def shell(command: Sequence[str]) -> str:
+    return shlex.join(command)
+
+
+def run(command: list[str]) -> None:
+    print("+", shell(command), flush=True)
+    subprocess.run([str(Path(sys.executable).parent / command[0]), *command[1:]], check=True, cwd=ROOT)
+
+
+def train(names: list[str]) -> None:
+    for name in names:
+        if (run_dir(name) / "hf" / "config.json").is_file():
+            print(f"{name}: done ({run_dir(name) / 'hf'})")
+            continue
+        run(train_command(name))
+
+
+def validation_rows(name: str) -> list[dict[str, float]]:
+    """The run's validations, one row per epoch."""
+    with (run_dir(name) / "logs" / "metrics.csv").open() as f:
+        rows = [r for r in csv.DictReader(f) if r.get("val/nDCG@10")]
+    return [{k: float(r[k]) for k in ("epoch", *VAL_COLUMNS) if r.get(k)} for r in rows]
+
+
+def table() -> dict[str, Any]:
+    """Every finished variant's best epoch (by validation nDCG@10, as the student stage keeps it)."""
+    rows = []
+    for name in EXPERIMENTS:
+        if not (run_dir(name) / "logs" / "metrics.csv").is_file():
+            continue
+        epochs = validation_rows(name)
+        best = max(epochs, key=lambda r: r["val/nDCG@10"])
+        rows.append({"name": name, "command": shell(train_command(name)), "best": best, "epochs": epochs})
+    record = {"split": "16 judged DL21 queries (seed 0), BM25 top-100 each", "rows": rows}
+    lines = [
+        "| variant | nDCG@10 | + first stage (α) | Spearman / τ with teacher (per query) | nDCG@10 vs teacher |"
+        " teacher | BM25 | command |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        b = row["best"]
+        lines.append(
+            f"| {row['name']} (epoch {int(b['epoch']) + 1}) | {b['val/nDCG@10']:.2f} | "
+            f"{b['val/interp_nDCG@10']:.2f} ({b['val/interp_alpha']:g}) | "
+            f"{b['val/fidelity_spearman']:.3f} / {b['val/fidelity_kendall_tau']:.3f} | "
+            f"{b['val/fidelity_nDCG@10_teacher']:.2f} | {b['val/teacher_nDCG@10']:.2f} | "
+            f"{b['val/first_stage_nDCG@10']:.2f} | `{row['command']}` |"
+        )
+    write(record, "\n".join(lines), "quality-dl21-val")
+    return record
+
+
+def write(record: dict[str, Any], markdown: str, stem: str) -> None:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"{stem}.json").write_text(json.dumps(record, indent=2) + "\n")
+    (RESULTS / f"{stem}.md").write_text(markdown + "\n")
+    print(markdown)
+
+
+def test() -> None:
+    """Export each variant of :data:`TEST`, rerank DL19's BM25 top-100 with and without the interpolation chosen on
+    validation, and evaluate beside BM25 and the teacher (with per-query agreement with the teacher's label)."""
+    commands = []
+    for name in TEST:
+        folder = run_dir(name)
+        label = json.loads((folder / "hf" / "config.json").read_text())["cis_distill"]["label"]
+        commands.append(["distill", "export", "--checkpoint", str(folder), "--formats", "onnx"])
+        rerank = [
+            "distill",
+            "rerank",
+            "--model",
+            str(folder),
+            "--backend",
+            "onnx",
+            "--input",
+            f"{DL19}/bm25_top100.json",
+        ]
+        for interpolation in ("false", "true"):
+            output = folder / f"dl19-bm25{'-interp' if interpolation == 'true' else ''}.trec"
+            commands.append([*rerank, "--interpolation", interpolation, "--output", str(output)])
+        runs = [f"{DL19_TEACHER}/runs/first_stage.trec", *teacher_runs(label), str(folder / "dl19-bm25.trec")]
+        runs.append(str(folder / "dl19-bm25-interp.trec"))
+        evaluate = ["distill", "eval", "--qrels", f"{DL19}/qrels.txt", "--run", *runs, "--teacher", DL19_TEACHER]
+        commands.append([*evaluate, "--label", dl19_label(label), "--json", str(RESULTS / f"quality-dl19-{name}.json")])
+    for command in commands:
+        run(command)
+
+
+def dl19_label(label: str) -> str:
+    """The DL19 teacher column that ranks as ``label`` within every query.
+
+    The committed DL19 labels hold ``upr`` but not ``cis_q``: cis_q = upr - log p(Q | empty passage) differs from
+    upr by one constant per query (and cis_q_mean divides it by one), so within a query, and after the per-query
+    standardisation of a hybrid label, they rank identically; per-query agreement is the same figure.
+    """
+    for query_direction in ("cis_q_mean", "cis_q"):
+        label = label.replace(query_direction, "upr")
+    return label
+
+
+def teacher_runs(label: str) -> list[str]:
+    score = dl19_label(label).split("+")[0]
+    return [f"{DL19_TEACHER}/runs/{score}.trec"] if (ROOT / DL19_TEACHER / "runs" / f"{score}.trec").is_file() else []
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    train_parser = sub.add_parser("train", help="train variants (skips finished ones)")
+    train_parser.add_argument("names", nargs="+", choices=sorted(EXPERIMENTS))
+    sub.add_parser("table", help="the validation table of the finished variants")
+    sub.add_parser("test", help="the DL19 test of the chosen variants (TEST)")
+    args = parser.parse_args(argv)
+    if args.command == "train":
+        train(args.names)
+    elif args.command == "table":
+        table()
+    else:
+        test()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
