@@ -5,6 +5,7 @@ Every student learns from the SmolLM2 teacher's labels of the TREC DL21 and DL22
 every setting (label, loss, epochs, learning rate, the interpolation α) is chosen. DL19 is the test set: only the
 variants named in :data:`TEST` are reranked on it, once each, and nothing is chosen by it.
 
+    python benchmarks/quality.py teacher                 # -> benchmarks/results/quality-dl21-val-teacher.{json,md}
     python benchmarks/quality.py train NAME [NAME ...]   # train variants of EXPERIMENTS (skips finished runs)
     python benchmarks/quality.py table                   # -> benchmarks/results/quality-dl21-val.{json,md}
     python benchmarks/quality.py test                    # -> benchmarks/results/quality-dl19-test.{json,md}
@@ -130,6 +131,48 @@ def write(record: dict[str, Any], markdown: str, stem: str) -> None:
     print(markdown)
 
 
+TEACHER_LABELS = ("cis", "upr", "cis_q", "cis_mean", "cis_q_mean")
+HYBRID_WEIGHTS = (0.25, 0.5, 1.0, 2.0)
+
+
+def teacher() -> dict[str, Any]:
+    """nDCG@10 of every teacher label, and of hybrids with the first stage, on the validation queries: which
+    labels are worth a student (the students' own split, drawn as the student stage draws it)."""
+    import pandas as pd
+    import yaml
+
+    from distill.core.labels import Label
+    from distill.core.loaders import load_qrels
+    from distill.core.metrics import evaluate
+    from distill.core.runs import run_from_columns
+    from distill.core.teacher_data import TeacherDataset
+    from students.data import split_queries
+
+    config = yaml.safe_load((ROOT / BASE[-1]).read_text())["data"]
+    qrels = load_qrels(ROOT / config["qrels"])
+    tables = [TeacherDataset.open(ROOT / path).to_pandas() for path in config["teacher_data"]]
+    table = pd.concat(tables, ignore_index=True).drop_duplicates(["qid", "docid"], keep="first")
+    held_out = split_queries([q for q in table.qid if q in qrels], config["val_queries"], 0)
+    val = table[table.qid.isin(held_out)]
+    labels = ["first_stage", *TEACHER_LABELS]
+    labels += [f"{score}+{w:g}*first_stage" for score in ("cis", "cis_q") for w in HYBRID_WEIGHTS]
+    rows = []
+    for name in labels:
+        if name == "first_stage":
+            values = val.first_stage_score.to_numpy()
+        else:
+            spec = Label.parse(name)
+            values = spec.values(val[spec.score].to_numpy(), val.first_stage_score.to_numpy(), val.qid.tolist())
+        run = run_from_columns(val.qid.tolist(), val.docid.tolist(), values.tolist())
+        rows.append({"label": name, "nDCG@10": evaluate(run, qrels, ["nDCG@10"])["nDCG@10"]})
+    command = "python benchmarks/quality.py teacher"
+    record = {"command": command, "queries": sorted(held_out), "rows": rows}
+    lines = [f"`{command}`: the teacher's labels on the {len(held_out)} validation queries (DL21)", ""]
+    lines += ["| label | nDCG@10 |", "|---|---|", *(f"| {r['label']} | {r['nDCG@10']:.2f} |" for r in rows)]
+    write(record, "\n".join(lines), "quality-dl21-val-teacher")
+    return record
+
+
 def test() -> None:
     """Export each variant of :data:`TEST`, rerank DL19's BM25 top-100 with and without the interpolation chosen on
     validation, and evaluate beside BM25 and the teacher (with per-query agreement with the teacher's label)."""
@@ -181,11 +224,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     train_parser = sub.add_parser("train", help="train variants (skips finished ones)")
     train_parser.add_argument("names", nargs="+", choices=sorted(EXPERIMENTS))
+    sub.add_parser("teacher", help="the teacher's labels (and hybrids) on the validation queries")
     sub.add_parser("table", help="the validation table of the finished variants")
     sub.add_parser("test", help="the DL19 test of the chosen variants (TEST)")
     args = parser.parse_args(argv)
     if args.command == "train":
         train(args.names)
+    elif args.command == "teacher":
+        teacher()
     elif args.command == "table":
         table()
     else:
