@@ -170,9 +170,9 @@ def student(tmp_path_factory: pytest.TempPathFactory, tiny_bert: Path, parity) -
 
 @pytest.fixture(scope="session")
 def exported(tmp_path_factory: pytest.TempPathFactory, student: Path, parity) -> Path:
-    """The fitted student exported to every format (ONNX fp32/fp16/int8, TorchScript)."""
+    """The fitted student exported to every format (ONNX fp32/fp16/static int8, TorchScript)."""
     from distill.backend.export import export_student
 
     out = tmp_path_factory.mktemp("exports") / "student"
-    export_student(student, out, fp16=True, int8=True, parity=parity)
+    export_student(student, out, fp16=True, int8="static", parity=parity)
     return out

@@ -66,6 +66,28 @@ def test_export_writes_every_format_and_a_card(exported: Path, student: Path) ->
     assert ndcg["pytorch"] > 0 and abs(ndcg["delta"]) <= NDCG_BOUND == 0.5
 
 
+def test_the_onnx_graphs_are_fused_and_the_card_says_how(exported: Path) -> None:
+    """The fp32 graph holds onnxruntime's fused transformer ops (and passed the 1e-4 parity bound above); the int8
+    graph is quantised from it, statically, with activation scales calibrated on DL21 and DL22 pairs."""
+    import onnx
+
+    card = json.loads((exported / "card.json").read_text())["optimizations"]
+    n = 2  # layers of the tiny BERT of conftest
+    fused = {"EmbedLayerNormalization": 1, "Attention": n, "SkipLayerNormalization": 2 * n, "BiasGelu": n}
+    assert card["onnx"]["fused_ops"] == fused and "TorchScript" in card["onnx"]["exporter"]
+    # the last layer's output projection, feed-forward block and 2 LayerNorms: MatMul, SkipLN, MatMul, BiasGelu, ...
+    assert card["onnx"]["first_token_tail_ops"] == 6
+    ops = [node.op_type for node in onnx.load(str(exported / "model.onnx")).graph.node]
+    assert {op: ops.count(op) for op in fused} == fused and "Softmax" not in ops and "Erf" not in ops
+    int8 = card["onnx-int8"]
+    assert int8["mode"] == "static" and int8["from"] == "model.onnx" and int8["format"] == "QDQ"
+    calibration = int8["calibration"]
+    assert [Path(p).parent.name for p in calibration["inputs"]] == ["trec-dl21", "trec-dl22"]
+    assert calibration["pairs"] == 4 * (53 + 76) and calibration["method"] == "MinMax"
+    int8_ops = {node.op_type for node in onnx.load(str(exported / "model.int8.onnx")).graph.node}
+    assert {"QuantizeLinear", "DequantizeLinear"} <= int8_ops
+
+
 def test_export_folder_loads_as_hf_and_cross_encoder(exported: Path, parity: ParitySet) -> None:
     st = pytest.importorskip("sentence_transformers")
     from transformers import AutoModelForSequenceClassification
@@ -173,7 +195,7 @@ def test_bad_export_arguments(student: Path, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="unknown export format"):
         export_student(student, tmp_path / "x", formats=("tflite",))
     with pytest.raises(ValueError, match="add 'onnx'"):
-        export_student(student, tmp_path / "x", formats=("torchscript",), int8=True)
+        export_student(student, tmp_path / "x", formats=("torchscript",), int8="static")
     (tmp_path / "taken").mkdir()
     (tmp_path / "taken" / "notes.txt").write_text("mine")
     with pytest.raises(FileExistsError, match="not an export folder"):
@@ -317,3 +339,47 @@ def test_cli_export_rerank_and_eval(student: Path, tmp_path: Path, sample_file: 
     assert "nDCG@10" in capsys.readouterr().out
     assert main(["export", "--checkpoint", str(run), "--formats", "onnx,tflite"]) == 2
     assert "--formats: expected list[Literal['onnx', 'torchscript']]" in capsys.readouterr().err
+
+
+def test_the_last_layer_tail_runs_on_the_first_token(exported: Path, tmp_path: Path) -> None:
+    """After the last attention, only [CLS] is computed: the attention output and the residual stream are cut to
+    their first token; a graph with no [CLS] read is left alone."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from distill.backend.cls_tail import run_tail_on_first_token
+
+    graph = onnx.load(str(exported / "model.onnx")).graph
+    cuts = [n for n in graph.node if n.op_type == "Gather" and n.output[0].endswith("/first_token")]
+    assert len(cuts) == 2 and {n.input[1] for n in cuts} == {"first_token_index"}
+    no_read = helper.make_model(
+        helper.make_graph(
+            [helper.make_node("Relu", ["x"], ["y"])],
+            "g",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 4])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3, 4])],
+        )
+    )
+    onnx.save(no_read, str(tmp_path / "plain.onnx"))
+    before = (tmp_path / "plain.onnx").read_bytes()
+    assert run_tail_on_first_token(tmp_path / "plain.onnx") == 0 and (tmp_path / "plain.onnx").read_bytes() == before
+
+
+def test_a_bad_static_calibration_fails_the_int8_bound(
+    student: Path, parity: ParitySet, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Static int8 scales calibrated to ranges 50x too narrow clip the activations of real pairs; the parity check's
+    nDCG@10 bound catches it and the export writes nothing."""
+    from onnxruntime.quantization.calibrate import MinMaxCalibrater, TensorData, TensorsData
+
+    real = MinMaxCalibrater.compute_data
+
+    def narrowed(self) -> TensorsData:
+        ranges = real(self)
+        planted = {k: TensorData(lowest=v.lowest / 50, highest=v.highest / 50) for k, v in ranges.data.items()}
+        return TensorsData(ranges.calibration_method, planted)
+
+    monkeypatch.setattr(MinMaxCalibrater, "compute_data", narrowed)
+    with pytest.raises(ParityError, match=r"onnx-int8: nDCG@10 .* > bound 0.5 points"):
+        export_student(student, tmp_path / "out", formats=("onnx",), int8="static", parity=parity)
+    assert not (tmp_path / "out").exists()

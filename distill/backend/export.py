@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from distill.backend.parity import FormatParity, ParityError, ParitySet, verify_export
+from distill.backend.quantize import Calibration, Int8Mode
 from distill.core.schema import ExistingOutputError, InputError
 from distill.core.student_card import StudentCard
 from distill.core.teacher_data import TeacherDataset
@@ -40,10 +41,18 @@ class ExportReport:
     out_dir: Path
     formats: dict[str, str]
     """Format -> file name in ``out_dir``."""
+    optimizations: dict[str, dict[str, Any]]
+    """ONNX format -> what was done to its graph: for ``onnx``, the exporter, the fused op counts and how many ops
+    run on the first token only (:mod:`distill.backend.cls_tail`); for ``onnx-int8`` and ``onnx-fp16``, the graph
+    they come from and, for int8, the quantisation (mode, types, calibration)."""
     parity: list[FormatParity]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"formats": self.formats, "parity": [asdict(p) for p in self.parity]}
+        return {
+            "formats": self.formats,
+            "optimizations": self.optimizations,
+            "parity": [asdict(p) for p in self.parity],
+        }
 
     def format(self) -> str:
         """A table of the files and their parity figures."""
@@ -66,19 +75,24 @@ def export_student(
     out_dir: str | Path,
     formats: tuple[str, ...] = EXPORTABLE,
     fp16: bool = False,
-    int8: bool = False,
+    int8: Int8Mode | None = None,
     parity: ParitySet | None = None,
+    calibration: Calibration | None = None,
 ) -> ExportReport:
     """Export the student in ``hf_dir`` to ``out_dir`` and check every file against PyTorch.
 
     Args:
         hf_dir: a student's Hugging Face folder (``AutoModelForSequenceClassification``, one label).
         out_dir: the export folder; an existing one is replaced only if it is an export folder (has ``card.json``).
-        formats: ``onnx`` (``model.onnx``, opset 18, dynamic batch and sequence axes) and/or ``torchscript``
+        formats: ``onnx`` (``model.onnx``: dynamic batch and sequence axes, fused by onnxruntime's transformer
+            optimiser for the BERT family, see :mod:`distill.backend.onnx_export`) and/or ``torchscript``
             (``model.torchscript.pt``, a trace returning ``[batch]`` scores).
         fp16: also write ``model.fp16.onnx`` (fp16 weights, for GPUs); needs ``onnx``.
-        int8: also write ``model.int8.onnx`` (dynamically quantised int8 weights, for CPUs); needs ``onnx``.
+        int8: also write ``model.int8.onnx`` (int8, for CPUs), quantised ``static`` or ``dynamic`` (see
+            :mod:`distill.backend.quantize`); needs ``onnx``.
         parity: the pairs of the parity check; default :func:`~distill.backend.parity.dl19_parity_set`.
+        calibration: the pairs static int8 is calibrated on; default
+            :class:`~distill.backend.quantize.Calibration` (DL21 and DL22 candidates).
 
     Raises:
         ParityError: an exported file breaks its bound; nothing is written to ``out_dir``.
@@ -86,6 +100,8 @@ def export_student(
     hf_dir, out_dir = Path(hf_dir), Path(out_dir)
     if unknown := sorted(set(formats) - set(EXPORTABLE)):
         raise InputError(f"unknown export format(s) {unknown}: expected some of {list(EXPORTABLE)}")
+    if int8 not in (None, "dynamic", "static"):
+        raise InputError(f"int8 must be 'dynamic', 'static' or None, not {int8!r}")
     if (fp16 or int8) and "onnx" not in formats:
         raise InputError("fp16 and int8 are variants of the ONNX graph: add 'onnx' to the formats")
     require_file(hf_dir, "config.json")
@@ -97,8 +113,8 @@ def export_student(
         shutil.rmtree(staging)
     try:
         shutil.copytree(hf_dir, staging, ignore=shutil.ignore_patterns(*FORMAT_FILES.values(), CARD))
-        written = _write_formats(staging, formats, fp16, int8)
-        report = ExportReport(out_dir, written, verify_export(staging, parity))
+        written, optimizations = _write_formats(staging, formats, fp16, int8, calibration)
+        report = ExportReport(out_dir, written, optimizations, verify_export(staging, parity))
         (staging / CARD).write_text(json.dumps(_card(hf_dir, out_dir, staging, report), indent=2) + "\n")
     except BaseException as e:
         shutil.rmtree(staging, ignore_errors=True)
@@ -111,38 +127,63 @@ def export_student(
     return report
 
 
-def _write_formats(folder: Path, formats: tuple[str, ...], fp16: bool, int8: bool) -> dict[str, str]:
-    """Write the tokenizer and the exported files into ``folder`` (a copy of the HF folder); format -> file."""
+def _write_formats(
+    folder: Path, formats: tuple[str, ...], fp16: bool, int8: Int8Mode | None, calibration: Calibration | None
+) -> tuple[dict[str, str], dict[str, dict[str, Any]]]:
+    """Write the tokenizer and the exported files into ``folder`` (a copy of the HF folder).
+
+    Returns:
+        Format -> file, and format -> what was done to its graph (the card's ``optimizations``).
+    """
     import torch
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(folder)
     tokenizer.save_pretrained(folder)  # writes tokenizer.json, for runtimes without transformers
     require_file(folder, "tokenizer.json")
-    model = AutoModelForSequenceClassification.from_pretrained(folder, dtype=torch.float32).eval()
-    if model.config.num_labels != 1:
-        raise InputError(f"{folder}: a student has one output (num_labels=1), this model has {model.config.num_labels}")
+    config = AutoConfig.from_pretrained(folder)
+    if config.num_labels != 1:
+        raise InputError(f"{folder}: a student has one output (num_labels=1), this model has {config.num_labels}")
     queries, passages = zip(*EXAMPLE_PAIRS, strict=True)
     encoded = encode_pairs(tokenizer, queries, passages, model_max_length(folder, tokenizer))
     example = {name: torch.from_numpy(array) for name, array in pad_batch(tokenizer, encoded.features).items()}
     written: dict[str, str] = {}
+    optimizations: dict[str, dict[str, Any]] = {}
     if "onnx" in formats:
-        from distill.backend.onnx_export import convert_fp16, export_onnx, quantize_int8
+        from distill.backend.cls_tail import run_tail_on_first_token
+        from distill.backend.onnx_export import OPSET, convert_fp16, export_onnx, fuse_transformer
 
-        export_onnx(model, example, folder / FORMAT_FILES["onnx"])
+        path = folder / FORMAT_FILES["onnx"]
+        eager = AutoModelForSequenceClassification.from_pretrained(
+            folder, dtype=torch.float32, attn_implementation="eager"
+        )
+        export_onnx(eager.eval(), example, path)
+        del eager
+        fused = fuse_transformer(path, config)
+        tail = run_tail_on_first_token(path)
         written["onnx"] = FORMAT_FILES["onnx"]
+        optimizations["onnx"] = {
+            "exporter": f"torch.onnx (TorchScript-based), opset {OPSET}",
+            "fused_ops": fused,
+            "first_token_tail_ops": tail,
+        }
         if fp16:
-            convert_fp16(folder / FORMAT_FILES["onnx"], folder / FORMAT_FILES["onnx-fp16"])
+            convert_fp16(path, folder / FORMAT_FILES["onnx-fp16"])
             written["onnx-fp16"] = FORMAT_FILES["onnx-fp16"]
+            optimizations["onnx-fp16"] = {"from": FORMAT_FILES["onnx"]}
         if int8:
-            quantize_int8(folder / FORMAT_FILES["onnx"], folder / FORMAT_FILES["onnx-int8"])
+            from distill.backend.quantize import quantize_int8
+
+            quantised = quantize_int8(path, folder / FORMAT_FILES["onnx-int8"], int8, calibration)
             written["onnx-int8"] = FORMAT_FILES["onnx-int8"]
+            optimizations["onnx-int8"] = {"from": FORMAT_FILES["onnx"], **quantised}
     if "torchscript" in formats:
         from distill.backend.torchscript_export import export_torchscript
 
+        model = AutoModelForSequenceClassification.from_pretrained(folder, dtype=torch.float32).eval()
         export_torchscript(model, example, folder / FORMAT_FILES["torchscript"])
         written["torchscript"] = FORMAT_FILES["torchscript"]
-    return written
+    return written, optimizations
 
 
 def _card(hf_dir: Path, out_dir: Path, folder: Path, report: ExportReport) -> dict[str, Any]:

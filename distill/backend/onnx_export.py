@@ -1,12 +1,26 @@
-"""ONNX graphs of a student: fp32 (``torch.onnx.export``), fp16 weights (for GPUs), int8 weights (for CPUs)."""
+"""ONNX graphs of a student: fp32 with onnxruntime's transformer fusions (for CPUs and GPUs), fp16 weights (GPUs).
+
+The graph is written by the TorchScript-based ``torch.onnx`` exporter from the model with eager attention, then
+rewritten by onnxruntime's transformer optimiser (``onnxruntime.transformers.optimizer``) for the BERT family:
+embeddings + LayerNorm -> ``EmbedLayerNormalization``, each self-attention block -> one ``Attention`` op, residual
++ LayerNorm -> ``SkipLayerNormalization``, bias + GELU -> ``BiasGelu``. The optimiser's attention and embedding
+patterns match the TorchScript exporter's graphs only: on the ``dynamo=True`` exporter's graph (torch >= 2.9's
+default) it fuses LayerNorm and GELU but no attention, and onnxscript's fusions for that graph give an
+``Attention`` that onnxruntime's int8 quantiser leaves in fp32 (``benchmarks/onnx_cpu.py --variants`` measures
+the three). The int8 graphs are quantised from the fused graph (:mod:`distill.backend.quantize`).
+"""
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
+from typing import Any
 
 import torch
 
-OPSET = 18
+OPSET = 17
+FUSED_MODEL_TYPES = ("bert",)
+"""Hugging Face ``model_type``s whose graphs onnxruntime's ``bert`` fusions are applied to; others stay plain."""
 
 
 class Logits(torch.nn.Module):
@@ -23,27 +37,57 @@ class Logits(torch.nn.Module):
 
 
 def export_onnx(model: torch.nn.Module, example: dict[str, torch.Tensor], path: Path) -> None:
-    """Write ``model`` (fp32, eval mode) as one ONNX file with dynamic batch and sequence axes.
+    """Write ``model`` (fp32, eval mode, eager attention) as one ONNX file with dynamic batch and sequence axes.
 
     Args:
-        model: an ``AutoModelForSequenceClassification`` with one label.
+        model: an ``AutoModelForSequenceClassification`` with one label, loaded with ``attn_implementation="eager"``
+            (the attention pattern the fusions of :func:`fuse_transformer` match).
         example: the graph's inputs (``input_ids``, ``attention_mask`` and maybe ``token_type_ids``, in that
             order), int64 ``[batch, sequence]`` with batch >= 2 and some padding, so that no size is specialised.
         path: the ``.onnx`` file; inputs named as ``example``'s keys, output ``logits`` ``[batch, 1]``.
     """
-    batch, sequence = torch.export.Dim("batch"), torch.export.Dim("sequence")
-    torch.onnx.export(
-        Logits(model).eval(),
-        tuple(example.values()),
+    with warnings.catch_warnings():
+        # The TorchScript-based exporter is deprecated in favour of dynamo=True, whose graphs the transformer
+        # fusions do not match (see the module docstring); its TracerWarnings are covered by the parity check.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)
+        torch.onnx.export(
+            Logits(model).eval(),
+            tuple(example.values()),
+            str(path),
+            input_names=list(example),
+            output_names=["logits"],
+            dynamic_axes={**{name: {0: "batch", 1: "sequence"} for name in example}, "logits": {0: "batch"}},
+            opset_version=OPSET,
+            dynamo=False,
+        )
+
+
+def fuse_transformer(path: Path, config: Any) -> dict[str, int]:
+    """Rewrite the graph at ``path`` with onnxruntime's transformer fusions, in place; the fused op counts.
+
+    Args:
+        path: a graph written by :func:`export_onnx`.
+        config: the model's Hugging Face config (``model_type``, ``num_attention_heads``, ``hidden_size``).
+
+    Returns:
+        Fused op type -> how many the graph now holds (for MiniLM-L6: ``EmbedLayerNormalization`` 1,
+        ``Attention`` 6, ``SkipLayerNormalization`` 12, ``BiasGelu`` 6); empty for a ``model_type`` not in
+        :data:`FUSED_MODEL_TYPES`, whose graph is left as it is.
+    """
+    if config.model_type not in FUSED_MODEL_TYPES:
+        return {}
+    from onnxruntime.transformers.optimizer import optimize_model
+
+    optimised = optimize_model(
         str(path),
-        input_names=list(example),
-        output_names=["logits"],
-        dynamic_shapes=tuple({0: batch, 1: sequence} for _ in example),
-        opset_version=OPSET,
-        dynamo=True,
-        external_data=False,
-        verbose=False,
+        model_type="bert",
+        num_heads=config.num_attention_heads,
+        hidden_size=config.hidden_size,
+        opt_level=0,  # the Python fusions only: the saved graph stays free of hardware-specific rewrites
     )
+    optimised.save_model_to_file(str(path))
+    return {op: n for op, n in optimised.get_fused_operator_statistics().items() if n}
 
 
 def convert_fp16(source: Path, target: Path) -> None:
@@ -52,17 +96,3 @@ def convert_fp16(source: Path, target: Path) -> None:
     from onnxruntime.transformers.float16 import convert_float_to_float16
 
     onnx.save(convert_float_to_float16(onnx.load(str(source)), keep_io_types=True), str(target))
-
-
-def quantize_int8(source: Path, target: Path) -> None:
-    """``source`` with int8 weights (``quantize_dynamic``: QInt8 weights with one scale per output channel,
-    activations quantised at run time), for CPUs.
-
-    Per-channel scales follow the students' weights more closely than one scale per tensor, which is what keeps
-    their ranking within the parity check's nDCG@10 bound (``benchmarks/int8.py`` compares the two on DL19).
-    onnxruntime's suggested pre-processing (``quant_pre_process``) is skipped: its symbolic shape inference does
-    not complete on torch.export graphs.
-    """
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
-    quantize_dynamic(str(source), str(target), weight_type=QuantType.QInt8, per_channel=True)

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from distill.backend.export import ExportReport
+from distill.backend.quantize import Calibration, Int8Mode
 
 
 @dataclass
@@ -20,7 +21,11 @@ class ExportConfig:
     fp16: bool = False
     """Also ``model.fp16.onnx`` (fp16 weights, for GPUs)."""
     int8: bool = False
-    """Also ``model.int8.onnx`` (int8 weights, for CPUs)."""
+    """Also ``model.int8.onnx`` (int8, for CPUs), checked against the nDCG@10 bound."""
+    int8_mode: Int8Mode = "static"
+    """``static`` (activation scales calibrated on ``calibration``) or ``dynamic`` (scales computed at run time)."""
+    calibration: Calibration = field(default_factory=Calibration)
+    """The pairs static int8 is calibrated on (default: DL21 and DL22 BM25 candidates, 4 per query)."""
     parity_input: str | None = None
     """Candidates to check on (default: the shipped DL19 BM25 top-100)."""
     qrels: str | None = None
@@ -49,4 +54,5 @@ def export(cfg: ExportConfig) -> ExportReport:
     if cfg.parity_input:
         data = load_candidates(cfg.parity_input, qrels=cfg.qrels)
         parity = ParitySet.from_data(data, cfg.parity_queries, cfg.parity_depth, cfg.ranking_queries)
-    return export_student(model, output, tuple(cfg.formats), cfg.fp16, cfg.int8, parity)
+    int8 = cfg.int8_mode if cfg.int8 else None
+    return export_student(model, output, tuple(cfg.formats), cfg.fp16, int8, parity, cfg.calibration)

@@ -1,0 +1,151 @@
+"""int8 graphs of a student for CPUs, quantised from its fused fp32 graph (:mod:`distill.backend.onnx_export`).
+
+- ``dynamic``: int8 weights with one scale per output channel; activations quantised at run time, one scale per
+  tensor from its min and max (``quantize_dynamic``: ``QAttention``, ``DynamicQuantizeMatMul``). Needs no data.
+- ``static``: int8 weights (per output channel) and uint8 activations whose scales are fixed by calibration on
+  real pairs (``quantize_static``, QDQ format): by default the TREC DL21 and DL22 BM25 candidates, never DL19,
+  the parity check's test set.
+
+Either way the parity check bounds the int8 graph's nDCG@10 change (:mod:`distill.backend.parity`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from distill.core.batching import token_budget_batches
+from distill.core.schema import InputError
+from distill.serving.encoding import Batch, encode_pairs, load_tokenizer, model_max_length, pad_batch
+
+Int8Mode = Literal["dynamic", "static"]
+REPO = Path(__file__).resolve().parents[2]
+DATA = REPO / "data"
+CALIBRATION_INPUTS = (str(DATA / "trec-dl21" / "bm25_top100.json"), str(DATA / "trec-dl22" / "bm25_top100.json"))
+"""The default calibration candidates: TREC DL21 (53 queries) and DL22 (76), BM25 top-100."""
+CALIBRATION_METHODS = ("MinMax", "Entropy", "Percentile")
+QUANTISED_OPS = ("MatMul", "Attention")
+"""The ops given int8 weights: the encoder's matmuls (the fused ``Attention`` holds Q, K and V). The embeddings
+(lookups, no arithmetic to save), the pooler and the classifier (one row per pair) stay fp32."""
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """The pairs static int8 scales are calibrated on, and how."""
+
+    inputs: tuple[str, ...] = CALIBRATION_INPUTS
+    """Candidate files (any ``distill teach`` input); none of the parity check's queries."""
+    per_query: int = 4
+    """Candidates per query, evenly spaced down its list (ranks 1, 26, 51, 76 of 100)."""
+    method: str = "MinMax"
+    """onnxruntime's calibration method: ``MinMax``, ``Entropy`` or ``Percentile`` (99.999th)."""
+    max_batch_tokens: int = 4096
+    """Padded tokens per calibration batch."""
+
+    def pairs(self) -> list[tuple[str, str]]:
+        """``(query, passage)`` pairs, query by query in input order."""
+        from distill.core.loaders import load_candidates
+
+        if self.per_query < 1 or self.method not in CALIBRATION_METHODS:
+            raise InputError(f"calibration: per_query >= 1 and method in {CALIBRATION_METHODS}, got {self}")
+        pairs = []
+        for source in self.inputs:
+            for cands in load_candidates(source).candidates:
+                step = max(1, len(cands.passages) // self.per_query)
+                pairs += [(cands.query.text, p.text) for p in cands.passages[::step][: self.per_query]]
+        if not pairs:
+            raise InputError(f"calibration: no candidates in {list(self.inputs)}")
+        return pairs
+
+    def batches(self, folder: Path) -> list[Batch]:
+        """The pairs encoded with the student in ``folder``'s tokenizer, padded into length-sorted batches."""
+        tokenizer = load_tokenizer(folder)
+        queries, passages = zip(*self.pairs(), strict=True)
+        encoded = encode_pairs(tokenizer, queries, passages, model_max_length(folder, tokenizer))
+        rows = token_budget_batches(encoded.lengths, self.max_batch_tokens)
+        return [pad_batch(tokenizer, [encoded.features[i] for i in batch]) for batch in rows]
+
+    def describe(self, batches: Sequence[Batch]) -> dict[str, Any]:
+        """What the card records: the inputs (relative to the repository where they are in it), the method, the
+        pairs and batches used."""
+        shown = [Path(p).resolve() for p in self.inputs]
+        return {
+            "inputs": [str(p.relative_to(REPO)) if p.is_relative_to(REPO) else str(p) for p in shown],
+            "per_query": self.per_query,
+            "method": self.method,
+            "pairs": sum(len(b["input_ids"]) for b in batches),
+            "batches": len(batches),
+        }
+
+
+class _Reader:
+    """onnxruntime's ``CalibrationDataReader``: the batches as feeds of the graph's inputs, then None."""
+
+    def __init__(self, batches: Sequence[Batch], input_names: Sequence[str]) -> None:
+        self._feeds: Iterator[dict[str, Any]] = iter([{n: b[n] for n in input_names} for b in batches])
+
+    def get_next(self) -> dict[str, Any] | None:
+        return next(self._feeds, None)
+
+    def __iter__(self):  # onnxruntime >= 1.17 iterates the reader
+        return iter(self.get_next, None)
+
+
+def quantize_int8(source: Path, target: Path, mode: Int8Mode, calibration: Calibration | None = None) -> dict[str, Any]:
+    """Write ``source`` (a fused fp32 graph in a student folder) as an int8 graph to ``target``; what was done.
+
+    Args:
+        mode: ``dynamic`` or ``static`` (see the module docstring).
+        calibration: the static mode's pairs and method (default :class:`Calibration`); unused by ``dynamic``.
+
+    Returns:
+        The card's record: mode, format, weight and activation types, and for ``static`` the calibration.
+    """
+    import onnx
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_dynamic, quantize_static
+
+    # onnx's shape inference stops at onnxruntime's fused ops; their outputs are fp32.
+    extra: dict[str, Any] = {"DefaultTensorType": onnx.TensorProto.FLOAT}
+    if mode == "dynamic":
+        quantize_dynamic(
+            str(source),
+            str(target),
+            op_types_to_quantize=list(QUANTISED_OPS),
+            weight_type=QuantType.QInt8,
+            per_channel=True,
+            extra_options=extra,
+        )
+        return {"mode": mode, "weights": "int8, one scale per output channel", "activations": "uint8, at run time"}
+    if mode != "static":
+        raise InputError(f"int8 mode must be 'dynamic' or 'static', not {mode!r}")
+    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+    calibration = calibration or Calibration()
+    batches = calibration.batches(source.parent)
+    if calibration.method == "Percentile":
+        extra["CalibPercentile"] = 99.999
+    # The quantiser quantises an activation only where it knows its type: onnxruntime's symbolic shape inference
+    # knows the fused ops, onnx's does not.
+    model = SymbolicShapeInference.infer_shapes(onnx.load(str(source)), auto_merge=True)
+    inputs = [i.name for i in model.graph.input]
+    quantize_static(
+        model,
+        str(target),
+        _Reader(batches, inputs),
+        op_types_to_quantize=list(QUANTISED_OPS),
+        quant_format=QuantFormat.QDQ,
+        per_channel=True,
+        activation_type=QuantType.QUInt8,
+        weight_type=QuantType.QInt8,
+        calibrate_method=getattr(CalibrationMethod, calibration.method),
+        extra_options=extra,
+    )
+    return {
+        "mode": mode,
+        "format": "QDQ",
+        "weights": "int8, one scale per output channel",
+        "activations": "uint8, calibrated scales",
+        "calibration": calibration.describe(batches),
+    }
