@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import re
@@ -247,10 +248,14 @@ def candidates() -> tuple[str, list[str]]:
     return first.query.text, [p.text for p in first.passages[:20]]
 
 
-@pytest.mark.parametrize(("backend", "dtype", "tolerance"), [("onnx", None, 1e-4), ("torchscript", None, 1e-4)])
+@pytest.mark.parametrize(
+    ("backend", "dtype", "tolerance"), [("onnx", None, 1e-4), ("torchscript", None, 1e-4), ("openvino", None, 1e-4)]
+)
 def test_reranker_backends_agree(
     exported: Path, candidates: tuple[str, list[str]], backend: str, dtype: str | None, tolerance: float
 ) -> None:
+    if backend == "openvino":
+        pytest.importorskip("openvino")
     query, passages = candidates
     reference = Reranker.load(exported).score(query, passages)
     reranker = Reranker.load(exported, backend=backend, dtype=dtype, max_batch_tokens=600)  # several batches
@@ -272,10 +277,25 @@ def test_reranker_restores_the_input_order(exported: Path, candidates: tuple[str
 def test_reranker_quantised_and_half_files(exported: Path, candidates: tuple[str, list[str]]) -> None:
     query, passages = candidates
     reference = Reranker.load(exported).score(query, passages)
-    int8 = Reranker.load(exported, backend="onnx", dtype="int8").score(query, passages)
+    int8 = Reranker.load(exported, backend="onnx", dtype="int8", threads=1).score(query, passages)
     assert np.corrcoef(int8, reference)[0, 1] > 0.99
+    if importlib.util.find_spec("openvino"):  # the same static int8 graph on OpenVINO
+        openvino = Reranker.load(exported, backend="openvino", dtype="int8", threads=1).score(query, passages)
+        assert np.corrcoef(openvino, reference)[0, 1] > 0.99
     fp16 = Reranker.load(exported, backend="onnx", dtype="float16").score(query, passages)
     np.testing.assert_allclose(fp16, reference, atol=2e-2, rtol=0)
+
+
+def test_session_settings_reach_onnxruntime() -> None:
+    import onnxruntime as ort
+
+    from distill.serving.scorers import SessionSettings
+
+    options = SessionSettings(threads=1, graph_optimization="basic", memory_arena=False, spinning=False).options()
+    assert options.intra_op_num_threads == 1 and not options.enable_cpu_mem_arena
+    assert options.graph_optimization_level == ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    assert SessionSettings().options().intra_op_num_threads == 0  # onnxruntime's default: one per physical core
 
 
 def test_reranker_bad_input(exported: Path, tmp_path: Path) -> None:

@@ -20,9 +20,9 @@ from distill.core.student_card import StudentCard
 from distill.serving.encoding import encode_pairs, load_tokenizer, model_max_length, pad_batch
 from distill.serving.scorers import Scorer, load_scorer, require_file
 
-BACKENDS = ("torch", "onnx", "torchscript")
+BACKENDS = ("torch", "onnx", "torchscript", "openvino")
 ONNX_DTYPES = {None: "onnx", "float32": "onnx", "float16": "onnx-fp16", "int8": "onnx-int8"}
-"""The ONNX backend's ``dtype`` -> the exported format it runs."""
+"""The ONNX backends' ``dtype`` -> the exported format they run (``onnx``: onnxruntime, ``openvino``: OpenVINO)."""
 
 
 class Reranker:
@@ -67,20 +67,24 @@ class Reranker:
         max_length: int | None = None,
         max_batch_tokens: int | None = None,
         interpolation: bool | float | None = None,
+        threads: int = 0,
     ) -> Reranker:
         """The student in ``path``: an HF folder (``torch``) or an export folder (any backend).
 
         Args:
-            backend: ``torch`` (the HF weights), ``onnx`` (onnxruntime) or ``torchscript``.
+            backend: ``torch`` (the HF weights), ``onnx`` (onnxruntime), ``torchscript`` or ``openvino`` (the ONNX
+                files on OpenVINO, CPU only; ``pip install 'cis-distill[openvino]'``).
             device: ``cpu`` or ``cuda[:N]``.
-            dtype: ``torch``: ``float32`` (default), ``float16`` or ``bfloat16``; ``onnx``: ``float32`` (default,
-                ``model.onnx``), ``float16`` (``model.fp16.onnx``) or ``int8`` (``model.int8.onnx``);
-                ``torchscript``: ``float32`` only.
+            dtype: ``torch``: ``float32`` (default), ``float16`` or ``bfloat16``; ``onnx`` and ``openvino``:
+                ``float32`` (default, ``model.onnx``), ``float16`` (``model.fp16.onnx``) or ``int8``
+                (``model.int8.onnx``); ``torchscript``: ``float32`` only.
             max_length: the longest pair in tokens; default the model's (up to 512).
             max_batch_tokens: the budget of padded tokens per batch (default
                 :data:`~distill.core.devices.STUDENT_BATCH_TOKENS`).
             interpolation: with the first stage: ``None`` as the student's card says (its α, where it was trained
                 to be used so); ``True`` the card's α; ``False`` never; a number that α.
+            threads: intra-op threads of ``onnx`` and ``openvino`` (0: one per physical core); torch's threads are
+                process-wide (``torch.set_num_threads``).
 
         Raises:
             MissingFileError: a file the backend needs is missing; the message names the folder and the file.
@@ -91,12 +95,14 @@ class Reranker:
             raise MissingFileError(f"{path}: no such model folder")
         if backend not in BACKENDS:
             raise InputError(f"backend must be one of {list(BACKENDS)}, not {backend!r}")
-        if backend == "onnx" and dtype not in ONNX_DTYPES:
-            raise InputError(f"the onnx backend's dtype is one of {list(ONNX_DTYPES)}, not {dtype!r}")
+        onnx = backend in ("onnx", "openvino")
+        if onnx and dtype not in ONNX_DTYPES:
+            raise InputError(f"the {backend} backend's dtype is one of {list(ONNX_DTYPES)}, not {dtype!r}")
         require_file(path, "config.json")
         require_file(path, "tokenizer_config.json")
-        fmt = ONNX_DTYPES[dtype] if backend == "onnx" else backend
-        scorer = load_scorer(path, fmt, device, None if backend == "onnx" else dtype)
+        fmt = ONNX_DTYPES[dtype] if onnx else backend
+        runtime = "openvino" if backend == "openvino" else "onnxruntime"
+        scorer = load_scorer(path, fmt, device, None if onnx else dtype, threads, runtime)
         tokenizer = load_tokenizer(path)
         limit = model_max_length(path, tokenizer)
         if max_length is not None and max_length > limit:

@@ -6,8 +6,9 @@ torch and onnxruntime are imported by the scorer that needs them, not by this mo
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Literal, Protocol
 
 import numpy as np
 
@@ -71,13 +72,44 @@ class TorchScorer:
             return self.model(**inputs).logits[:, 0].float().cpu().numpy()
 
 
+@dataclass(frozen=True)
+class SessionSettings:
+    """onnxruntime session options. The defaults are the fastest measured for the students on a 2-core AVX2 CPU
+    (``benchmarks/onnx_cpu.py``; results in ``benchmarks/results/onnx-cpu-*.json``)."""
+
+    threads: int = 0
+    """Intra-op threads; 0: onnxruntime's default, one per physical core."""
+    graph_optimization: Literal["disable", "basic", "extended", "all"] = "all"
+    """onnxruntime's graph optimisation level, applied when the session loads the graph."""
+    memory_arena: bool = True
+    """Reuse freed CPU memory in onnxruntime's arena instead of returning it to the allocator."""
+    spinning: bool = True
+    """Let idle intra-op threads spin for the next op instead of sleeping."""
+
+    def options(self):  # -> onnxruntime.SessionOptions
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = self.threads
+        options.graph_optimization_level = {
+            "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+            "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+            "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+            "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+        }[self.graph_optimization]
+        options.enable_cpu_mem_arena = self.memory_arena
+        options.add_session_config_entry("session.intra_op.allow_spinning", "1" if self.spinning else "0")
+        return options
+
+
 class OnnxScorer:
     """An ONNX graph with inputs named as the tokenizer's and a ``logits`` output ``[batch, 1]``, on onnxruntime."""
 
-    def __init__(self, path: Path, device: str = "cpu") -> None:
+    def __init__(self, path: Path, device: str = "cpu", settings: SessionSettings | None = None) -> None:
         import onnxruntime as ort
 
         require_file(path.parent, path.name)
+        settings = settings or SessionSettings()
         if device == "cpu":
             providers = ["CPUExecutionProvider"]
         elif device.startswith("cuda"):
@@ -87,12 +119,35 @@ class OnnxScorer:
             providers = [("CUDAExecutionProvider", {"device_id": int(index)})]
         else:
             raise InputError(f"{path}: device must be 'cpu' or 'cuda[:N]' for ONNX, not {device!r}")
-        self.session = ort.InferenceSession(str(path), providers=providers)
+        self.session = ort.InferenceSession(str(path), settings.options(), providers=providers)
         self.input_names = tuple(i.name for i in self.session.get_inputs())
 
     def __call__(self, batch: Batch) -> np.ndarray:
         (logits,) = self.session.run(["logits"], {name: batch[name] for name in self.input_names})
         return logits[:, 0].astype(np.float32)
+
+
+class OpenVinoScorer:
+    """An ONNX graph compiled by OpenVINO for the CPU, one inference stream (the optional extra
+    ``cis-distill[openvino]``); inputs and output as for :class:`OnnxScorer`."""
+
+    def __init__(self, path: Path, threads: int = 0) -> None:
+        try:
+            import openvino
+        except ImportError as e:
+            raise ImportError("the openvino backend needs OpenVINO: pip install 'cis-distill[openvino]'") from e
+        require_file(path.parent, path.name)
+        core = openvino.Core()
+        config: dict[str, object] = {"PERFORMANCE_HINT": "LATENCY"}
+        if threads:
+            config["INFERENCE_NUM_THREADS"] = threads
+        self.compiled = core.compile_model(core.read_model(str(path)), "CPU", config)
+        self.request = self.compiled.create_infer_request()
+        self.input_names = tuple(i.get_any_name() for i in self.compiled.inputs)
+
+    def __call__(self, batch: Batch) -> np.ndarray:
+        outputs = self.request.infer({name: batch[name] for name in self.input_names})
+        return np.asarray(outputs[self.compiled.output("logits")])[:, 0].astype(np.float32)
 
 
 class TorchScriptScorer:
@@ -114,10 +169,21 @@ class TorchScriptScorer:
         return scores.float().cpu().numpy()
 
 
-def load_scorer(folder: str | Path, fmt: str, device: str = "cpu", dtype: str | None = None) -> Scorer:
+def load_scorer(
+    folder: str | Path,
+    fmt: str,
+    device: str = "cpu",
+    dtype: str | None = None,
+    threads: int = 0,
+    runtime: Literal["onnxruntime", "openvino"] = "onnxruntime",
+) -> Scorer:
     """The scorer of format ``fmt`` (``torch`` or a key of :data:`FORMAT_FILES`) in ``folder``.
 
-    ``dtype`` (one of :data:`TORCH_DTYPES`) applies to ``torch`` only; the exported files have theirs.
+    Args:
+        dtype: one of :data:`TORCH_DTYPES`, for ``torch`` only; the exported files have theirs.
+        threads: intra-op threads of an ONNX graph's runtime (0: its default, one per physical core); torch's
+            threads are process-wide (``torch.set_num_threads``).
+        runtime: what runs an ONNX graph: ``onnxruntime`` (:class:`OnnxScorer`) or ``openvino`` (on a CPU).
     """
     folder = Path(folder)
     if fmt == "torch":
@@ -127,4 +193,10 @@ def load_scorer(folder: str | Path, fmt: str, device: str = "cpu", dtype: str | 
     if dtype not in (None, "float32"):
         raise InputError(f"{fmt} has a fixed dtype; dtype={dtype!r} applies to the torch backend only")
     path = folder / FORMAT_FILES[fmt]
-    return TorchScriptScorer(path, device) if fmt == "torchscript" else OnnxScorer(path, device)
+    if fmt == "torchscript":
+        return TorchScriptScorer(path, device)
+    if runtime == "openvino":
+        if device != "cpu":
+            raise InputError(f"{path}: the openvino backend runs on the CPU, not {device!r}")
+        return OpenVinoScorer(path, threads)
+    return OnnxScorer(path, device, SessionSettings(threads=threads))

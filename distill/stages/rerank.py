@@ -28,11 +28,12 @@ class RerankConfig:
     """For a TREC run input: the passages (TSV or JSONL)."""
     output: str | None = None
     """The TREC run to write (required; ``distill run`` sets it)."""
-    backend: Literal["torch", "onnx", "torchscript"] = "torch"
+    backend: Literal["torch", "onnx", "torchscript", "openvino"] = "torch"
+    """``openvino`` runs the ONNX files on OpenVINO (CPU; ``pip install 'cis-distill[openvino]'``)."""
     device: str = "cpu"
     """``cpu`` or ``cuda[:N]``."""
     dtype: str | None = None
-    """torch: float32, float16 or bfloat16; onnx: float32, float16 or int8."""
+    """torch: float32, float16 or bfloat16; onnx and openvino: float32, float16 or int8."""
     max_length: int | None = None
     """The longest pair in tokens (default: the model's)."""
     max_batch_tokens: int | None = None
