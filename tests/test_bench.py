@@ -11,7 +11,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from distill.bench import report
-from distill.bench.methods import baseline_method, student_method, teacher_method
+from distill.bench.methods import EncoderFlops, baseline_method, student_method, teacher_method
 from distill.bench.run import BenchConfig, run_bench
 from distill.bench.workload import rerank_workload, token_count_workloads
 from distill.cli import main
@@ -92,6 +92,22 @@ def test_methods_score_identical_inputs_identically(exported: Path, tiny_llama: 
     np.testing.assert_allclose(cis, cond - teacher.passage_logprobs(ids), rtol=1e-6)
 
 
+def test_matmul_flops_of_a_student(exported: Path, dl19, tokenizer) -> None:
+    """Weight matmuls: every layer's per token but the last's query, output and feed-forward, which only [CLS]
+    needs, as the pooler and the classifier; attention's QK^T and AV on each pair's own length (the last layer's
+    for [CLS] only); int8 backends count their weight matmuls as int8."""
+    counts = EncoderFlops.of(exported)
+    hidden, inner = 32, 64  # the tiny BERT of conftest: 2 layers
+    assert counts == EncoderFlops(2, hidden, inner, hidden * hidden + hidden)
+    layer = 4 * hidden * hidden + 2 * hidden * inner
+    per_token, per_pair = layer + 2 * hidden * hidden, 2 * hidden * hidden + 2 * hidden * inner + counts.head_weights
+    assert counts([3, 5]) == (2 * (per_token * 8 + per_pair * 2), 4 * hidden * (9 + 25 + 8))
+    call = token_count_workloads(dl19, tokenizer, [300])[0].calls[0]
+    fp32 = student_method(exported, "onnx-fp32", "cpu", None, 4096).matmul_flops(call)
+    int8 = student_method(exported, "onnx-int8", "cpu", None, 4096, threads=1).matmul_flops(call)
+    assert set(fp32) == {"float"} and int8["int8"] + int8["float"] == pytest.approx(fp32["float"])
+
+
 def test_bench_times_every_method_and_writes_json_csv_png(exported: Path, tiny_llama: Path, tmp_path: Path) -> None:
     config = BenchConfig(
         student=str(exported),
@@ -105,7 +121,8 @@ def test_bench_times_every_method_and_writes_json_csv_png(exported: Path, tiny_l
     )
     result = run_bench(config, "distill bench ...")
     expected = ["student torch-fp32", "student torchscript", "student onnx-fp32", "student onnx-int8"]
-    expected += ["st-crossencoder"] if "st-crossencoder" not in result["skipped"] else []
+    optional = ["student openvino-fp32", "student openvino-int8", "st-crossencoder"]
+    expected += [m for m in optional if m.removeprefix("student ") not in result["skipped"]]
     assert report.methods(result) == [*expected, "teacher cis"]
     assert report.workloads(result) == ["200 tokens", "400 tokens", "100 candidates"]
     for cell in result["cells"]:
@@ -114,6 +131,20 @@ def test_bench_times_every_method_and_writes_json_csv_png(exported: Path, tiny_l
         assert 0 < cell["p50_s"] <= cell["p95_s"] <= max(cell["seconds"])
         assert cell["pairs_per_s"] == pytest.approx(cell["pairs_per_call"] * cell["n"] / sum(cell["seconds"]))
         assert cell["peak_memory_bytes"] > 0 and cell["flop_floor_s"] > 0
+        assert cell["floor_fraction"] == pytest.approx(cell["flop_floor_s"] / cell["p50_s"])
+        int8 = cell["dtype"] == "int8"
+        assert set(cell["matmul_flops_per_call"]) == ({"int8", "float"} if int8 else {"float"}), cell["method"]
+    quality = result["quality"]
+    assert quality["queries"] == 43 and set(quality["ndcg10"]) == set(expected)  # every judged DL19 query
+    reference = quality["ndcg10"]["student torch-fp32"]
+    for method in ("student torchscript", "student onnx-fp32", "st-crossencoder"):
+        assert quality["ndcg10"].get(method, reference) == pytest.approx(reference, abs=0.01), method
+    summary = report.summary_table(result)
+    assert "100 candidates, p50 per call" in summary and "nDCG@10 on 43 judged queries" in summary
+    onnx_row = next(line for line in summary.splitlines() if "student onnx-fp32" in line)
+    torch_p50 = report.cell(result, "student torch-fp32", "100 candidates")["p50_s"]
+    onnx_p50 = report.cell(result, "student onnx-fp32", "100 candidates")["p50_s"]
+    assert f"{torch_p50 / onnx_p50:.2f}x" in onnx_row
     out = tmp_path / "bench"
     saved = json.loads((out / "bench.json").read_text())
     assert saved["command"] == "distill bench ..." and saved["cells"] == json.loads(json.dumps(result["cells"]))

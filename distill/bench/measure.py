@@ -91,6 +91,36 @@ def matmul_flops_per_s(device: torch.device, dtype: torch.dtype, size: int, reps
     return 2 * size**3 * reps / (time.perf_counter() - start)
 
 
+def int8_matmul_ops_per_s(size: int, reps: int, threads: int = 0) -> float:
+    """Integer ops/s (``2 * size**3`` a call: a multiply and an add per product) of a ``size``-square uint8 x int8
+    matmul with int32 results on onnxruntime's CPU kernels (``MatMulInteger``, the kernel of the int8 graphs),
+    averaged over ``reps`` calls; ``threads`` intra-op threads (0: one per physical core)."""
+    import numpy as np
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    weight = numpy_helper.from_array(rng.integers(-128, 128, (size, size), dtype=np.int8), "b")
+    graph = helper.make_graph(
+        [helper.make_node("MatMulInteger", ["a", "b"], ["c"])],
+        "int8_matmul",
+        [helper.make_tensor_value_info("a", TensorProto.UINT8, [size, size])],
+        [helper.make_tensor_value_info("c", TensorProto.INT32, [size, size])],
+        [weight],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    feed = {"a": rng.integers(0, 256, (size, size), dtype=np.uint8)}
+    for _ in range(3):
+        session.run(None, feed)
+    start = time.perf_counter()
+    for _ in range(reps):
+        session.run(None, feed)
+    return 2 * size**3 * reps / (time.perf_counter() - start)
+
+
 def environment(device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
     """Device, library versions, threads, compute dtype, git commit and UTC time of this run."""
     import transformers

@@ -1,8 +1,9 @@
 """The methods the latency benchmark times, each as ``score(query, passages) -> scores``, end to end
-(tokenisation included):
+(tokenisation included), with the matmul FLOPs of a call (what its FLOP floor is counted on):
 
 - the student on each backend (:class:`distill.serving.reranker.Reranker`): ``torch-fp32``, ``torch-fp16``,
-  ``torch-bf16``, ``torchscript``, ``onnx-fp32``, ``onnx-fp16``, ``onnx-int8``;
+  ``torch-bf16``, ``torchscript``, ``onnx-fp32``, ``onnx-fp16``, ``onnx-int8`` (onnxruntime), ``openvino-fp32``,
+  ``openvino-int8`` (the same ONNX files on OpenVINO, an optional extra);
 - the teacher: CIS with the teacher stage's scorer (:class:`teachers.teacher.CausalLMTeacher`), both terms
   computed per call (log p(K|Q) and log p(K); no p(K) cache);
 - the peer baseline: sentence-transformers' ``CrossEncoder.predict`` on the same student folder
@@ -11,6 +12,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,15 +33,19 @@ STUDENT_BACKENDS: dict[str, tuple[str, str | None]] = {
     "onnx-fp32": ("onnx", None),
     "onnx-fp16": ("onnx", "float16"),
     "onnx-int8": ("onnx", "int8"),
+    "openvino-fp32": ("openvino", None),
+    "openvino-int8": ("openvino", "int8"),
 }
 """Student backend name -> (:meth:`Reranker.load` backend, dtype)."""
 BASELINE = "st-crossencoder"
 ST_BATCH_SIZE = 100
 DEFAULT_BACKENDS = {
-    "cpu": ("torch-fp32", "torchscript", "onnx-fp32", "onnx-int8", BASELINE),
+    "cpu": ("torch-fp32", "torchscript", "onnx-fp32", "onnx-int8", "openvino-fp32", "openvino-int8", BASELINE),
     "cuda": ("torch-fp32", "torch-fp16", "torch-bf16", "torchscript", "onnx-fp16", BASELINE),
 }
-"""What runs by default on each device type (those whose files are there)."""
+"""What runs by default on each device type (those whose files are there, and OpenVINO where it is installed)."""
+FLOAT, INT8 = "float", "int8"
+"""The arithmetic of matmul FLOPs: the device's float compute dtype (fp32 on a CPU), or int8."""
 
 
 @dataclass
@@ -55,7 +61,10 @@ class Method:
     score: Callable[[str, list[str]], Sequence[float]]
     """``(query, passages) -> one score per passage``."""
     tokens_fed: Callable[[Call], int]
-    """Tokens the model reads for a call (padding excluded): what its FLOP floor is counted on."""
+    """Tokens the model reads for a call (padding excluded)."""
+    matmul_flops: Callable[[Call], dict[str, float]]
+    """Arithmetic (:data:`FLOAT`, :data:`INT8`) -> the FLOPs of a call's matmuls, padding excluded: what its FLOP
+    floor is counted on."""
 
 
 def count_parameters(folder: Path) -> int:
@@ -72,20 +81,77 @@ def count_parameters(folder: Path) -> int:
     return total
 
 
+@dataclass(frozen=True)
+class EncoderFlops:
+    """The matmul FLOPs a BERT-style cross-encoder's score needs: every layer at every position, but the last layer
+    beyond its keys and values only at the ``[CLS]`` position the score reads (see :mod:`distill.backend.cls_tail`),
+    then the pooler and the classifier once per pair."""
+
+    layers: int
+    hidden: int
+    intermediate: int
+    head_weights: int
+    """Entries of the 2-D weights applied once per pair (names with ``pooler`` or ``classifier``)."""
+
+    @classmethod
+    def of(cls, folder: Path) -> EncoderFlops:
+        """The shapes of the HF folder ``folder`` (``config.json`` and safetensors weights)."""
+        from safetensors import safe_open
+
+        head = 0
+        for file in sorted(folder.glob("*.safetensors")):
+            with safe_open(str(file), framework="pt") as weights:
+                for name in weights.keys():  # noqa: SIM118  (safe_open has no __iter__)
+                    shape = weights.get_slice(name).get_shape()
+                    if len(shape) == 2 and ("pooler" in name or "classifier" in name):
+                        head += int(np.prod(shape))
+        config = json.loads((folder / "config.json").read_text())
+        return cls(config["num_hidden_layers"], config["hidden_size"], config["intermediate_size"], head)
+
+    def __call__(self, lengths: Sequence[int]) -> tuple[float, float]:
+        """(FLOPs of the weight matmuls, FLOPs of attention's QK^T and AV) for pairs of ``lengths`` tokens."""
+        hidden, layer = self.hidden, 4 * self.hidden**2 + 2 * self.hidden * self.intermediate
+        per_token = (self.layers - 1) * layer + 2 * hidden**2  # the last layer's keys and values
+        per_pair = layer - 2 * hidden**2 + self.head_weights  # its query, output and feed-forward at [CLS]
+        weights = 2 * (per_token * sum(lengths) + per_pair * len(lengths))
+        attention = 4 * hidden * ((self.layers - 1) * sum(n * n for n in lengths) + sum(lengths))
+        return float(weights), float(attention)
+
+
 def student_method(
-    folder: Path, backend: str, device: str, max_length: int | None, max_batch_tokens: int | None
+    folder: Path,
+    backend: str,
+    device: str,
+    max_length: int | None,
+    max_batch_tokens: int | None,
+    threads: int = 0,
 ) -> Method:
-    """The student in ``folder`` on ``backend`` (a key of :data:`STUDENT_BACKENDS`)."""
+    """The student in ``folder`` on ``backend`` (a key of :data:`STUDENT_BACKENDS`); ``threads`` for the ONNX
+    runtimes (0: one per physical core)."""
     kind, dtype = STUDENT_BACKENDS[backend]
-    reranker = Reranker.load(folder, kind, device, dtype, max_length, max_batch_tokens, interpolation=False)
-
-    def tokens_fed(call: Call) -> int:
-        queries = [call.query] * len(call.passages)
-        return sum(encode_pairs(reranker.tokenizer, queries, call.passages, reranker.max_length).lengths)
-
-    return Method(
-        f"student {backend}", "student", dtype or "float32", count_parameters(folder), reranker.score, tokens_fed
+    reranker = Reranker.load(
+        folder, kind, device, dtype, max_length, max_batch_tokens, interpolation=False, threads=threads
     )
+    counts = EncoderFlops.of(folder)
+
+    def lengths(call: Call) -> list[int]:
+        queries = [call.query] * len(call.passages)
+        return encode_pairs(reranker.tokenizer, queries, call.passages, reranker.max_length).lengths
+
+    def matmul_flops(call: Call) -> dict[str, float]:
+        weights, attention = counts(lengths(call))
+        if dtype == "int8":  # int8 weights; the activation-by-activation matmuls stay fp32
+            return {INT8: weights, FLOAT: attention}
+        return {FLOAT: weights + attention}
+
+    n_params = count_parameters(folder)
+    return Method(
+        f"student {backend}", "student", dtype or "float32", n_params, reranker.score, _sum(lengths), matmul_flops
+    )
+
+
+def _sum(lengths: Callable[[Call], list[int]]) -> Callable[[Call], int]:
+    return lambda call: sum(lengths(call))
 
 
 def baseline_method(folder: Path, device: str, max_length: int | None) -> Method:
@@ -101,11 +167,17 @@ def baseline_method(folder: Path, device: str, max_length: int | None) -> Method
         pairs = [(query, p) for p in passages]
         return encoder.predict(pairs, batch_size=ST_BATCH_SIZE, show_progress_bar=False).tolist()
 
-    def tokens_fed(call: Call) -> int:
+    def lengths(call: Call) -> list[int]:
         encoded = tokenizer([call.query] * len(call.passages), call.passages, truncation=True, max_length=limit)
-        return sum(map(len, encoded["input_ids"]))
+        return list(map(len, encoded["input_ids"]))
 
-    return Method(BASELINE, "baseline", str(dtype).removeprefix("torch."), count_parameters(folder), score, tokens_fed)
+    def matmul_flops(call: Call) -> dict[str, float]:
+        return {FLOAT: sum(counts(lengths(call)))}
+
+    counts = EncoderFlops.of(folder)
+    n_params = count_parameters(folder)
+    name = str(dtype).removeprefix("torch.")
+    return Method(BASELINE, "baseline", name, n_params, score, _sum(lengths), matmul_flops)
 
 
 def teacher_method(teacher: CausalLMTeacher) -> Method:
@@ -123,4 +195,8 @@ def teacher_method(teacher: CausalLMTeacher) -> Method:
         cond = teacher.pair_sequences("logp_cond", [call.query] * len(ids), ids)
         return sum(map(len, cond)) + sum(map(len, teacher.passage_sequences(ids)))
 
-    return Method("teacher cis", "teacher", str(teacher.dtype).removeprefix("torch."), n_params, score, tokens_fed)
+    def matmul_flops(call: Call) -> dict[str, float]:  # every parameter once per token (embeddings included)
+        return {FLOAT: 2.0 * n_params * tokens_fed(call)}
+
+    dtype = str(teacher.dtype).removeprefix("torch.")
+    return Method("teacher cis", "teacher", dtype, n_params, score, tokens_fed, matmul_flops)

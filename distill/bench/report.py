@@ -25,7 +25,7 @@ CSV_FIELDS = (
     "pairs_per_s",
     "peak_memory_bytes",
     "flop_floor_s",
-    "floor_ratio",
+    "floor_fraction",
 )
 
 
@@ -59,6 +59,49 @@ def latency_table(result: dict[str, Any]) -> str:
         last = cell(result, method, names[-1])
         memory = f"{last['peak_memory_bytes'] / 2**20:>15.0f}" if last else f"{'-':>15}"
         lines.append(f"{method:<{width}}  " + "  ".join(row) + "  " + memory)
+    return "\n".join(lines)
+
+
+def summary_workload(result: dict[str, Any]) -> str:
+    """The workload the summary is about: reranking whole candidate lists if it ran, else the last."""
+    names = workloads(result)
+    return next((n for n in names if n.endswith("candidates")), names[-1])
+
+
+def summary_table(result: dict[str, Any]) -> str:
+    """Speed and quality side by side on one workload (see :func:`summary_workload`): each method's p50, its
+    speed-up over the student's PyTorch fp32 and over sentence-transformers, the fraction of its FLOP floor it
+    reaches, and its nDCG@10 and change from PyTorch fp32 on the judged queries of the input."""
+    name = summary_workload(result)
+    quality = result.get("quality") or {"ndcg10": {}}
+    ndcg = quality["ndcg10"]
+    references = {"torch fp32": "student torch-fp32", "st": "st-crossencoder"}
+    rates = result["matmul"]
+    rate_text = f"{rates['dtype']} {rates['flops_per_s'] / 1e9:.0f} GFLOP/s"
+    if rates.get("int8_ops_per_s"):
+        rate_text += f", int8 {rates['int8_ops_per_s'] / 1e9:.0f} GOP/s"
+    header = f"{name}, p50 per call; FLOP floor at the matmul rates of this run ({rate_text})"
+    if ndcg:
+        header += f"; nDCG@10 on {quality['queries']} judged queries"
+    rows = [c for c in result["cells"] if c["workload"] == name]
+    width = max(len(c["method"]) for c in rows)
+    lines = [header + ":", f"  {'method':<{width}}  {'ms':>8}  {'vs torch fp32':>13}  {'vs st':>7}  "
+             f"{'of FLOP floor':>13}  {'nDCG@10':>7}  {'Δ vs fp32':>9}"]  # fmt: skip
+    for c in rows:
+        ratios = []
+        for reference in references.values():
+            ref = cell(result, reference, name)
+            ratios.append(f"{ref['p50_s'] / c['p50_s']:.2f}x" if ref else "-")
+        fraction = c.get("floor_fraction")  # absent from results saved before it was reported
+        floor = "-" if fraction is None else f"{100 * fraction:.0f}%"
+        value = ndcg.get(c["method"])
+        reference = ndcg.get(quality.get("reference", ""))
+        delta = f"{value - reference:+.2f}" if value is not None and reference is not None else "-"
+        value_text = "-" if value is None else f"{value:.2f}"
+        lines.append(
+            f"  {c['method']:<{width}}  {_ms(c['p50_s']):>8}  {ratios[0]:>13}  {ratios[1]:>7}  {floor:>13}  "
+            f"{value_text:>7}  {delta:>9}"
+        )
     return "\n".join(lines)
 
 

@@ -20,27 +20,31 @@ from typing import Any
 import torch
 
 from distill.bench import report
-from distill.bench.measure import ROOT, dtype_name, environment, matmul_flops_per_s
+from distill.bench.measure import ROOT, dtype_name, environment, int8_matmul_ops_per_s, matmul_flops_per_s
 from distill.bench.methods import (
     BASELINE,
     DEFAULT_BACKENDS,
+    FLOAT,
+    INT8,
     STUDENT_BACKENDS,
     Method,
     baseline_method,
     student_method,
     teacher_method,
 )
+from distill.bench.quality import REFERENCE, QualitySet
 from distill.bench.timing import time_method
 from distill.bench.workload import TOKEN_COUNTS, Workload, rerank_workload, token_count_workloads
 from distill.core.devices import MATMUL_SIZE, TEACHER_BATCH_TOKENS, compute_dtype, resolve_device
 from distill.core.layout import RunLayout, student_folder
 from distill.core.loaders import load_candidates
-from distill.core.schema import InputError, MissingFileError
+from distill.core.schema import InputError, MissingFileError, RerankingData
 from distill.serving.encoding import load_tokenizer
 
 log = logging.getLogger(__name__)
 
 DEFAULT_INPUT = str(ROOT / "data" / "trec-dl19" / "bm25_top100.json")
+DEFAULT_QRELS = str(ROOT / "data" / "trec-dl19" / "qrels.txt")
 DEFAULT_TEACHER = "smollm2-135m"
 RANDOM_STUDENT = "bert-large-uncased"
 RANDOM_TEACHER = "meta-llama/Meta-Llama-3-8B"
@@ -60,6 +64,11 @@ class BenchConfig:
     """Build the student and the teacher from their configs with random weights (full-size timing offline)."""
     input: str = DEFAULT_INPUT
     """The candidates the calls are made of (any ``distill teach`` input)."""
+    qrels: str | None = DEFAULT_QRELS
+    """Qrels of ``input`` for the quality pass (default: DL19's, which judge the default input's 43 queries)."""
+    quality: bool = True
+    """Also rerank every judged query of ``input`` with each student method and the baseline (untimed) and report
+    its nDCG@10 and the change from the student's PyTorch fp32."""
     qid: str | None = None
     """The query of the token-count workloads (default: the one whose candidates hold the most tokens)."""
     token_counts: list[int] = field(default_factory=lambda: list(TOKEN_COUNTS))
@@ -67,12 +76,14 @@ class BenchConfig:
     rerank_queries: int = 3
     """Queries of the "rerank a query's candidates" workload (each with all its candidates); 0 to skip it."""
     backends: list[str] | None = None
-    """Student backends (of ``torch-fp32, torch-fp16, torch-bf16, torchscript, onnx-fp32, onnx-fp16,
-    onnx-int8``) and ``st-crossencoder``; default those of the device whose files exist."""
+    """Student backends (of ``torch-fp32, torch-fp16, torch-bf16, torchscript, onnx-fp32, onnx-fp16, onnx-int8,
+    openvino-fp32, openvino-int8``) and ``st-crossencoder``; default those of the device whose files exist (and
+    OpenVINO's where it is installed)."""
     device: str = "auto"
     """``auto`` (cuda if there is one), ``cpu`` or ``cuda[:N]``."""
     threads: int | None = None
-    """torch threads on a CPU (onnxruntime uses its default, the physical cores)."""
+    """Threads on a CPU: torch's, and the intra-op threads of onnxruntime and OpenVINO (default: torch's default,
+    and one per physical core)."""
     warmup: int = 1
     repeats: int = 10
     max_seconds: float = 20.0
@@ -103,7 +114,7 @@ class BenchReport:
     compare: bool
 
     def format(self) -> str:
-        lines = [report.latency_table(self.result)]
+        lines = [report.latency_table(self.result), "", report.summary_table(self.result)]
         lines += [f"skipped {name}: {reason}" for name, reason in self.result["skipped"].items()]
         if self.compare:
             lines.append("\n" + report.compare_table(self.result))
@@ -157,6 +168,7 @@ def _students(
 ) -> tuple[list[tuple[str, Callable[[], Method]]], dict[str, str]]:
     """The student methods to time, each as (backend name, a function that loads it), and the reason each
     default backend left out is left out (its file is missing)."""
+    from distill.serving.reranker import ONNX_DTYPES
     from distill.serving.scorers import FORMAT_FILES
 
     requested = config.backends is not None
@@ -167,19 +179,18 @@ def _students(
     loaders, skipped = [], {}
     for name in names:
         kind, dtype = STUDENT_BACKENDS.get(name, ("torch", None))
-        fmt = {"float16": "onnx-fp16", "int8": "onnx-int8"}.get(dtype or "", "onnx") if kind == "onnx" else kind
+        fmt = ONNX_DTYPES[dtype] if kind in ("onnx", "openvino") else kind
         if fmt in FORMAT_FILES and not (folder / FORMAT_FILES[fmt]).is_file() and not requested:
             skipped[name] = f"no {FORMAT_FILES[fmt]} in {folder}"
         elif name == BASELINE:
             loaders.append((name, partial(baseline_method, folder, str(device), config.max_length)))
         else:
-            load = partial(student_method, folder, name, str(device), config.max_length, config.max_batch_tokens)
-            loaders.append((name, load))
+            args = (folder, name, str(device), config.max_length, config.max_batch_tokens, config.threads or 0)
+            loaders.append((name, partial(student_method, *args)))
     return loaders, skipped
 
 
-def _workloads(config: BenchConfig, tokenizer: Any) -> list[Workload]:
-    data = load_candidates(config.input)
+def _workloads(config: BenchConfig, data: RerankingData, tokenizer: Any) -> list[Workload]:
     workloads = token_count_workloads(data, tokenizer, config.token_counts, config.qid) if config.token_counts else []
     if config.rerank_queries:
         workloads.append(rerank_workload(data, tokenizer, config.rerank_queries))
@@ -211,17 +222,22 @@ def run_bench(config: BenchConfig, command: str | None = None) -> dict[str, Any]
     with tempfile.TemporaryDirectory(prefix="cis-distill-bench-") as scratch:
         folder = _random_student(config, Path(scratch)) if config.random_weights else student_folder(config.student)
         out = default_output(config, None if config.random_weights else folder, device)
-        workloads = _workloads(config, load_tokenizer(folder))
+        data = load_candidates(config.input, qrels=config.qrels)
+        workloads = _workloads(config, data, load_tokenizer(folder))
+        quality = QualitySet.of(data) if config.quality else None
         loaders, skipped = _students(config, folder, device)
         if config.teacher != "none":
             loaders.append(("teacher", partial(_teacher, config, device)))
         rate_dtype = compute_dtype(device)
-        rate = matmul_flops_per_s(device, rate_dtype, config.matmul_size or MATMUL_SIZE[device.type], 10)
+        size = config.matmul_size or MATMUL_SIZE[device.type]
+        rates = {FLOAT: matmul_flops_per_s(device, rate_dtype, size, 10)}
+        if device.type == "cpu":
+            rates[INT8] = int8_matmul_ops_per_s(size, 10, config.threads or 0)
         result = {
             "command": command,
             "config": asdict(config),
             "environment": environment(device, rate_dtype),
-            "matmul": {"dtype": dtype_name(rate_dtype), "flops_per_s": rate},
+            "matmul": {"dtype": dtype_name(rate_dtype), "flops_per_s": rates[FLOAT], "int8_ops_per_s": rates.get(INT8)},
             "student": {
                 "name": f"random {config.student or RANDOM_STUDENT}" if config.random_weights else str(config.student),
                 "folder": None if config.random_weights else str(folder),
@@ -237,6 +253,9 @@ def run_bench(config: BenchConfig, command: str | None = None) -> dict[str, Any]
                 for w in workloads
             ],
             "cells": [],
+            "quality": None
+            if quality is None
+            else {"qrels": config.qrels, "queries": len(quality.candidates), "reference": REFERENCE, "ndcg10": {}},
             "complete": False,
         }
         out.mkdir(parents=True, exist_ok=True)
@@ -250,8 +269,11 @@ def run_bench(config: BenchConfig, command: str | None = None) -> dict[str, Any]
                 continue
             for workload in workloads:
                 log.warning("timing %s on %s", method.name, workload.name)
-                cell = time_method(method, workload, device, config.warmup, config.repeats, config.max_seconds, rate)
+                cell = time_method(method, workload, device, config.warmup, config.repeats, config.max_seconds, rates)
                 result["cells"].append(cell.to_json())
+            if quality is not None and method.role != "teacher":
+                log.warning("nDCG@10 of %s on %d judged queries", method.name, len(quality.candidates))
+                result["quality"]["ndcg10"][method.name] = quality.ndcg10(method)
             _write_json(result, out)  # a later method that fails loses none of the figures already taken
             del method
             gc.collect()

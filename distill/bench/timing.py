@@ -27,11 +27,14 @@ class Cell:
     passage_tokens_per_call: float
     tokens_fed_per_call: float
     """Tokens the model reads per call, padding excluded (students: query + passage + special tokens)."""
+    matmul_flops_per_call: dict[str, float]
+    """Arithmetic (``float``, ``int8``) -> the FLOPs of a call's matmuls, padding excluded (see ``Method``)."""
     seconds: list[float]
     """Wall time of each timed call, device synchronised at both ends, tokenisation included."""
     peak_memory_bytes: int
     flop_floor_s: float | None
-    """``2 * n_params * tokens_fed_per_call`` over the measured matmul rate: the time the FLOPs take at best."""
+    """The time a call's matmul FLOPs take at the matmul rates measured in the same run (float, and int8 where
+    the method has int8 matmuls): the hardware's limit for the call."""
 
     @property
     def p50_s(self) -> float:
@@ -52,7 +55,7 @@ class Cell:
             "p50_s": self.p50_s,
             "p95_s": self.p95_s,
             "pairs_per_s": self.pairs_per_s,
-            "floor_ratio": None if self.flop_floor_s is None else self.p50_s / self.flop_floor_s,
+            "floor_fraction": None if self.flop_floor_s is None else self.flop_floor_s / self.p50_s,
         }
 
 
@@ -63,13 +66,13 @@ def time_method(
     warmup: int,
     repeats: int,
     max_seconds: float,
-    matmul_flops_per_s: float | None,
+    rates: dict[str, float] | None,
 ) -> Cell:
     """Time ``method`` on every call of ``workload``.
 
     ``warmup`` untimed rounds, then up to ``repeats`` timed rounds (each round calls every call once), stopping
     after the first round that ends past ``max_seconds`` of timed work: slow methods get fewer samples, at
-    least one round.
+    least one round. ``rates`` (arithmetic -> matmul FLOP/s) give the FLOP floor; None for no floor.
     """
     for _ in range(warmup):
         for call in workload.calls:
@@ -89,7 +92,9 @@ def time_method(
         if sum(seconds) > max_seconds:
             break
     tokens_fed = float(np.mean([method.tokens_fed(call) for call in workload.calls]))
-    floor = None if matmul_flops_per_s is None else 2 * method.n_params * tokens_fed / matmul_flops_per_s
+    per_call = [method.matmul_flops(call) for call in workload.calls]
+    flops = {kind: float(np.mean([f.get(kind, 0.0) for f in per_call])) for kind in per_call[0]}
+    floor = None if rates is None else sum(n / rates[kind] for kind, n in flops.items())
     return Cell(
         method.name,
         method.role,
@@ -99,6 +104,7 @@ def time_method(
         workload.pairs_per_call,
         workload.passage_tokens_per_call,
         tokens_fed,
+        flops,
         seconds,
         probe.peak(),
         floor,
