@@ -48,9 +48,12 @@ def export_onnx(model: torch.nn.Module, example: dict[str, torch.Tensor], path: 
     """
     with warnings.catch_warnings():
         # The TorchScript-based exporter is deprecated in favour of dynamo=True, whose graphs the transformer
-        # fusions do not match (see the module docstring); its TracerWarnings are covered by the parity check.
+        # fusions do not match (see the module docstring). What its tracer warns about (shape-dependent branches
+        # taken as constants, index ops that would misread negative indices) the parity check at several batch
+        # sizes and lengths covers.
         warnings.simplefilter("ignore", DeprecationWarning)
         warnings.simplefilter("ignore", torch.jit.TracerWarning)
+        warnings.filterwarnings("ignore", message="Exporting aten::index operator", category=UserWarning)
         torch.onnx.export(
             Logits(model).eval(),
             tuple(example.values()),

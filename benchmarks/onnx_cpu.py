@@ -1,0 +1,447 @@
+"""The student on a CPU: which ONNX graph, which onnxruntime session settings and which runtime (onnxruntime or
+OpenVINO) rerank a DL19 query's 100 BM25 candidates fastest, and where the time goes.
+
+Every figure is the p50 of end-to-end calls as ``distill bench`` makes them (``Reranker.score``: tokenisation, a
+length-sorted batch loop under a token budget), over ``--repeats`` rounds of the first ``--queries`` DL19 queries
+after one warm-up round. Stages (``--stages``, all by default):
+
+- ``variants``: each graph at the default settings: fp32 from the dynamo exporter (the export before this one),
+  with onnxscript's fusions, from the TorchScript exporter, fused by onnxruntime's transformer optimiser, and fused
+  with the last layer's tail on [CLS] only (``fp32-fused-tail``: what ``distill export`` writes); int8 dynamic from
+  the dynamo graph (the former ``model.int8.onnx``) and from the export's graph, int8 static (calibrated on DL21 +
+  DL22) from the export's graph (its ``Attention`` stays fp32) and from a graph fused without ``Attention`` (all
+  matmuls or only the weight matmuls quantised). Each int8 graph's nDCG@10 against PyTorch fp32 on all 43 judged
+  DL19 queries (the export's parity bound) is measured beside its time.
+- ``sessions``: one setting at a time away from the defaults, on ``fp32-fused-tail`` and on ``--int8``: intra-op
+  threads, graph optimisation level, memory arena, spinning, the batch token budget, and ``--threads`` batches in
+  flight on single-threaded runs instead of one batch on all threads.
+- ``openvino``: the graphs OpenVINO reads (if installed), one stream of ``--threads`` threads, and ``--threads``
+  single-threaded streams with a batch in flight on each.
+- ``profile``: onnxruntime's profile of the default settings on the fused fp32 graph and on ``--int8``: the time
+  per op type, and the share of the call outside the graph (tokenisation, padding, Python).
+
+    python benchmarks/onnx_cpu.py --student checkpoints/standin-dl21 --threads 2
+    # -> benchmarks/results/onnx-cpu-<run>.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from _common import RESULTS, display_path, invocation, slug
+
+from distill.backend.cls_tail import run_tail_on_first_token
+from distill.backend.export import EXAMPLE_PAIRS
+from distill.backend.onnx_export import Logits, export_onnx, fuse_transformer
+from distill.backend.parity import dl19_parity_set, ranking_ndcg10
+from distill.backend.quantize import Calibration, quantize_int8
+from distill.bench.measure import environment, int8_matmul_ops_per_s, matmul_flops_per_s
+from distill.core.batching import token_budget_batches
+from distill.core.devices import STUDENT_BATCH_TOKENS
+from distill.core.layout import student_folder
+from distill.core.loaders import load_candidates
+from distill.serving.encoding import encode_pairs, load_tokenizer, model_max_length, pad_batch
+from distill.serving.reranker import Reranker
+from distill.serving.scorers import OnnxScorer, OpenVinoScorer, Scorer, SessionSettings, TorchScorer
+
+STAGES = ("variants", "sessions", "openvino", "profile")
+DL19 = Path(__file__).resolve().parents[1] / "data" / "trec-dl19" / "bm25_top100.json"
+BUDGETS = (256, 512, 1024, 2048, 4096, 8192, 16384)
+
+
+# ----------------------------------------------------------------------------- graphs
+
+
+def _example(folder: Path) -> dict[str, Any]:
+    import torch
+
+    tokenizer = load_tokenizer(folder)
+    queries, passages = zip(*EXAMPLE_PAIRS, strict=True)
+    encoded = encode_pairs(tokenizer, queries, passages, model_max_length(folder, tokenizer))
+    return {k: torch.from_numpy(v) for k, v in pad_batch(tokenizer, encoded.features).items()}
+
+
+def build_graphs(hf: Path, out: Path) -> dict[str, Path]:
+    """Every graph variant of the student in ``hf`` (an HF folder), written into ``out`` (a copy of ``hf``)."""
+    import onnx
+    import onnx_ir
+    import torch
+    from onnxruntime.quantization import QuantFormat, QuantType, quantize_dynamic, quantize_static
+    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+    from onnxruntime.transformers.fusion_options import FusionOptions
+    from onnxruntime.transformers.optimizer import optimize_model
+    from onnxscript.rewriter.ort_fusions import optimize_for_ort
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+
+    config = AutoConfig.from_pretrained(hf)
+    example = _example(hf)
+    paths = {name: out / f"{name}.onnx" for name in ("fp32-dynamo", "fp32-dynamo-onnxscript", "fp32-torchscript")}
+    model = AutoModelForSequenceClassification.from_pretrained(hf, dtype=torch.float32).eval()
+    batch, sequence = torch.export.Dim("batch"), torch.export.Dim("sequence")
+    torch.onnx.export(  # the export of distill before fusions: dynamo=True, opset 18, SDPA attention
+        Logits(model),
+        tuple(example.values()),
+        str(paths["fp32-dynamo"]),
+        input_names=list(example),
+        output_names=["logits"],
+        dynamic_shapes=tuple({0: batch, 1: sequence} for _ in example),
+        opset_version=18,
+        dynamo=True,
+        external_data=False,
+    )
+    fused, _ = optimize_for_ort(onnx_ir.load(str(paths["fp32-dynamo"])))
+    onnx_ir.save(fused, str(paths["fp32-dynamo-onnxscript"]))
+    eager = AutoModelForSequenceClassification.from_pretrained(hf, dtype=torch.float32, attn_implementation="eager")
+    export_onnx(eager.eval(), example, paths["fp32-torchscript"])
+    for name in ("fp32-fused", "fp32-fused-tail"):  # the latter is what distill export writes
+        paths[name] = out / f"{name}.onnx"
+        paths[name].write_bytes(paths["fp32-torchscript"].read_bytes())
+        fuse_transformer(paths[name], config)
+    run_tail_on_first_token(paths["fp32-fused-tail"])
+    options = FusionOptions("bert")
+    options.enable_attention = False
+    no_attention = out / "fp32-fused-no-attention.onnx"
+    optimize_model(
+        str(paths["fp32-torchscript"]),
+        model_type="bert",
+        num_heads=config.num_attention_heads,
+        hidden_size=config.hidden_size,
+        opt_level=0,
+        optimization_options=options,
+    ).save_model_to_file(str(no_attention))
+    run_tail_on_first_token(no_attention)
+    paths["fp32-fused-no-attention"] = no_attention
+
+    paths["int8-dynamic-dynamo"] = out / "int8-dynamic-dynamo.onnx"  # the former model.int8.onnx
+    quantize_dynamic(str(paths["fp32-dynamo"]), str(paths["int8-dynamic-dynamo"]), weight_type=QuantType.QInt8,
+                     per_channel=True)  # fmt: skip
+    paths["int8-dynamic"] = out / "int8-dynamic.onnx"
+    quantize_int8(paths["fp32-fused-tail"], paths["int8-dynamic"], "dynamic")
+    paths["int8-static"] = out / "int8-static.onnx"
+    quantize_int8(paths["fp32-fused-tail"], paths["int8-static"], "static")
+    batches = Calibration().batches(hf)
+    for name, const_b_only in (("int8-static-no-attention", False), ("int8-static-no-attention-weights", True)):
+        paths[name] = out / f"{name}.onnx"
+        shaped = SymbolicShapeInference.infer_shapes(onnx.load(str(no_attention)), auto_merge=True)
+        quantize_static(  # as distill.backend.quantize does, with the attention matmuls unfused
+            shaped,
+            str(paths[name]),
+            _Feeds(batches, [i.name for i in shaped.graph.input]),
+            op_types_to_quantize=["MatMul"],
+            quant_format=QuantFormat.QDQ,
+            per_channel=True,
+            activation_type=QuantType.QUInt8,
+            weight_type=QuantType.QInt8,
+            extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT, "MatMulConstBOnly": const_b_only},
+        )
+    return paths
+
+
+class _Feeds:
+    def __init__(self, batches: Sequence[dict[str, np.ndarray]], names: Sequence[str]) -> None:
+        self.feeds = iter([{n: b[n] for n in names} for b in batches])
+
+    def get_next(self) -> dict[str, np.ndarray] | None:
+        return next(self.feeds, None)
+
+
+def op_counts(path: Path) -> dict[str, int]:
+    import onnx
+
+    counts: dict[str, int] = defaultdict(int)
+    for node in onnx.load(str(path), load_external_data=False).graph.node:
+        counts[node.op_type] += 1
+    return dict(sorted(counts.items(), key=lambda kv: -kv[1]))
+
+
+# ----------------------------------------------------------------------------- timing
+
+
+class Workload:
+    """The first queries of DL19 with their 100 BM25 candidates, and the tokenizer of the student."""
+
+    def __init__(self, folder: Path, queries: int) -> None:
+        self.tokenizer = load_tokenizer(folder)
+        self.max_length = model_max_length(folder, self.tokenizer)
+        self.calls = [(c.query.text, [p.text for p in c.passages]) for c in load_candidates(DL19).candidates[:queries]]
+
+
+def reranker(scorer: Scorer, work: Workload, budget: int) -> Reranker:
+    return Reranker(scorer, work.tokenizer, work.max_length, budget)
+
+
+def parallel_score(ranker: Reranker, pool: ThreadPoolExecutor) -> Callable[[str, list[str]], list[float]]:
+    """``Reranker.score`` with its batches run by ``pool``'s threads, several at a time."""
+
+    def score(query: str, passages: list[str]) -> list[float]:
+        encoded = encode_pairs(ranker.tokenizer, [query] * len(passages), passages, ranker.max_length)
+        rows = token_budget_batches(encoded.lengths, ranker.max_batch_tokens)
+        batches = [pad_batch(ranker.tokenizer, [encoded.features[i] for i in batch]) for batch in rows]
+        scores = np.empty(len(passages), dtype=np.float32)
+        for batch, values in zip(rows, pool.map(ranker.scorer, batches), strict=True):
+            scores[batch] = values
+        return scores.tolist()
+
+    return score
+
+
+def time_calls(score: Callable[[str, list[str]], Sequence[float]], work: Workload, repeats: int) -> dict[str, Any]:
+    """One warm-up round, then ``repeats`` timed rounds of every call: p50, p95 and every time, in seconds."""
+    for query, passages in work.calls:
+        score(query, passages)
+    seconds = []
+    for _ in range(repeats):
+        for query, passages in work.calls:
+            start = time.perf_counter()
+            score(query, passages)
+            seconds.append(time.perf_counter() - start)
+    return {"p50_s": float(np.percentile(seconds, 50)), "p95_s": float(np.percentile(seconds, 95)), "seconds": seconds}
+
+
+class Quality:
+    """nDCG@10 of rankings on all judged DL19 queries (each query's 100 candidates), against PyTorch fp32's."""
+
+    def __init__(self, hf: Path, work: Workload) -> None:
+        parity = dl19_parity_set()
+        self.pairs, self.qrels = parity.ranking, parity.qrels
+        self.queries: dict[str, list[int]] = defaultdict(list)
+        for i, pair in enumerate(self.pairs):
+            self.queries[pair.qid].append(i)
+        self.work = work
+        self.reference = self.ndcg(TorchScorer(hf))
+
+    def ndcg(self, scorer: Scorer) -> float:
+        ranker = reranker(scorer, self.work, STUDENT_BATCH_TOKENS["cpu"])
+        scores = np.empty(len(self.pairs))
+        for rows in self.queries.values():
+            scores[rows] = ranker.score(self.pairs[rows[0]].query, [self.pairs[i].passage for i in rows])
+        return ranking_ndcg10(self.pairs, scores, self.qrels)
+
+    def delta(self, scorer: Scorer) -> dict[str, float]:
+        value = self.ndcg(scorer)
+        return {"ndcg10": value, "delta": value - self.reference, "pytorch_ndcg10": self.reference}
+
+
+# ----------------------------------------------------------------------------- stages
+
+
+def stage_variants(graphs: dict[str, Path], work: Workload, args: argparse.Namespace, quality: Quality | None):
+    rows = []
+    settings = SessionSettings(threads=args.threads)
+    for name, path in graphs.items():
+        if name == "fp32-fused-no-attention" and not args.all_variants:
+            continue
+        scorer = OnnxScorer(path, settings=settings)
+        row = {"graph": name, **time_calls(reranker(scorer, work, args.budget).score, work, args.repeats)}
+        row["ops"] = op_counts(path)
+        if quality is not None and name.startswith("int8"):
+            row["ndcg10"] = quality.delta(scorer)
+        rows.append(row)
+        print(_line(name, row), flush=True)
+    return rows
+
+
+def stage_sessions(graphs: dict[str, Path], work: Workload, args: argparse.Namespace):
+    rows = []
+    base = SessionSettings(threads=args.threads)
+    changes: list[tuple[str, SessionSettings, int, int]] = [("defaults", base, args.budget, 1)]
+    changes += [(f"threads={n}", replace(base, threads=n), args.budget, 1) for n in (1, 2, 4) if n != args.threads]
+    changes += [(f"graph_optimization={g}", replace(base, graph_optimization=g), args.budget, 1)
+                for g in ("disable", "basic", "extended")]  # fmt: skip
+    changes += [("memory_arena=off", replace(base, memory_arena=False), args.budget, 1)]
+    changes += [("spinning=off", replace(base, spinning=False), args.budget, 1)]
+    changes += [(f"max_batch_tokens={b}", base, b, 1) for b in BUDGETS if b != args.budget]
+    changes += [(f"{args.threads} batches in flight x 1 thread, max_batch_tokens={b}", replace(base, threads=1), b,
+                 args.threads) for b in (512, 1024, 2048)]  # fmt: skip
+    for graph in ("fp32-fused-tail", args.int8):
+        for label, settings, budget, workers in changes:
+            ranker = reranker(OnnxScorer(graphs[graph], settings=settings), work, budget)
+            if workers == 1:
+                row = time_calls(ranker.score, work, args.repeats)
+            else:
+                with ThreadPoolExecutor(workers) as pool:
+                    row = time_calls(parallel_score(ranker, pool), work, args.repeats)
+            row = {"graph": graph, "change": label, "settings": asdict(settings), "max_batch_tokens": budget, **row}
+            rows.append(row)
+            print(_line(f"{graph} {label}", row), flush=True)
+    return rows
+
+
+class OpenVinoStreams:
+    """An ONNX graph on OpenVINO with ``streams`` single-threaded inference streams and one infer request per
+    calling thread, for batches run several at a time (:func:`parallel_score`)."""
+
+    def __init__(self, path: Path, streams: int) -> None:
+        import openvino
+
+        core = openvino.Core()
+        config = {"PERFORMANCE_HINT": "THROUGHPUT", "NUM_STREAMS": streams, "INFERENCE_NUM_THREADS": streams}
+        self.compiled = core.compile_model(core.read_model(str(path)), "CPU", config)
+        self.input_names = tuple(i.get_any_name() for i in self.compiled.inputs)
+        self.local = threading.local()
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> np.ndarray:
+        if not hasattr(self.local, "request"):
+            self.local.request = self.compiled.create_infer_request()
+        outputs = self.local.request.infer({name: batch[name] for name in self.input_names})
+        return np.asarray(outputs[self.compiled.output("logits")])[:, 0].astype(np.float32)
+
+
+def stage_openvino(graphs: dict[str, Path], work: Workload, args: argparse.Namespace, quality: Quality | None):
+    """Each graph OpenVINO reads, one stream of ``--threads`` threads at two batch budgets; the fused fp32 and
+    the static int8 graphs also with ``--threads`` single-threaded streams, a batch in flight on each."""
+    try:
+        import openvino
+    except ImportError:
+        print("openvino: not installed (pip install 'cis-distill[openvino]'), skipped")
+        return {"skipped": "openvino is not installed"}
+    rows = []
+    for graph in ("fp32-torchscript", "fp32-fused-tail", "int8-static", "int8-static-no-attention",
+                  "int8-static-no-attention-weights", "int8-dynamic-dynamo"):  # fmt: skip
+        for budget in (args.budget, 4 * args.budget):
+            try:
+                scorer = OpenVinoScorer(graphs[graph], threads=args.threads)
+            except RuntimeError as e:  # an op OpenVINO cannot convert
+                rows.append({"graph": graph, "error": str(e).strip().splitlines()[-1]})
+                print(f"openvino {graph}: {rows[-1]['error']}")
+                break
+            row = {"graph": graph, "streams": 1, "max_batch_tokens": budget}
+            row.update(time_calls(reranker(scorer, work, budget).score, work, args.repeats))
+            if quality is not None and graph.startswith("int8") and budget == args.budget:
+                row["ndcg10"] = quality.delta(scorer)
+            rows.append(row)
+            print(_line(f"openvino {graph} max_batch_tokens={budget}", row), flush=True)
+    for graph in ("fp32-fused-tail", "int8-static"):
+        streams = OpenVinoStreams(graphs[graph], args.threads)
+        with ThreadPoolExecutor(args.threads) as pool:
+            timed = time_calls(parallel_score(reranker(streams, work, args.budget), pool), work, args.repeats)
+        rows.append({"graph": graph, "streams": args.threads, "max_batch_tokens": args.budget, **timed})
+        print(_line(f"openvino {graph} {args.threads} streams x 1 thread", rows[-1]), flush=True)
+    return {"version": openvino.__version__, "rows": rows}
+
+
+class ProfiledScorer(OnnxScorer):
+    """:class:`OnnxScorer` with onnxruntime's profiler on, writing its trace under ``prefix``."""
+
+    def __init__(self, path: Path, settings: SessionSettings, prefix: Path) -> None:
+        import onnxruntime as ort
+
+        options = settings.options()
+        options.enable_profiling = True
+        options.profile_file_prefix = str(prefix)
+        self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        self.input_names = tuple(i.name for i in self.session.get_inputs())
+
+
+def stage_profile(graphs: dict[str, Path], work: Workload, args: argparse.Namespace, tmp: Path):
+    """onnxruntime's profile of one round of calls after a warm-up round: per call, the wall time, the time in the
+    graph, and the time per op type (also as a share of the wall time)."""
+    out = {}
+    for graph in ("fp32-fused-tail", args.int8):
+        scorer = ProfiledScorer(graphs[graph], SessionSettings(threads=args.threads), tmp / f"profile-{graph}")
+        ranker = reranker(scorer, work, args.budget)
+        for query, passages in work.calls:  # the warm-up round: as many graph runs as the timed one
+            ranker.score(query, passages)
+        walls = []
+        for query, passages in work.calls:
+            begin = time.perf_counter()
+            ranker.score(query, passages)
+            walls.append(time.perf_counter() - begin)
+        events = json.loads(Path(scorer.session.end_profiling()).read_text())
+        runs = [e for e in events if e.get("name") == "model_run"]
+        timed = runs[len(runs) // 2 :]
+        by_op: dict[str, float] = defaultdict(float)
+        for event in events:
+            if event.get("cat") == "Node" and event["ts"] >= timed[0]["ts"] and event["name"].endswith("_kernel_time"):
+                by_op[event["args"]["op_name"]] += event["dur"] / 1e3
+        calls, wall_ms, graph_ms = len(work.calls), 1e3 * sum(walls), sum(e["dur"] for e in timed) / 1e3
+        ordered = sorted(by_op.items(), key=lambda kv: -kv[1])
+        out[graph] = {
+            "wall_ms_per_call": wall_ms / calls,
+            "graph_ms_per_call": graph_ms / calls,
+            "outside_graph_ms_per_call": (wall_ms - graph_ms) / calls,
+            "ops_ms_per_call": {op: ms / calls for op, ms in ordered},
+            "ops_share_of_wall": {op: ms / wall_ms for op, ms in ordered},
+        }
+        top = ", ".join(f"{op} {100 * ms / wall_ms:.0f}%" for op, ms in ordered[:6])
+        outside = out[graph]["outside_graph_ms_per_call"]
+        print(f"profile {graph}: {wall_ms / calls:.0f} ms/call, {outside:.0f} ms outside the graph; {top}", flush=True)
+    return out
+
+
+def _line(name: str, row: dict[str, Any]) -> str:
+    extra = ""
+    if "ndcg10" in row:
+        extra = f"  nDCG@10 {row['ndcg10']['ndcg10']:.2f} (Δ {row['ndcg10']['delta']:+.2f})"
+    return f"{name:<60} p50 {1e3 * row['p50_s']:7.1f} ms  p95 {1e3 * row['p95_s']:7.1f} ms{extra}"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import torch
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--student", required=True, help="a training run or an HF folder")
+    p.add_argument("--threads", type=int, default=2, help="intra-op threads (torch's too)")
+    p.add_argument("--queries", type=int, default=3, help="DL19 queries timed (each with its 100 candidates)")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--budget", type=int, default=STUDENT_BATCH_TOKENS["cpu"], help="padded tokens per batch")
+    p.add_argument("--int8", default="int8-dynamic", help="the int8 graph the sessions and the profile use")
+    p.add_argument("--stages", default=",".join(STAGES))
+    p.add_argument("--no-quality", action="store_true", help="skip the int8 graphs' nDCG@10 on DL19")
+    p.add_argument("--all-variants", action="store_true", help="also time the graph fused without Attention")
+    p.add_argument("--out", type=Path, help="JSON result (default benchmarks/results/onnx-cpu-<run>.json)")
+    args = p.parse_args(argv)
+    stages = args.stages.split(",")
+    if unknown := set(stages) - set(STAGES):
+        p.error(f"unknown stages {sorted(unknown)}; choose from {STAGES}")
+    torch.set_num_threads(args.threads)
+    hf = student_folder(args.student, exported=False)
+    run_name = hf.parent.name if hf.name in ("export", "hf") else hf.name
+    out = args.out or RESULTS / f"onnx-cpu-{slug(run_name)}.json"
+    record: dict[str, Any] = {
+        **invocation("benchmarks/onnx_cpu.py", argv),
+        "environment": environment(torch.device("cpu"), torch.float32),
+        "student": display_path(hf),
+        "threads": args.threads,
+        "matmul_fp32_flops_per_s": matmul_flops_per_s(torch.device("cpu"), torch.float32, 2048, 10),
+        "matmul_int8_ops_per_s": int8_matmul_ops_per_s(2048, 10, args.threads),
+        "defaults": {"settings": asdict(SessionSettings(threads=args.threads)), "max_batch_tokens": args.budget},
+    }
+    with tempfile.TemporaryDirectory(prefix="onnx-cpu-") as tmp:
+        folder = Path(tmp) / "student"
+        shutil.copytree(hf, folder)
+        started = time.perf_counter()
+        graphs = build_graphs(hf, folder)
+        record["build_s"] = time.perf_counter() - started
+        work = Workload(folder, args.queries)
+        record["workload"] = {"queries": [q for q, _ in work.calls], "candidates": [len(c) for _, c in work.calls]}
+        quality = None if args.no_quality else Quality(hf, work)
+        for stage in stages:
+            if stage == "variants":
+                record["variants"] = stage_variants(graphs, work, args, quality)
+            elif stage == "sessions":
+                record["sessions"] = stage_sessions(graphs, work, args)
+            elif stage == "openvino":
+                record["openvino"] = stage_openvino(graphs, work, args, quality)
+            elif stage == "profile":
+                record["profile"] = stage_profile(graphs, work, args, Path(tmp))
+            out.write_text(json.dumps(record, indent=2) + "\n")
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
