@@ -20,8 +20,11 @@ after one warm-up round. Stages (``--stages``, all by default):
 - ``profile``: onnxruntime's profile of the default settings on the fused fp32 graph and on ``--int8``: the time
   per op type, and the share of the call outside the graph (tokenisation, padding, Python).
 
-    python benchmarks/onnx_cpu.py --student checkpoints/standin-dl21 --threads 2
+    python benchmarks/onnx_cpu.py --student checkpoints/minilm-dl21-cis --threads 2
     # -> benchmarks/results/onnx-cpu-<run>.json
+
+``--graphs DIR`` keeps the graphs (and reuses them on the next run), so that they can be built apart from the
+timed runs.
 """
 
 from __future__ import annotations
@@ -92,7 +95,7 @@ def build_graphs(hf: Path, out: Path) -> dict[str, Path]:
     model = AutoModelForSequenceClassification.from_pretrained(hf, dtype=torch.float32).eval()
     batch, sequence = torch.export.Dim("batch"), torch.export.Dim("sequence")
     torch.onnx.export(  # the export of distill before fusions: dynamo=True, opset 18, SDPA attention
-        Logits(model),
+        Logits(model).eval(),
         tuple(example.values()),
         str(paths["fp32-dynamo"]),
         input_names=list(example),
@@ -148,6 +151,18 @@ def build_graphs(hf: Path, out: Path) -> dict[str, Path]:
             extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT, "MatMulConstBOnly": const_b_only},
         )
     return paths
+
+
+def graphs_in(hf: Path, folder: Path) -> dict[str, Path]:
+    """The graph variants in ``folder``: those a former run listed in its ``graphs.json``, else built there (a copy
+    of ``hf`` with every graph of :func:`build_graphs`)."""
+    manifest = folder / "graphs.json"
+    if manifest.is_file():
+        return {name: folder / file for name, file in json.loads(manifest.read_text()).items()}
+    shutil.copytree(hf, folder, dirs_exist_ok=True)
+    graphs = build_graphs(hf, folder)
+    manifest.write_text(json.dumps({name: path.name for name, path in graphs.items()}, indent=2) + "\n")
+    return graphs
 
 
 class _Feeds:
@@ -402,9 +417,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--stages", default=",".join(STAGES))
     p.add_argument("--no-quality", action="store_true", help="skip the int8 graphs' nDCG@10 on DL19")
     p.add_argument("--all-variants", action="store_true", help="also time the graph fused without Attention")
+    p.add_argument("--graphs", type=Path, help="build the graphs into this folder, or reuse those a run left there")
     p.add_argument("--out", type=Path, help="JSON result (default benchmarks/results/onnx-cpu-<run>.json)")
     args = p.parse_args(argv)
-    stages = args.stages.split(",")
+    stages = [stage for stage in args.stages.split(",") if stage]  # none: build the graphs only (with --graphs)
     if unknown := set(stages) - set(STAGES):
         p.error(f"unknown stages {sorted(unknown)}; choose from {STAGES}")
     torch.set_num_threads(args.threads)
@@ -421,14 +437,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "defaults": {"settings": asdict(SessionSettings(threads=args.threads)), "max_batch_tokens": args.budget},
     }
     with tempfile.TemporaryDirectory(prefix="onnx-cpu-") as tmp:
-        folder = Path(tmp) / "student"
-        shutil.copytree(hf, folder)
+        folder = args.graphs or Path(tmp) / "student"
         started = time.perf_counter()
-        graphs = build_graphs(hf, folder)
+        graphs = graphs_in(hf, folder)
         record["build_s"] = time.perf_counter() - started
         work = Workload(folder, args.queries)
         record["workload"] = {"queries": [q for q, _ in work.calls], "candidates": [len(c) for _, c in work.calls]}
-        quality = None if args.no_quality else Quality(hf, work)
+        quality = None if args.no_quality or not {"variants", "openvino"} & set(stages) else Quality(hf, work)
         for stage in stages:
             if stage == "variants":
                 record["variants"] = stage_variants(graphs, work, args, quality)

@@ -74,8 +74,8 @@ class TorchScorer:
 
 @dataclass(frozen=True)
 class SessionSettings:
-    """onnxruntime session options. The defaults are the fastest measured for the students on a 2-core AVX2 CPU
-    (``benchmarks/onnx_cpu.py``; results in ``benchmarks/results/onnx-cpu-*.json``)."""
+    """onnxruntime session options; the defaults are onnxruntime's own (``benchmarks/onnx_cpu.py --stages sessions``
+    times each alternative on a student)."""
 
     threads: int = 0
     """Intra-op threads; 0: onnxruntime's default, one per physical core."""
