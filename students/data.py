@@ -16,7 +16,7 @@ from distill.core.labels import FIRST_STAGE_COLUMN, Label
 from distill.core.loaders import load_qrels
 from distill.core.schema import InputError, Qrels
 from distill.core.teacher_data import TEXT_COLUMNS, TeacherDataset
-from students.sampling import LengthGroupedBatches, QueryGroupedBatches
+from students.sampling import LengthGroupedBatches, QueryGroupedBatches, ResumableLoader
 from students.scaling import ScalingKind, TargetScaling
 
 log = logging.getLogger(__name__)
@@ -229,7 +229,7 @@ class StudentDataModule(LightningDataModule):
         else:
             per_batch = max(1, h.batch_size // h.group_size)
             sampler = QueryGroupedBatches(self.train.qid, h.group_size, per_batch, h.seed, rank, world)
-        return DataLoader(
+        return ResumableLoader(
             _Examples(self.train),
             batch_sampler=sampler,
             collate_fn=Collator(self.tokenizer, self.train),
@@ -241,7 +241,7 @@ class StudentDataModule(LightningDataModule):
         order = sorted(range(len(self.val)), key=lambda i: -self.val.lengths[i])
         size = self.hparams.eval_batch_size
         batches = [order[i : i + size] for i in range(0, len(order), size)]
-        return DataLoader(
+        return ResumableLoader(
             _Examples(self.val),
             batch_sampler=batches,
             collate_fn=Collator(self.tokenizer, self.val),

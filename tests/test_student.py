@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from students.losses import ADRMSE, LOSSES, ListwiseKL, MarginMSE, PointwiseMSE, RankNet, build_loss
-from students.sampling import LengthGroupedBatches, QueryGroupedBatches
+from students.sampling import LengthGroupedBatches, QueryGroupedBatches, ResumableLoader
 from students.scaling import TargetScaling
 
 
@@ -100,6 +100,32 @@ def test_length_grouped_batches_cover_each_example_once_and_shard_evenly() -> No
     sampler = LengthGroupedBatches(lengths, 8, seed=1)
     sampler.set_epoch(1)
     assert list(sampler) != single
+
+
+def test_lightning_sets_the_epoch_and_a_resumed_pass_skips_what_was_consumed() -> None:
+    from lightning_fabric.utilities.data import _set_sampler_epoch
+
+    sampler = LengthGroupedBatches(list(range(5, 45)), 4, seed=3)
+    loader = ResumableLoader(list(range(40)), batch_sampler=sampler)
+    _set_sampler_epoch(loader, 2)  # what Lightning does before each epoch
+    assert sampler.epoch == 2
+    epoch_2 = list(sampler)
+    sampler.resume(2, 3)
+    assert list(sampler) == epoch_2[3:]  # the resumed pass over epoch 2
+    assert list(sampler) == epoch_2  # once only
+    sampler.resume(1, 3)  # a run saved at the end of epoch 1 goes on with all of epoch 2
+    assert list(sampler) == epoch_2
+
+
+def test_resumable_loader_starts_at_its_first_batch_and_leaves_the_global_rng_alone() -> None:
+    sampler = LengthGroupedBatches(list(range(5, 45)), 4, seed=3)
+    loader = ResumableLoader(list(range(40)), batch_sampler=sampler)
+    batches = iter(loader)  # Lightning calls iter before it sets the epoch or a resumed position
+    sampler.set_epoch(1)
+    sampler.resume(1, 2)
+    state = torch.get_rng_state()
+    assert [b.tolist() for b in batches] == list(sampler)[2:]
+    assert torch.equal(torch.get_rng_state(), state)
 
 
 def test_query_grouped_batches_hold_whole_groups_of_one_query() -> None:
