@@ -3,14 +3,17 @@
     distill train --config configs/train/minilm-dl19.yaml [--trainer.devices 4 --trainer.strategy ddp]
 
 Every run writes to ``<checkpoint_root>/<run_name>/`` (see :class:`~distill.core.layout.RunLayout`):
-``checkpoints/`` (``best.ckpt`` by validation nDCG@10, ``last.ckpt``), ``hf/`` (the best student as a plain
-Hugging Face folder), ``logs/`` (CSV and the resolved config) and ``wandb/`` (offline by default).
-``--ckpt_path last`` resumes a run.
+``checkpoints/`` (``best.ckpt`` by validation nDCG@10, ``last.ckpt``, the newest state: see
+:mod:`students.checkpointing`), ``hf/`` (the best student as a plain Hugging Face folder), ``logs/`` (CSV and
+the resolved config) and ``wandb/`` (offline by default). ``--ckpt_path last`` resumes a run at the batch after
+its newest checkpoint; a run stopped by SIGTERM or SIGUSR1 saves one first and exits with
+:data:`students.checkpointing.EXIT_PREEMPTED` (75).
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import re
 import sys
 import warnings
@@ -21,16 +24,30 @@ from typing import Any
 
 import torch
 from pytorch_lightning import Trainer
-from pytorch_lightning.callbacks import ModelCheckpoint
 from pytorch_lightning.cli import LightningCLI
-from pytorch_lightning.loggers import CSVLogger, WandbLogger
+from pytorch_lightning.loggers import WandbLogger
+from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
 from distill.core.layout import RunLayout
 from distill.core.schema import InputError
+from students.checkpointing import (
+    EVERY_MINUTES,
+    EXIT_PREEMPTED,
+    AtomicModelCheckpoint,
+    LastCheckpoint,
+    Preempted,
+    ResumableCSVLogger,
+    find_last,
+)
 from students.data import StudentDataModule
 from students.export import ExportBestToHF
 from students.module import CrossEncoderModule
 from students.progress import LogProgress
+
+log = logging.getLogger(__name__)
+# LastCheckpoint resumes the batch sampler itself, which Lightning cannot see; ResumableCSVLogger keeps the rows.
+warnings.filterwarnings("ignore", "You're resuming from a checkpoint that ended before the epoch ended")
+warnings.filterwarnings("ignore", "Experiment logs directory .* exists and is not empty")
 
 
 class DistillCLI(LightningCLI):
@@ -48,6 +65,18 @@ class DistillCLI(LightningCLI):
             help="the student's card says to interpolate with the first stage by default, with the alpha chosen on "
             "the validation queries (rerankers can always be asked to)",
         )
+        parser.add_argument(
+            "--checkpointing.every_minutes",
+            type=float | None,
+            default=EVERY_MINUTES,
+            help="minutes of training between saves of last.ckpt (null: none by time)",
+        )
+        parser.add_argument(
+            "--checkpointing.every_n_steps",
+            type=int | None,
+            default=None,
+            help="optimiser steps between saves of last.ckpt (null: none by steps)",
+        )
         parser.link_arguments("model.backbone", "data.backbone")
         # Our batch samplers shard over ranks themselves; precision None means bf16-mixed on GPU, 32 on CPU.
         parser.set_defaults({"trainer.use_distributed_sampler": False, "trainer.precision": None})
@@ -64,7 +93,7 @@ class DistillCLI(LightningCLI):
             config["precision"] = "bf16-mixed" if torch.cuda.is_available() else "32-true"
         config["default_root_dir"] = str(self.run_dir)
         if config.get("logger") in (None, True):
-            config["logger"] = [CSVLogger(self.run_dir, name="logs", version="")]
+            config["logger"] = [ResumableCSVLogger(self.run_dir, name="logs", version="")]
             if self.config.wandb_mode != "disabled":
                 config["logger"].append(
                     WandbLogger(
@@ -76,9 +105,11 @@ class DistillCLI(LightningCLI):
                 )
         monitor = "val/nDCG@10" if self.config.data.qrels else "val/spearman"
         layout = RunLayout(self.run_dir)
-        best = ModelCheckpoint(layout.checkpoints, "best", monitor=monitor, mode="max", enable_version_counter=False)
-        # Lightning's save_last only follows top-k saves; this one writes last.ckpt after every validation.
-        last = ModelCheckpoint(layout.checkpoints, "last", save_top_k=1, enable_version_counter=False)
+        best = AtomicModelCheckpoint(
+            layout.checkpoints, "best", monitor=monitor, mode="max", enable_version_counter=False
+        )
+        every = self.config.checkpointing
+        last = LastCheckpoint(layout.checkpoints, every.every_minutes, every.every_n_steps)
         callbacks = [best, last, ExportBestToHF(best, layout.hf, self.config.interpolate)]
         if not config.get("enable_progress_bar", True) or not sys.stderr.isatty():
             callbacks.append(LogProgress())  # a log file gets a line a minute instead of a progress bar
@@ -108,6 +139,8 @@ def train(argv: list[str]) -> TrainReport | None:
 
     Raises:
         InputError: the arguments or config files are wrong (one line naming the key), or the data is bad.
+        SystemExit: :data:`~students.checkpointing.EXIT_PREEMPTED`, stopped by SIGTERM or SIGUSR1 once
+            ``last.ckpt`` was saved.
     """
     from jsonargparse import ArgumentError
 
@@ -124,7 +157,18 @@ def train(argv: list[str]) -> TrainReport | None:
             )
     except ArgumentError as e:
         raise InputError(_one_line(str(e))) from None
-    cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=cli.config.ckpt_path)
+    checkpoints = RunLayout(cli.run_dir).checkpoints
+    ckpt_path = cli.config.ckpt_path
+    if ckpt_path == "last":
+        ckpt_path = find_last(checkpoints)
+        if ckpt_path is None and rank_zero_only.rank == 0:
+            log.warning("--ckpt_path last: no checkpoint in %s yet, starting fresh", checkpoints)
+    try:
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt_path)
+    except Preempted as stop:
+        if cli.trainer.is_global_zero:
+            log.warning("%s, %s saved: resume with --ckpt_path last", stop, find_last(checkpoints))
+        raise SystemExit(EXIT_PREEMPTED) from None
     if not cli.trainer.is_global_zero:
         return None
     metrics = {k: float(v) for k, v in cli.trainer.callback_metrics.items() if k.startswith("val/")}

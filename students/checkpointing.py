@@ -1,0 +1,381 @@
+"""Checkpoints that survive preemption: atomic writes, a periodic ``last.ckpt``, exact resumption, and
+a clean stop on SIGTERM or SIGUSR1.
+
+A run's ``checkpoints/`` folder holds two checkpoints, each a file (a folder under DeepSpeed):
+
+- ``best.ckpt``: the best by the validation metric (:class:`AtomicModelCheckpoint`);
+- ``last.ckpt``: the newest state of the run (:class:`LastCheckpoint`), written every
+  ``every_minutes`` of training and every ``every_n_steps`` optimiser steps, after every validation,
+  when training ends, and on a preemption signal. It is replaced, never accumulated.
+
+Both are written by :func:`atomic_save`, so a kill at any moment leaves the previous checkpoint whole.
+
+Resuming from ``last.ckpt`` (``--ckpt_path last``) continues at the next batch as if the run had never
+stopped: Lightning restores the weights, the optimiser, the LR schedule, the gradient scaler and the loop
+progress (the loggers' step with it); :class:`LastCheckpoint` adds every rank's RNG states (python, numpy,
+torch, CUDA) and the sampler's position in the epoch (:meth:`students.sampling.ShardedBatches.resume`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import logging
+import os
+import random
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from lightning_fabric.plugins.environments import SLURMEnvironment
+from pytorch_lightning import LightningModule, Trainer
+from pytorch_lightning.callbacks import Checkpoint, ModelCheckpoint
+from pytorch_lightning.loggers import CSVLogger
+from pytorch_lightning.trainer.states import TrainerFn
+from pytorch_lightning.utilities.rank_zero import rank_zero_only
+
+from students.sampling import ShardedBatches
+
+log = logging.getLogger(__name__)
+
+LAST = "last.ckpt"
+EVERY_MINUTES = 10.0
+"""Default minutes of training between two saves of ``last.ckpt``."""
+EXIT_PREEMPTED = 75
+"""Exit status of a run stopped by SIGTERM or SIGUSR1 after writing ``last.ckpt`` (``EX_TEMPFAIL``: try again)."""
+PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+RESUME_KEY = "exact_resume"
+"""The checkpoint entry of :class:`LastCheckpoint`: sampler position, world size and every rank's RNG states."""
+
+
+class Preempted(Exception):
+    """Raised on every rank once the checkpoint that a preemption signal asked for is written."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
+        self.signum = signum
+
+
+# ----------------------------------------------------------------------------- atomic writes
+
+
+def _sibling(path: Path, kind: str) -> Path:
+    return path.with_name(f".{path.name}.{kind}")
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif path.exists() or path.is_symlink():
+        path.unlink()
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@contextlib.contextmanager
+def atomic_save(trainer: Trainer, path: Path) -> Iterator[Path]:
+    """Yield a temporary path beside ``path`` to save a checkpoint to, then publish it at ``path``: so
+    that a kill at any moment leaves either the old checkpoint or the new one there, never a part.
+
+    The saved file, or folder (DeepSpeed: a shard per rank), is flushed to disk (fsync) on every rank, then
+    renamed over ``path`` (``os.replace``) by rank 0. A folder cannot be renamed over another: the old one
+    is renamed aside to ``.<name>.old`` first (which :func:`find_last` falls back on) and deleted last.
+    Enter it on every rank; nothing is published if the body raises.
+    """
+    tmp, old = _sibling(path, "tmp"), _sibling(path, "old")
+    if trainer.is_global_zero:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _remove(tmp)  # what a killed save left
+    trainer.strategy.barrier("atomic_save:clean")
+    yield tmp
+    if tmp.exists():  # on every rank that can see it (DeepSpeed's shards are written by their own ranks)
+        for item in [tmp, *sorted(tmp.rglob("*"))]:
+            _fsync(item)
+    trainer.strategy.barrier("atomic_save:fsync")
+    if trainer.is_global_zero:
+        if tmp.is_dir() and path.exists():
+            _remove(old)
+            os.replace(path, old)
+        os.replace(tmp, path)
+        _fsync(path.parent)
+        _remove(old)
+    trainer.strategy.barrier("atomic_save:publish")
+
+
+def find_last(folder: Path) -> Path | None:
+    """The checkpoint ``--ckpt_path last`` resumes from: ``folder/last.ckpt``, or ``.last.ckpt.old`` where a
+    kill came between the two renames that publish a folder; None if there is neither."""
+    for path in (folder / LAST, _sibling(folder / LAST, "old")):
+        if path.exists():
+            return path
+    return None
+
+
+class AtomicModelCheckpoint(ModelCheckpoint):
+    """Lightning's ``ModelCheckpoint``, each save written by :func:`atomic_save`."""
+
+    def _save_checkpoint(self, trainer: Trainer, filepath: str) -> None:
+        with atomic_save(trainer, Path(filepath)) as tmp:
+            super()._save_checkpoint(trainer, str(tmp))
+        self._last_checkpoint_saved = filepath
+
+
+# ----------------------------------------------------------------------------- RNG states
+
+
+def rng_state() -> dict[str, Any]:
+    """This process's RNG states: python, numpy, torch (CPU) and, once CUDA is initialised, the current
+    device's; in types that ``torch.load(weights_only=True)`` reads."""
+    name, keys, pos, has_gauss, gauss = np.random.get_state()
+    state = {
+        "python": random.getstate(),
+        "numpy": (name, keys.tolist(), pos, has_gauss, gauss),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore what :func:`rng_state` returned."""
+    random.setstate(state["python"])
+    name, keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, gauss))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+def gather_rng_states(trainer: Trainer) -> list[dict[str, Any]]:
+    """Every rank's :func:`rng_state`, by rank (a collective: call it on every rank)."""
+    if trainer.world_size == 1:
+        return [rng_state()]
+    states: list[Any] = [None] * trainer.world_size
+    torch.distributed.all_gather_object(states, rng_state())
+    return states
+
+
+# ----------------------------------------------------------------------------- the callback
+
+
+class LastCheckpoint(Checkpoint):
+    """Keeps ``<dirpath>/last.ckpt`` the newest state of the run, and stops the run cleanly on preemption.
+
+    ``last.ckpt`` is written by :func:`atomic_save`:
+
+    - at the end of an optimiser step, once ``every_minutes`` minutes have passed since the last save
+      (or since training started) and every ``every_n_steps`` optimiser steps (None: not by that measure);
+      a save due at a step that Lightning validates after waits for the validation's end, so that a
+      resumed run never skips one;
+    - after every validation, and when training ends;
+    - on SIGTERM or SIGUSR1 to any rank, received once training has started: at the end of the current
+      optimiser step (or validation), then every rank raises :class:`Preempted` before the next batch.
+      Under SLURM, rank 0 first requeues the job on SIGUSR1 (``scontrol requeue``), as Lightning's
+      ``SLURMEnvironment`` does. The ranks agree on the signals and on the clock by one small all-reduce an
+      optimiser step.
+
+    The checkpoint also holds every rank's RNG states and the sampler's position (epoch, batches consumed),
+    which a resumed run restores when training starts. An exact resumption needs the same number of ranks.
+
+    Args:
+        dirpath: the run's checkpoint folder.
+        every_minutes: minutes of training between saves (None: no time trigger).
+        every_n_steps: optimiser steps between saves (None: no step trigger).
+    """
+
+    def __init__(
+        self, dirpath: str | Path, every_minutes: float | None = EVERY_MINUTES, every_n_steps: int | None = None
+    ) -> None:
+        if every_minutes is not None and every_minutes <= 0:
+            raise ValueError(f"every_minutes must be positive or None, not {every_minutes}")
+        if every_n_steps is not None and every_n_steps < 1:
+            raise ValueError(f"every_n_steps must be at least 1 or None, not {every_n_steps}")
+        self.path = Path(dirpath) / LAST
+        self.every_minutes, self.every_n_steps = every_minutes, every_n_steps
+        self.saves: list[tuple[int, float]] = []
+        """(optimiser step, wall seconds) of each save; the seconds include waiting for the slowest rank."""
+        self._signals: set[int] = set()
+        self._stop: int | None = None  # the agreed signal, raised as Preempted before the next batch
+        self._flush = False  # flush the loggers before the next batch: a checkpoint was saved before its step's rows
+        self._position: tuple[int, int] | None = None  # (epoch, batches of it consumed)
+        self._resumed: dict[str, Any] | None = None
+        self._step_seen = self._saved_step = -1
+        self._last_save = 0.0
+
+    # -- state
+
+    def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
+        checkpoint[RESUME_KEY] = {
+            "position": self._position,
+            "world_size": trainer.world_size,
+            "rng": gather_rng_states(trainer),
+        }
+
+    def on_load_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
+        self._resumed = checkpoint.get(RESUME_KEY)
+
+    # -- hooks
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        # After Lightning's own handlers (registered just before training), which its teardown restores.
+        if threading.current_thread() is threading.main_thread():
+            for signum in PREEMPTION_SIGNALS:
+                signal.signal(signum, self._on_signal)
+        if trainer.received_sigterm:  # by Lightning's handler, before ours
+            self._signals.add(signal.SIGTERM)
+        self._step_seen = self._saved_step = trainer.global_step
+        self._last_save = time.monotonic()
+        if self._resumed is not None:
+            self._restore(trainer, self._resumed)
+            self._resumed = None
+
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
+        # The checkpointed step's metrics are logged by now: Lightning logs them after on_train_batch_end.
+        if self._flush:
+            _flush(trainer)
+            self._flush = False
+        if self._stop is not None:
+            _stop(trainer, self._stop)
+
+    def on_train_batch_end(
+        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        self._position = (trainer.current_epoch, batch_idx + 1)
+        if trainer.global_step == self._step_seen:  # gradients still accumulating: no step boundary
+            return
+        self._step_seen = trainer.global_step
+        signum, clock = self._poll(trainer)
+        steps = self.every_n_steps is not None and trainer.global_step % self.every_n_steps == 0
+        if (signum or clock or steps) and not _validation_follows(trainer):
+            self._save(trainer)
+            self._flush, self._stop = True, signum
+
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if trainer.sanity_checking or trainer.state.fn != TrainerFn.FITTING:
+            return
+        signum, _ = self._poll(trainer)
+        self._save(trainer)
+        _flush(trainer)
+        if signum is not None:
+            _stop(trainer, signum)
+
+    def on_train_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if trainer.global_step != self._saved_step:
+            self._save(trainer)
+
+    # -- internals
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self._signals.add(signum)
+
+    def _poll(self, trainer: Trainer) -> tuple[int | None, bool]:
+        """The preemption signal any rank received (SIGUSR1, which asks for a requeue, before SIGTERM), and
+        whether a timed save is due by any rank's clock."""
+        minutes = (time.monotonic() - self._last_save) / 60
+        votes = [float(s in self._signals) for s in (signal.SIGTERM, signal.SIGUSR1)]
+        votes.append(float(self.every_minutes is not None and minutes >= self.every_minutes))
+        if trainer.world_size > 1:
+            votes = trainer.strategy.reduce(torch.tensor(votes, device=trainer.strategy.root_device), reduce_op="sum")
+            votes = votes.tolist()
+        term, usr1, clock = (v > 0 for v in votes)
+        return (signal.SIGUSR1 if usr1 else signal.SIGTERM if term else None), clock
+
+    def _save(self, trainer: Trainer) -> None:
+        start = time.perf_counter()
+        with atomic_save(trainer, self.path) as tmp:
+            trainer.save_checkpoint(tmp)
+        seconds = time.perf_counter() - start
+        self.saves.append((trainer.global_step, seconds))
+        self._saved_step, self._last_save = trainer.global_step, time.monotonic()
+        if trainer.is_global_zero:
+            log.warning(
+                "saved %s (epoch %d, step %d) in %.2f s", self.path, trainer.current_epoch, trainer.global_step, seconds
+            )
+
+    def _restore(self, trainer: Trainer, state: dict[str, Any]) -> None:
+        rngs, saved_world = state["rng"], state["world_size"]
+        if saved_world != trainer.world_size and trainer.is_global_zero:
+            log.warning(
+                "resuming on %d ranks a run saved on %d: the batches and random numbers will differ from an "
+                "uninterrupted run's",
+                trainer.world_size,
+                saved_world,
+            )
+        set_rng_state(rngs[trainer.global_rank % len(rngs)])
+        self._position = state["position"]
+        if self._position is not None:
+            sampler = trainer.train_dataloader.batch_sampler
+            if not isinstance(sampler, ShardedBatches):
+                raise TypeError(f"cannot resume mid-epoch: the training batch sampler is a {type(sampler).__name__}")
+            sampler.resume(*self._position)
+        if trainer.is_global_zero:
+            epoch, consumed = self._position or (trainer.current_epoch, 0)
+            log.warning("resumed at epoch %d, batch %d, step %d", epoch, consumed, trainer.global_step)
+
+
+def _validation_follows(trainer: Trainer) -> bool:
+    """Whether Lightning validates right after the current training batch (its own test, private in 2.x)."""
+    return trainer.fit_loop.epoch_loop._should_check_val_fx(trainer.fit_loop._data_fetcher)
+
+
+def _flush(trainer: Trainer) -> None:
+    """Write what the loggers hold to disk, so that the metrics up to the last checkpoint survive a kill."""
+    for logger in trainer.loggers:
+        logger.save()
+
+
+def _stop(trainer: Trainer, signum: int) -> None:
+    """Raise :class:`Preempted`; on SIGUSR1 under SLURM, rank 0 first requeues the job."""
+    if signum == signal.SIGUSR1 and trainer.is_global_zero and SLURMEnvironment.detect():
+        _requeue_slurm_job()
+    raise Preempted(signum)
+
+
+def _requeue_slurm_job() -> None:
+    """``scontrol requeue`` this SLURM job (an array job's task included), as Lightning's SLURMEnvironment does."""
+    array_job = os.environ.get("SLURM_ARRAY_JOB_ID")
+    job = f"{array_job}_{os.environ['SLURM_ARRAY_TASK_ID']}" if array_job else os.environ["SLURM_JOB_ID"]
+    done = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True)
+    if done.returncode == 0:
+        log.warning("requeued SLURM job %s", job)
+    else:
+        log.warning("scontrol requeue %s failed (%d): %s", job, done.returncode, done.stderr.strip())
+
+
+# ----------------------------------------------------------------------------- metrics
+
+
+class ResumableCSVLogger(CSVLogger):
+    """Lightning's ``CSVLogger``, except that a run resumed in the same folder keeps the rows of
+    ``metrics.csv`` that come before its own first step (Lightning's deletes the file). Those after it are
+    logged again by the resumed run, so each step has its rows once."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        path = Path(self.log_dir) / "metrics.csv"
+        self._earlier: list[dict[str, str]] = []
+        if path.is_file():
+            with path.open(newline="") as f:
+                self._earlier = list(csv.DictReader(f))
+
+    @rank_zero_only
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        if self._earlier:
+            first = len(self.experiment.metrics) if step is None else step
+            self.experiment.metrics[:0] = [row for row in self._earlier if int(row["step"]) < first]
+            self._earlier = []
+        super().log_metrics(metrics, step)
