@@ -12,17 +12,16 @@ Both are written by :func:`atomic_save`, so a kill at any moment leaves the prev
 
 Resuming from ``last.ckpt`` (``--ckpt_path last``) continues at the next batch as if the run had never
 stopped: Lightning restores the weights, the optimiser, the LR schedule, the gradient scaler and the loop
-progress (the loggers' step with it); :class:`LastCheckpoint` adds every rank's RNG states (python, numpy,
-torch, CUDA) and the sampler's position in the epoch (:meth:`students.sampling.ShardedBatches.resume`).
+progress (the loggers' step with it); :class:`LastCheckpoint` adds every rank's RNG states
+(:mod:`students.rng`) and the sampler's position in the epoch (:meth:`students.sampling.ShardedBatches.resume`),
+and :class:`students.csv_logger.ResumableCSVLogger` keeps the metrics logged before the checkpoint.
 """
 
 from __future__ import annotations
 
 import contextlib
-import csv
 import logging
 import os
-import random
 import shutil
 import signal
 import subprocess
@@ -32,15 +31,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from lightning_fabric.plugins.environments import SLURMEnvironment
 from pytorch_lightning import LightningModule, Trainer
 from pytorch_lightning.callbacks import Checkpoint, ModelCheckpoint
-from pytorch_lightning.loggers import CSVLogger
 from pytorch_lightning.trainer.states import TrainerFn
-from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
+from students.rng import gather_rng_states, set_rng_state
 from students.sampling import ShardedBatches
 
 log = logging.getLogger(__name__)
@@ -131,42 +128,6 @@ class AtomicModelCheckpoint(ModelCheckpoint):
         with atomic_save(trainer, Path(filepath)) as tmp:
             super()._save_checkpoint(trainer, str(tmp))
         self._last_checkpoint_saved = filepath
-
-
-# ----------------------------------------------------------------------------- RNG states
-
-
-def rng_state() -> dict[str, Any]:
-    """This process's RNG states: python, numpy, torch (CPU) and, once CUDA is initialised, the current
-    device's; in types that ``torch.load(weights_only=True)`` reads."""
-    name, keys, pos, has_gauss, gauss = np.random.get_state()
-    state = {
-        "python": random.getstate(),
-        "numpy": (name, keys.tolist(), pos, has_gauss, gauss),
-        "torch": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state()
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    """Restore what :func:`rng_state` returned."""
-    random.setstate(state["python"])
-    name, keys, pos, has_gauss, gauss = state["numpy"]
-    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, gauss))
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])
-
-
-def gather_rng_states(trainer: Trainer) -> list[dict[str, Any]]:
-    """Every rank's :func:`rng_state`, by rank (a collective: call it on every rank)."""
-    if trainer.world_size == 1:
-        return [rng_state()]
-    states: list[Any] = [None] * trainer.world_size
-    torch.distributed.all_gather_object(states, rng_state())
-    return states
 
 
 # ----------------------------------------------------------------------------- the callback
@@ -354,28 +315,3 @@ def _requeue_slurm_job() -> None:
         log.warning("requeued SLURM job %s", job)
     else:
         log.warning("scontrol requeue %s failed (%d): %s", job, done.returncode, done.stderr.strip())
-
-
-# ----------------------------------------------------------------------------- metrics
-
-
-class ResumableCSVLogger(CSVLogger):
-    """Lightning's ``CSVLogger``, except that a run resumed in the same folder keeps the rows of
-    ``metrics.csv`` that come before its own first step (Lightning's deletes the file). Those after it are
-    logged again by the resumed run, so each step has its rows once."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        path = Path(self.log_dir) / "metrics.csv"
-        self._earlier: list[dict[str, str]] = []
-        if path.is_file():
-            with path.open(newline="") as f:
-                self._earlier = list(csv.DictReader(f))
-
-    @rank_zero_only
-    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
-        if self._earlier:
-            first = len(self.experiment.metrics) if step is None else step
-            self.experiment.metrics[:0] = [row for row in self._earlier if int(row["step"]) < first]
-            self._earlier = []
-        super().log_metrics(metrics, step)

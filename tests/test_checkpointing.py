@@ -11,7 +11,8 @@ from types import SimpleNamespace
 import pytest
 
 from distill.cli import main
-from students.checkpointing import ResumableCSVLogger, atomic_save, find_last
+from students.checkpointing import atomic_save, find_last
+from students.csv_logger import ResumableCSVLogger
 
 from .test_train import write_config
 
@@ -59,6 +60,8 @@ def test_csv_logger_keeps_the_rows_before_the_step_a_run_resumes_at(tmp_path: Pa
         killed.log_metrics({"train/loss": step / 10}, step)
     killed.save()  # then killed; its checkpoint was taken after step 2
     resumed = ResumableCSVLogger(tmp_path, name="logs", version="")
+    resumed.experiment  # noqa: B018 (Lightning creates the writer when the run starts)
+    assert len(rows()) == 5  # a kill before the resumed run's first step loses nothing
     for step in (3, 4, 5):
         resumed.log_metrics({"train/loss": step}, step)
     resumed.save()

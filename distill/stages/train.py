@@ -36,18 +36,17 @@ from students.checkpointing import (
     AtomicModelCheckpoint,
     LastCheckpoint,
     Preempted,
-    ResumableCSVLogger,
     find_last,
 )
+from students.csv_logger import ResumableCSVLogger
 from students.data import StudentDataModule
 from students.export import ExportBestToHF
 from students.module import CrossEncoderModule
 from students.progress import LogProgress
 
 log = logging.getLogger(__name__)
-# LastCheckpoint resumes the batch sampler itself, which Lightning cannot see; ResumableCSVLogger keeps the rows.
+# LastCheckpoint resumes the batch sampler itself, which Lightning cannot see.
 warnings.filterwarnings("ignore", "You're resuming from a checkpoint that ended before the epoch ended")
-warnings.filterwarnings("ignore", "Experiment logs directory .* exists and is not empty")
 
 
 class DistillCLI(LightningCLI):
