@@ -68,10 +68,10 @@ def _sibling(path: Path, kind: str) -> Path:
 
 
 def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
+    if path.is_dir():
         shutil.rmtree(path)
-    elif path.exists() or path.is_symlink():
-        path.unlink()
+    else:
+        path.unlink(missing_ok=True)
 
 
 def _fsync(path: Path) -> None:
@@ -198,6 +198,9 @@ class LastCheckpoint(Checkpoint):
                 signal.signal(signum, self._on_signal)
         if trainer.received_sigterm:  # by Lightning's handler, before ours
             self._signals.add(signal.SIGTERM)
+        if trainer.is_global_zero:  # what saves killed in the middle left, a checkpoint's size each
+            for tmp in self.path.parent.glob(".*.tmp"):
+                _remove(tmp)
         self._step_seen = self._saved_step = trainer.global_step
         self._last_save = time.monotonic()
         if self._resumed is not None:
