@@ -9,9 +9,10 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from distill.cli import main
-from students.checkpointing import atomic_save, find_last
+from students.checkpointing import RESUME_KEY, atomic_save, find_last
 from students.csv_logger import ResumableCSVLogger
 
 from .test_train import write_config
@@ -82,3 +83,16 @@ def test_timed_saves_and_the_signal_handlers_restored_after_fit(
     saved = [r.getMessage() for r in caplog.records if r.getMessage().startswith("saved")]
     assert [s.split("(")[1].split(")")[0] for s in saved] == ["epoch 0, step 1", "epoch 0, step 2", "epoch 0, step 3"]
     assert [signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)] == before
+
+
+def test_saves_fall_on_optimiser_steps_when_gradients_accumulate(
+    tmp_path: Path, tiny_bert: Path, teacher_dataset: Path, caplog
+) -> None:
+    """12 batches of 2, two to an optimiser step: a save after each step, none in the middle of one."""
+    path = write_config(tmp_path, tiny_bert, teacher_dataset, max_epochs=1, accumulate_grad_batches=2)
+    args = ["train", "--config", str(path), "--data.batch_size", "2", "--checkpointing.every_n_steps", "1"]
+    assert main(args) == 0
+    saved = [r.getMessage() for r in caplog.records if r.getMessage().startswith("saved")]
+    assert [s.split("step ")[1].split(")")[0] for s in saved] == ["1", "2", "3", "4", "5", "6"]
+    last = torch.load(tmp_path / "runs" / "tiny" / "checkpoints" / "last.ckpt", weights_only=False)
+    assert last["global_step"] == 6 and last[RESUME_KEY]["position"] == (0, 12)
