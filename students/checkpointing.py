@@ -57,7 +57,6 @@ class Preempted(Exception):
 
     def __init__(self, signum: int) -> None:
         super().__init__(f"stopped by {signal.Signals(signum).name}")
-        self.signum = signum
 
 
 # ----------------------------------------------------------------------------- atomic writes
