@@ -82,12 +82,20 @@ def wait_for_step(proc: subprocess.Popen, step: int, log: Path, offset: int) -> 
         time.sleep(0.02)
 
 
-def final_state(run: Path) -> dict[str, torch.Tensor]:
-    return torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)["state_dict"]
+def final_checkpoint(run: Path) -> dict:
+    return torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+
+
+def best_score(checkpoint: dict) -> float:
+    """The best validation score so far, as the checkpoint's best.ckpt callback holds it."""
+    (state,) = [v for k, v in checkpoint["callbacks"].items() if k.startswith("AtomicModelCheckpoint")]
+    return float(state["best_model_score"])
 
 
 def assert_same_weights(run: Path, reference: Path) -> None:
-    ours, theirs = final_state(run), final_state(reference)
+    ours, theirs = final_checkpoint(run), final_checkpoint(reference)
+    assert best_score(ours) == best_score(theirs)
+    ours, theirs = ours["state_dict"], theirs["state_dict"]
     assert ours.keys() == theirs.keys()
     assert all(torch.equal(ours[k], theirs[k]) for k in ours), [k for k in ours if not torch.equal(ours[k], theirs[k])]
     from safetensors.torch import load_file
@@ -128,22 +136,25 @@ def ddp_reference(tmp_path_factory, tiny_bert: Path, teacher_dataset: Path) -> t
     return reference_run(tmp_path_factory.mktemp("ddp-reference"), tiny_bert, teacher_dataset, devices=2)
 
 
-def interrupt_and_resume(config: Path, run: Path, signals: list[signal.Signals], steps: int, seed: int) -> str:
+def interrupt_and_resume(config: Path, run: Path, signals: list[signal.Signals], epoch_steps: int, seed: int) -> str:
     """Run, stop the run with each of ``signals`` in turn, resume it each time with ``--ckpt_path last``, and
     let the last resumption finish; returns the log of all the processes.
 
-    Each stop comes at a random moment (in a step, a save, a validation, between epochs) a little after the
-    checkpoint of a random step, the steps spread over the run's ``steps``. SIGKILL kills every process of
-    the run at once, as a lost node does; SIGTERM and SIGUSR1 go to rank 0 only.
+    Each stop but the last comes at a random moment (in a step, a save, a validation, between epochs) a little
+    after the checkpoint of a random step of the first two epochs (of ``epoch_steps`` steps each). The last
+    comes at once after the checkpoint of the second epoch's last step, taken after its validation: a run
+    resumed from there must know that epoch's best score. SIGKILL kills every process of the run at once, as
+    a lost node does; SIGTERM and SIGUSR1 go to rank 0 only.
     """
     rng = random.Random(seed)
     log = run.parent / f"{run.name}.log"
     args = [*command(config, run.name), "--ckpt_path", "last"]
-    for signum, step in zip(signals, sorted(rng.sample(range(1, steps - 3), len(signals))), strict=True):
+    steps = [*sorted(rng.sample(range(1, 2 * epoch_steps), len(signals) - 1)), 2 * epoch_steps]
+    for signum, step in zip(signals, steps, strict=True):
         offset = log.stat().st_size if log.exists() else 0
         proc = start(args, log)
         wait_for_step(proc, step, log, offset)
-        time.sleep(rng.uniform(0, 0.2))
+        time.sleep(rng.uniform(0, 0.2) if step < 2 * epoch_steps else 0)
         assert proc.poll() is None, f"the run ended before {signum.name}: make it longer"
         if signum == signal.SIGKILL:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -162,7 +173,7 @@ def test_kill_9_at_random_moments_then_resume_gives_the_uninterrupted_weights(
 ) -> None:
     config, reference_dir = reference
     run = config.parent / "runs" / "killed"
-    log = interrupt_and_resume(config, run, [signal.SIGKILL] * 5, steps=36, seed=13)
+    log = interrupt_and_resume(config, run, [signal.SIGKILL] * 5, epoch_steps=12, seed=13)
     assert log.count("--ckpt_path last: no checkpoint in") == 1  # the first start only
     assert log.count("resumed at epoch") == 5
     assert_same_weights(run, reference_dir)
@@ -172,7 +183,7 @@ def test_kill_9_at_random_moments_then_resume_gives_the_uninterrupted_weights(
 def test_sigterm_saves_exits_75_and_resumes_exactly(tmp_path: Path, reference: tuple[Path, Path]) -> None:
     config, reference_dir = reference
     run = config.parent / "runs" / "preempted"
-    log = interrupt_and_resume(config, run, [signal.SIGTERM, signal.SIGUSR1], steps=36, seed=7)
+    log = interrupt_and_resume(config, run, [signal.SIGTERM, signal.SIGUSR1], epoch_steps=12, seed=7)
     assert "stopped by SIGTERM" in log and "stopped by SIGUSR1" in log
     assert_same_weights(run, reference_dir)
     assert losses(run) == losses(reference_dir)  # each step's row once, with the uninterrupted run's loss
@@ -182,7 +193,7 @@ def test_ddp_kill_9_and_sigterm_to_rank_0_resume_exactly(tmp_path: Path, ddp_ref
     config, reference_dir = ddp_reference
     run = config.parent / "runs" / "killed"
     signals = [signal.SIGKILL, signal.SIGTERM, signal.SIGKILL]
-    log = interrupt_and_resume(config, run, signals, steps=18, seed=3)
+    log = interrupt_and_resume(config, run, signals, epoch_steps=6, seed=3)
     assert log.count("stopped by SIGTERM") == 1  # rank 0's message; rank 1 stopped with it
     assert_same_weights(run, reference_dir)
     assert_metrics_logged_once(run, reference_dir, kills=2)

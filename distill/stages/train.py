@@ -104,8 +104,15 @@ class DistillCLI(LightningCLI):
                 )
         monitor = "val/nDCG@10" if self.config.data.qrels else "val/spearman"
         layout = RunLayout(self.run_dir)
+        # best.ckpt right after each validation, before last.ckpt (callbacks run in this order), so that
+        # last.ckpt holds the best score so far: Lightning's default, at the epoch's end, comes after it.
         best = AtomicModelCheckpoint(
-            layout.checkpoints, "best", monitor=monitor, mode="max", enable_version_counter=False
+            layout.checkpoints,
+            "best",
+            monitor=monitor,
+            mode="max",
+            enable_version_counter=False,
+            save_on_train_epoch_end=False,
         )
         every = self.config.checkpointing
         last = LastCheckpoint(layout.checkpoints, every.every_minutes, every.every_n_steps)
