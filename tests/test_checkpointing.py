@@ -96,3 +96,18 @@ def test_saves_fall_on_optimiser_steps_when_gradients_accumulate(
     assert [s.split("step ")[1].split(")")[0] for s in saved] == ["1", "2", "3", "4", "5", "6"]
     last = torch.load(tmp_path / "runs" / "tiny" / "checkpoints" / "last.ckpt", weights_only=False)
     assert last["global_step"] == 6 and last[RESUME_KEY]["position"] == (0, 12)
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "expected"),
+    [
+        ("every_minutes", "0", "expected PositiveFloat | None, got '0'"),
+        ("every_n_steps", "-2", "expected PositiveInt | None, got '-2'"),
+    ],
+)
+def test_a_save_interval_that_is_not_positive_is_one_line(
+    tmp_path: Path, tiny_bert: Path, teacher_dataset: Path, capsys, flag: str, value: str, expected: str
+) -> None:
+    path = write_config(tmp_path, tiny_bert, teacher_dataset)
+    assert main(["train", "--config", str(path), f"--checkpointing.{flag}", value]) == 2
+    assert capsys.readouterr().err == f"distill train: error: checkpointing.{flag}: {expected}\n"

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from jsonargparse.typing import PositiveFloat, PositiveInt
 from pytorch_lightning import Trainer
 from pytorch_lightning.cli import LightningCLI
 from pytorch_lightning.loggers import WandbLogger
@@ -66,13 +67,13 @@ class DistillCLI(LightningCLI):
         )
         parser.add_argument(
             "--checkpointing.every_minutes",
-            type=float | None,
+            type=PositiveFloat | None,
             default=EVERY_MINUTES,
             help="minutes of training between saves of last.ckpt (null: none by time)",
         )
         parser.add_argument(
             "--checkpointing.every_n_steps",
-            type=int | None,
+            type=PositiveInt | None,
             default=None,
             help="optimiser steps between saves of last.ckpt (null: none by steps)",
         )
@@ -236,5 +237,5 @@ def _one_line(message: str) -> str:
 def _type_names(text: str) -> str:
     """``<class 'int'>, <class 'NoneType'>`` -> ``int | None``."""
     names = re.findall(r"<class '([^']+)'>|(typing\.Literal\[[^\]]*\])", text)
-    parts = [cls or literal.removeprefix("typing.") for cls, literal in names]
+    parts = [cls.rsplit(".", 1)[-1] or literal.removeprefix("typing.") for cls, literal in names]
     return " | ".join("None" if p == "NoneType" else p for p in parts) or text
