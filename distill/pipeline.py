@@ -13,7 +13,8 @@ all rank.
 Everything goes under ``<root>/<name>/``::
 
     teacher/            the teacher's triplets (distill teach)
-    student/            the training run (distill train): checkpoints/, hf/, logs/, export/, bench/
+    student/            the training run (distill train): checkpoints/, hf/, logs/, export/, bench/; an
+                        interrupted run with unchanged options resumes from its last checkpoint
     eval/               student.trec (distill rerank) and eval.json (distill eval)
     summary.json        the final table
     stages/<stage>.json the key each stage last finished with
@@ -259,10 +260,18 @@ def _train(pipeline: Pipeline, runner: Runner, teach: Stage) -> Stage:
     stage = Stage("train", _key(options, [teach.key]), run.hf / "config.json")
 
     def work() -> Any:
-        if run.root.exists():  # a fresh run: old checkpoints belong to other options
+        # A run started with these very options (then preempted or killed) resumes from its last checkpoint;
+        # any other run's checkpoints belong to other options and go.
+        started = run.root / "pipeline-key.txt"
+        resume = "train" not in runner.force and started.is_file() and started.read_text().strip() == stage.key
+        if run.root.exists() and not resume:
             shutil.rmtree(run.root)
+        run.root.mkdir(parents=True, exist_ok=True)
+        started.write_text(stage.key + "\n")
+        if resume:
+            print(f"[train] resuming the interrupted run in {run.root} (--ckpt_path last)")
         with train_arguments(pipeline.train, pipeline.train_joined) as argv:
-            report = train(argv)
+            report = train([*argv, "--ckpt_path", "last"] if resume else argv)
         if not stage.output.is_file():
             raise RuntimeError(f"training wrote no student to {run.hf}")
         return report

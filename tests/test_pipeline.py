@@ -83,6 +83,17 @@ def test_pipeline_runs_every_stage_then_skips_what_is_up_to_date(
     assert main(["run", "--config", str(config)]) == 0
     assert capsys.readouterr().out.count("up to date") == 6 and stamps(folder) == first
 
+    # The train stage stopped before it finished (preempted): the rerun resumes its run, nothing is wiped.
+    kept = folder / "student" / "checkpoints" / "last.ckpt"
+    before = kept.stat().st_mtime_ns
+    (folder / "stages" / "train.json").unlink()
+    assert main(["run", "--config", str(config)]) == 0
+    printed = capsys.readouterr().out
+    assert "[train] resuming the interrupted run" in printed and printed.count("up to date") == 5
+    assert kept.stat().st_mtime_ns == before
+    assert json.loads(stamps(folder)["train"])["key"] == json.loads(first["train"])["key"]
+    first = stamps(folder)
+
     # A bench option changed: the bench alone reruns; --force reruns a named stage.
     config = write_pipeline(tmp_path, sample_file, tiny_llama, tiny_bert, repeats=1)
     assert main(["run", "--config", str(config), "--force", "eval"]) == 0
