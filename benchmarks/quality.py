@@ -150,7 +150,10 @@ def teacher() -> dict[str, Any]:
 
     config = yaml.safe_load((ROOT / BASE[-1]).read_text())["data"]
     qrels = load_qrels(ROOT / config["qrels"])
-    tables = [TeacherDataset.open(ROOT / path).to_pandas() for path in config["teacher_data"]]
+    # The validation queries are judged ones (DL21), so unjudged labels (DL22) change nothing here: they may be
+    # missing while they are being made.
+    present = [path for path in config["teacher_data"] if (ROOT / path / "teacher.json").is_file()]
+    tables = [TeacherDataset.open(ROOT / path).to_pandas() for path in present]
     table = pd.concat(tables, ignore_index=True).drop_duplicates(["qid", "docid"], keep="first")
     held_out = split_queries([q for q in table.qid if q in qrels], config["val_queries"], 0)
     val = table[table.qid.isin(held_out)]
@@ -166,7 +169,7 @@ def teacher() -> dict[str, Any]:
         run = run_from_columns(val.qid.tolist(), val.docid.tolist(), values.tolist())
         rows.append({"label": name, "nDCG@10": evaluate(run, qrels, ["nDCG@10"])["nDCG@10"]})
     command = "python benchmarks/quality.py teacher"
-    record = {"command": command, "queries": sorted(held_out), "rows": rows}
+    record = {"command": command, "teacher_data": present, "queries": sorted(held_out), "rows": rows}
     lines = [f"`{command}`: the teacher's labels on the {len(held_out)} validation queries (DL21)", ""]
     lines += ["| label | nDCG@10 |", "|---|---|", *(f"| {r['label']} | {r['nDCG@10']:.2f} |" for r in rows)]
     write(record, "\n".join(lines), "quality-dl21-val-teacher")
