@@ -89,6 +89,8 @@ def build_graphs(hf: Path, out: Path) -> dict[str, Path]:
     from onnxscript.rewriter.ort_fusions import optimize_for_ort
     from transformers import AutoConfig, AutoModelForSequenceClassification
 
+    import distill.core.segment_cosine  # noqa: F401  (registers the segment-cosine head)
+
     config = AutoConfig.from_pretrained(hf)
     example = _example(hf)
     paths = {name: out / f"{name}.onnx" for name in ("fp32-dynamo", "fp32-dynamo-onnxscript", "fp32-torchscript")}

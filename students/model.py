@@ -1,5 +1,9 @@
 """The student: a Hugging Face encoder with a one-score sequence-classification head.
 
+Two heads, chosen by ``head``: ``cls`` (the paper's, below) and ``segment_cosine``
+(:mod:`distill.core.segment_cosine`: the cosine of the query's and the passage's mean tokens, which a
+sentence-embedding backbone makes a good ranker before any training; BERT-family backbones only).
+
 ``AutoModelForSequenceClassification`` with ``num_labels=1`` is exactly the paper's cross-encoder:
 it reads ``[CLS] Q [SEP] K [SEP]``, takes the [CLS] representation (BERT's pooled [CLS]), applies
 dropout and a linear layer, and returns one score. Saved with :func:`save_student`, a student is a
@@ -15,25 +19,39 @@ from typing import Any
 from transformers import AutoModelForSequenceClassification, PreTrainedModel
 
 from distill.core.models import load_architecture, load_pretrained, resolve_model
+from distill.core.schema import InputError
+from distill.core.segment_cosine import MODEL_TYPE as SEGMENT_COSINE
+from distill.core.segment_cosine import BertSegmentCosineConfig
 from distill.core.student_card import StudentCard
 
 IDENTITY_ACTIVATION = "torch.nn.modules.linear.Identity"
+HEADS = ("cls", "segment_cosine")
 
 
 def build_student(
-    backbone: str, random_init: bool = False, dropout: float | None = None
+    backbone: str, random_init: bool = False, dropout: float | None = None, head: str = "cls"
 ) -> tuple[PreTrainedModel, Any]:
     """A cross-encoder on ``backbone`` and its tokenizer.
 
     Args:
         backbone: any name :func:`distill.core.models.resolve_model` takes; ``bert-large-uncased`` builds offline.
         random_init: random weights from the backbone's config (for timing where its weights are absent).
-        dropout: dropout before the linear head; default the backbone's.
+        dropout: dropout before the linear head (``cls`` head); default the backbone's.
+        head: ``cls`` ([CLS] → linear, the paper's) or ``segment_cosine`` (see the module's docstring).
+
+    Raises:
+        InputError: an unknown head, or ``segment_cosine`` on a backbone that is no BERT.
     """
+    if head not in HEADS:
+        raise InputError(f"model.head: {head!r} is none of {list(HEADS)}")
     overrides: dict[str, Any] = {"num_labels": 1}
     if dropout is not None:
         overrides["classifier_dropout"] = dropout
     config, tokenizer = load_architecture(backbone, **overrides)
+    if head == "segment_cosine":
+        if config.model_type not in ("bert", SEGMENT_COSINE):
+            raise InputError(f"model.head: segment_cosine needs a BERT backbone, {backbone!r} is {config.model_type}")
+        config = BertSegmentCosineConfig(**{k: v for k, v in config.to_dict().items() if k != "model_type"})
     if random_init:
         model = AutoModelForSequenceClassification.from_config(config)
     else:

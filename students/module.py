@@ -21,6 +21,8 @@ class CrossEncoderModule(LightningModule):
         backbone: the encoder (``bert-large-uncased``, the paper's; ``all-minilm-l6-v2`` offline).
         random_init: random weights from the backbone's config (timing runs without weights).
         dropout: dropout before the linear head; default the backbone's.
+        head: ``cls`` ([CLS] → linear, the paper's) or ``segment_cosine`` (the cosine of the query's and the
+            passage's mean tokens, scaled: a sentence-embedding backbone ranks well from the first step).
         loss: a name of :data:`students.losses.LOSSES`: ``mse`` (pointwise, the paper), or within a query
             ``margin_mse``, ``ranknet``, ``listwise_kl``, ``adr_mse``.
         temperature: the temperature of ``listwise_kl`` (teacher) and ``adr_mse`` (approximate rank).
@@ -34,6 +36,7 @@ class CrossEncoderModule(LightningModule):
         backbone: str = "bert-large-uncased",
         random_init: bool = False,
         dropout: float | None = None,
+        head: str = "cls",
         loss: str = "mse",
         temperature: float = 1.0,
         lr: float = 3e-5,
@@ -52,7 +55,9 @@ class CrossEncoderModule(LightningModule):
     def configure_model(self) -> None:
         """Build the backbone here, so that sharded strategies (DeepSpeed stage 3) can initialise it."""
         if self.model is None:
-            self.model, _ = build_student(self.hparams.backbone, self.hparams.random_init, self.hparams.dropout)
+            self.model, _ = build_student(
+                self.hparams.backbone, self.hparams.random_init, self.hparams.dropout, self.hparams.head
+            )
             self.model.train()  # from_pretrained returns eval mode, which would silence dropout
 
     def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -138,6 +138,8 @@ def _write_formats(
     import torch
     from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
+    import distill.core.segment_cosine  # noqa: F401  (registers the segment-cosine head)
+
     tokenizer = AutoTokenizer.from_pretrained(folder)
     tokenizer.save_pretrained(folder)  # writes tokenizer.json, for runtimes without transformers
     require_file(folder, "tokenizer.json")
@@ -192,6 +194,7 @@ def _card(hf_dir: Path, out_dir: Path, folder: Path, report: ExportReport) -> di
     folder (the student's source) or as the training command gave them (its teacher data)."""
     from transformers import AutoConfig
 
+    import distill.core.segment_cosine  # noqa: F401  (registers the segment-cosine head)
     from distill.backend.onnx_export import OPSET
 
     config = AutoConfig.from_pretrained(folder)

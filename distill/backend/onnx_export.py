@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 OPSET = 17
-FUSED_MODEL_TYPES = ("bert",)
+FUSED_MODEL_TYPES = ("bert", "bert-segment-cosine")
 """Hugging Face ``model_type``s whose graphs onnxruntime's ``bert`` fusions are applied to; others stay plain."""
 
 

@@ -55,6 +55,8 @@ class TorchScorer:
         import torch
         from transformers import AutoModelForSequenceClassification
 
+        import distill.core.segment_cosine  # noqa: F401  (registers the segment-cosine head)
+
         if dtype not in (None, *TORCH_DTYPES):
             raise InputError(f"the torch backend's dtype is one of {list(TORCH_DTYPES)}, not {dtype!r}")
         require_file(folder, *WEIGHT_FILES)
