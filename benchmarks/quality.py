@@ -91,8 +91,9 @@ EXPERIMENTS: dict[str, list[str]] = {
 }
 """Variant name -> its arguments after :data:`BASE` (each trains into ``checkpoints/q-<name>``)."""
 
-TEST: list[str] = ["seg-cis_q-listwise_kl"]
-"""The variants tested on DL19, chosen on the validation table (see the README): the best validation nDCG@10."""
+TEST: list[str] = ["seg-cis_q+0.25fs-listwise_kl", "seg-cis_q-listwise_kl", "seg-cis-listwise_kl"]
+"""The variants tested on DL19, chosen on the validation table (see the README): the best validation nDCG@10
+(a hybrid label), the best on a teacher score alone, and the best on the paper's label, ``cis``."""
 
 DL19 = "data/trec-dl19"
 DL19_TEACHER = "data/teacher/dl19-bm25-smollm2"
