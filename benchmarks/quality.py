@@ -178,11 +178,13 @@ def write(record: dict[str, Any], markdown: str, stem: str) -> None:
 
 TEACHER_LABELS = ("cis", "upr", "cis_q", "cis_mean", "cis_q_mean")
 HYBRID_WEIGHTS = (0.25, 0.5, 1.0, 2.0)
+RANDOM_ORDERS = 100
 
 
 def teacher() -> dict[str, Any]:
     """nDCG@10 of every teacher label, and of hybrids with the first stage, on the validation queries: which
     labels are worth a student (the students' own split, drawn as the student stage draws it)."""
+    import numpy as np
     import pandas as pd
     import yaml
 
@@ -213,6 +215,20 @@ def teacher() -> dict[str, Any]:
             values = spec.values(val[spec.score].to_numpy(), val.first_stage_score.to_numpy(), val.qid.tolist())
         run = run_from_columns(val.qid.tolist(), val.docid.tolist(), values.tolist())
         rows.append({"label": name, "nDCG@10": evaluate(run, qrels, ["nDCG@10"])["nDCG@10"]})
+    # chance: the mean over seeded random orders of the same candidates
+    rng = np.random.default_rng(0)
+    shuffles = [
+        evaluate(
+            run_from_columns(val.qid.tolist(), val.docid.tolist(), rng.random(len(val)).tolist()), qrels, ["nDCG@10"]
+        )
+        for _ in range(RANDOM_ORDERS)
+    ]
+    rows.append(
+        {
+            "label": f"random order (mean of {RANDOM_ORDERS})",
+            "nDCG@10": float(np.mean([r["nDCG@10"] for r in shuffles])),
+        }
+    )
     command = "python benchmarks/quality.py teacher"
     record = {"command": command, "teacher_data": present, "queries": sorted(held_out), "rows": rows}
     lines = [f"`{command}`: the teacher's labels on the {len(held_out)} validation queries (DL21)", ""]
