@@ -1,8 +1,9 @@
 """Student quality: distillation choices compared on the validation queries, then tested once on DL19.
 
-Every student learns from the SmolLM2 teacher's labels of the TREC DL21 and DL22 BM25 top-100
-(``configs/train/minilm-dl2122.yaml``) and is validated on the same seeded split of 16 judged DL21 queries, where
-every setting (label, loss, epochs, learning rate, the interpolation α) is chosen. DL19 is the test set: only the
+Every student starts from ``configs/train/minilm-dl2122.yaml`` (the SmolLM2 teacher's labels of the TREC DL21 and
+DL22 BM25 top-100); the screening variants learn from DL21's labels alone (:data:`DL21_ONLY`). All are validated on
+the same seeded split of 16 judged DL21 queries, where every setting (head, label, loss, epochs, learning rate, the
+interpolation α) is chosen. DL19 is the test set: only the
 variants named in :data:`TEST` are reranked on it, once each, and nothing is chosen by it.
 
     python benchmarks/quality.py teacher                 # -> benchmarks/results/quality-dl21-val-teacher.{json,md}
