@@ -33,10 +33,14 @@ WITHIN_QUERY = ["--data.group_size", "25", "--data.batch_size", "50"]
 """Two queries of 25 candidates a batch, for the losses that compare candidates of one query."""
 
 DL21_ONLY = ["--data.teacher_data", "[data/teacher/dl21-bm25-smollm2]"]
-"""The screening runs learn from DL21's labels alone (37 training queries, 3,700 pairs): a CPU trains one in
-minutes; the chosen settings are then trained on DL21 + DL22 (the ``dl2122-`` rows)."""
+"""The screening runs learn from DL21's labels alone (37 training queries, 3,700 pairs), which a CPU trains in
+minutes; the chosen settings are then to be trained on DL21 + DL22, once DL22's labels are made."""
 
-SEGMENT_COSINE = ["--model.head", "segment_cosine"]
+
+def segment_cosine(label: str, loss: str) -> list[str]:
+    """A screening run of the segment-cosine head with a within-query loss."""
+    return [*DL21_ONLY, "--model.head", "segment_cosine", "--data.label", label, "--model.loss", loss, *WITHIN_QUERY]
+
 
 EXPERIMENTS: dict[str, list[str]] = {
     # labels, with the paper's pointwise MSE on globally standardised targets
@@ -53,42 +57,10 @@ EXPERIMENTS: dict[str, list[str]] = {
     # learning rate
     "cis_q-lr3e-4": [*DL21_ONLY, "--data.label", "cis_q", "--model.lr", "3.0e-4"],
     # the segment-cosine head (the backbone's own similarity, from the first step), with within-query losses
-    "seg-cis_q-listwise_kl": [
-        *DL21_ONLY,
-        *SEGMENT_COSINE,
-        "--data.label",
-        "cis_q",
-        "--model.loss",
-        "listwise_kl",
-        *WITHIN_QUERY,
-    ],
-    "seg-cis_q-ranknet": [
-        *DL21_ONLY,
-        *SEGMENT_COSINE,
-        "--data.label",
-        "cis_q",
-        "--model.loss",
-        "ranknet",
-        *WITHIN_QUERY,
-    ],
-    "seg-cis_q+0.25fs-listwise_kl": [
-        *DL21_ONLY,
-        *SEGMENT_COSINE,
-        "--data.label",
-        "cis_q+0.25*first_stage",
-        "--model.loss",
-        "listwise_kl",
-        *WITHIN_QUERY,
-    ],
-    "seg-cis-listwise_kl": [
-        *DL21_ONLY,
-        *SEGMENT_COSINE,
-        "--data.label",
-        "cis",
-        "--model.loss",
-        "listwise_kl",
-        *WITHIN_QUERY,
-    ],
+    "seg-cis_q-listwise_kl": segment_cosine("cis_q", "listwise_kl"),
+    "seg-cis_q-ranknet": segment_cosine("cis_q", "ranknet"),
+    "seg-cis_q+0.25fs-listwise_kl": segment_cosine("cis_q+0.25*first_stage", "listwise_kl"),
+    "seg-cis-listwise_kl": segment_cosine("cis", "listwise_kl"),
 }
 """Variant name -> its arguments after :data:`BASE` (each trains into ``checkpoints/q-<name>``)."""
 
@@ -245,6 +217,8 @@ def test(names: list[str]) -> None:
     commands = []
     for name in names:
         folder = run_dir(name).relative_to(ROOT)
+        if not (ROOT / folder / "hf" / "config.json").is_file():
+            raise SystemExit(f"quality.py test: {folder}/hf is missing: run `quality.py train {name}` first")
         label = json.loads((ROOT / folder / "hf" / "config.json").read_text())["cis_distill"]["label"]
         commands.append(["distill", "export", "--checkpoint", str(folder), "--formats", "onnx"])
         rerank = [

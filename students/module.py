@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -36,7 +36,7 @@ class CrossEncoderModule(LightningModule):
         backbone: str = "bert-large-uncased",
         random_init: bool = False,
         dropout: float | None = None,
-        head: str = "cls",
+        head: Literal["cls", "segment_cosine"] = "cls",
         loss: str = "mse",
         temperature: float = 1.0,
         lr: float = 3e-5,

@@ -76,3 +76,12 @@ def test_a_segment_cosine_student_exports_and_serves_with_parity(tiny_bert: Path
     torch_scores = TorchScorer(folder)(pad_batch(tokenizer, features))
     onnx_scores = Reranker.load(tmp_path / "export", backend="onnx").score(QUERY, PASSAGES)
     np.testing.assert_allclose(onnx_scores, torch_scores, atol=1e-4)
+
+
+def test_distill_train_refuses_an_unknown_head_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    from distill.cli import main
+
+    assert main(["train", "--model.head", "pooled", "--print_config"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert "model.head: expected Literal['cls', 'segment_cosine'], got 'pooled'" in err

@@ -194,7 +194,6 @@ def _card(hf_dir: Path, out_dir: Path, folder: Path, report: ExportReport) -> di
     folder (the student's source) or as the training command gave them (its teacher data)."""
     from transformers import AutoConfig
 
-    import distill.core.segment_cosine  # noqa: F401  (registers the segment-cosine head)
     from distill.backend.onnx_export import OPSET
 
     config = AutoConfig.from_pretrained(folder)
