@@ -7,7 +7,7 @@ interpolation α) is chosen. DL19 is the test set: only the
 variants named in :data:`TEST` are reranked on it, once each, and nothing is chosen by it.
 
     python benchmarks/quality.py teacher                 # -> benchmarks/results/quality-dl21-val-teacher.{json,md}
-    python benchmarks/quality.py train NAME [NAME ...]   # train variants of EXPERIMENTS (skips finished runs)
+    python benchmarks/quality.py train NAME [NAME ...]   # train variants -> benchmarks/results/quality/val-NAME.json
     python benchmarks/quality.py table                   # -> benchmarks/results/quality-dl21-val.{json,md}
     python benchmarks/quality.py test [NAME ...]         # -> benchmarks/results/quality-dl19-<name>.json
 
@@ -34,33 +34,42 @@ WITHIN_QUERY = ["--data.group_size", "25", "--data.batch_size", "50"]
 
 DL21_ONLY = ["--data.teacher_data", "[data/teacher/dl21-bm25-smollm2]"]
 """The screening runs learn from DL21's labels alone (37 training queries, 3,700 pairs), which a CPU trains in
-minutes; the chosen settings are then to be trained on DL21 + DL22, once DL22's labels are made."""
+minutes; the chosen settings are then trained on DL21 + DL22 (the config's default teacher data)."""
+SEGMENT_COSINE = ["--model.head", "segment_cosine"]
 
 
-def segment_cosine(label: str, loss: str) -> list[str]:
-    """A screening run of the segment-cosine head with a within-query loss."""
-    return [*DL21_ONLY, "--model.head", "segment_cosine", "--data.label", label, "--model.loss", loss, *WITHIN_QUERY]
+def segment_cosine(label: str, loss: str, *extra: str, data: Sequence[str] = DL21_ONLY) -> list[str]:
+    """A run of the segment-cosine head: ``label``, ``loss`` (batches of query groups for a within-query loss)."""
+    batches = [] if loss == "mse" else WITHIN_QUERY
+    return [*data, *SEGMENT_COSINE, "--data.label", label, "--model.loss", loss, *batches, *extra]
 
 
 EXPERIMENTS: dict[str, list[str]] = {
-    # labels, with the paper's pointwise MSE on globally standardised targets
+    # the paper's [CLS] head, pointwise MSE on globally standardised targets
     "cis": [*DL21_ONLY, "--data.label", "cis"],
     "cis_q": [*DL21_ONLY, "--data.label", "cis_q"],
-    "cis_q_mean": [*DL21_ONLY, "--data.label", "cis_q_mean"],
-    "cis_q+0.25fs": [*DL21_ONLY, "--data.label", "cis_q+0.25*first_stage"],
-    # target scaling and losses, on cis_q
-    "cis_q-per_query": [*DL21_ONLY, "--data.label", "cis_q", "--data.target_scaling", "per_query"],
-    "cis_q-margin_mse": [*DL21_ONLY, "--data.label", "cis_q", "--model.loss", "margin_mse", *WITHIN_QUERY],
-    "cis_q-listwise_kl": [*DL21_ONLY, "--data.label", "cis_q", "--model.loss", "listwise_kl", *WITHIN_QUERY],
-    "cis_q-ranknet": [*DL21_ONLY, "--data.label", "cis_q", "--model.loss", "ranknet", *WITHIN_QUERY],
-    "cis_q-adr_mse": [*DL21_ONLY, "--data.label", "cis_q", "--model.loss", "adr_mse", *WITHIN_QUERY],
-    # learning rate
-    "cis_q-lr3e-4": [*DL21_ONLY, "--data.label", "cis_q", "--model.lr", "3.0e-4"],
-    # the segment-cosine head (the backbone's own similarity, from the first step), with within-query losses
-    "seg-cis_q-listwise_kl": segment_cosine("cis_q", "listwise_kl"),
-    "seg-cis_q-ranknet": segment_cosine("cis_q", "ranknet"),
-    "seg-cis_q+0.25fs-listwise_kl": segment_cosine("cis_q+0.25*first_stage", "listwise_kl"),
+    # the segment-cosine head: labels
     "seg-cis-listwise_kl": segment_cosine("cis", "listwise_kl"),
+    "seg-cis_q-listwise_kl": segment_cosine("cis_q", "listwise_kl"),
+    "seg-cis_q+0.25fs-listwise_kl": segment_cosine("cis_q+0.25*first_stage", "listwise_kl"),
+    "seg-cis_q+0.5fs-listwise_kl": segment_cosine("cis_q+0.5*first_stage", "listwise_kl"),
+    # length-normalised: per token, which only pointwise regression (across queries) can tell from cis_q
+    "seg-cis_q_mean-mse": segment_cosine("cis_q_mean", "mse"),
+    # losses, on cis_q
+    "seg-cis_q-mse": segment_cosine("cis_q", "mse"),
+    "seg-cis_q-mse-per_query": segment_cosine("cis_q", "mse", "--data.target_scaling", "per_query"),
+    "seg-cis_q-margin_mse": segment_cosine("cis_q", "margin_mse"),
+    "seg-cis_q-ranknet": segment_cosine("cis_q", "ranknet"),
+    "seg-cis_q-adr_mse": segment_cosine("cis_q", "adr_mse"),
+    # listwise KL: temperature, the whole candidate list as one group, learning rate
+    "seg-cis_q-listwise_kl-t0.5": segment_cosine("cis_q", "listwise_kl", "--model.temperature", "0.5"),
+    "seg-cis_q-listwise_kl-t2": segment_cosine("cis_q", "listwise_kl", "--model.temperature", "2.0"),
+    "seg-cis_q-listwise_kl-g100": [
+        *segment_cosine("cis_q", "listwise_kl"),
+        *["--data.group_size", "100", "--data.batch_size", "100"],
+    ],
+    "seg-cis_q-listwise_kl-lr3e-5": segment_cosine("cis_q", "listwise_kl", "--model.lr", "3.0e-5"),
+    "seg-cis_q-listwise_kl-lr3e-4": segment_cosine("cis_q", "listwise_kl", "--model.lr", "3.0e-4"),
 }
 """Variant name -> its arguments after :data:`BASE` (each trains into ``checkpoints/q-<name>``)."""
 
@@ -82,6 +91,10 @@ VAL_COLUMNS = (
 )
 
 
+RECORDS = RESULTS / "quality"
+"""One ``val-<name>.json`` per finished variant: its command and validations (:func:`record`)."""
+
+
 def run_dir(name: str) -> Path:
     return ROOT / "checkpoints" / f"q-{name}"
 
@@ -99,30 +112,41 @@ def run(command: list[str]) -> None:
     subprocess.run([str(Path(sys.executable).parent / command[0]), *command[1:]], check=True, cwd=ROOT)
 
 
+def record_path(name: str) -> Path:
+    return RECORDS / f"val-{name}.json"
+
+
 def train(names: list[str]) -> None:
+    """Train each variant not yet recorded, then record its validations (:func:`record`)."""
     for name in names:
-        if (run_dir(name) / "hf" / "config.json").is_file():
-            print(f"{name}: done ({run_dir(name) / 'hf'})")
+        if record_path(name).is_file():
+            print(f"{name}: done ({record_path(name).relative_to(ROOT)})")
             continue
-        run(train_command(name))
+        if not (run_dir(name) / "hf" / "config.json").is_file():
+            run(train_command(name))
+        record(name)
 
 
-def validation_rows(name: str) -> list[dict[str, float]]:
-    """The run's validations, one row per epoch."""
+def record(name: str) -> None:
+    """Commit-ready record of a finished run: its command and its validations, one row per epoch (the run folder
+    itself is git-ignored)."""
     with (run_dir(name) / "logs" / "metrics.csv").open() as f:
         rows = [r for r in csv.DictReader(f) if r.get("val/nDCG@10")]
-    return [{k: float(r[k]) for k in ("epoch", *VAL_COLUMNS) if r.get(k)} for r in rows]
+    epochs = [{k: float(r[k]) for k in ("epoch", *VAL_COLUMNS) if r.get(k)} for r in rows]
+    RECORDS.mkdir(parents=True, exist_ok=True)
+    entry = {"name": name, "command": shell(train_command(name)), "epochs": epochs}
+    record_path(name).write_text(json.dumps(entry, indent=2) + "\n")
 
 
 def table() -> dict[str, Any]:
-    """Every finished variant's best epoch (by validation nDCG@10, as the student stage keeps it)."""
+    """Every recorded variant's best epoch (by validation nDCG@10, as the student stage keeps it)."""
     rows = []
     for name in EXPERIMENTS:
-        if not (run_dir(name) / "logs" / "metrics.csv").is_file():
+        if not record_path(name).is_file():
             continue
-        epochs = validation_rows(name)
-        best = max(epochs, key=lambda r: r["val/nDCG@10"])
-        rows.append({"name": name, "command": shell(train_command(name)), "best": best, "epochs": epochs})
+        entry = json.loads(record_path(name).read_text())
+        best = max(entry["epochs"], key=lambda r: r["val/nDCG@10"])
+        rows.append({**entry, "best": best})
     record = {"split": "16 judged DL21 queries (seed 0), BM25 top-100 each", "rows": rows}
     lines = [
         "| variant | nDCG@10 | + first stage (α) | Spearman / τ with teacher (per query) | nDCG@10 vs teacher |"
