@@ -403,3 +403,25 @@ def test_a_bad_static_calibration_fails_the_int8_bound(
     with pytest.raises(ParityError, match=r"onnx-int8: nDCG@10 .* > bound 0.5 points"):
         export_student(student, tmp_path / "out", formats=("onnx",), int8="static", parity=parity)
     assert not (tmp_path / "out").exists()
+
+
+
+@pytest.mark.parametrize("method", ["Entropy", "Percentile"])
+def test_histogram_calibrations_quantise_on_batches_of_one_shape(exported: Path, tmp_path: Path, method: str) -> None:
+    """The histogram calibrations stack every batch's activations, so their batches share one shape (pairs of
+    different lengths padded to the longest); the graph they give scores real pairs close to fp32."""
+    from distill.backend.quantize import Calibration, quantize_int8
+    from distill.serving.scorers import OnnxScorer
+
+    folder = tmp_path / "student"
+    shutil.copytree(exported, folder)
+    calibration = Calibration(per_query=2, method=method, max_batch_tokens=512)
+    batches = calibration.batches(folder)
+    assert len({b["input_ids"].shape for b in batches}) == 1 and len(batches) > 1
+    assert sum(int(b["attention_mask"].sum()) for b in batches) < sum(b["attention_mask"].size for b in batches)
+    record = quantize_int8(folder / "model.onnx", folder / "model.int8.onnx", "static", calibration)
+    assert record["calibration"]["method"] == method and record["calibration"]["batches"] == len(batches)
+    example = batches[0]
+    reference, int8 = OnnxScorer(folder / "model.onnx")(example), OnnxScorer(folder / "model.int8.onnx")(example)
+    assert not np.array_equal(int8, reference)
+    assert np.abs(int8 - reference).max() < 0.1 * np.abs(reference).max() + 0.05

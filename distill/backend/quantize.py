@@ -60,12 +60,27 @@ class Calibration:
         return pairs
 
     def batches(self, folder: Path) -> list[Batch]:
-        """The pairs encoded with the student in ``folder``'s tokenizer, padded into length-sorted batches."""
+        """The pairs encoded with the student in ``folder``'s tokenizer, padded into batches.
+
+        ``MinMax`` takes length-sorted batches under the token budget. The histogram methods (``Entropy``,
+        ``Percentile``) stack every batch's activations into one array, so their batches all have one shape
+        ``[rows, longest pair]``, with ``rows`` filling the token budget; the pairs of a last, partial batch are
+        left out.
+        """
         tokenizer = load_tokenizer(folder)
         queries, passages = zip(*self.pairs(), strict=True)
         encoded = encode_pairs(tokenizer, queries, passages, model_max_length(folder, tokenizer))
-        rows = token_budget_batches(encoded.lengths, self.max_batch_tokens)
-        return [pad_batch(tokenizer, [encoded.features[i] for i in batch]) for batch in rows]
+        if self.method == "MinMax":
+            rows = token_budget_batches(encoded.lengths, self.max_batch_tokens)
+            return [pad_batch(tokenizer, [encoded.features[i] for i in batch]) for batch in rows]
+        longest = max(encoded.lengths)
+        per_batch = max(1, self.max_batch_tokens // longest)
+        batches = []
+        for start in range(0, len(encoded.features) - per_batch + 1, per_batch):
+            batches.append(pad_batch(tokenizer, encoded.features[start : start + per_batch], longest))
+        if not batches:
+            raise InputError(f"calibration: {len(encoded.features)} pairs fill no batch of {per_batch}")
+        return batches
 
     def describe(self, batches: Sequence[Batch]) -> dict[str, Any]:
         """What the card records: the inputs (relative to the repository where they are in it), the method, the

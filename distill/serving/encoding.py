@@ -141,10 +141,11 @@ def _encode_with_python(
         features[i] = {name: encoded[name][j] for name in input_names(tokenizer)}
 
 
-def pad_batch(tokenizer: Any, features: Sequence[dict[str, list[int]]]) -> Batch:
-    """Pad ``features`` to their longest, on the tokenizer's padding side: int64 arrays ``[len(features), longest]``
-    (``tokenizer.pad``'s values: the pad token, attention mask 0, the pad token type)."""
-    longest = max(len(f["input_ids"]) for f in features)
+def pad_batch(tokenizer: Any, features: Sequence[dict[str, list[int]]], length: int | None = None) -> Batch:
+    """Pad ``features`` to their longest (or to ``length``, if longer), on the tokenizer's padding side: int64
+    arrays ``[len(features), longest]`` (``tokenizer.pad``'s values: the pad token, attention mask 0, the pad
+    token type)."""
+    longest = max(length or 0, *(len(f["input_ids"]) for f in features))
     fill = {"input_ids": tokenizer.pad_token_id, "attention_mask": 0, "token_type_ids": tokenizer.pad_token_type_id}
     left = tokenizer.padding_side == "left"
     batch = {}
