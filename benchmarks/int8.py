@@ -1,11 +1,22 @@
-"""How int8 quantisation of the fused graph (``model.onnx``) moves a student's scores and ranking, on every judged
-DL19 query's 100 BM25 candidates: dynamic with one weight scale per tensor or per output channel, and static (per
-channel, activations calibrated on DL21 + DL22 pairs) with each calibration method. ``distill export --int8``
-writes one of them (``int8_mode``: static MinMax or dynamic per channel).
+"""Which int8 graph of a student to ship: how each quantisation moves its ranking, and how fast each runs.
 
-For each variant: nDCG@10 against PyTorch fp32's, and the mean and max |Δscore| over the 4,300 pairs.
+Every variant is quantised from the student's fused fp32 graph (``model.onnx``) and compared with it:
 
-    python benchmarks/int8.py --student checkpoints/minilm-dl19-all-cis
+- ``ort-dynamic-per-tensor``, ``ort-dynamic`` (per output channel; ``int8_mode: dynamic``) on onnxruntime;
+- ``ort-static-<method>`` (``int8_mode: static``, activations calibrated on DL21 + DL22 pairs by MinMax, Entropy or
+  Percentile) on onnxruntime;
+- ``ov-weights-g<N>`` (``int8_mode: weights``) on OpenVINO, its activations quantised at run time per ``N`` channels
+  of each token, the other ops in bf16 where the CPU has it (``N`` = 0: no int8 matmuls, the weights only int8);
+- ``ov-bf16``: no int8 at all, ``model.onnx`` on OpenVINO in bf16, for reference.
+
+Quality is measured on the validation set of the quantisation choice, never on DL19 (the test set, on which
+``distill export`` checks the chosen graph against its nDCG@10 bound): the 53 judged DL21 queries × their BM25
+top-100 (5,300 pairs). For each variant: the mean over queries of the Spearman correlation of its scores with fp32's
+(how faithfully it keeps the ranking), nDCG@10 and its change from fp32's, and the mean and max |Δscore|. Speed: the
+p50 of reranking a DL19 query's 100 BM25 candidates (the first ``--time-queries`` queries, ``--repeats`` rounds after
+a warm-up round, ``--threads`` threads, the batching of ``Reranker``).
+
+    python benchmarks/int8.py --student checkpoints/q-seg-cis_q-ranknet --threads 2
     # -> benchmarks/results/int8-<run>.json
 """
 
@@ -15,103 +26,190 @@ import argparse
 import json
 import sys
 import tempfile
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from _common import RESULTS, invocation, slug
 
-from distill.backend.parity import dl19_parity_set, ranking_ndcg10
 from distill.backend.quantize import CALIBRATION_METHODS, QUANTISED_OPS, Calibration, quantize_int8
 from distill.bench.measure import environment
+from distill.core.batching import token_budget_batches
+from distill.core.devices import STUDENT_BATCH_TOKENS
+from distill.core.fidelity import fidelity_per_query, mean_fidelity
 from distill.core.layout import student_folder
+from distill.core.loaders import load_candidates
+from distill.core.metrics import evaluate
+from distill.core.runs import run_from_columns
 from distill.serving.encoding import encode_pairs, load_tokenizer, model_max_length, pad_batch
-from distill.serving.scorers import OnnxScorer, Scorer, TorchScorer
+from distill.serving.scorers import OnnxScorer, OpenVinoScorer, Scorer, SessionSettings
 
-BATCH_SIZE = 32
-
-
-def scores_of(scorer: Scorer, tokenizer: Any, queries: list[str], passages: list[str], max_length: int) -> np.ndarray:
-    """``[n]`` scores of the pairs, in batches of :data:`BATCH_SIZE`."""
-    features = encode_pairs(tokenizer, queries, passages, max_length).features
-    out = np.empty(len(features))
-    for start in range(0, len(features), BATCH_SIZE):
-        out[start : start + BATCH_SIZE] = scorer(pad_batch(tokenizer, features[start : start + BATCH_SIZE]))
-    return out
+DATA = Path(__file__).resolve().parents[1] / "data"
+VALIDATION = (DATA / "trec-dl21" / "bm25_top100.json", DATA / "trec-dl21" / "qrels.txt")
+TIMED = DATA / "trec-dl19" / "bm25_top100.json"
+GROUP_SIZES = (0, 32, 64, 128, 384)
 
 
-def write_variant(name: str, source: Path, target: Path) -> None:
-    """``dynamic_per_tensor``, ``dynamic_per_channel`` (the export's dynamic mode) or ``static_<method>``."""
+def ort_variant(name: str, source: Path, target: Path) -> None:
+    """Write the onnxruntime variant ``name`` of ``source`` to ``target``."""
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    if name == "dynamic_per_tensor":
+    if name == "ort-dynamic-per-tensor":
         extra = {"DefaultTensorType": onnx.TensorProto.FLOAT}
-        ops = list(QUANTISED_OPS)
-        quantize_dynamic(str(source), str(target), op_types_to_quantize=ops, weight_type=QuantType.QInt8,
-                         per_channel=False, extra_options=extra)  # fmt: skip
-    elif name == "dynamic_per_channel":
+        quantize_dynamic(str(source), str(target), op_types_to_quantize=list(QUANTISED_OPS),
+                         weight_type=QuantType.QInt8, per_channel=False, extra_options=extra)  # fmt: skip
+    elif name == "ort-dynamic":
         quantize_int8(source, target, "dynamic")
     else:
-        quantize_int8(source, target, "static", Calibration(method=name.removeprefix("static_")))
+        quantize_int8(source, target, "static", Calibration(method=name.removeprefix("ort-static-")))
 
 
-VARIANTS = ("dynamic_per_tensor", "dynamic_per_channel", *(f"static_{m}" for m in CALIBRATION_METHODS))
+def variants(folder: Path, tmp: Path, threads: int, openvino: bool) -> dict[str, Callable[[], Scorer]]:
+    """Variant name -> a function that builds its graph (in ``tmp``) and loads it."""
+    out: dict[str, Callable[[], Scorer]] = {}
+    settings = SessionSettings(threads=threads)
+    source = folder / "model.onnx"
+    for name in ("ort-dynamic-per-tensor", "ort-dynamic", *(f"ort-static-{m}" for m in CALIBRATION_METHODS)):
+
+        def ort(name: str = name) -> Scorer:
+            ort_variant(name, source, tmp / f"{name}.onnx")
+            return OnnxScorer(tmp / f"{name}.onnx", settings=settings)
+
+        out[name] = ort
+    if not openvino:
+        return out
+    from distill.serving.scorers import openvino_has_bf16
+
+    precision = "bfloat16" if openvino_has_bf16() else "float32"
+    weights = tmp / "weights.onnx"
+    for size in GROUP_SIZES:
+
+        def ov(size: int = size) -> Scorer:
+            if not weights.is_file():
+                quantize_int8(source, weights, "weights")
+            return OpenVinoScorer(weights, threads, precision, size)
+
+        out[f"ov-weights-g{size}"] = ov
+    out["ov-bf16"] = lambda: OpenVinoScorer(source, threads, precision)
+    return out
+
+
+class Pairs:
+    """Candidate lists encoded with the student's tokenizer, in batches as ``Reranker`` makes them."""
+
+    def __init__(self, folder: Path, source: Path, qrels: Path | None = None, queries: int | None = None) -> None:
+        data = load_candidates(source, qrels=qrels)
+        lists = [c for c in data.candidates if qrels is None or c.query.qid in data.qrels][:queries]
+        self.qrels = data.qrels
+        self.qids = [c.query.qid for c in lists for _ in c.passages]
+        self.docids = [p.docid for c in lists for p in c.passages]
+        tokenizer = load_tokenizer(folder)
+        max_length = model_max_length(folder, tokenizer)
+        self.calls: list[list[tuple[np.ndarray, dict[str, np.ndarray]]]] = []
+        offset = 0
+        for c in lists:
+            encoded = encode_pairs(
+                tokenizer, [c.query.text] * len(c.passages), [p.text for p in c.passages], max_length
+            )
+            batches = token_budget_batches(encoded.lengths, STUDENT_BATCH_TOKENS["cpu"])
+            self.calls.append(
+                [
+                    (offset + np.asarray(rows), pad_batch(tokenizer, [encoded.features[i] for i in rows]))
+                    for rows in batches
+                ]
+            )
+            offset += len(c.passages)
+
+    def scores(self, scorer: Scorer) -> np.ndarray:
+        out = np.empty(len(self.qids))
+        for call in self.calls:
+            for rows, batch in call:
+                out[rows] = scorer(batch)
+        return out
+
+    def p50_ms(self, scorer: Scorer, repeats: int) -> float:
+        """The median over ``repeats`` rounds of the wall time of one list's batches, after a warm-up round."""
+        times = []
+        for round_ in range(repeats + 1):
+            for call in self.calls:
+                start = time.perf_counter()
+                for _, batch in call:
+                    scorer(batch)
+                if round_:
+                    times.append(time.perf_counter() - start)
+        return 1000 * float(np.median(times))
+
+    def quality(self, values: np.ndarray, reference: np.ndarray) -> dict[str, float]:
+        run = run_from_columns(self.qids, self.docids, values.tolist())
+        fidelity = mean_fidelity(fidelity_per_query(run, run_from_columns(self.qids, self.docids, reference.tolist())))
+        diff = np.abs(values - reference)
+        return {
+            "spearman_vs_fp32": fidelity["spearman"],
+            "kendall_tau_vs_fp32": fidelity["kendall_tau"],
+            "nDCG@10": evaluate(run, self.qrels, ["nDCG@10"])["nDCG@10"],
+            "mean_abs_diff": float(diff.mean()),
+            "max_abs_diff": float(diff.max()),
+        }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    import importlib.util
+
     import torch
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--student", required=True, help="a training run, or an export or HF folder with model.onnx")
+    p.add_argument("--student", required=True, help="a training run, or an export folder with model.onnx")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--time-queries", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--only", nargs="*", help="variants to run (default all)")
     p.add_argument("--out", type=Path, help="JSON result (default benchmarks/results/int8-<run>.json)")
     args = p.parse_args(argv)
     folder = student_folder(args.student)
     if not (folder / "model.onnx").is_file():
         p.error(f"{folder}: no model.onnx; run distill export first")
-    tokenizer = load_tokenizer(folder)
-    max_length = model_max_length(folder, tokenizer)
-    pairs = dl19_parity_set().ranking
-    qrels = dl19_parity_set().qrels
-    queries, passages = [x.query for x in pairs], [x.passage for x in pairs]
-    reference = scores_of(TorchScorer(folder), tokenizer, queries, passages, max_length)
+    torch.set_num_threads(args.threads)
+    validation = Pairs(folder, *VALIDATION)
+    timed = Pairs(folder, TIMED, queries=args.time_queries)
+    fp32 = OnnxScorer(folder / "model.onnx", settings=SessionSettings(threads=args.threads))
+    reference = validation.scores(fp32)
+    results = {"fp32": {**validation.quality(reference, reference), "p50_ms": timed.p50_ms(fp32, args.repeats)}}
+    print(f"{'variant':<24} {'Spearman':>9} {'nDCG@10':>8} {'Δ':>6} {'mean|Δs|':>9} {'p50 ms':>8}", flush=True)
 
-    def ndcg(values: np.ndarray) -> float:
-        return ranking_ndcg10(pairs, values, qrels)
+    def show(name: str, r: dict[str, float]) -> None:
+        delta = r["nDCG@10"] - results["fp32"]["nDCG@10"]
+        print(
+            f"{name:<24} {r['spearman_vs_fp32']:>9.4f} {r['nDCG@10']:>8.2f} {delta:>+6.2f} "
+            f"{r['mean_abs_diff']:>9.4f} {r['p50_ms']:>8.1f}",
+            flush=True,
+        )
 
-    results = {"pytorch_fp32": {"nDCG@10": ndcg(reference)}}
+    show("fp32", results["fp32"])
     with tempfile.TemporaryDirectory() as tmp:
-        for name in VARIANTS:
-            path = Path(tmp) / f"{name}.onnx"
-            write_variant(name, folder / "model.onnx", path)
-            values = scores_of(OnnxScorer(path), tokenizer, queries, passages, max_length)
-            diff = np.abs(values - reference)
-            value = ndcg(values)
-            results[name] = {
-                "nDCG@10": value,
-                "delta_nDCG@10": value - results["pytorch_fp32"]["nDCG@10"],
-                "mean_abs_diff": float(diff.mean()),
-                "max_abs_diff": float(diff.max()),
-            }
-    record = {
+        for name, load in variants(folder, Path(tmp), args.threads, bool(importlib.util.find_spec("openvino"))).items():
+            if args.only and name not in args.only:
+                continue
+            scorer = load()
+            results[name] = {**validation.quality(validation.scores(scorer), reference)}
+            results[name]["delta_nDCG@10"] = results[name]["nDCG@10"] - results["fp32"]["nDCG@10"]
+            results[name]["p50_ms"] = timed.p50_ms(scorer, args.repeats)
+            show(name, results[name])
+            del scorer
+    record: dict[str, Any] = {
         **invocation("benchmarks/int8.py", argv),
         "environment": environment(torch.device("cpu"), torch.float32),
         "student": str(folder),
-        "pairs": len(pairs),
-        "queries": len({x.qid for x in pairs}),
+        "validation": {"input": str(VALIDATION[0].relative_to(DATA.parent)), "pairs": len(validation.qids)},
+        "timed": {"input": str(TIMED.relative_to(DATA.parent)), "queries": args.time_queries},
+        "threads": args.threads,
         "results": results,
     }
     run_name = folder.parent.name if folder.name in ("export", "hf") else folder.name
     out = args.out or RESULTS / f"int8-{slug(run_name)}.json"
     out.write_text(json.dumps(record, indent=2) + "\n")
-    for name, r in results.items():
-        extra = (
-            ""
-            if name == "pytorch_fp32"
-            else (f"  Δ {r['delta_nDCG@10']:+.2f}  mean |Δscore| {r['mean_abs_diff']:.4f}  max {r['max_abs_diff']:.3f}")
-        )
-        print(f"{name:<22} nDCG@10 {r['nDCG@10']:6.2f}{extra}")
     print(f"wrote {out}")
     return 0
 

@@ -124,7 +124,7 @@ def test_bench_times_every_method_and_writes_json_csv_png(exported: Path, tiny_l
     )
     result = run_bench(config, "distill bench ...")
     expected = ["student torch-fp32", "student torchscript", "student onnx-fp32", "student onnx-int8"]
-    optional = ["student openvino-fp32", "student openvino-int8", "st-crossencoder"]
+    optional = ["student openvino-fp32", "student openvino-bf16", "student openvino-int8", "st-crossencoder"]
     expected += [m for m in optional if m.removeprefix("student ") not in result["skipped"]]
     assert report.methods(result) == [*expected, "teacher cis"]
     assert report.workloads(result) == ["200 tokens", "400 tokens", "100 candidates"]

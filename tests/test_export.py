@@ -26,6 +26,7 @@ from distill.backend.parity import (
     verify_export,
 )
 from distill.core.loaders import load_candidates
+from distill.core.schema import InputError
 from distill.serving.encoding import encode_pairs, pad_batch
 from distill.serving.reranker import Reranker
 from distill.serving.scorers import TorchScorer
@@ -405,7 +406,6 @@ def test_a_bad_static_calibration_fails_the_int8_bound(
     assert not (tmp_path / "out").exists()
 
 
-
 @pytest.mark.parametrize("method", ["Entropy", "Percentile"])
 def test_histogram_calibrations_quantise_on_batches_of_one_shape(exported: Path, tmp_path: Path, method: str) -> None:
     """The histogram calibrations stack every batch's activations, so their batches share one shape (pairs of
@@ -425,3 +425,52 @@ def test_histogram_calibrations_quantise_on_batches_of_one_shape(exported: Path,
     reference, int8 = OnnxScorer(folder / "model.onnx")(example), OnnxScorer(folder / "model.int8.onnx")(example)
     assert not np.array_equal(int8, reference)
     assert np.abs(int8 - reference).max() < 0.1 * np.abs(reference).max() + 0.05
+
+
+def test_int8_weights_graph_is_checked_and_run_on_openvino(student: Path, parity: ParitySet, tmp_path: Path) -> None:
+    """``int8="weights"`` stores every matmul weight as int8 (one scale per output channel) behind a
+    DequantizeLinear; the parity check runs it on OpenVINO, which quantises each token's activations at run time."""
+    pytest.importorskip("openvino")
+    import onnx
+    from onnx import numpy_helper
+
+    out = tmp_path / "export"
+    report = export_student(student, out, formats=("onnx",), int8="weights", parity=parity)
+    int8 = next(p for p in report.parity if p.format == "onnx-int8")
+    assert int8.runtime == "openvino" and abs(int8.ndcg10["delta"]) <= NDCG_BOUND
+    card = json.loads((out / "card.json").read_text())
+    assert card["optimizations"]["onnx-int8"]["mode"] == "weights"
+    assert card["optimizations"]["onnx-int8"]["runtime"] == "openvino"
+    graph = onnx.load(str(out / "model.int8.onnx")).graph
+    weights = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    dequantise = [n for n in graph.node if n.op_type == "DequantizeLinear"]
+    assert len(dequantise) == 2 * 4  # per layer of the tiny BERT: QKV, attention output, two feed-forward
+    for node in dequantise:
+        assert weights[node.input[0]].dtype == np.int8 and weights[node.input[1]].ndim == 1
+    fp32 = {t.name for t in onnx.load(str(out / "model.onnx")).graph.initializer}
+    matmul_weights = {n.input[1] for n in graph.node if n.op_type in ("MatMul", "Attention")}
+    assert matmul_weights <= {n.output[0] for n in dequantise} and not matmul_weights & fp32
+
+
+def test_int8_weights_needs_openvino(student: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "openvino" else real(name, *a))
+    with pytest.raises(InputError, match=r"'weights' makes a graph for OpenVINO: pip install"):
+        export_student(student, tmp_path / "out", formats=("onnx",), int8="weights")
+    assert not (tmp_path / "out").exists()
+
+
+def test_openvino_precision_is_explicit(exported: Path, candidates: tuple[str, list[str]]) -> None:
+    """OpenVINO computes in bf16 by default wherever the CPU has it; ``float32`` asks for fp32 (the 1e-4 agreement
+    above) and ``bfloat16`` for bf16, which moves the scores a little but keeps the ranking."""
+    pytest.importorskip("openvino")
+    from distill.serving.scorers import openvino_has_bf16
+
+    query, passages = candidates
+    reference = np.asarray(Reranker.load(exported).score(query, passages))
+    bf16 = np.asarray(Reranker.load(exported, backend="openvino", dtype="bfloat16").score(query, passages))
+    assert np.corrcoef(bf16, reference)[0, 1] > 0.99
+    if openvino_has_bf16():
+        assert np.abs(bf16 - reference).max() > 1e-4
+    with pytest.raises(InputError, match="dtype is one of"):
+        Reranker.load(exported, backend="onnx", dtype="bfloat16")

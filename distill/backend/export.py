@@ -9,6 +9,7 @@ parity check, so a failed export leaves nothing behind.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from distill.backend.parity import FormatParity, ParityError, ParitySet, verify_export
-from distill.backend.quantize import Calibration, Int8Mode
+from distill.backend.quantize import INT8_RUNTIMES, Calibration, Int8Mode
 from distill.core.schema import ExistingOutputError, InputError
 from distill.core.student_card import StudentCard
 from distill.core.teacher_data import TeacherDataset
@@ -56,7 +57,7 @@ class ExportReport:
 
     def format(self) -> str:
         """A table of the files and their parity figures."""
-        header = f"{'format':<12} {'file':<22} {'device':<6} {'max |Δscore|':>12} {'bound':>7}"
+        header = f"{'format':<12} {'file':<22} {'device':<6} {'runtime':<11} {'max |Δscore|':>12} {'bound':>7}"
         lines = [f"{header}  nDCG@10 (PyTorch -> format)"]
         for p in self.parity:
             ndcg = f"{p.ndcg10['pytorch']:.2f} -> {p.ndcg10[p.format]:.2f}" if p.ndcg10 else ""
@@ -64,7 +65,8 @@ class ExportReport:
             bound = "-" if p.bound is None else f"{p.bound:g}"
             file = self.formats[p.format]
             lines.append(
-                f"{p.format:<12} {file:<22} {p.device or '-':<6} {diff:>12} {bound:>7}  {ndcg}{p.not_checked or ''}"
+                f"{p.format:<12} {file:<22} {p.device or '-':<6} {p.runtime or '-':<11} {diff:>12} {bound:>7}  "
+                f"{ndcg}{p.not_checked or ''}"
             )
         lines.append(f"wrote {self.out_dir} (card.json has the parity figures)")
         return "\n".join(lines)
@@ -88,8 +90,8 @@ def export_student(
             optimiser for the BERT family, see :mod:`distill.backend.onnx_export`) and/or ``torchscript``
             (``model.torchscript.pt``, a trace returning ``[batch]`` scores).
         fp16: also write ``model.fp16.onnx`` (fp16 weights, for GPUs); needs ``onnx``.
-        int8: also write ``model.int8.onnx`` (int8, for CPUs), quantised ``static`` or ``dynamic`` (see
-            :mod:`distill.backend.quantize`); needs ``onnx``.
+        int8: also write ``model.int8.onnx`` (int8, for CPUs), quantised ``static``, ``dynamic`` (for
+            onnxruntime) or ``weights`` (for OpenVINO; see :mod:`distill.backend.quantize`); needs ``onnx``.
         parity: the pairs of the parity check; default :func:`~distill.backend.parity.dl19_parity_set`.
         calibration: the pairs static int8 is calibrated on; default
             :class:`~distill.backend.quantize.Calibration` (DL21 and DL22 candidates).
@@ -100,8 +102,11 @@ def export_student(
     hf_dir, out_dir = Path(hf_dir), Path(out_dir)
     if unknown := sorted(set(formats) - set(EXPORTABLE)):
         raise InputError(f"unknown export format(s) {unknown}: expected some of {list(EXPORTABLE)}")
-    if int8 not in (None, "dynamic", "static"):
-        raise InputError(f"int8 must be 'dynamic', 'static' or None, not {int8!r}")
+    if int8 is not None and int8 not in INT8_RUNTIMES:
+        raise InputError(f"int8 must be one of {list(INT8_RUNTIMES)} or None, not {int8!r}")
+    int8_runtime = INT8_RUNTIMES[int8] if int8 else "onnxruntime"
+    if int8_runtime == "openvino" and importlib.util.find_spec("openvino") is None:
+        raise InputError(f"int8 mode {int8!r} makes a graph for OpenVINO: pip install 'cis-distill[openvino]'")
     if (fp16 or int8) and "onnx" not in formats:
         raise InputError("fp16 and int8 are variants of the ONNX graph: add 'onnx' to the formats")
     require_file(hf_dir, "config.json")
@@ -114,7 +119,7 @@ def export_student(
     try:
         shutil.copytree(hf_dir, staging, ignore=shutil.ignore_patterns(*FORMAT_FILES.values(), CARD))
         written, optimizations = _write_formats(staging, formats, fp16, int8, calibration)
-        report = ExportReport(out_dir, written, optimizations, verify_export(staging, parity))
+        report = ExportReport(out_dir, written, optimizations, verify_export(staging, parity, int8_runtime))
         (staging / CARD).write_text(json.dumps(_card(hf_dir, out_dir, staging, report), indent=2) + "\n")
     except BaseException as e:
         shutil.rmtree(staging, ignore_errors=True)

@@ -98,6 +98,8 @@ class FormatParity:
     format: str
     device: str | None = "cpu"
     """Where it was checked; None if nowhere."""
+    runtime: str | None = None
+    """What ran an ONNX graph: ``onnxruntime`` or ``openvino``; None for TorchScript."""
     bound: float | None = None
     """Max |Δscore| allowed; None for int8 (bounded by nDCG@10 instead)."""
     max_abs_diff: float | None = None
@@ -148,10 +150,13 @@ class FormatParity:
         return None
 
 
-def verify_export(folder: str | Path, parity: ParitySet | None = None) -> list[FormatParity]:
+def verify_export(
+    folder: str | Path, parity: ParitySet | None = None, int8_runtime: str = "onnxruntime"
+) -> list[FormatParity]:
     """Compare each exported file in ``folder`` (see :data:`FORMAT_FILES`) with the folder's own PyTorch model.
 
-    Everything runs on the CPU, but the fp16 graph, where onnxruntime cannot run it on the CPU, runs on CUDA
+    Everything runs on the CPU, on onnxruntime, but the int8 graph runs on ``int8_runtime`` (``openvino`` for the
+    graph of ``int8_mode: weights``), and the fp16 graph, where onnxruntime cannot run it on the CPU, runs on CUDA
     where there is one, and is otherwise recorded as not checked.
 
     Raises:
@@ -166,7 +171,8 @@ def verify_export(folder: str | Path, parity: ParitySet | None = None) -> list[F
     scorers: dict[str, Scorer] = {}
     for fmt, file in FORMAT_FILES.items():
         if (folder / file).is_file():
-            results[fmt] = FormatParity(fmt, bound=SCORE_BOUNDS.get(fmt))
+            runtime = None if fmt == "torchscript" else int8_runtime if fmt == "onnx-int8" else "onnxruntime"
+            results[fmt] = FormatParity(fmt, bound=SCORE_BOUNDS.get(fmt), runtime=runtime)
             scorer = _open(folder, results[fmt])
             if scorer is not None:
                 scorers[fmt] = scorer
@@ -187,7 +193,7 @@ def verify_export(folder: str | Path, parity: ParitySet | None = None) -> list[F
 def _open(folder: Path, result: FormatParity) -> Scorer | None:
     """The format's scorer on the CPU; the fp16 graph on CUDA if the CPU cannot run it (None if nothing can)."""
     if result.format != "onnx-fp16":
-        return load_scorer(folder, result.format)
+        return load_scorer(folder, result.format, runtime=result.runtime or "onnxruntime")
     import onnxruntime as ort
     from onnxruntime.capi import onnxruntime_pybind11_state as ort_errors
 

@@ -3,7 +3,8 @@
 
 - the student on each backend (:class:`distill.serving.reranker.Reranker`): ``torch-fp32``, ``torch-fp16``,
   ``torch-bf16``, ``torchscript``, ``onnx-fp32``, ``onnx-fp16``, ``onnx-int8`` (onnxruntime), ``openvino-fp32``,
-  ``openvino-int8`` (the same ONNX files on OpenVINO, an optional extra);
+  ``openvino-bf16`` (``model.onnx`` in bf16 where the CPU has it) and ``openvino-int8`` (the same ONNX files on
+  OpenVINO, an optional extra);
 - the teacher: CIS with the teacher stage's scorer (:class:`teachers.teacher.CausalLMTeacher`), both terms
   computed per call (log p(K|Q) and log p(K); no p(K) cache);
 - the peer baseline: sentence-transformers' ``CrossEncoder.predict`` on the same student folder
@@ -34,13 +35,23 @@ STUDENT_BACKENDS: dict[str, tuple[str, str | None]] = {
     "onnx-fp16": ("onnx", "float16"),
     "onnx-int8": ("onnx", "int8"),
     "openvino-fp32": ("openvino", None),
+    "openvino-bf16": ("openvino", "bfloat16"),
     "openvino-int8": ("openvino", "int8"),
 }
 """Student backend name -> (:meth:`Reranker.load` backend, dtype)."""
 BASELINE = "st-crossencoder"
 ST_BATCH_SIZE = 100
 DEFAULT_BACKENDS = {
-    "cpu": ("torch-fp32", "torchscript", "onnx-fp32", "onnx-int8", "openvino-fp32", "openvino-int8", BASELINE),
+    "cpu": (
+        "torch-fp32",
+        "torchscript",
+        "onnx-fp32",
+        "onnx-int8",
+        "openvino-fp32",
+        "openvino-bf16",
+        "openvino-int8",
+        BASELINE,
+    ),
     "cuda": ("torch-fp32", "torch-fp16", "torch-bf16", "torchscript", "onnx-fp16", BASELINE),
 }
 """What runs by default on each device type (those whose files are there, and OpenVINO where it is installed)."""

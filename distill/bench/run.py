@@ -77,8 +77,8 @@ class BenchConfig:
     """Queries of the "rerank a query's candidates" workload (each with all its candidates); 0 to skip it."""
     backends: list[str] | None = None
     """Student backends (of ``torch-fp32, torch-fp16, torch-bf16, torchscript, onnx-fp32, onnx-fp16, onnx-int8,
-    openvino-fp32, openvino-int8``) and ``st-crossencoder``; default those of the device whose files exist (and
-    OpenVINO's where it is installed)."""
+    openvino-fp32, openvino-bf16, openvino-int8``) and ``st-crossencoder``; default those of the device whose files
+    exist (and OpenVINO's where it is installed)."""
     device: str = "auto"
     """``auto`` (cuda if there is one), ``cpu`` or ``cuda[:N]``."""
     threads: int | None = None
@@ -168,7 +168,7 @@ def _students(
 ) -> tuple[list[tuple[str, Callable[[], Method]]], dict[str, str]]:
     """The student methods to time, each as (backend name, a function that loads it), and the reason each
     default backend left out is left out (its file is missing)."""
-    from distill.serving.reranker import ONNX_DTYPES
+    from distill.serving.reranker import OPENVINO_DTYPES
     from distill.serving.scorers import FORMAT_FILES
 
     requested = config.backends is not None
@@ -179,7 +179,7 @@ def _students(
     loaders, skipped = [], {}
     for name in names:
         kind, dtype = STUDENT_BACKENDS.get(name, ("torch", None))
-        fmt = ONNX_DTYPES[dtype] if kind in ("onnx", "openvino") else kind
+        fmt = OPENVINO_DTYPES[dtype] if kind in ("onnx", "openvino") else kind
         if fmt in FORMAT_FILES and not (folder / FORMAT_FILES[fmt]).is_file() and not requested:
             skipped[name] = f"no {FORMAT_FILES[fmt]} in {folder}"
         elif name == BASELINE:

@@ -23,6 +23,8 @@ from distill.serving.scorers import Scorer, load_scorer, require_file
 BACKENDS = ("torch", "onnx", "torchscript", "openvino")
 ONNX_DTYPES = {None: "onnx", "float32": "onnx", "float16": "onnx-fp16", "int8": "onnx-int8"}
 """The ONNX backends' ``dtype`` -> the exported format they run (``onnx``: onnxruntime, ``openvino``: OpenVINO)."""
+OPENVINO_DTYPES = {**ONNX_DTYPES, "bfloat16": "onnx"}
+"""OpenVINO also runs ``model.onnx`` in bf16 (on CPUs that have it)."""
 
 
 class Reranker:
@@ -77,7 +79,8 @@ class Reranker:
             device: ``cpu`` or ``cuda[:N]``.
             dtype: ``torch``: ``float32`` (default), ``float16`` or ``bfloat16``; ``onnx`` and ``openvino``:
                 ``float32`` (default, ``model.onnx``), ``float16`` (``model.fp16.onnx``) or ``int8``
-                (``model.int8.onnx``); ``torchscript``: ``float32`` only.
+                (``model.int8.onnx``; on OpenVINO with the other ops in bf16 where the CPU has it); ``openvino``
+                also ``bfloat16`` (``model.onnx`` computed in bf16); ``torchscript``: ``float32`` only.
             max_length: the longest pair in tokens; default the model's (up to 512).
             max_batch_tokens: the budget of padded tokens per batch (default
                 :data:`~distill.core.devices.STUDENT_BATCH_TOKENS`).
@@ -95,14 +98,16 @@ class Reranker:
             raise MissingFileError(f"{path}: no such model folder")
         if backend not in BACKENDS:
             raise InputError(f"backend must be one of {list(BACKENDS)}, not {backend!r}")
+        dtypes = OPENVINO_DTYPES if backend == "openvino" else ONNX_DTYPES
         onnx = backend in ("onnx", "openvino")
-        if onnx and dtype not in ONNX_DTYPES:
-            raise InputError(f"the {backend} backend's dtype is one of {list(ONNX_DTYPES)}, not {dtype!r}")
+        if onnx and dtype not in dtypes:
+            raise InputError(f"the {backend} backend's dtype is one of {list(dtypes)}, not {dtype!r}")
         require_file(path, "config.json")
         require_file(path, "tokenizer_config.json")
-        fmt = ONNX_DTYPES[dtype] if onnx else backend
+        fmt = dtypes[dtype] if onnx else backend
         runtime = "openvino" if backend == "openvino" else "onnxruntime"
-        scorer = load_scorer(path, fmt, device, None if onnx else dtype, threads, runtime)
+        precision = dtype if backend in ("torch", "openvino") and fmt in ("torch", "onnx") else None
+        scorer = load_scorer(path, fmt, device, precision, threads, runtime)
         tokenizer = load_tokenizer(path)
         limit = model_max_length(path, tokenizer)
         if max_length is not None and max_length > limit:

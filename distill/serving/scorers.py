@@ -129,18 +129,46 @@ class OnnxScorer:
         return logits[:, 0].astype(np.float32)
 
 
+OPENVINO_PRECISIONS = {"float32": "f32", "bfloat16": "bf16"}
+"""``dtype`` -> OpenVINO's ``INFERENCE_PRECISION_HINT``: the arithmetic of every op it does not run in int8."""
+OPENVINO_INT8_GROUP_SIZE = 384
+"""Channels of a token's activations that OpenVINO quantises with one int8 scale, at run time, before a matmul whose
+weights are int8 (the graph of ``int8_mode: weights``, see :mod:`distill.backend.quantize`). Chosen on DL21 by
+``benchmarks/int8.py`` (accuracy against fp32) and ``benchmarks/onnx_cpu.py --stages openvino`` (speed)."""
+
+
+def openvino_has_bf16() -> bool:
+    """Whether OpenVINO's CPU plugin computes in bf16 on this machine (AVX512-BF16 or AMX)."""
+    import openvino
+
+    return "BF16" in openvino.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
+
+
 class OpenVinoScorer:
     """An ONNX graph compiled by OpenVINO for the CPU, one inference stream (the optional extra
-    ``cis-distill[openvino]``); inputs and output as for :class:`OnnxScorer`."""
+    ``cis-distill[openvino]``); inputs and output as for :class:`OnnxScorer`.
 
-    def __init__(self, path: Path, threads: int = 0) -> None:
+    Args:
+        precision: ``float32`` or ``bfloat16`` (:data:`OPENVINO_PRECISIONS`), set explicitly: OpenVINO's own
+            default is bf16 wherever the CPU has it.
+        int8_group_size: for a graph with int8 weights, the channels of a token's activations quantised with one
+            scale at run time (OpenVINO's dynamic quantisation); 0 computes those matmuls in ``precision``.
+    """
+
+    def __init__(self, path: Path, threads: int = 0, precision: str = "float32", int8_group_size: int = 0) -> None:
         try:
             import openvino
         except ImportError as e:
             raise ImportError("the openvino backend needs OpenVINO: pip install 'cis-distill[openvino]'") from e
+        if precision not in OPENVINO_PRECISIONS:
+            raise InputError(f"openvino precision must be one of {list(OPENVINO_PRECISIONS)}, not {precision!r}")
         require_file(path.parent, path.name)
         core = openvino.Core()
-        config: dict[str, object] = {"PERFORMANCE_HINT": "LATENCY"}
+        config: dict[str, object] = {
+            "PERFORMANCE_HINT": "LATENCY",
+            "INFERENCE_PRECISION_HINT": OPENVINO_PRECISIONS[precision],
+            "DYNAMIC_QUANTIZATION_GROUP_SIZE": int8_group_size,
+        }
         if threads:
             config["INFERENCE_NUM_THREADS"] = threads
         self.compiled = core.compile_model(core.read_model(str(path)), "CPU", config)
@@ -182,7 +210,8 @@ def load_scorer(
     """The scorer of format ``fmt`` (``torch`` or a key of :data:`FORMAT_FILES`) in ``folder``.
 
     Args:
-        dtype: one of :data:`TORCH_DTYPES`, for ``torch`` only; the exported files have theirs.
+        dtype: one of :data:`TORCH_DTYPES`, for ``torch``; for ``onnx`` on OpenVINO, one of
+            :data:`OPENVINO_PRECISIONS`; the other exported files have theirs.
         threads: intra-op threads of an ONNX graph's runtime (0: its default, one per physical core); torch's
             threads are process-wide (``torch.set_num_threads``).
         runtime: what runs an ONNX graph: ``onnxruntime`` (:class:`OnnxScorer`) or ``openvino`` (on a CPU).
@@ -192,13 +221,20 @@ def load_scorer(
         return TorchScorer(folder, device, dtype)
     if fmt not in FORMAT_FILES:
         raise InputError(f"unknown format {fmt!r}: expected 'torch' or one of {sorted(FORMAT_FILES)}")
-    if dtype not in (None, "float32"):
-        raise InputError(f"{fmt} has a fixed dtype; dtype={dtype!r} applies to the torch backend only")
     path = folder / FORMAT_FILES[fmt]
-    if fmt == "torchscript":
-        return TorchScriptScorer(path, device)
     if runtime == "openvino":
         if device != "cpu":
             raise InputError(f"{path}: the openvino backend runs on the CPU, not {device!r}")
-        return OpenVinoScorer(path, threads)
+        if fmt == "onnx-int8":  # int8 matmuls, the rest in bf16 where the CPU has it
+            if dtype not in (None, "int8"):
+                raise InputError(f"{path} is int8; dtype={dtype!r} does not apply")
+            precision = "bfloat16" if openvino_has_bf16() else "float32"
+            return OpenVinoScorer(path, threads, precision, OPENVINO_INT8_GROUP_SIZE)
+        if fmt != "onnx" and dtype not in (None, "float32"):
+            raise InputError(f"{fmt} has a fixed dtype; dtype={dtype!r} applies to model.onnx only")
+        return OpenVinoScorer(path, threads, dtype or "float32")
+    if dtype not in (None, "float32"):
+        raise InputError(f"{fmt} has a fixed dtype; dtype={dtype!r} applies to the torch backend only")
+    if fmt == "torchscript":
+        return TorchScriptScorer(path, device)
     return OnnxScorer(path, device, SessionSettings(threads=threads))

@@ -23,7 +23,9 @@ class ExportConfig:
     int8: bool = False
     """Also ``model.int8.onnx`` (int8, for CPUs), checked against the nDCG@10 bound."""
     int8_mode: Int8Mode = "static"
-    """``static`` (activation scales calibrated on ``calibration``) or ``dynamic`` (scales computed at run time)."""
+    """``static`` (activation scales calibrated on ``calibration``), ``dynamic`` (one scale per tensor computed at
+    run time; both for onnxruntime) or ``weights`` (int8 weights only; OpenVINO quantises each token's activations
+    at run time, far more finely; needs ``cis-distill[openvino]``). See :mod:`distill.backend.quantize`."""
     calibration: Calibration = field(default_factory=Calibration)
     """The pairs static int8 is calibrated on (default: DL21 and DL22 BM25 candidates, 4 per query)."""
     parity_input: str | None = None

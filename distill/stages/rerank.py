@@ -33,7 +33,7 @@ class RerankConfig:
     device: str = "cpu"
     """``cpu`` or ``cuda[:N]``."""
     dtype: str | None = None
-    """torch: float32, float16 or bfloat16; onnx and openvino: float32, float16 or int8."""
+    """torch: float32, float16 or bfloat16; onnx: float32, float16 or int8; openvino: those and bfloat16."""
     max_length: int | None = None
     """The longest pair in tokens (default: the model's)."""
     max_batch_tokens: int | None = None
