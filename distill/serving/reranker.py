@@ -106,7 +106,8 @@ class Reranker:
         require_file(path, "tokenizer_config.json")
         fmt = dtypes[dtype] if onnx else backend
         runtime = "openvino" if backend == "openvino" else "onnxruntime"
-        precision = dtype if backend in ("torch", "openvino") and fmt in ("torch", "onnx") else None
+        # the exported files carry their dtype; OpenVINO computes model.onnx in the one asked for
+        precision = None if backend == "onnx" or (backend == "openvino" and fmt != "onnx") else dtype
         scorer = load_scorer(path, fmt, device, precision, threads, runtime)
         tokenizer = load_tokenizer(path)
         limit = model_max_length(path, tokenizer)
