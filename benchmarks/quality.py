@@ -70,6 +70,9 @@ EXPERIMENTS: dict[str, list[str]] = {
     ],
     "seg-cis_q-listwise_kl-lr3e-5": segment_cosine("cis_q", "listwise_kl", "--model.lr", "3.0e-5"),
     "seg-cis_q-listwise_kl-lr3e-4": segment_cosine("cis_q", "listwise_kl", "--model.lr", "3.0e-4"),
+    # the chosen settings on DL21 + DL22 (129 queries; the same 16 validation queries)
+    "dl2122-seg-cis_q+0.25fs-listwise_kl": segment_cosine("cis_q+0.25*first_stage", "listwise_kl", data=()),
+    "dl2122-seg-cis-listwise_kl": segment_cosine("cis", "listwise_kl", data=()),
 }
 """Variant name -> its arguments after :data:`BASE` (each trains into ``checkpoints/q-<name>``)."""
 
