@@ -15,8 +15,9 @@ after one warm-up round. Stages (``--stages``, all by default):
 - ``sessions``: one setting at a time away from the defaults, on ``fp32-fused-tail`` and on ``--int8``: intra-op
   threads, graph optimisation level, memory arena, spinning, the batch token budget, and ``--threads`` batches in
   flight on single-threaded runs instead of one batch on all threads.
-- ``openvino``: the graphs OpenVINO reads (if installed), one stream of ``--threads`` threads, and ``--threads``
-  single-threaded streams with a batch in flight on each.
+- ``openvino``: the graphs OpenVINO reads (if installed), in fp32 (the fused one also in bf16: OpenVINO's default
+  wherever the CPU has it), one stream of ``--threads`` threads, and ``--threads`` single-threaded streams with a
+  batch in flight on each. OpenVINO's own int8 is in ``benchmarks/int8.py``.
 - ``profile``: onnxruntime's profile of the default settings on the fused fp32 graph and on ``--int8``: the time
   per op type, and the share of the call outside the graph (tokenisation, padding, Python).
 
@@ -58,7 +59,14 @@ from distill.core.layout import student_folder
 from distill.core.loaders import load_candidates
 from distill.serving.encoding import encode_pairs, load_tokenizer, model_max_length, pad_batch
 from distill.serving.reranker import Reranker
-from distill.serving.scorers import OnnxScorer, OpenVinoScorer, Scorer, SessionSettings, TorchScorer
+from distill.serving.scorers import (
+    OPENVINO_PRECISIONS,
+    OnnxScorer,
+    OpenVinoScorer,
+    Scorer,
+    SessionSettings,
+    TorchScorer,
+)
 
 STAGES = ("variants", "sessions", "openvino", "profile")
 DL19 = Path(__file__).resolve().parents[1] / "data" / "trec-dl19" / "bm25_top100.json"
@@ -301,11 +309,16 @@ class OpenVinoStreams:
     """An ONNX graph on OpenVINO with ``streams`` single-threaded inference streams and one infer request per
     calling thread, for batches run several at a time (:func:`parallel_score`)."""
 
-    def __init__(self, path: Path, streams: int) -> None:
+    def __init__(self, path: Path, streams: int, precision: str = "float32") -> None:
         import openvino
 
         core = openvino.Core()
-        config = {"PERFORMANCE_HINT": "THROUGHPUT", "NUM_STREAMS": streams, "INFERENCE_NUM_THREADS": streams}
+        config = {
+            "PERFORMANCE_HINT": "THROUGHPUT",
+            "NUM_STREAMS": streams,
+            "INFERENCE_NUM_THREADS": streams,
+            "INFERENCE_PRECISION_HINT": OPENVINO_PRECISIONS[precision],
+        }
         self.compiled = core.compile_model(core.read_model(str(path)), "CPU", config)
         self.input_names = tuple(i.get_any_name() for i in self.compiled.inputs)
         self.local = threading.local()
@@ -318,34 +331,39 @@ class OpenVinoStreams:
 
 
 def stage_openvino(graphs: dict[str, Path], work: Workload, args: argparse.Namespace, quality: Quality | None):
-    """Each graph OpenVINO reads, one stream of ``--threads`` threads at two batch budgets; the fused fp32 and
-    the static int8 graphs also with ``--threads`` single-threaded streams, a batch in flight on each."""
+    """Each graph OpenVINO reads, one stream of ``--threads`` threads at two batch budgets, every op it does not
+    run in int8 in fp32 (the fused fp32 graph also in bf16); the fused fp32 and the static int8 graphs also with
+    ``--threads`` single-threaded streams, a batch in flight on each. OpenVINO's own int8 (the graph of
+    ``int8_mode: weights``) is compared with onnxruntime's in ``benchmarks/int8.py``."""
     try:
         import openvino
     except ImportError:
         print("openvino: not installed (pip install 'cis-distill[openvino]'), skipped")
         return {"skipped": "openvino is not installed"}
     rows = []
-    for graph in ("fp32-torchscript", "fp32-fused-tail", "int8-static", "int8-static-no-attention",
-                  "int8-static-no-attention-weights", "int8-dynamic-dynamo"):  # fmt: skip
+    cells = [(graph, "float32") for graph in ("fp32-torchscript", "fp32-fused-tail", "int8-static",
+             "int8-static-no-attention", "int8-static-no-attention-weights", "int8-dynamic-dynamo")]  # fmt: skip
+    cells.insert(2, ("fp32-fused-tail", "bfloat16"))
+    for graph, precision in cells:
         for budget in (args.budget, 4 * args.budget):
             try:
-                scorer = OpenVinoScorer(graphs[graph], threads=args.threads)
+                scorer = OpenVinoScorer(graphs[graph], threads=args.threads, precision=precision)
             except RuntimeError as e:  # an op OpenVINO cannot convert
                 rows.append({"graph": graph, "error": str(e).strip().splitlines()[-1]})
                 print(f"openvino {graph}: {rows[-1]['error']}")
                 break
-            row = {"graph": graph, "streams": 1, "max_batch_tokens": budget}
+            row = {"graph": graph, "precision": precision, "streams": 1, "max_batch_tokens": budget}
             row.update(time_calls(reranker(scorer, work, budget).score, work, args.repeats))
-            if quality is not None and graph.startswith("int8") and budget == args.budget:
+            if quality is not None and (graph.startswith("int8") or precision != "float32") and budget == args.budget:
                 row["ndcg10"] = quality.delta(scorer)
             rows.append(row)
-            print(_line(f"openvino {graph} max_batch_tokens={budget}", row), flush=True)
+            print(_line(f"openvino {graph} {precision} max_batch_tokens={budget}", row), flush=True)
     for graph in ("fp32-fused-tail", "int8-static"):
         streams = OpenVinoStreams(graphs[graph], args.threads)
         with ThreadPoolExecutor(args.threads) as pool:
             timed = time_calls(parallel_score(reranker(streams, work, args.budget), pool), work, args.repeats)
-        rows.append({"graph": graph, "streams": args.threads, "max_batch_tokens": args.budget, **timed})
+        rows.append({"graph": graph, "precision": "float32", "streams": args.threads, "max_batch_tokens": args.budget,
+                     **timed})  # fmt: skip
         print(_line(f"openvino {graph} {args.threads} streams x 1 thread", rows[-1]), flush=True)
     return {"version": openvino.__version__, "rows": rows}
 
