@@ -52,9 +52,6 @@ EXPERIMENTS: dict[str, list[str]] = {
     "seg-cis-listwise_kl": segment_cosine("cis", "listwise_kl"),
     "seg-cis_q-listwise_kl": segment_cosine("cis_q", "listwise_kl"),
     "seg-cis_q+0.25fs-listwise_kl": segment_cosine("cis_q+0.25*first_stage", "listwise_kl"),
-    "seg-cis_q+0.5fs-listwise_kl": segment_cosine("cis_q+0.5*first_stage", "listwise_kl"),
-    # length-normalised: per token, which only pointwise regression (across queries) can tell from cis_q
-    "seg-cis_q_mean-mse": segment_cosine("cis_q_mean", "mse"),
     # losses, on cis_q
     "seg-cis_q-mse": segment_cosine("cis_q", "mse"),
     "seg-cis_q-mse-per_query": segment_cosine("cis_q", "mse", "--data.target_scaling", "per_query"),
