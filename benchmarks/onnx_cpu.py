@@ -69,6 +69,8 @@ from distill.serving.scorers import (
 )
 
 STAGES = ("variants", "sessions", "openvino", "profile")
+OPENVINO_ONLY = ("int8-weights",)
+"""Graphs made for OpenVINO (onnxruntime folds their int8 weights back to fp32): timed in the openvino stage only."""
 DL19 = Path(__file__).resolve().parents[1] / "data" / "trec-dl19" / "bm25_top100.json"
 BUDGETS = (256, 512, 1024, 2048, 4096, 8192, 16384)
 
@@ -145,6 +147,8 @@ def build_graphs(hf: Path, out: Path) -> dict[str, Path]:
     quantize_int8(paths["fp32-fused-tail"], paths["int8-dynamic"], "dynamic")
     paths["int8-static"] = out / "int8-static.onnx"
     quantize_int8(paths["fp32-fused-tail"], paths["int8-static"], "static")
+    paths["int8-weights"] = out / "int8-weights.onnx"  # for OpenVINO (int8_mode: weights)
+    quantize_int8(paths["fp32-fused-tail"], paths["int8-weights"], "weights")
     batches = Calibration().batches(hf)
     for name, const_b_only in (("int8-static-no-attention", False), ("int8-static-no-attention-weights", True)):
         paths[name] = out / f"{name}.onnx"
@@ -267,7 +271,7 @@ def stage_variants(graphs: dict[str, Path], work: Workload, args: argparse.Names
     rows = []
     settings = SessionSettings(threads=args.threads)
     for name, path in graphs.items():
-        if name == "fp32-fused-no-attention" and not args.all_variants:
+        if name in OPENVINO_ONLY or (name == "fp32-fused-no-attention" and not args.all_variants):
             continue
         scorer = OnnxScorer(path, settings=settings)
         row = {"graph": name, **time_calls(reranker(scorer, work, args.budget).score, work, args.repeats)}
@@ -341,23 +345,25 @@ def stage_openvino(graphs: dict[str, Path], work: Workload, args: argparse.Names
         print("openvino: not installed (pip install 'cis-distill[openvino]'), skipped")
         return {"skipped": "openvino is not installed"}
     rows = []
-    cells = [(graph, "float32") for graph in ("fp32-torchscript", "fp32-fused-tail", "int8-static",
+    cells = [(graph, "float32", 0) for graph in ("fp32-torchscript", "fp32-fused-tail", "int8-static",
              "int8-static-no-attention", "int8-static-no-attention-weights", "int8-dynamic-dynamo")]  # fmt: skip
-    cells.insert(2, ("fp32-fused-tail", "bfloat16"))
-    for graph, precision in cells:
-        for budget in (args.budget, 4 * args.budget):
+    cells.insert(2, ("fp32-fused-tail", "bfloat16", 0))
+    cells.insert(0, ("int8-weights", *_openvino_int8()))  # distill's openvino-int8 backend
+    for graph, precision, group_size in cells:
+        for budget in (args.budget, 2 * args.budget, 4 * args.budget):
             try:
-                scorer = OpenVinoScorer(graphs[graph], threads=args.threads, precision=precision)
+                scorer = OpenVinoScorer(graphs[graph], args.threads, precision, group_size)
             except RuntimeError as e:  # an op OpenVINO cannot convert
                 rows.append({"graph": graph, "error": str(e).strip().splitlines()[-1]})
                 print(f"openvino {graph}: {rows[-1]['error']}")
                 break
-            row = {"graph": graph, "precision": precision, "streams": 1, "max_batch_tokens": budget}
+            row = {"graph": graph, "precision": precision, "int8_group_size": group_size, "streams": 1,
+                   "max_batch_tokens": budget}  # fmt: skip
             row.update(time_calls(reranker(scorer, work, budget).score, work, args.repeats))
             if quality is not None and (graph.startswith("int8") or precision != "float32") and budget == args.budget:
                 row["ndcg10"] = quality.delta(scorer)
             rows.append(row)
-            print(_line(f"openvino {graph} {precision} max_batch_tokens={budget}", row), flush=True)
+            print(_line(f"openvino {graph} {precision} g{group_size} max_batch_tokens={budget}", row), flush=True)
     for graph in ("fp32-fused-tail", "int8-static"):
         streams = OpenVinoStreams(graphs[graph], args.threads)
         with ThreadPoolExecutor(args.threads) as pool:
@@ -366,6 +372,13 @@ def stage_openvino(graphs: dict[str, Path], work: Workload, args: argparse.Names
                      **timed})  # fmt: skip
         print(_line(f"openvino {graph} {args.threads} streams x 1 thread", rows[-1]), flush=True)
     return {"version": openvino.__version__, "rows": rows}
+
+
+def _openvino_int8() -> tuple[str, int]:
+    """The precision and activation group size of ``distill``'s ``openvino-int8`` backend on this CPU."""
+    from distill.serving.scorers import OPENVINO_INT8_GROUP_SIZE, openvino_has_bf16
+
+    return ("bfloat16" if openvino_has_bf16() else "float32"), OPENVINO_INT8_GROUP_SIZE
 
 
 class ProfiledScorer(OnnxScorer):
@@ -381,39 +394,97 @@ class ProfiledScorer(OnnxScorer):
         self.input_names = tuple(i.name for i in self.session.get_inputs())
 
 
+class OpenVinoCounters:
+    """An :class:`OpenVinoScorer` made with ``perf_count``, adding up OpenVINO's time per node of every batch it
+    scores while ``counting``, by node type and kernel (``exec_type``), in ms."""
+
+    def __init__(self, scorer: OpenVinoScorer) -> None:
+        self.scorer, self.input_names = scorer, scorer.input_names
+        self.counting = False
+        self.ms: dict[str, float] = defaultdict(float)
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> np.ndarray:
+        import openvino
+
+        scores = self.scorer(batch)
+        if self.counting:
+            for node in self.scorer.request.profiling_info:
+                if node.status == openvino.ProfilingInfo.Status.EXECUTED:
+                    self.ms[f"{node.node_type} ({node.exec_type})"] += node.real_time.total_seconds() * 1e3
+        return scores
+
+
+def _profile_row(by_op: dict[str, float], walls: Sequence[float], graph_ms: float) -> dict[str, Any]:
+    """Per call: the wall time, the time in the graph and outside it, and each op's time and share of the wall."""
+    calls, wall_ms = len(walls), 1e3 * sum(walls)
+    ordered = sorted(by_op.items(), key=lambda kv: -kv[1])
+    return {
+        "wall_ms_per_call": wall_ms / calls,
+        "graph_ms_per_call": graph_ms / calls,
+        "outside_graph_ms_per_call": (wall_ms - graph_ms) / calls,
+        "ops_ms_per_call": {op: ms / calls for op, ms in ordered},
+        "ops_share_of_wall": {op: ms / wall_ms for op, ms in ordered},
+    }
+
+
+def _print_profile(name: str, row: dict[str, Any]) -> None:
+    top = ", ".join(f"{op} {100 * share:.0f}%" for op, share in list(row["ops_share_of_wall"].items())[:6])
+    print(f"profile {name}: {row['wall_ms_per_call']:.0f} ms/call, {row['outside_graph_ms_per_call']:.0f} ms outside"
+          f" the graph; {top}", flush=True)  # fmt: skip
+
+
+def _timed_round(ranker: Reranker, work: Workload, start: Callable[[], None] = lambda: None) -> list[float]:
+    """A warm-up round of every call (as many graph runs as the timed one), ``start()``, then the wall time of each
+    call of one round, in seconds."""
+    for query, passages in work.calls:
+        ranker.score(query, passages)
+    start()
+    walls = []
+    for query, passages in work.calls:
+        begin = time.perf_counter()
+        ranker.score(query, passages)
+        walls.append(time.perf_counter() - begin)
+    return walls
+
+
+def profile_onnxruntime(path: Path, work: Workload, args: argparse.Namespace, prefix: Path) -> dict[str, Any]:
+    """onnxruntime's profile of the graph at ``path`` with the default session settings."""
+    scorer = ProfiledScorer(path, SessionSettings(threads=args.threads), prefix)
+    walls = _timed_round(reranker(scorer, work, args.budget), work)
+    events = json.loads(Path(scorer.session.end_profiling()).read_text())
+    runs = [e for e in events if e.get("name") == "model_run"]
+    timed = runs[len(runs) // 2 :]
+    by_op: dict[str, float] = defaultdict(float)
+    for event in events:
+        if event.get("cat") == "Node" and event["ts"] >= timed[0]["ts"] and event["name"].endswith("_kernel_time"):
+            by_op[event["args"]["op_name"]] += event["dur"] / 1e3
+    return _profile_row(by_op, walls, sum(e["dur"] for e in timed) / 1e3)
+
+
+def profile_openvino(path: Path, work: Workload, args: argparse.Namespace) -> dict[str, Any]:
+    """OpenVINO's per-node profile of ``distill``'s ``openvino-int8`` backend (the graph of ``int8_mode: weights``),
+    by node type and kernel; the graph's time is the sum of its nodes'."""
+    precision, group_size = _openvino_int8()
+    counters = OpenVinoCounters(OpenVinoScorer(path, args.threads, precision, group_size, perf_count=True))
+    walls = _timed_round(reranker(counters, work, args.budget), work, lambda: setattr(counters, "counting", True))
+    return _profile_row(counters.ms, walls, sum(counters.ms.values()))
+
+
 def stage_profile(graphs: dict[str, Path], work: Workload, args: argparse.Namespace, tmp: Path):
-    """onnxruntime's profile of one round of calls after a warm-up round: per call, the wall time, the time in the
-    graph, and the time per op type (also as a share of the wall time)."""
+    """Where one round of calls spends its time, after a warm-up round: onnxruntime's profile of the fused fp32
+    graph and of ``--int8``, and OpenVINO's of its int8 backend (if installed). Per call: the wall time, the time
+    in the graph and outside it (tokenisation, padding, Python), and the time per op type (also as a share of the
+    wall time)."""
     out = {}
     for graph in ("fp32-fused-tail", args.int8):
-        scorer = ProfiledScorer(graphs[graph], SessionSettings(threads=args.threads), tmp / f"profile-{graph}")
-        ranker = reranker(scorer, work, args.budget)
-        for query, passages in work.calls:  # the warm-up round: as many graph runs as the timed one
-            ranker.score(query, passages)
-        walls = []
-        for query, passages in work.calls:
-            begin = time.perf_counter()
-            ranker.score(query, passages)
-            walls.append(time.perf_counter() - begin)
-        events = json.loads(Path(scorer.session.end_profiling()).read_text())
-        runs = [e for e in events if e.get("name") == "model_run"]
-        timed = runs[len(runs) // 2 :]
-        by_op: dict[str, float] = defaultdict(float)
-        for event in events:
-            if event.get("cat") == "Node" and event["ts"] >= timed[0]["ts"] and event["name"].endswith("_kernel_time"):
-                by_op[event["args"]["op_name"]] += event["dur"] / 1e3
-        calls, wall_ms, graph_ms = len(work.calls), 1e3 * sum(walls), sum(e["dur"] for e in timed) / 1e3
-        ordered = sorted(by_op.items(), key=lambda kv: -kv[1])
-        out[graph] = {
-            "wall_ms_per_call": wall_ms / calls,
-            "graph_ms_per_call": graph_ms / calls,
-            "outside_graph_ms_per_call": (wall_ms - graph_ms) / calls,
-            "ops_ms_per_call": {op: ms / calls for op, ms in ordered},
-            "ops_share_of_wall": {op: ms / wall_ms for op, ms in ordered},
-        }
-        top = ", ".join(f"{op} {100 * ms / wall_ms:.0f}%" for op, ms in ordered[:6])
-        outside = out[graph]["outside_graph_ms_per_call"]
-        print(f"profile {graph}: {wall_ms / calls:.0f} ms/call, {outside:.0f} ms outside the graph; {top}", flush=True)
+        out[graph] = profile_onnxruntime(graphs[graph], work, args, tmp / f"profile-{graph}")
+        _print_profile(graph, out[graph])
+    try:
+        import openvino  # noqa: F401
+    except ImportError:
+        return out
+    out["openvino int8-weights"] = profile_openvino(graphs["int8-weights"], work, args)
+    _print_profile("openvino int8-weights", out["openvino int8-weights"])
     return out
 
 

@@ -474,3 +474,21 @@ def test_openvino_precision_is_explicit(exported: Path, candidates: tuple[str, l
         assert np.abs(bf16 - reference).max() > 1e-4
     with pytest.raises(InputError, match="dtype is one of"):
         Reranker.load(exported, backend="onnx", dtype="bfloat16")
+
+
+def test_openvino_perf_count_times_each_node_and_keeps_the_scores(
+    exported: Path, candidates: tuple[str, list[str]]
+) -> None:
+    """``perf_count`` (the profile of ``benchmarks/onnx_cpu.py``) keeps OpenVINO's time of each node of the last
+    batch and changes no score."""
+    openvino = pytest.importorskip("openvino")
+    from distill.serving.scorers import OpenVinoScorer
+
+    query, passages = candidates
+    plain = Reranker.load(exported, backend="openvino", dtype="float32")
+    scorer = OpenVinoScorer(exported / "model.onnx", precision="float32", perf_count=True)
+    profiled = Reranker(scorer, plain.tokenizer, plain.max_length, plain.max_batch_tokens)
+    np.testing.assert_array_equal(profiled.score(query, passages), plain.score(query, passages))
+    executed = [n for n in scorer.request.profiling_info if n.status == openvino.ProfilingInfo.Status.EXECUTED]
+    assert {"FullyConnected", "MatMul"} & {n.node_type for n in executed}
+    assert sum(n.real_time.total_seconds() for n in executed) > 0
