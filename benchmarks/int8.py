@@ -81,9 +81,9 @@ def variants(folder: Path, tmp: Path, threads: int, openvino: bool) -> dict[str,
         out[name] = ort
     if not openvino:
         return out
-    from distill.serving.scorers import openvino_has_bf16
+    from distill.serving.scorers import openvino_int8_precision
 
-    precision = "bfloat16" if openvino_has_bf16() else "float32"
+    precision = openvino_int8_precision()
     weights = tmp / "weights.onnx"
     for size in GROUP_SIZES:
 

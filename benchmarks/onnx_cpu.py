@@ -11,15 +11,18 @@ after one warm-up round. Stages (``--stages``, all by default):
   the dynamo graph (the former ``model.int8.onnx``) and from the export's graph, int8 static (calibrated on DL21 +
   DL22) from the export's graph (its ``Attention`` stays fp32) and from a graph fused without ``Attention`` (all
   matmuls or only the weight matmuls quantised). Each int8 graph's nDCG@10 against PyTorch fp32 on all 43 judged
-  DL19 queries (the export's parity bound) is measured beside its time.
+  DL19 queries (the export's parity bound) is measured beside its time. The graph of ``int8_mode: weights``
+  (``int8-weights``) is made for OpenVINO and timed in the ``openvino`` stage only.
 - ``sessions``: one setting at a time away from the defaults, on ``fp32-fused-tail`` and on ``--int8``: intra-op
   threads, graph optimisation level, memory arena, spinning, the batch token budget, and ``--threads`` batches in
   flight on single-threaded runs instead of one batch on all threads.
 - ``openvino``: the graphs OpenVINO reads (if installed), in fp32 (the fused one also in bf16: OpenVINO's default
-  wherever the CPU has it), one stream of ``--threads`` threads, and ``--threads`` single-threaded streams with a
-  batch in flight on each. OpenVINO's own int8 is in ``benchmarks/int8.py``.
-- ``profile``: onnxruntime's profile of the default settings on the fused fp32 graph and on ``--int8``: the time
-  per op type, and the share of the call outside the graph (tokenisation, padding, Python).
+  wherever the CPU has it) and ``int8-weights`` as ``distill``'s ``openvino-int8`` backend runs it, at three batch
+  budgets; one stream of ``--threads`` threads, and ``--threads`` single-threaded streams with a batch in flight on
+  each. The choice between OpenVINO's int8 settings is in ``benchmarks/int8.py``.
+- ``profile``: onnxruntime's profile of the default settings on the fused fp32 graph and on ``--int8``, and
+  OpenVINO's per-node counters on ``int8-weights``: the time per op type (OpenVINO's also per kernel), and the
+  share of the call outside the graph (tokenisation, padding, Python).
 
     python benchmarks/onnx_cpu.py --student checkpoints/minilm-dl21-cis --threads 2
     # -> benchmarks/results/onnx-cpu-<run>.json
@@ -60,12 +63,14 @@ from distill.core.loaders import load_candidates
 from distill.serving.encoding import encode_pairs, load_tokenizer, model_max_length, pad_batch
 from distill.serving.reranker import Reranker
 from distill.serving.scorers import (
+    OPENVINO_INT8_GROUP_SIZE,
     OPENVINO_PRECISIONS,
     OnnxScorer,
     OpenVinoScorer,
     Scorer,
     SessionSettings,
     TorchScorer,
+    openvino_int8_precision,
 )
 
 STAGES = ("variants", "sessions", "openvino", "profile")
@@ -348,7 +353,8 @@ def stage_openvino(graphs: dict[str, Path], work: Workload, args: argparse.Names
     cells = [(graph, "float32", 0) for graph in ("fp32-torchscript", "fp32-fused-tail", "int8-static",
              "int8-static-no-attention", "int8-static-no-attention-weights", "int8-dynamic-dynamo")]  # fmt: skip
     cells.insert(2, ("fp32-fused-tail", "bfloat16", 0))
-    cells.insert(0, ("int8-weights", *_openvino_int8()))  # distill's openvino-int8 backend
+    # distill's openvino-int8 backend, the ops it does not run in int8 in bf16 and in fp32
+    cells[:0] = [("int8-weights", precision, OPENVINO_INT8_GROUP_SIZE) for precision in OPENVINO_PRECISIONS]
     for graph, precision, group_size in cells:
         for budget in (args.budget, 2 * args.budget, 4 * args.budget):
             try:
@@ -372,13 +378,6 @@ def stage_openvino(graphs: dict[str, Path], work: Workload, args: argparse.Names
                      **timed})  # fmt: skip
         print(_line(f"openvino {graph} {args.threads} streams x 1 thread", rows[-1]), flush=True)
     return {"version": openvino.__version__, "rows": rows}
-
-
-def _openvino_int8() -> tuple[str, int]:
-    """The precision and activation group size of ``distill``'s ``openvino-int8`` backend on this CPU."""
-    from distill.serving.scorers import OPENVINO_INT8_GROUP_SIZE, openvino_has_bf16
-
-    return ("bfloat16" if openvino_has_bf16() else "float32"), OPENVINO_INT8_GROUP_SIZE
 
 
 class ProfiledScorer(OnnxScorer):
@@ -464,8 +463,9 @@ def profile_onnxruntime(path: Path, work: Workload, args: argparse.Namespace, pr
 def profile_openvino(path: Path, work: Workload, args: argparse.Namespace) -> dict[str, Any]:
     """OpenVINO's per-node profile of ``distill``'s ``openvino-int8`` backend (the graph of ``int8_mode: weights``),
     by node type and kernel; the graph's time is the sum of its nodes'."""
-    precision, group_size = _openvino_int8()
-    counters = OpenVinoCounters(OpenVinoScorer(path, args.threads, precision, group_size, perf_count=True))
+    precision = openvino_int8_precision()
+    scorer = OpenVinoScorer(path, args.threads, precision, OPENVINO_INT8_GROUP_SIZE, perf_count=True)
+    counters = OpenVinoCounters(scorer)
     walls = _timed_round(reranker(counters, work, args.budget), work, lambda: setattr(counters, "counting", True))
     return _profile_row(counters.ms, walls, sum(counters.ms.values()))
 

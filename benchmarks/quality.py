@@ -83,8 +83,9 @@ TEST: list[str] = [
     "seg-cis-listwise_kl",
 ]
 """The variants tested on DL19, chosen on the validation table (see the README): the best validation settings
-trained on DL21 + DL22 (the final student, at the learning rate that won the screening; before it, at 1e-4), and from the DL21-only screening the best validation nDCG@10 (a hybrid
-label), the best on a teacher score alone, and the best on the paper's label, ``cis``."""
+trained on DL21 + DL22 (the final student, at the learning rate that won the screening; before it, at 1e-4), and
+from the DL21-only screening the best validation nDCG@10 (a hybrid label), the best on a teacher score alone, and
+the best on the paper's label, ``cis``."""
 
 DL19 = "data/trec-dl19"
 DL19_TEACHER = "data/teacher/dl19-bm25-smollm2"

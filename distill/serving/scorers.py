@@ -144,6 +144,11 @@ def openvino_has_bf16() -> bool:
     return "BF16" in openvino.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
 
 
+def openvino_int8_precision() -> str:
+    """The precision of the ops that OpenVINO does not run in int8 in the graph of ``int8_mode: weights``."""
+    return "bfloat16" if openvino_has_bf16() else "float32"
+
+
 class OpenVinoScorer:
     """An ONNX graph compiled by OpenVINO for the CPU, one inference stream (the optional extra
     ``cis-distill[openvino]``); inputs and output as for :class:`OnnxScorer`.
@@ -235,11 +240,10 @@ def load_scorer(
     if runtime == "openvino":
         if device != "cpu":
             raise InputError(f"{path}: the openvino backend runs on the CPU, not {device!r}")
-        if fmt == "onnx-int8":  # int8 matmuls, the rest in bf16 where the CPU has it
+        if fmt == "onnx-int8":  # int8 matmuls, the rest in openvino_int8_precision()
             if dtype not in (None, "int8"):
                 raise InputError(f"{path} is int8; dtype={dtype!r} does not apply")
-            precision = "bfloat16" if openvino_has_bf16() else "float32"
-            return OpenVinoScorer(path, threads, precision, OPENVINO_INT8_GROUP_SIZE)
+            return OpenVinoScorer(path, threads, openvino_int8_precision(), OPENVINO_INT8_GROUP_SIZE)
         if fmt != "onnx" and dtype not in (None, "float32"):
             raise InputError(f"{fmt} has a fixed dtype; dtype={dtype!r} applies to model.onnx only")
         return OpenVinoScorer(path, threads, dtype or "float32")
