@@ -6,7 +6,8 @@ Every variant is quantised from the student's fused fp32 graph (``model.onnx``) 
 - ``ort-static-<method>`` (``int8_mode: static``, activations calibrated on DL21 + DL22 pairs by MinMax, Entropy or
   Percentile) on onnxruntime;
 - ``ov-weights-g<N>`` (``int8_mode: weights``) on OpenVINO, its activations quantised at run time per ``N`` channels
-  of each token, the other ops in bf16 where the CPU has it (``N`` = 0: no int8 matmuls, the weights only int8);
+  of each token, the other ops in :data:`~distill.serving.scorers.OPENVINO_INT8_PRECISION` (``N`` = 0: no int8
+  matmuls, the weights only int8);
 - ``ov-bf16``: no int8 at all, ``model.onnx`` on OpenVINO in bf16, for reference.
 
 Quality is measured on the validation set of the quantisation choice, never on DL19 (the test set, on which
@@ -81,19 +82,18 @@ def variants(folder: Path, tmp: Path, threads: int, openvino: bool) -> dict[str,
         out[name] = ort
     if not openvino:
         return out
-    from distill.serving.scorers import openvino_int8_precision
+    from distill.serving.scorers import OPENVINO_INT8_PRECISION
 
-    precision = openvino_int8_precision()
     weights = tmp / "weights.onnx"
     for size in GROUP_SIZES:
 
         def ov(size: int = size) -> Scorer:
             if not weights.is_file():
                 quantize_int8(source, weights, "weights")
-            return OpenVinoScorer(weights, threads, precision, size)
+            return OpenVinoScorer(weights, threads, OPENVINO_INT8_PRECISION, size)
 
         out[f"ov-weights-g{size}"] = ov
-    out["ov-bf16"] = lambda: OpenVinoScorer(source, threads, precision)
+    out["ov-bf16"] = lambda: OpenVinoScorer(source, threads, "bfloat16")
     return out
 
 

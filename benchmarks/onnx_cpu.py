@@ -64,13 +64,13 @@ from distill.serving.encoding import encode_pairs, load_tokenizer, model_max_len
 from distill.serving.reranker import Reranker
 from distill.serving.scorers import (
     OPENVINO_INT8_GROUP_SIZE,
+    OPENVINO_INT8_PRECISION,
     OPENVINO_PRECISIONS,
     OnnxScorer,
     OpenVinoScorer,
     Scorer,
     SessionSettings,
     TorchScorer,
-    openvino_int8_precision,
 )
 
 STAGES = ("variants", "sessions", "openvino", "profile")
@@ -463,8 +463,7 @@ def profile_onnxruntime(path: Path, work: Workload, args: argparse.Namespace, pr
 def profile_openvino(path: Path, work: Workload, args: argparse.Namespace) -> dict[str, Any]:
     """OpenVINO's per-node profile of ``distill``'s ``openvino-int8`` backend (the graph of ``int8_mode: weights``),
     by node type and kernel; the graph's time is the sum of its nodes'."""
-    precision = openvino_int8_precision()
-    scorer = OpenVinoScorer(path, args.threads, precision, OPENVINO_INT8_GROUP_SIZE, perf_count=True)
+    scorer = OpenVinoScorer(path, args.threads, OPENVINO_INT8_PRECISION, OPENVINO_INT8_GROUP_SIZE, perf_count=True)
     counters = OpenVinoCounters(scorer)
     walls = _timed_round(reranker(counters, work, args.budget), work, lambda: setattr(counters, "counting", True))
     return _profile_row(counters.ms, walls, sum(counters.ms.values()))

@@ -79,7 +79,7 @@ class Reranker:
             device: ``cpu`` or ``cuda[:N]``.
             dtype: ``torch``: ``float32`` (default), ``float16`` or ``bfloat16``; ``onnx`` and ``openvino``:
                 ``float32`` (default, ``model.onnx``), ``float16`` (``model.fp16.onnx``) or ``int8``
-                (``model.int8.onnx``; on OpenVINO with the other ops in bf16 where the CPU has it); ``openvino``
+                (``model.int8.onnx``; on OpenVINO with the other ops in fp32); ``openvino``
                 also ``bfloat16`` (``model.onnx`` computed in bf16); ``torchscript``: ``float32`` only.
             max_length: the longest pair in tokens; default the model's (up to 512).
             max_batch_tokens: the budget of padded tokens per batch (default
