@@ -18,8 +18,9 @@ after one warm-up round. Stages (``--stages``, all by default):
   flight on single-threaded runs instead of one batch on all threads.
 - ``openvino``: the graphs OpenVINO reads (if installed), in fp32 (the fused one also in bf16: OpenVINO's default
   wherever the CPU has it) and ``int8-weights`` as ``distill``'s ``openvino-int8`` backend runs it, at three batch
-  budgets; one stream of ``--threads`` threads, and ``--threads`` single-threaded streams with a batch in flight on
-  each. The choice between OpenVINO's int8 settings is in ``benchmarks/int8.py``.
+  budgets, one stream of ``--threads`` threads. The choice between OpenVINO's int8 settings is in
+  ``benchmarks/int8.py``.
+- ``streams``: OpenVINO with ``--threads`` single-threaded streams and a batch in flight on each.
 - ``profile``: onnxruntime's profile of the default settings on the fused fp32 graph and on ``--int8``, and
   OpenVINO's per-node counters on ``int8-weights``: the time per op type (OpenVINO's also per kernel), and the
   share of the call outside the graph (tokenisation, padding, Python).
@@ -34,6 +35,7 @@ timed runs.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import shutil
 import sys
@@ -73,7 +75,7 @@ from distill.serving.scorers import (
     TorchScorer,
 )
 
-STAGES = ("variants", "sessions", "openvino", "profile")
+STAGES = ("variants", "sessions", "openvino", "streams", "profile")
 OPENVINO_ONLY = ("int8-weights",)
 """Graphs made for OpenVINO (onnxruntime folds their int8 weights back to fp32): timed in the openvino stage only."""
 DL19 = Path(__file__).resolve().parents[1] / "data" / "trec-dl19" / "bm25_top100.json"
@@ -318,7 +320,7 @@ class OpenVinoStreams:
     """An ONNX graph on OpenVINO with ``streams`` single-threaded inference streams and one infer request per
     calling thread, for batches run several at a time (:func:`parallel_score`)."""
 
-    def __init__(self, path: Path, streams: int, precision: str = "float32") -> None:
+    def __init__(self, path: Path, streams: int, precision: str = "float32", int8_group_size: int = 0) -> None:
         import openvino
 
         core = openvino.Core()
@@ -327,6 +329,7 @@ class OpenVinoStreams:
             "NUM_STREAMS": streams,
             "INFERENCE_NUM_THREADS": streams,
             "INFERENCE_PRECISION_HINT": OPENVINO_PRECISIONS[precision],
+            "DYNAMIC_QUANTIZATION_GROUP_SIZE": int8_group_size,
         }
         self.compiled = core.compile_model(core.read_model(str(path)), "CPU", config)
         self.input_names = tuple(i.get_any_name() for i in self.compiled.inputs)
@@ -370,14 +373,27 @@ def stage_openvino(graphs: dict[str, Path], work: Workload, args: argparse.Names
                 row["ndcg10"] = quality.delta(scorer)
             rows.append(row)
             print(_line(f"openvino {graph} {precision} g{group_size} max_batch_tokens={budget}", row), flush=True)
-    for graph in ("fp32-fused-tail", "int8-static"):
-        streams = OpenVinoStreams(graphs[graph], args.threads)
-        with ThreadPoolExecutor(args.threads) as pool:
-            timed = time_calls(parallel_score(reranker(streams, work, args.budget), pool), work, args.repeats)
-        rows.append({"graph": graph, "precision": "float32", "streams": args.threads, "max_batch_tokens": args.budget,
-                     **timed})  # fmt: skip
-        print(_line(f"openvino {graph} {args.threads} streams x 1 thread", rows[-1]), flush=True)
     return {"version": openvino.__version__, "rows": rows}
+
+
+def stage_streams(graphs: dict[str, Path], work: Workload, args: argparse.Namespace):
+    """OpenVINO with ``--threads`` single-threaded streams and a batch in flight on each (the fused fp32 graph, the
+    static int8 one and ``int8-weights`` as the ``openvino-int8`` backend quantises it), at two batch budgets."""
+    try:
+        import openvino  # noqa: F401
+    except ImportError:
+        print("openvino: not installed (pip install 'cis-distill[openvino]'), skipped")
+        return {"skipped": "openvino is not installed"}
+    rows = []
+    streamed = [("fp32-fused-tail", 0), ("int8-static", 0), ("int8-weights", OPENVINO_INT8_GROUP_SIZE)]
+    for (graph, group_size), budget in itertools.product(streamed, (args.budget // 2, args.budget)):
+        streams = OpenVinoStreams(graphs[graph], args.threads, "float32", group_size)
+        with ThreadPoolExecutor(args.threads) as pool:
+            timed = time_calls(parallel_score(reranker(streams, work, budget), pool), work, args.repeats)
+        rows.append({"graph": graph, "precision": "float32", "int8_group_size": group_size,
+                     "streams": args.threads, "max_batch_tokens": budget, **timed})  # fmt: skip
+        print(_line(f"openvino {graph} {args.threads} streams x 1 thread max_batch_tokens={budget}", rows[-1]))
+    return rows
 
 
 class ProfiledScorer(OnnxScorer):
@@ -541,6 +557,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 record["sessions"] = stage_sessions(graphs, work, args)
             elif stage == "openvino":
                 record["openvino"] = stage_openvino(graphs, work, args, quality)
+            elif stage == "streams":
+                record["streams"] = stage_streams(graphs, work, args)
             elif stage == "profile":
                 record["profile"] = stage_profile(graphs, work, args, Path(tmp))
             out.write_text(json.dumps(record, indent=2) + "\n")
