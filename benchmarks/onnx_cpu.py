@@ -35,6 +35,7 @@ timed runs.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import itertools
 import json
 import shutil
@@ -342,16 +343,25 @@ class OpenVinoStreams:
         return np.asarray(outputs[self.compiled.output("logits")])[:, 0].astype(np.float32)
 
 
-def stage_openvino(graphs: dict[str, Path], work: Workload, args: argparse.Namespace, quality: Quality | None):
-    """Each graph OpenVINO reads, one stream of ``--threads`` threads at two batch budgets, every op it does not
-    run in int8 in fp32 (the fused fp32 graph also in bf16); the fused fp32 and the static int8 graphs also with
-    ``--threads`` single-threaded streams, a batch in flight on each. OpenVINO's own int8 (the graph of
-    ``int8_mode: weights``) is compared with onnxruntime's in ``benchmarks/int8.py``."""
-    try:
-        import openvino
-    except ImportError:
+SKIPPED = {"skipped": "openvino is not installed"}
+
+
+def _openvino_installed() -> bool:
+    """Whether OpenVINO (the optional extra) is installed; if not, says that its stage is skipped."""
+    if importlib.util.find_spec("openvino") is None:
         print("openvino: not installed (pip install 'cis-distill[openvino]'), skipped")
-        return {"skipped": "openvino is not installed"}
+        return False
+    return True
+
+
+def stage_openvino(graphs: dict[str, Path], work: Workload, args: argparse.Namespace, quality: Quality | None):
+    """Each graph OpenVINO reads, one stream of ``--threads`` threads at three batch budgets, every op it does not
+    run in int8 in fp32 (the fused fp32 graph and ``int8-weights`` also in bf16). The choice between OpenVINO's
+    int8 settings is made in ``benchmarks/int8.py``."""
+    if not _openvino_installed():
+        return SKIPPED
+    import openvino
+
     rows = []
     cells = [(graph, "float32", 0) for graph in ("fp32-torchscript", "fp32-fused-tail", "int8-static",
              "int8-static-no-attention", "int8-static-no-attention-weights", "int8-dynamic-dynamo")]  # fmt: skip
@@ -379,11 +389,8 @@ def stage_openvino(graphs: dict[str, Path], work: Workload, args: argparse.Names
 def stage_streams(graphs: dict[str, Path], work: Workload, args: argparse.Namespace):
     """OpenVINO with ``--threads`` single-threaded streams and a batch in flight on each (the fused fp32 graph, the
     static int8 one and ``int8-weights`` as the ``openvino-int8`` backend quantises it), at two batch budgets."""
-    try:
-        import openvino  # noqa: F401
-    except ImportError:
-        print("openvino: not installed (pip install 'cis-distill[openvino]'), skipped")
-        return {"skipped": "openvino is not installed"}
+    if not _openvino_installed():
+        return SKIPPED
     rows = []
     streamed = [("fp32-fused-tail", 0), ("int8-static", 0), ("int8-weights", OPENVINO_INT8_GROUP_SIZE)]
     for (graph, group_size), budget in itertools.product(streamed, (args.budget // 2, args.budget)):
@@ -494,9 +501,7 @@ def stage_profile(graphs: dict[str, Path], work: Workload, args: argparse.Namesp
     for graph in ("fp32-fused-tail", args.int8):
         out[graph] = profile_onnxruntime(graphs[graph], work, args, tmp / f"profile-{graph}")
         _print_profile(graph, out[graph])
-    try:
-        import openvino  # noqa: F401
-    except ImportError:
+    if not _openvino_installed():
         return out
     out["openvino int8-weights"] = profile_openvino(graphs["int8-weights"], work, args)
     _print_profile("openvino int8-weights", out["openvino int8-weights"])

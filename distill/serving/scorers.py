@@ -144,13 +144,6 @@ weights are int8 (the graph of ``int8_mode: weights``, see :mod:`distill.backend
 against 452 for 64 and 670 for 384)."""
 
 
-def openvino_has_bf16() -> bool:
-    """Whether OpenVINO's CPU plugin computes in bf16 on this machine (AVX512-BF16 or AMX)."""
-    import openvino
-
-    return "BF16" in openvino.Core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")
-
-
 class OpenVinoScorer:
     """An ONNX graph compiled by OpenVINO for the CPU, one inference stream (the optional extra
     ``cis-distill[openvino]``); inputs and output as for :class:`OnnxScorer`.
