@@ -12,6 +12,7 @@ import torch
 from pytorch_lightning import Callback, LightningModule, Trainer
 from pytorch_lightning.callbacks import ModelCheckpoint
 
+from distill.core.label_table import teacher_identities
 from distill.core.student_card import StudentCard
 from students.model import save_student
 
@@ -34,8 +35,9 @@ class ExportBestToHF(Callback):
     """Writes the best checkpoint of ``checkpoints`` as an HF folder at ``dirpath`` when fit ends.
 
     The folder loads with ``AutoModelForSequenceClassification`` and ``CrossEncoder``; its
-    ``config.cis_distill`` is its :class:`~distill.core.student_card.StudentCard`: the teacher data, label,
-    target scaling, the held-out (validation) query ids and the validation metric.
+    ``config.cis_distill`` is its :class:`~distill.core.student_card.StudentCard`: the teacher data (and the
+    named teachers, each with the teacher identity of its datasets), label, target scaling, the held-out
+    (validation) query ids and the validation metric.
     """
 
     def __init__(self, checkpoints: ModelCheckpoint, dirpath: str | Path, interpolate: bool = False) -> None:
@@ -63,7 +65,7 @@ class ExportBestToHF(Callback):
             backbone=pl_module.hparams.backbone,
             label=data.hparams.label,
             loss=pl_module.hparams.loss,
-            teacher_data=list(data.hparams.teacher_data),
+            teacher_data=data.folders,
             target_scaling=data.scaling.to_dict(),
             max_length=data.hparams.max_length,
             val_queries=sorted(set(data.val.qid)),
@@ -72,6 +74,7 @@ class ExportBestToHF(Callback):
             checkpoint=os.path.relpath(best, self.dirpath.parent),
             interpolation=validation.get("interp_alpha"),
             interpolate=self.interpolate,
+            teachers=teacher_identities(data.teachers),
             extra={"validation": validation},
         )
         save_student(model, data.tokenizer, self.dirpath, card)

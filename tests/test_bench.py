@@ -76,14 +76,14 @@ def test_methods_score_identical_inputs_identically(exported: Path, tiny_llama: 
     and the teacher stage's CIS."""
     pytest.importorskip("sentence_transformers")
     call = token_count_workloads(dl19, tokenizer, [300])[0].calls[0]
-    reference = np.array(Reranker.load(exported).score(call.query, call.passages))
+    reference = np.array(Reranker.load(exported, backend="torch").score(call.query, call.passages))
     for method in (
         student_method(exported, "torch-fp32", "cpu", None, 4096),
         student_method(exported, "onnx-fp32", "cpu", None, 4096),
         baseline_method(exported, "cpu", None),
     ):
         np.testing.assert_allclose(method.score(call.query, call.passages), reference, atol=1e-4, err_msg=method.name)
-        assert method.n_params == sum(p.numel() for p in Reranker.load(exported).scorer.model.parameters())
+        assert method.n_params == sum(p.numel() for p in Reranker.load(exported, backend="torch").scorer.model.parameters())
         assert method.tokens_fed(call) > call.passage_tokens  # query and special tokens added
     teacher = CausalLMTeacher.load(str(tiny_llama))
     cis = teacher_method(teacher).score(call.query, call.passages)

@@ -258,7 +258,7 @@ def test_reranker_backends_agree(
     if backend == "openvino":
         pytest.importorskip("openvino")
     query, passages = candidates
-    reference = Reranker.load(exported).score(query, passages)
+    reference = Reranker.load(exported, backend="torch").score(query, passages)
     reranker = Reranker.load(exported, backend=backend, dtype=dtype, max_batch_tokens=600)  # several batches
     scores = reranker.score(query, passages)
     np.testing.assert_allclose(scores, reference, atol=tolerance, rtol=0)
@@ -277,7 +277,7 @@ def test_reranker_restores_the_input_order(exported: Path, candidates: tuple[str
 
 def test_reranker_quantised_and_half_files(exported: Path, candidates: tuple[str, list[str]]) -> None:
     query, passages = candidates
-    reference = Reranker.load(exported).score(query, passages)
+    reference = Reranker.load(exported, backend="torch").score(query, passages)
     int8 = Reranker.load(exported, backend="onnx", dtype="int8", threads=1).score(query, passages)
     assert np.corrcoef(int8, reference)[0, 1] > 0.99
     if importlib.util.find_spec("openvino"):  # the same static int8 graph on OpenVINO
@@ -323,7 +323,7 @@ def test_reranker_bad_input(exported: Path, tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match=rf"{partial}: missing model\.onnx"):
         Reranker.load(partial, backend="onnx")
     with pytest.raises(FileNotFoundError, match=rf"{partial}: missing model\.safetensors"):
-        Reranker.load(partial)
+        Reranker.load(partial, backend="torch")
     assert Reranker.load(partial, backend="torchscript").score("q", ["p"])
     (partial / "tokenizer_config.json").unlink()
     with pytest.raises(FileNotFoundError, match=r"missing tokenizer_config\.json"):

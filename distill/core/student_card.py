@@ -21,10 +21,11 @@ class StudentCard:
     backbone: str
     """The encoder it was initialised from."""
     label: str
-    """The teacher score (or fused label) it learned."""
+    """The label it learned, as given: a teacher score, a hybrid or a sum of z-scores
+    (``z(gemma.cis) + z(smollm2.cis_q) + 0.25*z(first_stage)``; see :mod:`distill.core.labels`)."""
     loss: str
     teacher_data: list[str]
-    """The teacher datasets it learned from."""
+    """The teacher datasets it learned from (every folder of every teacher the label uses)."""
     target_scaling: dict[str, Any]
     """How the label was standardised (``kind``, ``mean``, ``std``): see ``students.scaling``."""
     max_length: int
@@ -40,6 +41,10 @@ class StudentCard:
     """α of ``α · z(student) + (1 − α) · z(first stage)``, chosen on the validation queries; None: not chosen."""
     interpolate: bool = False
     """Whether rerankers apply ``interpolation`` by default (they always can when asked)."""
+    teachers: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    """The named teachers the label uses: name -> its folders, each ``{"path": ..., "teacher": ...}`` with the
+    teacher identity of the folder's ``teacher.json``; empty for one unnamed teacher (and in cards written
+    before teachers had names)."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Anything else worth keeping (validation metrics at the best checkpoint, ...)."""
 

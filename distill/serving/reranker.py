@@ -1,11 +1,13 @@
-"""``Reranker``: score and rank a query's passages with a student, on PyTorch, ONNX or TorchScript.
+"""``Reranker``: score and rank a query's passages with a student, on PyTorch, ONNX, TorchScript or OpenVINO.
 
-``Reranker.load("checkpoints/minilm/export", backend="onnx").rerank("what is a rhino", passages, top_k=10)``
-gives ``[(index into passages, score), ...]``, best first.
+``Reranker.load("checkpoints/minilm/export").rerank("what is a rhino", passages, top_k=10)`` gives
+``[(index into passages, score), ...]``, best first, on the fastest backend for this machine (``backend="auto"``,
+:mod:`distill.serving.auto`); ``reranker.backend`` names it.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -17,14 +19,12 @@ from distill.core.devices import STUDENT_BATCH_TOKENS, device_type
 from distill.core.interpolation import interpolate
 from distill.core.schema import InputError, MissingFileError
 from distill.core.student_card import StudentCard
+from distill.serving.auto import choose_backend
+from distill.serving.backends import BACKENDS, ONNX_DTYPES, OPENVINO_DTYPES, backend_name
 from distill.serving.encoding import encode_pairs, load_tokenizer, model_max_length, pad_batch
 from distill.serving.scorers import Scorer, load_scorer, require_file
 
-BACKENDS = ("torch", "onnx", "torchscript", "openvino")
-ONNX_DTYPES = {None: "onnx", "float32": "onnx", "float16": "onnx-fp16", "int8": "onnx-int8"}
-"""The ONNX backends' ``dtype`` -> the exported format they run (``onnx``: onnxruntime, ``openvino``: OpenVINO)."""
-OPENVINO_DTYPES = {**ONNX_DTYPES, "bfloat16": "onnx"}
-"""OpenVINO also runs ``model.onnx`` in bf16 (on CPUs that have it)."""
+log = logging.getLogger(__name__)
 
 
 class Reranker:
@@ -38,6 +38,10 @@ class Reranker:
 
     Attributes:
         truncated: how many pairs, over all calls, were longer than ``max_length`` and cut.
+        backend: the named backend that scores (``openvino-int8``, ``torch-fp32``, ... : the keys of
+            :data:`~distill.serving.backends.NAMED_BACKENDS`); None for a scorer given directly.
+        backend_reason: why ``backend="auto"`` chose it (the machine, and each faster backend passed over with its
+            reason); empty for a backend given by name.
     """
 
     def __init__(
@@ -47,6 +51,8 @@ class Reranker:
         max_length: int,
         max_batch_tokens: int = 1024,
         alpha: float | None = None,
+        backend: str | None = None,
+        backend_reason: str = "",
     ) -> None:
         if max_length < 1 or max_batch_tokens < 1:
             raise ValueError(f"max_length and max_batch_tokens must be positive, got {max_length}, {max_batch_tokens}")
@@ -57,13 +63,15 @@ class Reranker:
         self.max_length = max_length
         self.max_batch_tokens = max_batch_tokens
         self.alpha = alpha
+        self.backend = backend
+        self.backend_reason = backend_reason
         self.truncated = 0
 
     @classmethod
     def load(
         cls,
         path: str | Path,
-        backend: str = "torch",
+        backend: str = "auto",
         device: str = "cpu",
         dtype: str | None = None,
         max_length: int | None = None,
@@ -74,13 +82,16 @@ class Reranker:
         """The student in ``path``: an HF folder (``torch``) or an export folder (any backend).
 
         Args:
-            backend: ``torch`` (the HF weights), ``onnx`` (onnxruntime), ``torchscript`` or ``openvino`` (the ONNX
-                files on OpenVINO, CPU only; ``pip install 'cis-distill[openvino]'``).
+            backend: ``auto`` (default: the fastest backend and precision this machine, the folder's files, the
+                installed runtimes and the export's quality gate allow, see :mod:`distill.serving.auto`; it is
+                logged and kept in ``reranker.backend``), ``torch`` (the HF weights), ``onnx`` (onnxruntime),
+                ``torchscript`` or ``openvino`` (the ONNX files on OpenVINO, CPU only;
+                ``pip install 'cis-distill[openvino]'``).
             device: ``cpu`` or ``cuda[:N]``.
-            dtype: ``torch``: ``float32`` (default), ``float16`` or ``bfloat16``; ``onnx`` and ``openvino``:
-                ``float32`` (default, ``model.onnx``), ``float16`` (``model.fp16.onnx``) or ``int8``
-                (``model.int8.onnx``; on OpenVINO with the other ops in fp32); ``openvino``
-                also ``bfloat16`` (``model.onnx`` computed in bf16); ``torchscript``: ``float32`` only.
+            dtype: ``auto``: None (it chooses); ``torch``: ``float32`` (default), ``float16`` or ``bfloat16``;
+                ``onnx`` and ``openvino``: ``float32`` (default, ``model.onnx``), ``float16`` (``model.fp16.onnx``)
+                or ``int8`` (``model.int8.onnx``; on OpenVINO with the other ops in fp32); ``openvino`` also
+                ``bfloat16`` (``model.onnx`` computed in bf16); ``torchscript``: ``float32`` only.
             max_length: the longest pair in tokens; default the model's (up to 512).
             max_batch_tokens: the budget of padded tokens per batch (default
                 :data:`~distill.core.devices.STUDENT_BATCH_TOKENS`).
@@ -91,19 +102,27 @@ class Reranker:
 
         Raises:
             MissingFileError: a file the backend needs is missing; the message names the folder and the file.
+            InputError: a file is unreadable (a truncated ``model.onnx``, ...): the message names it.
         """
 
         path = Path(path)
         if not path.is_dir():
             raise MissingFileError(f"{path}: no such model folder")
-        if backend not in BACKENDS:
-            raise InputError(f"backend must be one of {list(BACKENDS)}, not {backend!r}")
+        if backend not in ("auto", *BACKENDS):
+            raise InputError(f"backend must be one of {['auto', *BACKENDS]}, not {backend!r}")
+        require_file(path, "config.json")
+        require_file(path, "tokenizer_config.json")
+        reason = ""
+        if backend == "auto":
+            if dtype is not None:
+                raise InputError(f"backend 'auto' chooses the dtype itself; dtype={dtype!r} needs a named backend")
+            choice = choose_backend(path, device)
+            (backend, dtype), reason = choice.load_args, choice.reason
+            log.info("%s: backend auto chose %s (%s)", path, choice.backend, reason)
         dtypes = OPENVINO_DTYPES if backend == "openvino" else ONNX_DTYPES
         onnx = backend in ("onnx", "openvino")
         if onnx and dtype not in dtypes:
             raise InputError(f"the {backend} backend's dtype is one of {list(dtypes)}, not {dtype!r}")
-        require_file(path, "config.json")
-        require_file(path, "tokenizer_config.json")
         fmt = dtypes[dtype] if onnx else backend
         runtime = "openvino" if backend == "openvino" else "onnxruntime"
         # the exported files carry their dtype; OpenVINO computes model.onnx in the one asked for
@@ -114,7 +133,8 @@ class Reranker:
         if max_length is not None and max_length > limit:
             raise InputError(f"{path}: max_length {max_length} is over the model's {limit}")
         budget = max_batch_tokens or STUDENT_BATCH_TOKENS[device_type(device)]
-        return cls(scorer, tokenizer, max_length or limit, budget, _alpha(path, interpolation))
+        alpha = _alpha(path, interpolation)
+        return cls(scorer, tokenizer, max_length or limit, budget, alpha, backend_name(backend, dtype), reason)
 
     def score(
         self, query: str, passages: Sequence[str], first_stage_scores: Sequence[float] | None = None

@@ -46,6 +46,12 @@ def require_file(folder: Path, *names: str) -> Path:
     raise MissingFileError(f"{folder}: missing {' or '.join(names)}")
 
 
+def _unreadable_model(path: Path, detail: str) -> InputError:
+    """The error for an exported file that its runtime cannot parse (a truncated or corrupt copy)."""
+    detail = " ".join(detail.split()) or "unreadable"
+    return InputError(f"{path}: not a valid ONNX model ({detail}): truncated or corrupt? export it again")
+
+
 class TorchScorer:
     """The Hugging Face weights of ``folder`` (``AutoModelForSequenceClassification``, one label)."""
 
@@ -121,7 +127,14 @@ class OnnxScorer:
             providers = [("CUDAExecutionProvider", {"device_id": int(index)})]
         else:
             raise InputError(f"{path}: device must be 'cpu' or 'cuda[:N]' for ONNX, not {device!r}")
-        self.session = ort.InferenceSession(str(path), settings.options(), providers=providers)
+        from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument, InvalidProtobuf
+
+        try:
+            self.session = ort.InferenceSession(str(path), settings.options(), providers=providers)
+        except (InvalidProtobuf, InvalidArgument) as e:  # the file, not the options: "Load model from ... failed:"
+            if "Load model from" not in str(e):
+                raise
+            raise _unreadable_model(path, str(e).partition("failed:")[2].strip()) from None
         self.input_names = tuple(i.name for i in self.session.get_inputs())
 
     def __call__(self, batch: Batch) -> np.ndarray:
@@ -172,7 +185,18 @@ class OpenVinoScorer:
         if precision not in OPENVINO_PRECISIONS:
             raise InputError(f"openvino precision must be one of {list(OPENVINO_PRECISIONS)}, not {precision!r}")
         require_file(path.parent, path.name)
+        from openvino.frontend import FrontEndManager
+
+        # where the ONNX frontend refuses a file, read_model tries every other frontend, each printing its parse errors
+        if not FrontEndManager().load_by_framework("onnx").supported(str(path)):
+            raise _unreadable_model(path, "OpenVINO's ONNX reader cannot parse it")
         core = openvino.Core()
+        try:
+            model = core.read_model(str(path))
+        except RuntimeError as e:  # a file cut past its header: the ONNX frontend takes it, then fails to parse it
+            if "can't be parsed" not in str(e):
+                raise
+            raise _unreadable_model(path, "OpenVINO's ONNX reader cannot parse it") from None
         config: dict[str, object] = {
             "PERFORMANCE_HINT": "LATENCY",
             "INFERENCE_PRECISION_HINT": OPENVINO_PRECISIONS[precision],
@@ -181,7 +205,7 @@ class OpenVinoScorer:
         }
         if threads:
             config["INFERENCE_NUM_THREADS"] = threads
-        self.compiled = core.compile_model(core.read_model(str(path)), "CPU", config)
+        self.compiled = core.compile_model(model, "CPU", config)
         self.request = self.compiled.create_infer_request()
         self.input_names = tuple(i.get_any_name() for i in self.compiled.inputs)
 

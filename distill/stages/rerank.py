@@ -28,12 +28,16 @@ class RerankConfig:
     """For a TREC run input: the passages (TSV or JSONL)."""
     output: str | None = None
     """The TREC run to write (required; ``distill run`` sets it)."""
-    backend: Literal["torch", "onnx", "torchscript", "openvino"] = "torch"
-    """``openvino`` runs the ONNX files on OpenVINO (CPU; ``pip install 'cis-distill[openvino]'``)."""
+    backend: Literal["auto", "torch", "onnx", "torchscript", "openvino"] = "auto"
+    """``auto``: the fastest backend and precision for this CPU (AMX: OpenVINO bf16 or int8; AVX-512 VNNI: int8;
+    else fused fp32) or GPU (fp16) among the student's files, the installed runtimes and the precisions its export's
+    quality gate passed; the report names it. ``openvino`` runs the ONNX files on OpenVINO (CPU;
+    ``pip install 'cis-distill[openvino]'``)."""
     device: str = "cpu"
     """``cpu`` or ``cuda[:N]``."""
     dtype: str | None = None
-    """torch: float32, float16 or bfloat16; onnx: float32, float16 or int8; openvino: those and bfloat16."""
+    """With a named backend: torch: float32, float16 or bfloat16; onnx: float32, float16 or int8; openvino: those and
+    bfloat16. ``auto`` chooses it."""
     max_length: int | None = None
     """The longest pair in tokens (default: the model's)."""
     max_batch_tokens: int | None = None
@@ -61,10 +65,16 @@ class RerankReport:
     """Pairs longer than the student's max length, cut."""
     alpha: float | None = None
     """The interpolation with the first stage, if any."""
+    backend: str | None = None
+    """The named backend that scored (``openvino-int8``, ...), and why where ``auto`` chose it."""
+    backend_reason: str = ""
 
     def format(self) -> str:
         fused = "" if self.alpha is None else f", interpolated with the first stage (alpha {self.alpha:g})"
-        return f"wrote {self.output}: {self.queries} queries, {self.pairs} pairs, {self.truncated} truncated{fused}"
+        line = f"wrote {self.output}: {self.queries} queries, {self.pairs} pairs, {self.truncated} truncated{fused}"
+        if self.backend:
+            line += f"\nbackend {self.backend}" + (f" (auto: {self.backend_reason})" if self.backend_reason else "")
+        return line
 
 
 def rerank_run(reranker: Reranker, candidates: list[Candidates]) -> Run:
@@ -94,6 +104,9 @@ def rerank(cfg: RerankConfig) -> RerankReport:
         folder, cfg.backend, cfg.device, cfg.dtype, cfg.max_length, cfg.max_batch_tokens, cfg.interpolation
     )
     run = rerank_run(reranker, candidates)
-    tag = f"{Path(cfg.model).name}-{cfg.backend}" + (f"-interp{reranker.alpha:g}" if reranker.alpha is not None else "")
-    write_trec_run(cfg.output, run, tag=tag)
-    return RerankReport(Path(cfg.output), len(run), sum(map(len, run.values())), reranker.truncated, reranker.alpha)
+    interp = f"-interp{reranker.alpha:g}" if reranker.alpha is not None else ""
+    write_trec_run(cfg.output, run, tag=f"{Path(cfg.model).name}-{reranker.backend}{interp}")
+    pairs = sum(map(len, run.values()))
+    return RerankReport(
+        Path(cfg.output), len(run), pairs, reranker.truncated, reranker.alpha, reranker.backend, reranker.backend_reason
+    )

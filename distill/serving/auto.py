@@ -1,0 +1,162 @@
+"""``backend="auto"``: the fastest backend and precision for this machine that the student's folder, the installed
+runtimes and its export's quality gate allow.
+
+The order of preference is data (:data:`PREFERENCES`), one list per kind of CPU (:mod:`distill.serving.hardware`)
+and one for GPUs. The first backend of the list that passes every check is chosen:
+
+- its runtime is installed (torch, onnxruntime, or OpenVINO: ``pip install 'cis-distill[openvino]'``);
+- its file is in the folder (``model.onnx``, ``model.int8.onnx``, the Hugging Face weights, ...);
+- a precision other than fp32 passed the export's quality gate: ``card.json``'s ``quality_gate.backends.<name>``
+  says ``"passed": true`` (its nDCG@10 within the bound of PyTorch fp32's on held-out validation pairs). A folder
+  with no gate (an older export, a plain Hugging Face folder) gets fp32 only. On a GPU, fp16 is the exception: the
+  export measures on a CPU, where fp16 does not run, so it is chosen unless the gate records it as failed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Collection
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from distill.core.devices import device_type
+from distill.core.schema import InputError, MissingFileError
+from distill.serving.backends import (
+    FP32_BACKENDS,
+    NAMED_BACKENDS,
+    Runtime,
+    backend_files,
+    has_files,
+    installed_runtimes,
+    runtime,
+)
+from distill.serving.hardware import CpuFeatures, Tier
+
+log = logging.getLogger(__name__)
+
+EXPORT_CARD = "card.json"
+"""The export's card in an export folder (``distill export``), where the quality gate is recorded."""
+
+PREFERENCES: dict[Tier | str, tuple[str, ...]] = {
+    "amx": ("openvino-bf16", "openvino-int8", "onnx-int8", "openvino-fp32", "torch-fp32"),
+    "vnni": ("openvino-int8", "onnx-int8", "openvino-fp32", "torch-fp32"),
+    "fp32": ("openvino-fp32", "onnx-fp32", "torch-fp32"),
+    "cuda": ("torch-fp16", "torch-fp32"),
+}
+"""CPU tier (:data:`~distill.serving.hardware.Tier`) or ``cuda`` -> the named backends (keys of
+:data:`~distill.serving.backends.NAMED_BACKENDS`), fastest first. What backs the order (``distill bench``, 2 threads,
+a DL19 query's 100 BM25 candidates; README, "Reranking latency on this 2-core CPU"):
+
+- ``amx``: on an AMX Xeon the quickstart's bench timed OpenVINO bf16 at 3.1x PyTorch fp32 (26.9 against 83.9 ms,
+  issue 21); int8 is next, as on VNNI.
+- ``vnni``: on an AVX-512 VNNI Xeon without AMX (``benchmarks/results/bench-cpu-dl2122-seg-hybrid-lr3e-5``, the
+  final student), OpenVINO int8 2.04x PyTorch fp32, OpenVINO fp32 1.19x, onnxruntime fp32 0.84x (slower than
+  PyTorch, so it is left out of the AVX-512 lists), OpenVINO bf16 0.69x (AVX-512 BF16 without AMX is slower than
+  fp32); onnxruntime's dynamic int8 took 593 ms against its fp32's 1004 (``benchmarks/onnx_cpu.py``).
+- ``fp32``: on an AMD EPYC (``benchmarks/results/bench-cpu-minilm-dl19-all-cis``), onnxruntime fp32 1.53x PyTorch
+  fp32 (763 against 1168 ms); OpenVINO fp32 before it, as it was 1.43x faster than onnxruntime on the Xeon.
+- ``cuda``: PyTorch fp16 on the GPU (the export's ONNX graphs are CPU-tuned).
+
+PyTorch fp32 ends every list: it runs every folder with the Hugging Face weights."""
+
+
+@dataclass(frozen=True)
+class Choice:
+    """What ``backend="auto"`` chose, and why."""
+
+    backend: str
+    """A key of :data:`~distill.serving.backends.NAMED_BACKENDS` (``openvino-int8``)."""
+    reason: str
+    """The machine and each faster backend passed over with its reason, in one line."""
+
+    @property
+    def load_args(self) -> tuple[str, str | None]:
+        """:meth:`Reranker.load`'s ``(backend, dtype)``."""
+        return NAMED_BACKENDS[self.backend]
+
+
+def quality_gate(folder: Path) -> dict[str, dict[str, Any]] | None:
+    """The export's quality gate: named backend -> its record (``passed``, ``delta``, ...), from ``card.json``'s
+    ``quality_gate.backends``; None where the folder has no card or its card no gate.
+
+    Raises:
+        InputError: the card is not JSON, or its gate is not shaped as ``{"backends": {name: {...}}}``.
+    """
+    path = folder / EXPORT_CARD
+    if not path.is_file():
+        return None
+    try:
+        card = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise InputError(f"{path}: not JSON ({e})") from None
+    gate = card.get("quality_gate") if isinstance(card, dict) else None
+    if gate is None:
+        return None
+    backends = gate.get("backends") if isinstance(gate, dict) else None
+    if not isinstance(backends, dict) or not all(isinstance(v, dict) for v in backends.values()):
+        raise InputError(f"{path}: quality_gate.backends must map backend names to records")
+    return backends
+
+
+def _gate_refusal(name: str, gate: dict[str, dict[str, Any]] | None, cuda: bool) -> str | None:
+    """Why the quality gate keeps ``name`` from being chosen; None if it does not.
+
+    A backend the gate measured outside its bound is refused, whatever its precision. fp32 needs no more (the
+    export's parity check holds it to PyTorch fp32's scores), nor does fp16 on a GPU; any other precision needs the
+    gate's ``"passed": true``, which a backend the export machine could not run (``not_checked``) does not have."""
+    record = (gate or {}).get(name, {})
+    if record.get("passed") is False and "not_checked" not in record:
+        return f"failed the quality gate ({_figures(record)})"
+    if name in FP32_BACKENDS or (cuda and name == "torch-fp16") or record.get("passed") is True:
+        return None
+    if gate is None:
+        return f"no quality gate in {EXPORT_CARD}"
+    if "not_checked" in record:
+        return f"not checked by the quality gate ({record['not_checked']})"
+    return "not in the quality gate"
+
+
+def _figures(record: dict[str, Any]) -> str:
+    parts = [f"{key} {record[key]:+.2f}" if key == "delta" else f"{key} {record[key]}"
+             for key in ("delta", "spearman") if isinstance(record.get(key), (int, float))]  # fmt: skip
+    return ", ".join(parts) or "passed: false"
+
+
+def choose_backend(
+    folder: str | Path,
+    device: str = "cpu",
+    features: CpuFeatures | None = None,
+    runtimes: Collection[Runtime] | None = None,
+) -> Choice:
+    """The fastest named backend that can serve the student in ``folder`` on ``device``.
+
+    Args:
+        folder: an export folder (``distill export``) or a Hugging Face folder.
+        device: ``cpu`` or ``cuda[:N]``.
+        features: the CPU's features (default: this machine's, :meth:`CpuFeatures.read`).
+        runtimes: the installed runtimes (default: those found here, :func:`installed_runtimes`).
+
+    Raises:
+        MissingFileError: no backend of the list can run (no runtime, or no file, for any of them).
+    """
+    folder = Path(folder)
+    cuda = device_type(device) == "cuda"
+    features = features or CpuFeatures.read()
+    runtimes = installed_runtimes() if runtimes is None else frozenset(runtimes)
+    gate = quality_gate(folder)
+    machine = "GPU" if cuda else f"{features.tier} CPU ({features.describe()})"
+    passed_over = []
+    for name in PREFERENCES["cuda" if cuda else features.tier]:
+        if runtime(name) not in runtimes:
+            why = f"{runtime(name)} is not installed"
+        elif not has_files(folder, name):
+            why = f"no {' or '.join(backend_files(name))}"
+        else:
+            why = _gate_refusal(name, gate, cuda)
+        if why is None:
+            reason = f"{machine}" + (f"; passed over: {'; '.join(passed_over)}" if passed_over else "")
+            return Choice(name, reason)
+        passed_over.append(f"{name}: {why}")
+    raise MissingFileError(f"{folder}: no backend can serve this student on {machine}: {'; '.join(passed_over)}")

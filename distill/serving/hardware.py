@@ -1,0 +1,66 @@
+"""The CPU's instruction-set features that decide which backend and precision serve a student fastest.
+
+Read from the ``flags`` line of ``/proc/cpuinfo`` (Linux; ``Features`` on ARM). Elsewhere, or where the file cannot be
+read, no feature is known, and only fp32 backends are chosen (:mod:`distill.serving.auto`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+CPUINFO = Path("/proc/cpuinfo")
+FEATURES = ("amx_bf16", "amx_int8", "amx_tile", "avx512_vnni", "avx512_bf16", "avx_vnni", "avx2")
+"""The flags (Linux's names) that the choice reads; :attr:`CpuFeatures.flags` keeps only these."""
+
+Tier = Literal["amx", "vnni", "fp32"]
+"""What the CPU does fastest: bf16 and int8 matmuls in AMX tiles; int8 dot products (AVX-512 VNNI or AVX-VNNI);
+or fp32 only (AVX2, AVX-512 without VNNI, ARM, unknown)."""
+
+
+@dataclass(frozen=True)
+class CpuFeatures:
+    """The :data:`FEATURES` a CPU has."""
+
+    flags: frozenset[str]
+
+    @classmethod
+    def parse(cls, cpuinfo: str) -> CpuFeatures:
+        """The features of the first ``flags`` (or ARM ``Features``) line of ``cpuinfo`` text, or of a bare
+        space-separated flag list (``"avx2 avx512_vnni"``)."""
+        lines = [line for line in cpuinfo.splitlines() if ":" in line]
+        if not lines:  # a bare flag list
+            words = cpuinfo.split()
+        else:
+            found = next((line for line in lines if line.split(":", 1)[0].strip() in ("flags", "Features")), "")
+            words = found.partition(":")[2].split()
+        return cls(frozenset(words) & frozenset(FEATURES))
+
+    @classmethod
+    def read(cls, path: str | Path = CPUINFO) -> CpuFeatures:
+        """The features of this machine's CPU (``path``: a ``/proc/cpuinfo``-format file); none where it cannot be
+        read."""
+        try:
+            return cls.parse(Path(path).read_text())
+        except OSError:
+            return cls(frozenset())
+
+    @property
+    def amx(self) -> bool:
+        """AMX tiles with bf16 and int8 matmuls (Intel Sapphire Rapids and later)."""
+        return {"amx_tile", "amx_bf16", "amx_int8"} <= self.flags
+
+    @property
+    def vnni(self) -> bool:
+        """int8 dot-product instructions: AVX-512 VNNI or AVX-VNNI."""
+        return bool({"avx512_vnni", "avx_vnni"} & self.flags)
+
+    @property
+    def tier(self) -> Tier:
+        """The fastest arithmetic of this CPU (see :data:`Tier`)."""
+        return "amx" if self.amx else "vnni" if self.vnni else "fp32"
+
+    def describe(self) -> str:
+        """The features in one phrase, e.g. ``"amx_bf16 amx_int8 amx_tile avx2 avx512_bf16 avx512_vnni"``."""
+        return " ".join(sorted(self.flags)) or "none of " + "/".join(FEATURES)
