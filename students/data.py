@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
@@ -12,11 +13,11 @@ import torch
 from pytorch_lightning import LightningDataModule
 from torch.utils.data import DataLoader, Dataset
 
-from distill.core.labels import FIRST_STAGE_COLUMN, Label
+from distill.core.devices import TRAIN_PAD_MULTIPLE, DeviceType, device_type
+from distill.core.label_table import TeacherData, load_label_table
 from distill.core.loaders import load_qrels
 from distill.core.schema import InputError, Qrels
-from distill.core.teacher_data import TEXT_COLUMNS, TeacherDataset
-from students.sampling import LengthGroupedBatches, QueryGroupedBatches, ResumableLoader
+from students.sampling import LengthGroupedBatches, QueryGroupedBatches, ResumableLoader, TokenBudgetBatches
 from students.scaling import ScalingKind, TargetScaling
 
 log = logging.getLogger(__name__)
@@ -24,7 +25,8 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Split:
-    """One split's pairs, tokenised. ``targets`` are scaled; ``labels`` are the raw teacher scores."""
+    """One split's pairs, tokenised. ``targets`` are scaled; ``labels`` are the raw teacher labels; ``members``
+    the raw scores of each term of a label that sums two or more (name -> ``[n]``)."""
 
     qid: list[str]
     docid: list[str]
@@ -32,6 +34,7 @@ class Split:
     targets: np.ndarray
     first_stage: np.ndarray
     features: list[dict[str, list[int]]]
+    members: dict[str, np.ndarray] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.qid)
@@ -53,46 +56,35 @@ class _Examples(Dataset):
 
 
 class Collator:
-    """Pads a batch to its longest sequence; adds ``target`` [B] float, ``group`` [B] long (batch-local
-    query index) and ``index`` [B] long (row in the split)."""
+    """Pads a batch to its longest sequence, rounded up to a multiple of ``pad_to_multiple_of`` tokens; adds
+    ``target`` [B] float, ``group`` [B] long (batch-local query index), ``index`` [B] long (row in the split) and
+    ``group_sizes``, the host's ``(queries, most candidates of one)`` (see :mod:`students.losses`)."""
 
-    def __init__(self, tokenizer: Any, split: Split) -> None:
-        self.tokenizer, self.split = tokenizer, split
+    def __init__(self, tokenizer: Any, split: Split, pad_to_multiple_of: int = 1) -> None:
+        self.tokenizer, self.split, self.multiple = tokenizer, split, pad_to_multiple_of
 
     def __call__(self, examples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         index = [e.pop("index") for e in examples]
-        batch = dict(self.tokenizer.pad(examples, return_tensors="pt"))
+        multiple = self.multiple if self.multiple > 1 else None
+        batch = dict(self.tokenizer.pad(examples, pad_to_multiple_of=multiple, return_tensors="pt"))
         qids = [self.split.qid[i] for i in index]
         local = {q: g for g, q in enumerate(dict.fromkeys(qids))}
         batch["target"] = torch.tensor(self.split.targets[index], dtype=torch.float32)
         batch["group"] = torch.tensor([local[q] for q in qids])
         batch["index"] = torch.tensor(index)
+        batch["group_sizes"] = (len(local), max(Counter(qids).values()))
         return batch
 
 
-def load_teacher_table(paths: list[str], label: str) -> Any:
-    """The union of teacher datasets as a DataFrame (each (qid, docid) once, the first kept), with the label
-    of each pair (see :mod:`distill.core.labels`) in a ``label`` column.
+def load_teacher_table(teacher_data: TeacherData, label: str) -> Any:
+    """The teacher data's pairs as a DataFrame with the label of each pair in a ``label`` column (see
+    :func:`distill.core.label_table.load_label_table`).
 
     Raises:
-        InputError: a folder is no teacher dataset, lacks a column, or the label has NaN/inf values.
+        InputError: a folder is no teacher dataset, lacks a column, the label has NaN/inf values, or named
+            teachers do not hold the same pairs.
     """
-    import pandas as pd
-
-    spec = Label.parse(label)
-    frames = []
-    for path in paths:
-        columns = [*TEXT_COLUMNS, "first_stage_rank", FIRST_STAGE_COLUMN, spec.score]
-        frame = TeacherDataset.open(path).to_pandas(list(dict.fromkeys(columns)))
-        bad = ~np.isfinite(frame[spec.score].to_numpy(dtype=np.float64))
-        if bad.any():
-            rows = np.flatnonzero(bad)[:5].tolist()
-            raise InputError(f"{path}: column {spec.score!r} has {int(bad.sum())} NaN/inf value(s), rows {rows}...")
-        frames.append(frame)
-    table = pd.concat(frames, ignore_index=True).drop_duplicates(["qid", "docid"], keep="first")
-    table = table.reset_index(drop=True)
-    table["label"] = spec.values(table[spec.score].to_numpy(), table[FIRST_STAGE_COLUMN].to_numpy(), table.qid.tolist())
-    return table
+    return load_label_table(teacher_data, label).table
 
 
 def split_queries(qids: list[str], val_queries: int | float, seed: int) -> set[str]:
@@ -108,9 +100,12 @@ class StudentDataModule(LightningDataModule):
     """Teacher triplets for the student: split by query (never by pair), tokenised, batched.
 
     Args:
-        teacher_data: folders written by ``distill teach``; several are joined, each (qid, docid) once.
-        label: what to learn: a teacher score column (``cis``, ``upr``, ``cis_q``, ...) or a hybrid label
-            (``cis_q+0.5*first_stage``; see :mod:`distill.core.labels`).
+        teacher_data: folders written by ``distill teach``: a list (one teacher; their union, each (qid, docid)
+            once) or a mapping name -> folders (several teachers of the same pairs, joined on (qid, docid):
+            ``{gemma: [dl21-gemma3, dl22-gemma3], smollm2: [dl21-smollm2, dl22-smollm2]}``).
+        label: what to learn: a teacher score column (``cis``, ``upr``, ``cis_q``, ...; ``gemma.cis`` for a named
+            teacher), a hybrid label (``cis_q+0.5*first_stage``) or a sum of per-query z-scores
+            (``z(gemma.cis) + z(smollm2.cis_q) + 0.25*z(first_stage)``); see :mod:`distill.core.labels`.
         backbone: the student's backbone, for its tokenizer (linked from the model's).
         qrels: TREC qrels of the validation queries, for nDCG; without them only correlations are reported.
         val_queries: held-out queries, a share (0.2) or a count (8).
@@ -119,15 +114,26 @@ class StudentDataModule(LightningDataModule):
         train_depth: train on each query's first N candidates by first-stage rank only (None: all); validation
             always keeps every candidate.
         target_scaling: ``none``, ``global`` or ``per_query`` standardisation of the teacher scores.
-        batch_size: pairs per training batch (pointwise), or ``group_size`` x queries per batch.
+        batch_size: pairs per training batch (pointwise), or ``group_size`` x queries per batch; unused with
+            ``max_batch_tokens``.
+        max_batch_tokens: cut training batches by this budget of padded tokens (pairs x padded length) instead of
+            by ``batch_size``: lengths are sorted within a window of the shuffled order (``bucket_window``), so a
+            batch holds pairs of similar length, and with ``group_size`` a batch holds whole query groups
+            (:class:`students.sampling.TokenBudgetBatches`). A GPU wants it large: see
+            ``configs/train/bert-large-gpu.yaml``.
+        pad_to_multiple_of: pad every batch to a multiple of this many tokens (None: the device's,
+            :data:`distill.core.devices.TRAIN_PAD_MULTIPLE`: 64 on a GPU, to the longest pair on a CPU).
+        bucket_window: with ``max_batch_tokens``, the pairs (or query groups) sorted by length together (None: the
+            whole epoch, which keeps the number of batches the same every epoch).
         group_size: candidates per query in a batch, for the within-query losses (None: pointwise batches).
         max_length: tokens per pair; longer pairs lose the end of the passage (counted).
         eval_batch_size: pairs per validation batch.
+        num_workers: data loader worker processes (batches are pinned in memory on a GPU).
     """
 
     def __init__(
         self,
-        teacher_data: list[str],
+        teacher_data: list[str] | dict[str, list[str]],
         label: str = "cis",
         backbone: str = "bert-large-uncased",
         qrels: str | None = None,
@@ -136,6 +142,9 @@ class StudentDataModule(LightningDataModule):
         train_depth: int | None = None,
         target_scaling: ScalingKind = "none",
         batch_size: int = 32,
+        max_batch_tokens: int | None = None,
+        pad_to_multiple_of: int | None = None,
+        bucket_window: int | None = None,
         group_size: int | None = None,
         max_length: int = 512,
         eval_batch_size: int = 128,
@@ -143,6 +152,10 @@ class StudentDataModule(LightningDataModule):
         num_workers: int = 0,
     ) -> None:
         super().__init__()
+        sizes = {"max_batch_tokens": max_batch_tokens, "pad_to_multiple_of": pad_to_multiple_of}
+        for key, value in {**sizes, "bucket_window": bucket_window}.items():
+            if value is not None and value < 1:
+                raise InputError(f"data.{key}: must be positive, got {value}")
         self.save_hyperparameters()
         self.train: Split | None = None
         self.val: Split | None = None
@@ -150,6 +163,10 @@ class StudentDataModule(LightningDataModule):
         self.scaling: TargetScaling | None = None
         self.tokenizer: Any = None
         self.truncated = 0
+        self.teachers: dict[str, list[str]] = {}
+        """The named teachers the label uses (name -> folders), once set up; empty for one unnamed teacher."""
+        self.members: dict[str, str] = {}
+        """Each term of a label that sums two or more: name -> its column."""
 
     def setup(self, stage: str | None = None) -> None:
         if self.train is not None:
@@ -157,7 +174,8 @@ class StudentDataModule(LightningDataModule):
         from distill.core.models import load_architecture
 
         h = self.hparams
-        table = load_teacher_table(list(h.teacher_data), h.label)
+        labelled = load_label_table(h.teacher_data, h.label)
+        table, self.teachers, self.members = labelled.table, labelled.teachers, labelled.expression.members
         if table.empty:
             raise InputError(f"{h.teacher_data}: no pairs")
         qrels = load_qrels(Path(h.qrels)) if h.qrels else {}
@@ -209,6 +227,7 @@ class StudentDataModule(LightningDataModule):
             self.scaling(labels, qids),
             table.first_stage_score.to_numpy(dtype=np.float64),
             features,
+            {name: table[column].to_numpy(dtype=np.float64) for name, column in self.members.items()},
         )
 
     def _count_truncated(self, queries: list[str], passages: list[str]) -> int:
@@ -217,33 +236,63 @@ class StudentDataModule(LightningDataModule):
         special = self.tokenizer.num_special_tokens_to_add(pair=True)
         return sum(len(a) + len(b) + special > self.hparams.max_length for a, b in zip(q, p, strict=True))
 
+    @property
+    def folders(self) -> list[str]:
+        """The teacher datasets read: every folder of the teachers the label uses."""
+        if self.teachers:
+            return [folder for folders in self.teachers.values() for folder in folders]
+        return list(self.hparams.teacher_data)
+
     def _rank(self) -> tuple[int, int]:
         trainer = self.trainer
         return (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
 
+    def _device_type(self) -> DeviceType:
+        trainer = self.trainer
+        return device_type(trainer.strategy.root_device) if trainer is not None else "cpu"
+
+    @property
+    def pad_multiple(self) -> int:
+        """What batches are padded to a multiple of: ``pad_to_multiple_of``, else the device's default."""
+        given = self.hparams.pad_to_multiple_of
+        return given if given is not None else TRAIN_PAD_MULTIPLE[self._device_type()]
+
+    def _loader(self, split: Split, sampler: Any, **kwargs: Any) -> DataLoader:
+        workers = self.hparams.num_workers
+        return ResumableLoader(
+            _Examples(split),
+            batch_sampler=sampler,
+            collate_fn=Collator(self.tokenizer, split, self.pad_multiple),
+            num_workers=workers,
+            pin_memory=self._device_type() == "cuda",
+            **kwargs,
+        )
+
     def train_dataloader(self) -> DataLoader:
         h = self.hparams
         rank, world = self._rank()
-        if h.group_size is None:
+        if h.max_batch_tokens is not None:
+            groups = None if h.group_size is None else self.train.qid
+            sampler = TokenBudgetBatches(
+                self.train.lengths,
+                h.max_batch_tokens,
+                self.pad_multiple,
+                groups,
+                h.group_size,
+                h.bucket_window,
+                h.seed,
+                rank,
+                world,
+            )
+        elif h.group_size is None:
             sampler = LengthGroupedBatches(self.train.lengths, h.batch_size, h.seed, rank, world)
         else:
             per_batch = max(1, h.batch_size // h.group_size)
             sampler = QueryGroupedBatches(self.train.qid, h.group_size, per_batch, h.seed, rank, world)
-        return ResumableLoader(
-            _Examples(self.train),
-            batch_sampler=sampler,
-            collate_fn=Collator(self.tokenizer, self.train),
-            num_workers=h.num_workers,
-        )
+        return self._loader(self.train, sampler, persistent_workers=h.num_workers > 0)
 
     def val_dataloader(self) -> DataLoader:
         """Every rank sees the whole (small) validation split, longest first, so metrics need no gathering."""
         order = sorted(range(len(self.val)), key=lambda i: -self.val.lengths[i])
         size = self.hparams.eval_batch_size
-        batches = [order[i : i + size] for i in range(0, len(order), size)]
-        return ResumableLoader(
-            _Examples(self.val),
-            batch_sampler=batches,
-            collate_fn=Collator(self.tokenizer, self.val),
-            num_workers=self.hparams.num_workers,
-        )
+        return self._loader(self.val, [order[i : i + size] for i in range(0, len(order), size)])

@@ -1,25 +1,33 @@
-"""What a student learns: a teacher score, or a hybrid label that fuses it with the first stage.
+"""What a student learns: a teacher score, or a sum of per-query z-scores of teacher scores and the first stage.
 
-A label is named by a string:
+A label is an expression (parsed here, never evaluated as Python):
 
-- ``cis``, ``upr``, ``cis_q``, ... : a score column of the teacher dataset, as it is;
-- ``cis_q+0.5*first_stage``: a hybrid label, per query ``z(cis_q) + 0.5 · z(first_stage_score)``, where ``z``
-  standardises over the query's candidates (mean 0, standard deviation 1; a constant column gives 0). The
-  paper's §7 names hybrid causal + similarity scoring as future work.
+- ``cis``, ``upr``, ``cis_q``, ... : a score column of the teacher dataset, as it is; with named teachers
+  (``data.teacher_data`` a mapping name -> folders) ``gemma.cis`` names the teacher's column;
+- ``cis_q+0.5*first_stage``: a hybrid label, per query ``z(cis_q) + 0.5 · z(first_stage_score)``;
+- a sum of terms ``[weight*]z(name.score)`` and ``[weight*]z(first_stage)``, joined by ``+`` or ``-``:
+  ``z(gemma.cis) + z(smollm2.cis_q) + 0.25*z(first_stage)``. With a single teacher, ``z(cis)`` needs no name.
+
+``z`` standardises over the query's candidates (mean 0, standard deviation 1; a constant column gives 0), so a
+sum weighs its terms by their weights alone, whatever each score's scale. The paper's §7 names hybrid causal +
+similarity scoring as future work; an ensemble of teachers is one more such sum.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from distill.core.schema import InputError
 
+FIRST_STAGE = "first_stage"
+"""The first stage's name in a label expression."""
 FIRST_STAGE_COLUMN = "first_stage_score"
-_HYBRID = re.compile(r"^\s*(?P<score>\w+)\s*\+\s*(?P<weight>[0-9.eE+-]+)\s*\*\s*first_stage\s*$")
+_TOKEN = re.compile(r"\s*(?:(?P<number>(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)|(?P<name>[A-Za-z_]\w*)|(?P<op>[-+*().]))")
+_FORMS = "a score (cis), a hybrid (cis_q+0.5*first_stage) or a sum of z-terms (z(gemma.cis) + 0.25*z(first_stage))"
 
 
 def per_query_z(values: np.ndarray, qids: Sequence[str]) -> np.ndarray:
@@ -34,8 +42,177 @@ def per_query_z(values: np.ndarray, qids: Sequence[str]) -> np.ndarray:
 
 
 @dataclass(frozen=True)
+class Term:
+    """``weight`` × a score: a teacher's column, or the first stage (``score`` :data:`FIRST_STAGE`)."""
+
+    weight: float
+    score: str
+    teacher: str | None = None
+    """The named teacher whose column it is; None for the first stage and for an unnamed (single) teacher."""
+
+    @property
+    def name(self) -> str:
+        """``gemma.cis``, ``cis`` or ``first_stage``: how the expression names it."""
+        return f"{self.teacher}.{self.score}" if self.teacher else self.score
+
+    @property
+    def column(self) -> str:
+        """Its column in a teachers' table (:mod:`distill.core.label_table`): the name, ``first_stage_score``
+        for the first stage."""
+        return FIRST_STAGE_COLUMN if self.score == FIRST_STAGE and self.teacher is None else self.name
+
+
+@dataclass(frozen=True)
+class LabelExpression:
+    """A parsed label: one score as it is (``standardised`` False), or the sum of its terms' per-query z-scores."""
+
+    terms: tuple[Term, ...]
+    standardised: bool
+
+    @classmethod
+    def parse(cls, text: str, teachers: Sequence[str] = (), key: str = "label") -> LabelExpression:
+        """Parse ``text``; ``teachers`` are the named teachers (none: a single unnamed teacher).
+
+        Raises:
+            InputError: one line naming ``key`` and the offending token (an unknown teacher, a term that is not
+                standardised, a malformed weight, ...).
+        """
+        return _Parser(text, tuple(teachers), key).parse()
+
+    @property
+    def teachers(self) -> list[str]:
+        """The named teachers the expression uses, in order of first use."""
+        return list(dict.fromkeys(t.teacher for t in self.terms if t.teacher))
+
+    @property
+    def members(self) -> dict[str, str]:
+        """Each term's name -> its column, for a sum of two or more terms (else empty: the label is its one
+        score)."""
+        return {t.name: t.column for t in self.terms} if len(self.terms) > 1 else {}
+
+    def values(self, columns: Mapping[str, np.ndarray], qids: Sequence[str]) -> np.ndarray:
+        """The label of each pair, ``[n]`` float64, from ``columns`` (each term's :attr:`Term.column` -> ``[n]``)."""
+        if not self.standardised:
+            return np.asarray(columns[self.terms[0].column], dtype=np.float64)
+        total = None
+        for term in self.terms:
+            z = per_query_z(columns[term.column], qids)
+            total = term.weight * z if total is None else total + term.weight * z
+        return total
+
+    def __str__(self) -> str:
+        if not self.standardised:
+            return self.terms[0].name
+        text = ""
+        for term in self.terms:
+            sign = "-" if term.weight < 0 else "+"
+            weight = "" if abs(term.weight) == 1 else f"{abs(term.weight):g}*"
+            text += (f" {sign} " if text else "-" if sign == "-" else "") + f"{weight}z({term.name})"
+        return text
+
+
+class _Parser:
+    """``expression := ['-'] term (('+' | '-') term)*``; ``term := [number '*'] (z '(' ref ')' | ref)``;
+    ``ref := name ['.' name]``. A bare ref (no ``z``) is a label on its own, or the legacy hybrid's two terms."""
+
+    def __init__(self, text: str, teachers: tuple[str, ...], key: str) -> None:
+        self.text, self.teachers, self.key = text, teachers, key
+        self.tokens = self._tokenize()
+        self.i = 0
+
+    def fail(self, what: str) -> InputError:
+        return InputError(f"{self.key}: {what} in {self.text.strip()!r}")
+
+    def _tokenize(self) -> list[tuple[str, str]]:
+        tokens, pos = [], 0
+        while self.text[pos:].strip():
+            match = _TOKEN.match(self.text, pos)
+            if not match:
+                raise self.fail(f"unexpected {self.text[pos:].lstrip()[0]!r}; expected {_FORMS}")
+            tokens.append((match.lastgroup, match.group(match.lastgroup)))
+            pos = match.end()
+        if not tokens:
+            raise InputError(f"{self.key}: empty; expected {_FORMS}")
+        return tokens
+
+    def peek(self, ahead: int = 0) -> tuple[str, str] | None:
+        return self.tokens[self.i + ahead] if self.i + ahead < len(self.tokens) else None
+
+    def take(self, kind: str, value: str | None = None, expected: str = "") -> str:
+        token = self.peek()
+        if token is None or token[0] != kind or (value is not None and token[1] != value):
+            raise self.fail(f"expected {expected or repr(value)}, found {_found(token)}")
+        self.i += 1
+        return token[1]
+
+    def parse(self) -> LabelExpression:
+        sign = 1.0
+        if self.peek() == ("op", "-"):
+            self.i, sign = self.i + 1, -1.0
+        terms = [self.term(sign)]
+        while (token := self.peek()) is not None:
+            if token not in (("op", "+"), ("op", "-")):
+                raise self.fail(f"unexpected {token[1]!r} after a term; expected '+' or '-'")
+            self.i += 1
+            terms.append(self.term(1.0 if token[1] == "+" else -1.0))
+        names = [term.name for term, _, _ in terms]
+        if twice := [n for n in dict.fromkeys(names) if names.count(n) > 1]:
+            raise self.fail(f"{twice[0]!r} appears more than once")
+        bare = [term for term, z, _ in terms if not z]
+        if not bare:
+            return LabelExpression(tuple(term for term, _, _ in terms), True)
+        (first, _, first_weighted), (last, _, _) = terms[0], terms[-1]
+        if len(terms) == 1 and first.weight == 1.0 and not first_weighted:
+            return LabelExpression((first,), False)
+        if len(terms) == 2 and first.weight == 1.0 and not first_weighted and FIRST_STAGE == last.score != first.score:
+            return LabelExpression((first, last), True)  # the hybrid cis_q+0.5*first_stage: both standardised
+        allowed = {0} if len(terms) != 2 or last.score != FIRST_STAGE else {0, 1}  # where the legacy forms allow one
+        culprit = next((t for i, (t, z, _) in enumerate(terms) if not z and i not in allowed), bare[0])
+        raise self.fail(f"write {culprit.name!r} as z({culprit.name}) in a sum or with a weight")
+
+    def term(self, sign: float) -> tuple[Term, bool, bool]:
+        """The next term, whether it is written with ``z``, and whether it has a weight."""
+        weight, weighted = sign, False
+        if self.peek() is not None and self.peek()[0] == "number":
+            number = self.take("number")
+            self.take("op", "*", f"'*' after the weight {number}")
+            weight, weighted = sign * float(number), True
+        if self.peek() == ("name", "z") and self.peek(1) == ("op", "("):
+            self.i += 2
+            score, teacher = self.ref()
+            self.take("op", ")", "')'")
+            return Term(weight, score, teacher), True, weighted
+        score, teacher = self.ref()
+        return Term(weight, score, teacher), False, weighted
+
+    def ref(self) -> tuple[str, str | None]:
+        """(score, teacher) of ``score``, ``teacher.score`` or ``first_stage``."""
+        if self.peek() is None or self.peek()[0] != "name":
+            raise self.fail(f"expected a score, teacher.score or first_stage, found {_found(self.peek())}")
+        first = self.take("name")
+        if self.peek() != ("op", "."):
+            if first == FIRST_STAGE or not self.teachers:
+                return first, None
+            if len(self.teachers) == 1:
+                return first, self.teachers[0]
+            raise self.fail(f"{first!r} needs a teacher: {' or '.join(f'{t}.{first}' for t in self.teachers)}")
+        self.i += 1
+        score = self.take("name", expected="a score after '.'")
+        if not self.teachers:
+            raise self.fail(f"'{first}.{score}' names a teacher, but the teacher data is not a mapping of names")
+        if first not in self.teachers:
+            raise self.fail(f"unknown teacher {first!r} (teachers: {', '.join(sorted(self.teachers))})")
+        return score, first
+
+
+def _found(token: tuple[str, str] | None) -> str:
+    return "the end" if token is None else repr(token[1])
+
+
+@dataclass(frozen=True)
 class Label:
-    """A label: a teacher ``score`` column, plus ``first_stage_weight`` × the first stage for a hybrid one."""
+    """A label over one teacher dataset (the forms before named teachers): a teacher ``score`` column, plus
+    ``first_stage_weight`` × the first stage for a hybrid one. :class:`LabelExpression` is the general form."""
 
     score: str
     first_stage_weight: float | None = None
@@ -43,32 +220,33 @@ class Label:
 
     @classmethod
     def parse(cls, name: str) -> Label:
-        """``cis`` or ``cis_q+0.5*first_stage``.
+        """``cis`` or ``cis_q+0.5*first_stage`` (``z(cis_q) + 0.5*z(first_stage)`` is the same).
 
         Raises:
             InputError: neither form.
         """
-        if re.fullmatch(r"\w+", name.strip()):
-            return cls(name.strip())
-        match = _HYBRID.match(name)
-        if not match:
-            raise InputError(f"label {name!r}: expected a score column (cis) or a hybrid (cis_q+0.5*first_stage)")
-        try:
-            weight = float(match.group("weight"))
-        except ValueError:
-            raise InputError(f"label {name!r}: {match.group('weight')!r} is not a number") from None
-        return cls(match.group("score"), weight)
+        expression = LabelExpression.parse(name)
+        terms = expression.terms
+        if not expression.standardised:
+            return cls(terms[0].score)
+        if len(terms) == 2 and terms[0].weight == 1.0 and terms[1].score == FIRST_STAGE != terms[0].score:
+            return cls(terms[0].score, terms[1].weight)
+        raise InputError(f"label {name!r}: expected a score column (cis) or a hybrid (cis_q+0.5*first_stage)")
+
+    @property
+    def expression(self) -> LabelExpression:
+        if self.first_stage_weight is None:
+            return LabelExpression((Term(1.0, self.score),), False)
+        return LabelExpression((Term(1.0, self.score), Term(self.first_stage_weight, FIRST_STAGE)), True)
 
     @property
     def columns(self) -> tuple[str, ...]:
         """The dataset columns the label is made of."""
-        return (self.score,) if self.first_stage_weight is None else (self.score, FIRST_STAGE_COLUMN)
+        return tuple(t.column for t in self.expression.terms)
 
     def values(self, score: np.ndarray, first_stage: np.ndarray, qids: Sequence[str]) -> np.ndarray:
         """The label of each pair, ``[n]`` float64: the score, or the hybrid of the score and the first stage."""
-        if self.first_stage_weight is None:
-            return np.asarray(score, dtype=np.float64)
-        return per_query_z(score, qids) + self.first_stage_weight * per_query_z(first_stage, qids)
+        return self.expression.values({self.score: score, FIRST_STAGE_COLUMN: first_stage}, qids)
 
     def __str__(self) -> str:
         return (

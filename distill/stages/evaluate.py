@@ -42,44 +42,70 @@ class EvalConfig:
     """Also print each query's values."""
     json: str | None = None
     """Also write the results (means, per query, significance) to this JSON file."""
-    teacher: str | None = None
-    """A teacher dataset (or a run file): also report each run's agreement with it, query by query (Kendall τ,
-    Spearman, nDCG@10 judged against the teacher's ranking)."""
+    teacher: dict[str, list[str]] | str | None = None
+    """A teacher dataset (or a run file), or named teachers of the same pairs (name -> dataset folders, as
+    ``data.teacher_data`` of ``distill train``): also report each run's agreement with the teacher's label, query
+    by query (Kendall τ, Spearman, nDCG@10 judged against the teacher's ranking), and with each score the label
+    sums."""
     label: str | None = None
-    """The teacher's label to compare with: a score column or a hybrid (``cis_q+0.5*first_stage``); default the
-    dataset's primary score."""
+    """The teacher's label to compare with, as ``data.label`` of ``distill train``: a score column, a hybrid
+    (``cis_q+0.5*first_stage``) or a sum of per-query z-scores (``z(gemma.cis) + 0.25*z(first_stage)``); default
+    the dataset's primary score (that of a sole named teacher too)."""
+
+
+PerRun = dict[str, dict[str, dict[str, float]]]
+"""run -> metric -> qid -> value."""
 
 
 @dataclass(frozen=True)
 class Fidelity:
-    """Each run's agreement with a teacher label, query by query (see :mod:`distill.core.fidelity`)."""
+    """Each run's agreement with a teacher label, and with each score the label sums, query by query (see
+    :mod:`distill.core.fidelity`)."""
 
     teacher: str
     label: str
-    per_query: dict[str, dict[str, dict[str, float]]]
-    """run -> metric -> qid -> value."""
+    per_query: PerRun
+    members: dict[str, PerRun] = field(default_factory=dict)
+    """Each score of a label that sums two or more (``gemma.cis``, ``first_stage``) -> the runs' agreement with it."""
 
     @property
     def means(self) -> dict[str, dict[str, float]]:
-        from distill.core.fidelity import mean_fidelity
-
-        return {run: mean_fidelity(values) for run, values in self.per_query.items()}
+        return _means(self.per_query)
 
     def format(self) -> str:
-        from distill.core.fidelity import FIDELITY_METRICS
-
-        width = max(len("run"), *map(len, self.per_query))
-        lines = [
-            f"agreement with the teacher's {self.label} ({self.teacher}), mean over queries:",
-            f"{'run':<{width}}  queries  " + "  ".join(f"{m:>15}" for m in FIDELITY_METRICS),
-        ]
-        for run, means in self.means.items():
-            queries = len(self.per_query[run]["nDCG@10_teacher"])
-            lines.append(f"{run:<{width}}  {queries:7d}  " + "  ".join(f"{means[m]:15.3f}" for m in FIDELITY_METRICS))
-        return "\n".join(lines)
+        blocks = [_format(f"the teacher's {self.label} ({self.teacher})", self.per_query)]
+        blocks += [_format(f"{name}, a term of {self.label}", per_query) for name, per_query in self.members.items()]
+        return "\n\n".join(blocks)
 
     def to_json(self) -> dict[str, Any]:
-        return {"teacher": self.teacher, "label": self.label, "results": self.means, "per_query": self.per_query}
+        members = {name: {"results": _means(p), "per_query": p} for name, p in self.members.items()}
+        return {
+            "teacher": self.teacher,
+            "label": self.label,
+            "results": self.means,
+            "per_query": self.per_query,
+            "members": members,
+        }
+
+
+def _means(per_query: PerRun) -> dict[str, dict[str, float]]:
+    from distill.core.fidelity import mean_fidelity
+
+    return {run: mean_fidelity(values) for run, values in per_query.items()}
+
+
+def _format(reference: str, per_query: PerRun) -> str:
+    from distill.core.fidelity import FIDELITY_METRICS
+
+    width = max(len("run"), *map(len, per_query))
+    lines = [
+        f"agreement with {reference}, mean over queries:",
+        f"{'run':<{width}}  queries  " + "  ".join(f"{m:>15}" for m in FIDELITY_METRICS),
+    ]
+    for run, means in _means(per_query).items():
+        queries = len(per_query[run]["nDCG@10_teacher"])
+        lines.append(f"{run:<{width}}  {queries:7d}  " + "  ".join(f"{means[m]:15.3f}" for m in FIDELITY_METRICS))
+    return "\n".join(lines)
 
 
 @dataclass(frozen=True)
@@ -150,27 +176,46 @@ def evaluate(cfg: EvalConfig, command: str | None = None) -> EvalResult:
     return EvalResult(report, cfg.per_query, fidelity)
 
 
-def teacher_fidelity(runs: dict[str, Run], qrels: Qrels, teacher: str, label: str | None) -> Fidelity:
-    """Each run's per-query agreement with the teacher's ``label`` (on the evaluated, judged queries)."""
+def teacher_fidelity(
+    runs: dict[str, Run], qrels: Qrels, teacher: str | dict[str, list[str]], label: str | None
+) -> Fidelity:
+    """Each run's per-query agreement with the teacher's ``label``, and with each score it sums (on the evaluated,
+    judged queries). ``teacher`` is a dataset folder, a run file, or named teachers (name -> folders).
+
+    Raises:
+        InputError: a malformed label, no teacher dataset, named teachers of different pairs, or no label for
+            several named teachers.
+    """
     from distill.core.fidelity import fidelity_per_query
-    from distill.core.labels import FIRST_STAGE_COLUMN, Label
+    from distill.core.label_table import load_label_table, named_teachers
     from distill.core.runs import read_trec_run, run_from_columns
     from distill.core.teacher_data import TeacherDataset
 
-    path = Path(teacher)
-    if path.is_file():
-        reference, label = read_trec_run(path), path.stem
+    members: dict[str, Run] = {}
+    if isinstance(teacher, str) and Path(teacher).is_file():
+        reference, label = read_trec_run(Path(teacher)), Path(teacher).stem
     else:
-        dataset = TeacherDataset.open(path)
-        spec = Label.parse(label or dataset.metadata.score)
-        table = dataset.to_pandas(list(dict.fromkeys(["qid", "docid", FIRST_STAGE_COLUMN, spec.score])))
-        values = spec.values(table[spec.score].to_numpy(), table[FIRST_STAGE_COLUMN].to_numpy(), table.qid.tolist())
-        reference, label = run_from_columns(table.qid.tolist(), table.docid.tolist(), values.tolist()), str(spec)
-    per_query = {
-        name: fidelity_per_query({q: docs for q, docs in run.items() if q in qrels}, reference)
-        for name, run in runs.items()
-    }
-    return Fidelity(str(teacher), label, per_query)
+        named = named_teachers(teacher, "eval: teacher") if isinstance(teacher, dict) else None
+        if label is None and named is not None and len(named) > 1:
+            raise InputError(f"eval: label: required with several teachers ({', '.join(named)}), e.g. z(name.cis)")
+        if label is None:
+            primary = TeacherDataset.open(next(iter(named.values()))[0] if named else teacher).metadata.score
+            label = f"{next(iter(named))}.{primary}" if named else primary
+        data = teacher if isinstance(teacher, dict) else [teacher]
+        labelled = load_label_table(data, label, "eval: teacher", "eval: label")
+        qids, docids = labelled.table.qid.tolist(), labelled.table.docid.tolist()
+        reference = run_from_columns(qids, docids, labelled.table.label.tolist())
+        members = {name: run_from_columns(qids, docids, v.tolist()) for name, v in labelled.members.items()}
+        label = label.strip()
+
+    def agreement(reference: Run) -> PerRun:
+        return {
+            name: fidelity_per_query({q: docs for q, docs in run.items() if q in qrels}, reference)
+            for name, run in runs.items()
+        }
+
+    where = teacher if isinstance(teacher, str) else ", ".join(f"{n}: {', '.join(f)}" for n, f in teacher.items())
+    return Fidelity(where, label, agreement(reference), {name: agreement(run) for name, run in members.items()})
 
 
 def held_out_queries(student: str | Path) -> set[str]:
