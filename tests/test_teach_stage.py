@@ -220,6 +220,43 @@ def test_bad_input_is_named_and_nothing_is_scored(
     assert not (tmp_path / "o").exists() and not (tmp_path / "o.partial").exists()
 
 
+def test_an_output_that_cannot_be_written_is_one_line_before_the_teacher_loads(
+    sample_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from teachers.teacher import CausalLMTeacher
+
+    def never(*args, **kwargs):
+        raise AssertionError("the teacher was loaded before the output was checked")
+
+    monkeypatch.setattr(CausalLMTeacher, "load", never)
+    regular = tmp_path / "a-file"
+    regular.write_text("not a folder")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    cases = [
+        (
+            "--output",
+            regular / "x" / "out",
+            f"teach: output: {regular / 'x' / 'out'}: {regular} is a file, not a folder",
+        ),
+        ("--output", regular, f"teach: output: {regular}: {regular} is a file, not a folder"),
+        (
+            "--output",
+            tmp_path / "dangling" / "out",
+            f"teach: output: {tmp_path / 'dangling' / 'out'}: {tmp_path / 'dangling'} is a broken link, not a folder",
+        ),
+        ("--cache_dir", regular / "cache", f"teach: cache_dir: {regular / 'cache'}: {regular} is a file, not a folder"),
+    ]
+    if Path("/proc/self").is_dir():  # a folder that takes no new file, even for root (mkdir there: FileNotFoundError)
+        cases.append(("--output", Path("/proc/self/out"), "teach: output: /proc/self/out: cannot write in /proc/self"))
+    for flag, path, message in cases:
+        args = ["teach", "--input", str(sample_file), "--output", str(tmp_path / "o"), "--cache_dir", str(tmp_path)]
+        args[args.index(flag) + 1] = str(path)
+        assert main(args) == 2, path
+        err = capsys.readouterr().err
+        assert err.startswith(f"distill teach: error: {message}") and err.count("\n") == 1, err
+    assert not (tmp_path / "nowhere").exists() and regular.read_text() == "not a folder"
+
+
 def test_bad_records_can_be_skipped_and_counted(tiny_llama: Path, dl19_sample: list[dict], tmp_path: Path) -> None:
     sample = json.loads(json.dumps(dl19_sample))
     sample[0]["hits"][1]["content"] = "  "

@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import shutil
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -183,6 +184,9 @@ def teach(cfg: TeachConfig) -> TeachReport:
 
     state = PartialState()
     output = Path(cfg.output)
+    cache_root = Path(cfg.cache_dir) if cfg.cache_dir else cache_home() / "pk"
+    _check_writable(output, "output")  # before anything is loaded or scored: a bad path loses nothing
+    _check_writable(cache_root, "cache_dir")
     data = RerankingData.union(
         [
             load_candidates(
@@ -232,7 +236,7 @@ def teach(cfg: TeachConfig) -> TeachReport:
     passage_ids = teacher.encode_passages(pairs.passage)
     keys = [passage_key(ids) for ids in passage_ids]
     cache_setting = {k: setting[k] for k in ("teacher", "dtype", "start_token_id")}
-    cache = PassageLogProbCache(Path(cfg.cache_dir) if cfg.cache_dir else cache_home() / "pk", cache_setting)
+    cache = PassageLogProbCache(cache_root, cache_setting)
     _score_passages(teacher, keys, passage_ids, cache, cfg, state)
     state.wait_for_everyone()
     cache.reload()
@@ -243,6 +247,26 @@ def teach(cfg: TeachConfig) -> TeachReport:
         _merge(work, output, pairs, cfg, fingerprint)
     state.wait_for_everyone()
     return dataclasses.replace(report, up_to_date=False)
+
+
+def _check_writable(path: Path, key: str) -> None:
+    """Check, creating nothing, that the folder ``path`` can be made (or is there) and written in: where it
+    exists it is a folder, and its nearest existing folder (itself or a parent) takes a new file.
+
+    Raises:
+        InputError: ``teach: <key>: <path>: ...`` naming the path that is no folder, or the folder that cannot be
+            written in.
+    """
+    existing = next((p for p in (path, *path.parents) if p.exists() or p.is_symlink()), Path("."))
+    if not existing.is_dir():
+        what = "a broken link" if existing.is_symlink() and not existing.exists() else "a file"
+        raise InputError(f"teach: {key}: {path}: {existing} is {what}, not a folder")
+    try:
+        fd, probe = tempfile.mkstemp(dir=existing, prefix=".distill-teach-probe-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise InputError(f"teach: {key}: {path}: cannot write in {existing}: {e.strerror}") from None
 
 
 def _is_complete(output: Path, fingerprint: dict[str, Any], overwrite: bool) -> bool:
