@@ -67,6 +67,7 @@ def by_pair(folders: list[str], column: str) -> dict[tuple[str, str], float]:
         ("cis", ("gemma",), [Term(1.0, "cis", "gemma")], False),  # a sole named teacher needs no name
         ("cis_q+0.5*first_stage", (), [Term(1.0, "cis_q"), Term(0.5, FIRST_STAGE)], True),
         ("z(cis_q) + 0.5*z(first_stage)", (), [Term(1.0, "cis_q"), Term(0.5, FIRST_STAGE)], True),
+        ("z(cis) + 0.123456789*z(upr)", (), [Term(1.0, "cis"), Term(0.123456789, "upr")], True),
         (
             "z(gemma.cis) + z(smollm2.cis_q) + 0.25*z(first_stage)",
             TEACHERS,

@@ -106,7 +106,7 @@ class LabelExpression:
         text = ""
         for term in self.terms:
             sign = "-" if term.weight < 0 else "+"
-            weight = "" if abs(term.weight) == 1 else f"{abs(term.weight):g}*"
+            weight = "" if abs(term.weight) == 1 else f"{abs(term.weight)!r}*".replace(".0*", "*")
             text += (f" {sign} " if text else "-" if sign == "-" else "") + f"{weight}z({term.name})"
         return text
 
