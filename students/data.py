@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -12,10 +13,11 @@ import torch
 from pytorch_lightning import LightningDataModule
 from torch.utils.data import DataLoader, Dataset
 
+from distill.core.devices import TRAIN_PAD_MULTIPLE, DeviceType, device_type
 from distill.core.label_table import TeacherData, load_label_table
 from distill.core.loaders import load_qrels
 from distill.core.schema import InputError, Qrels
-from students.sampling import LengthGroupedBatches, QueryGroupedBatches, ResumableLoader
+from students.sampling import LengthGroupedBatches, QueryGroupedBatches, ResumableLoader, TokenBudgetBatches
 from students.scaling import ScalingKind, TargetScaling
 
 log = logging.getLogger(__name__)
@@ -54,20 +56,23 @@ class _Examples(Dataset):
 
 
 class Collator:
-    """Pads a batch to its longest sequence; adds ``target`` [B] float, ``group`` [B] long (batch-local
-    query index) and ``index`` [B] long (row in the split)."""
+    """Pads a batch to its longest sequence, rounded up to a multiple of ``pad_to_multiple_of`` tokens; adds
+    ``target`` [B] float, ``group`` [B] long (batch-local query index), ``index`` [B] long (row in the split) and
+    ``group_sizes``, the host's ``(queries, most candidates of one)`` (see :mod:`students.losses`)."""
 
-    def __init__(self, tokenizer: Any, split: Split) -> None:
-        self.tokenizer, self.split = tokenizer, split
+    def __init__(self, tokenizer: Any, split: Split, pad_to_multiple_of: int = 1) -> None:
+        self.tokenizer, self.split, self.multiple = tokenizer, split, pad_to_multiple_of
 
     def __call__(self, examples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         index = [e.pop("index") for e in examples]
-        batch = dict(self.tokenizer.pad(examples, return_tensors="pt"))
+        multiple = self.multiple if self.multiple > 1 else None
+        batch = dict(self.tokenizer.pad(examples, pad_to_multiple_of=multiple, return_tensors="pt"))
         qids = [self.split.qid[i] for i in index]
         local = {q: g for g, q in enumerate(dict.fromkeys(qids))}
         batch["target"] = torch.tensor(self.split.targets[index], dtype=torch.float32)
         batch["group"] = torch.tensor([local[q] for q in qids])
         batch["index"] = torch.tensor(index)
+        batch["group_sizes"] = (len(local), max(Counter(qids).values()))
         return batch
 
 
@@ -109,10 +114,21 @@ class StudentDataModule(LightningDataModule):
         train_depth: train on each query's first N candidates by first-stage rank only (None: all); validation
             always keeps every candidate.
         target_scaling: ``none``, ``global`` or ``per_query`` standardisation of the teacher scores.
-        batch_size: pairs per training batch (pointwise), or ``group_size`` x queries per batch.
+        batch_size: pairs per training batch (pointwise), or ``group_size`` x queries per batch; unused with
+            ``max_batch_tokens``.
+        max_batch_tokens: cut training batches by this budget of padded tokens (pairs x padded length) instead of
+            by ``batch_size``: lengths are sorted within a window of the shuffled order (``bucket_window``), so a
+            batch holds pairs of similar length, and with ``group_size`` a batch holds whole query groups
+            (:class:`students.sampling.TokenBudgetBatches`). A GPU wants it large: see
+            ``configs/train/bert-large-gpu.yaml``.
+        pad_to_multiple_of: pad every batch to a multiple of this many tokens (None: the device's,
+            :data:`distill.core.devices.TRAIN_PAD_MULTIPLE`: 64 on a GPU, to the longest pair on a CPU).
+        bucket_window: with ``max_batch_tokens``, the pairs (or query groups) sorted by length together (None: the
+            whole epoch, which keeps the number of batches the same every epoch).
         group_size: candidates per query in a batch, for the within-query losses (None: pointwise batches).
         max_length: tokens per pair; longer pairs lose the end of the passage (counted).
         eval_batch_size: pairs per validation batch.
+        num_workers: data loader worker processes (batches are pinned in memory on a GPU).
     """
 
     def __init__(
@@ -126,6 +142,9 @@ class StudentDataModule(LightningDataModule):
         train_depth: int | None = None,
         target_scaling: ScalingKind = "none",
         batch_size: int = 32,
+        max_batch_tokens: int | None = None,
+        pad_to_multiple_of: int | None = None,
+        bucket_window: int | None = None,
         group_size: int | None = None,
         max_length: int = 512,
         eval_batch_size: int = 128,
@@ -133,6 +152,10 @@ class StudentDataModule(LightningDataModule):
         num_workers: int = 0,
     ) -> None:
         super().__init__()
+        sizes = {"max_batch_tokens": max_batch_tokens, "pad_to_multiple_of": pad_to_multiple_of}
+        for key, value in {**sizes, "bucket_window": bucket_window}.items():
+            if value is not None and value < 1:
+                raise InputError(f"data.{key}: must be positive, got {value}")
         self.save_hyperparameters()
         self.train: Split | None = None
         self.val: Split | None = None
@@ -224,29 +247,52 @@ class StudentDataModule(LightningDataModule):
         trainer = self.trainer
         return (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
 
+    def _device_type(self) -> DeviceType:
+        trainer = self.trainer
+        return device_type(trainer.strategy.root_device) if trainer is not None else "cpu"
+
+    @property
+    def pad_multiple(self) -> int:
+        """What batches are padded to a multiple of: ``pad_to_multiple_of``, else the device's default."""
+        given = self.hparams.pad_to_multiple_of
+        return given if given is not None else TRAIN_PAD_MULTIPLE[self._device_type()]
+
+    def _loader(self, split: Split, sampler: Any, **kwargs: Any) -> DataLoader:
+        workers = self.hparams.num_workers
+        return ResumableLoader(
+            _Examples(split),
+            batch_sampler=sampler,
+            collate_fn=Collator(self.tokenizer, split, self.pad_multiple),
+            num_workers=workers,
+            pin_memory=self._device_type() == "cuda",
+            **kwargs,
+        )
+
     def train_dataloader(self) -> DataLoader:
         h = self.hparams
         rank, world = self._rank()
-        if h.group_size is None:
+        if h.max_batch_tokens is not None:
+            groups = None if h.group_size is None else self.train.qid
+            sampler = TokenBudgetBatches(
+                self.train.lengths,
+                h.max_batch_tokens,
+                self.pad_multiple,
+                groups,
+                h.group_size,
+                h.bucket_window,
+                h.seed,
+                rank,
+                world,
+            )
+        elif h.group_size is None:
             sampler = LengthGroupedBatches(self.train.lengths, h.batch_size, h.seed, rank, world)
         else:
             per_batch = max(1, h.batch_size // h.group_size)
             sampler = QueryGroupedBatches(self.train.qid, h.group_size, per_batch, h.seed, rank, world)
-        return ResumableLoader(
-            _Examples(self.train),
-            batch_sampler=sampler,
-            collate_fn=Collator(self.tokenizer, self.train),
-            num_workers=h.num_workers,
-        )
+        return self._loader(self.train, sampler, persistent_workers=h.num_workers > 0)
 
     def val_dataloader(self) -> DataLoader:
         """Every rank sees the whole (small) validation split, longest first, so metrics need no gathering."""
         order = sorted(range(len(self.val)), key=lambda i: -self.val.lengths[i])
         size = self.hparams.eval_batch_size
-        batches = [order[i : i + size] for i in range(0, len(order), size)]
-        return ResumableLoader(
-            _Examples(self.val),
-            batch_sampler=batches,
-            collate_fn=Collator(self.tokenizer, self.val),
-            num_workers=self.hparams.num_workers,
-        )
+        return self._loader(self.val, [order[i : i + size] for i in range(0, len(order), size)])

@@ -4,7 +4,9 @@
 
 - ``scores``: ``[B]`` student scores (float);
 - ``targets``: ``[B]`` teacher scores after target scaling (float);
-- ``groups``: ``[B]`` long, the query of each pair as a batch-local index ``0..G-1``.
+- ``groups``: ``[B]`` long, the query of each pair as a batch-local index ``0..G-1``;
+- ``sizes`` (optional): ``(G, K)``, the number of queries and the most candidates of one, as the host knows them
+  from the batch it built: with them, no loss reads anything back from the device (no host synchronisation).
 
 Pairs of one query are compared only with each other; a query's candidates may sit anywhere in the batch.
 The within-query losses (:attr:`DistillationLoss.within_query`) need batches that hold several candidates of
@@ -16,22 +18,34 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+Sizes = tuple[int, int]
+"""``(G, K)``: the queries of a batch and the most candidates of one."""
 
-def _grouped(values: torch.Tensor, groups: torch.Tensor, fill: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Scatter ``[B]`` values into ``[G, K]`` rows, one per group (K = the largest group), padded with ``fill``.
+
+def _grouped(
+    values: torch.Tensor, groups: torch.Tensor, fill: float, sizes: Sizes | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scatter ``[B]`` values into ``[G, K]`` rows, one per group (K = the largest group), padded with ``fill``;
+    ``sizes`` ``(G, K)`` where the host knows them (else read from ``groups``: a device sync).
 
     Returns the ``[G, K]`` values and the ``[G, K]`` bool mask of real entries.
     """
-    n_groups = int(groups.max()) + 1
+    n_groups = int(groups.max()) + 1 if sizes is None else sizes[0]
     counts = torch.bincount(groups, minlength=n_groups)
     order = torch.argsort(groups, stable=True)
     starts = torch.cumsum(counts, 0) - counts
     slot = torch.arange(len(groups), device=groups.device) - starts[groups[order]]
-    out = values.new_full((n_groups, int(counts.max())), fill)
+    out = values.new_full((n_groups, int(counts.max()) if sizes is None else sizes[1]), fill)
     mask = torch.zeros_like(out, dtype=torch.bool)
     out[groups[order], slot] = values[order]
     mask[groups[order], slot] = True
     return out, mask
+
+
+def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The mean of ``values`` where ``mask`` is true (0, with zero gradients, where it is nowhere), computed without
+    reading the mask back to the host."""
+    return torch.where(mask, values, torch.zeros_like(values)).sum() / mask.sum().clamp(min=1)
 
 
 def _ordered_pairs(targets: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
@@ -45,7 +59,9 @@ class DistillationLoss(nn.Module):
     within_query = False
     """Whether the loss compares candidates of one query (and needs batches grouped by query)."""
 
-    def forward(self, scores: torch.Tensor, targets: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, scores: torch.Tensor, targets: torch.Tensor, groups: torch.Tensor, sizes: Sizes | None = None
+    ) -> torch.Tensor:
         if scores.ndim != 1 or targets.shape != scores.shape or groups.shape != scores.shape:
             raise ValueError(
                 f"{type(self).__name__}: scores, targets and groups must all be [B]; "
@@ -59,16 +75,20 @@ class DistillationLoss(nn.Module):
             raise ValueError(f"{type(self).__name__}: inputs on {scores.device}, {targets.device}, {groups.device}")
         if scores.numel() == 0:
             raise ValueError(f"{type(self).__name__}: an empty batch")
-        return self.compute(scores.float(), targets.float(), groups)
+        return self.compute(scores.float(), targets.float(), groups, sizes)
 
-    def compute(self, scores: torch.Tensor, targets: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
+    def compute(
+        self, scores: torch.Tensor, targets: torch.Tensor, groups: torch.Tensor, sizes: Sizes | None
+    ) -> torch.Tensor:
         raise NotImplementedError
 
 
 class PointwiseMSE(DistillationLoss):
     """Mean squared error between student scores and teacher targets (the paper's loss)."""
 
-    def compute(self, scores: torch.Tensor, targets: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
+    def compute(
+        self, scores: torch.Tensor, targets: torch.Tensor, groups: torch.Tensor, sizes: Sizes | None
+    ) -> torch.Tensor:
         return nn.functional.mse_loss(scores, targets)
 
 
@@ -81,13 +101,13 @@ class MarginMSE(DistillationLoss):
 
     within_query = True
 
-    def compute(self, scores: torch.Tensor, targets: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
+    def compute(
+        self, scores: torch.Tensor, targets: torch.Tensor, groups: torch.Tensor, sizes: Sizes | None
+    ) -> torch.Tensor:
         ordered = _ordered_pairs(targets, groups)
-        if not ordered.any():
-            return scores.sum() * 0.0
         student = scores[:, None] - scores[None, :]
         teacher = targets[:, None] - targets[None, :]
-        return ((student - teacher)[ordered] ** 2).mean()
+        return _masked_mean((student - teacher) ** 2, ordered)
 
 
 class RankNet(DistillationLoss):
@@ -96,11 +116,11 @@ class RankNet(DistillationLoss):
 
     within_query = True
 
-    def compute(self, scores: torch.Tensor, targets: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
+    def compute(
+        self, scores: torch.Tensor, targets: torch.Tensor, groups: torch.Tensor, sizes: Sizes | None
+    ) -> torch.Tensor:
         ordered = _ordered_pairs(targets, groups)
-        if not ordered.any():
-            return scores.sum() * 0.0
-        return nn.functional.softplus(-(scores[:, None] - scores[None, :])[ordered]).mean()
+        return _masked_mean(nn.functional.softplus(-(scores[:, None] - scores[None, :])), ordered)
 
 
 class TemperatureLoss(DistillationLoss):
@@ -122,9 +142,11 @@ class ListwiseKL(TemperatureLoss):
         temperature: divides the teacher scores; higher makes the teacher distribution flatter.
     """
 
-    def compute(self, scores: torch.Tensor, targets: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
-        student, mask = _grouped(scores, groups, float("-inf"))
-        teacher, _ = _grouped(targets / self.temperature, groups, float("-inf"))
+    def compute(
+        self, scores: torch.Tensor, targets: torch.Tensor, groups: torch.Tensor, sizes: Sizes | None
+    ) -> torch.Tensor:
+        student, mask = _grouped(scores, groups, float("-inf"), sizes)
+        teacher, _ = _grouped(targets / self.temperature, groups, float("-inf"), sizes)
         log_q = torch.log_softmax(student, dim=-1)
         log_p = torch.log_softmax(teacher, dim=-1)
         kl = torch.where(mask, log_p.exp() * (log_p - log_q), torch.zeros_like(log_p)).sum(-1)
@@ -141,9 +163,11 @@ class ADRMSE(TemperatureLoss):
         temperature: sharpness of the approximate rank (scores' units); lower is closer to the hard rank.
     """
 
-    def compute(self, scores: torch.Tensor, targets: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
-        student, mask = _grouped(scores, groups, 0.0)
-        teacher, _ = _grouped(targets, groups, float("-inf"))
+    def compute(
+        self, scores: torch.Tensor, targets: torch.Tensor, groups: torch.Tensor, sizes: Sizes | None
+    ) -> torch.Tensor:
+        student, mask = _grouped(scores, groups, 0.0, sizes)
+        teacher, _ = _grouped(targets, groups, float("-inf"), sizes)
         pair_mask = mask[:, :, None] & mask[:, None, :]
         above = torch.sigmoid((student[:, None, :] - student[:, :, None]) / self.temperature)  # [G, i, j]: j above i
         eye = torch.eye(student.shape[1], dtype=torch.bool, device=student.device)
@@ -151,8 +175,7 @@ class ADRMSE(TemperatureLoss):
         # The teacher's rank: 1 + the candidates it scores higher (ties share the better rank).
         teacher_rank = 1 + ((teacher[:, None, :] > teacher[:, :, None]) & pair_mask).sum(-1).float()
         weight = 1 / torch.log2(teacher_rank + 1)
-        loss = weight * (approx_rank - teacher_rank) ** 2
-        return loss[mask].mean()
+        return _masked_mean(weight * (approx_rank - teacher_rank) ** 2, mask)
 
 
 LOSSES: dict[str, type[DistillationLoss]] = {

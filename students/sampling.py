@@ -1,5 +1,5 @@
-"""Batch samplers for training: length-grouped (pointwise) and query-grouped (pair/listwise losses), and
-the loader that draws them.
+"""Batch samplers for training: length-grouped (pointwise), query-grouped (pair/listwise losses) and cut by a
+budget of padded tokens (either kind), and the loader that draws them.
 
 Both samplers shard batches over distributed ranks themselves, and give every rank the same number of
 batches (dropping at most ``world_size - 1`` batches an epoch), so an uneven last batch can never leave
@@ -116,24 +116,122 @@ class QueryGroupedBatches(ShardedBatches):
         super().__init__(seed, rank, world_size)
         if group_size < 2:
             raise ValueError(f"group_size must be at least 2, got {group_size}")
-        self.by_query: dict[object, list[int]] = {}
-        for i, group in enumerate(groups):
-            self.by_query.setdefault(group, []).append(i)
+        self.by_query = by_query(groups)
         self.group_size, self.queries_per_batch = group_size, queries_per_batch
 
     def _batches(self, rng: random.Random) -> list[list[int]]:
-        chunks = []
-        for members in self.by_query.values():
-            members = members[:]
-            rng.shuffle(members)
-            chunks += [
-                members[i : i + self.group_size]
-                for i in range(0, len(members), self.group_size)
-                if len(members[i : i + self.group_size]) >= 2
-            ]
-        rng.shuffle(chunks)
+        chunks = query_chunks(self.by_query, self.group_size, rng)
         q = self.queries_per_batch
         return [[i for chunk in chunks[s : s + q] for i in chunk] for s in range(0, len(chunks), q)]
+
+
+def by_query(groups: Sequence[object]) -> dict[object, list[int]]:
+    """Query -> the indices of its examples, in order; ``groups[i]`` is the query of example ``i``."""
+    members: dict[object, list[int]] = {}
+    for i, group in enumerate(groups):
+        members.setdefault(group, []).append(i)
+    return members
+
+
+def query_chunks(members: dict[object, list[int]], group_size: int, rng: random.Random) -> list[list[int]]:
+    """Each query's examples shuffled and cut into chunks of ``group_size`` (a last chunk kept if it has at least
+    two: losses within a query need two), all the chunks shuffled."""
+    chunks = []
+    for indices in members.values():
+        indices = indices[:]
+        rng.shuffle(indices)
+        chunks += [indices[i : i + group_size] for i in range(0, len(indices), group_size)]
+    chunks = [chunk for chunk in chunks if len(chunk) >= 2]
+    rng.shuffle(chunks)
+    return chunks
+
+
+def padded_length(length: int, multiple: int) -> int:
+    """``length`` rounded up to a multiple of ``multiple`` (what the collator pads a batch's longest pair to)."""
+    return -(-length // multiple) * multiple
+
+
+class TokenBudgetBatches(ShardedBatches):
+    """Batches of at most ``max_tokens`` padded tokens, each padded to a multiple of ``pad_to_multiple_of``.
+
+    Each epoch: the units (single examples; with ``groups``, chunks of ``group_size`` candidates of one query, as
+    :class:`QueryGroupedBatches` cuts them) are shuffled; within each ``window`` of units, they are sorted by padded
+    length, longest first (stably, so that units of one padded length stay in random order), and packed in that
+    order, a batch closing when one more unit would take it past the budget; then all the batches are shuffled. A
+    batch's padded size is ``examples x padded length of its first (longest) unit``, so its shape is one of few:
+    ``(max_tokens // L, L)`` for each padded length ``L``, except the last batch of each window. A unit longer than
+    the budget gets a batch of its own. A query's chunk is never split.
+
+    With the whole epoch as the window (``window=None``), single examples give the same number of batches every
+    epoch (the sorted padded lengths are the same; only the examples of each length differ), which the LR schedule
+    and Lightning's epoch length count on; query chunks, whose longest member changes with the shuffle, may give a
+    few more or fewer.
+
+    Args:
+        lengths: token count of each example.
+        max_tokens: padded tokens per batch (``examples x padded length``).
+        pad_to_multiple_of: the collator's padding multiple (1: to the longest pair).
+        groups: the query of each example, for batches of whole query chunks (None: single examples).
+        group_size: candidates per query chunk (with ``groups``; at least 2).
+        window: units sorted together (None: the whole epoch).
+    """
+
+    def __init__(
+        self,
+        lengths: Sequence[int],
+        max_tokens: int,
+        pad_to_multiple_of: int = 1,
+        groups: Sequence[object] | None = None,
+        group_size: int | None = None,
+        window: int | None = None,
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+    ) -> None:
+        super().__init__(seed, rank, world_size)
+        if max_tokens < 1 or pad_to_multiple_of < 1 or (window is not None and window < 1):
+            raise ValueError(
+                f"max_tokens, pad_to_multiple_of and window must be positive, got {max_tokens}, "
+                f"{pad_to_multiple_of}, {window}"
+            )
+        if (groups is None) != (group_size is None):
+            raise ValueError("groups and group_size go together")
+        if group_size is not None and group_size < 2:
+            raise ValueError(f"group_size must be at least 2, got {group_size}")
+        self.padded = [padded_length(n, pad_to_multiple_of) for n in lengths]
+        self.max_tokens, self.window, self.group_size = max_tokens, window, group_size
+        self.by_query = None if groups is None else by_query(groups)
+
+    def _batches(self, rng: random.Random) -> list[list[int]]:
+        if self.by_query is None:
+            units = [[i] for i in range(len(self.padded))]
+            rng.shuffle(units)
+        else:
+            units = query_chunks(self.by_query, self.group_size, rng)
+        window = self.window or max(len(units), 1)
+        batches = []
+        for start in range(0, len(units), window):
+            batches += self._pack(units[start : start + window])
+        rng.shuffle(batches)
+        return batches
+
+    def _pack(self, units: list[list[int]]) -> list[list[int]]:
+        """Sort ``units`` by padded length, longest first, and pack them in order within the budget."""
+        cost = {id(unit): max(self.padded[i] for i in unit) for unit in units}
+        units = sorted(units, key=lambda unit: -cost[id(unit)])
+        batches: list[list[int]] = []
+        current: list[int] = []
+        width = 0  # the current batch's padded length: that of its first unit
+        for unit in units:
+            if current and (len(current) + len(unit)) * width > self.max_tokens:
+                batches.append(current)
+                current = []
+            if not current:
+                width = cost[id(unit)]
+            current += unit
+        if current:
+            batches.append(current)
+        return batches
 
 
 class ResumableLoader(DataLoader):

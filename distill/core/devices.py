@@ -19,6 +19,10 @@ STUDENT_BATCH_TOKENS: dict[DeviceType, int] = {"cpu": 1024, "cuda": 16384}
 ``benchmarks/results/bench-cpu-minilm-dl19-all-cis`` with its ``-batch16384`` twin); a GPU wants large ones."""
 TEACHER_BATCH_TOKENS: dict[DeviceType, int] = {"cpu": 8192, "cuda": 16384}
 """Padded tokens per teacher forward pass in the benchmarks (the teach stage's own default is its config's)."""
+TRAIN_PAD_MULTIPLE: dict[DeviceType, int] = {"cpu": 1, "cuda": 64}
+"""What the student's training batches are padded to a multiple of. On a GPU, 64 keeps the shapes a step sees
+to a few (attention plans, compiled graphs, cuBLAS heuristics are made per shape) and the matmuls aligned; a CPU
+pays for every padded token and gains nothing from fewer shapes, so it pads to the longest pair."""
 MATMUL_SIZE: dict[DeviceType, int] = {"cpu": 2048, "cuda": 8192}
 """Side of the square matmul whose rate FLOP floors and ceilings are measured against."""
 

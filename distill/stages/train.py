@@ -78,6 +78,7 @@ class DistillCLI(LightningCLI):
             help="optimiser steps between saves of last.ckpt (null: none by steps)",
         )
         parser.link_arguments("model.backbone", "data.backbone")
+        parser.link_arguments("data.max_batch_tokens", "model.batch_tokens")  # the lr's effective batch
         # Our batch samplers shard over ranks themselves; precision None means bf16-mixed on GPU, 32 on CPU.
         parser.set_defaults({"trainer.use_distributed_sampler": False, "trainer.precision": None})
 

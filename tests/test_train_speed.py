@@ -1,0 +1,268 @@
+"""The student stage's GPU levers, pinned on a CPU with a tiny random BERT: token-budget batches of few shapes,
+padding that leaves the loss unchanged, steps without host syncs, the learning rate that follows the effective
+batch, and the compiled encoder."""
+
+from __future__ import annotations
+
+import functools
+import math
+import sys
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from pytorch_lightning import Callback, Trainer
+from pytorch_lightning.loggers import CSVLogger
+
+from distill.cli import main
+from distill.core.schema import InputError
+from students.data import StudentDataModule
+from students.losses import LOSSES, build_loss
+from students.module import CrossEncoderModule
+from students.optim import adamw, scaled_lr
+from students.sampling import TokenBudgetBatches, padded_length
+
+from .test_train import write_config
+
+BUDGET = 512
+MULTIPLE = 64
+
+
+def data_module(teacher_dataset: Path, tiny_bert: Path, **options) -> StudentDataModule:
+    options = {"max_batch_tokens": BUDGET, "pad_to_multiple_of": MULTIPLE, "max_length": 128, **options}
+    dm = StudentDataModule([str(teacher_dataset)], label="cis", backbone=str(tiny_bert), val_queries=1, **options)
+    dm.setup("fit")
+    return dm
+
+
+def fit(module: CrossEncoderModule, dm: StudentDataModule, steps: int, *callbacks: Callback, **trainer) -> Trainer:
+    trainer = Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_steps=steps,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        use_distributed_sampler=False,
+        callbacks=list(callbacks),
+        **{"logger": False, **trainer},
+    )
+    trainer.fit(module, datamodule=dm)
+    return trainer
+
+
+# ----------------------------------------------------------------------------- token-budget batches
+
+
+def test_token_budget_batches_cover_every_example_within_the_budget_in_few_shapes() -> None:
+    lengths = np.random.default_rng(0).integers(10, 300, 500).tolist()
+    sampler = TokenBudgetBatches(lengths, 4096, MULTIPLE, seed=1)
+    epoch_0 = list(sampler)
+    assert sorted(i for b in epoch_0 for i in b) == list(range(500))
+    shapes = [(len(b), max(padded_length(lengths[i], MULTIPLE) for i in b)) for b in epoch_0]
+    assert all(n * width <= 4096 and width % MULTIPLE == 0 for n, width in shapes)
+    full = [(4096 // width, width) for width in range(MULTIPLE, 321, MULTIPLE)]
+    assert sum(shape not in full for shape in shapes) <= 1  # the window's last batch
+    assert len(set(shapes)) <= len(full) + 1
+    spread = np.mean([max(lengths[i] for i in b) - min(lengths[i] for i in b) for b in epoch_0])
+    assert spread < 0.5 * (max(lengths) - min(lengths))  # sorted by length: pairs of a batch are alike
+
+    assert list(TokenBudgetBatches(lengths, 4096, MULTIPLE, seed=1)) == epoch_0  # deterministic under the seed
+    assert list(TokenBudgetBatches(lengths, 4096, MULTIPLE, seed=2)) != epoch_0
+    sampler.set_epoch(1)
+    epoch_1 = list(sampler)
+    assert epoch_1 != epoch_0 and len(epoch_1) == len(epoch_0)  # the whole epoch as window: as many batches
+
+    windowed = list(TokenBudgetBatches(lengths, 4096, MULTIPLE, window=100, seed=1))
+    assert sorted(i for b in windowed for i in b) == list(range(500))
+    assert sum((len(b), max(padded_length(lengths[i], MULTIPLE) for i in b)) not in full for b in windowed) <= 5
+    ranks = [list(TokenBudgetBatches(lengths, 4096, MULTIPLE, seed=1, rank=r, world_size=3)) for r in range(3)]
+    assert len({len(r) for r in ranks}) == 1
+    assert [0] in list(TokenBudgetBatches([700, 20, 20], 512, MULTIPLE))  # longer than the budget: alone
+    with pytest.raises(ValueError, match="positive"):
+        TokenBudgetBatches(lengths, 0)
+
+
+def test_token_budget_batches_hold_whole_query_groups() -> None:
+    rng = np.random.default_rng(0)
+    qids = [f"q{i % 9}" for i in range(108)]  # 12 candidates a query: 3 groups of 4
+    lengths = rng.integers(10, 200, 108).tolist()
+    batches = list(TokenBudgetBatches(lengths, 2048, MULTIPLE, qids, 4, seed=0))
+    assert sorted(i for b in batches for i in b) == list(range(108))
+    for batch in batches:
+        counts = Counter(qids[i] for i in batch)
+        assert all(n % 4 == 0 for n in counts.values()), counts
+        assert len(batch) * max(padded_length(lengths[i], MULTIPLE) for i in batch) <= 2048
+    with pytest.raises(ValueError, match="group_size"):
+        TokenBudgetBatches(lengths, 2048, MULTIPLE, qids, 1)
+
+
+def test_bucketed_batches_have_bucket_shapes_and_the_loss_of_unpadded_pairs(
+    teacher_dataset: Path, tiny_bert: Path
+) -> None:
+    dm = data_module(teacher_dataset, tiny_bert)
+    batches = list(dm.train_dataloader())
+    assert sum(len(b["target"]) for b in batches) == len(dm.train)
+    buckets = {(BUDGET // width, width) for width in range(MULTIPLE, padded_length(128, MULTIPLE) + 1, MULTIPLE)}
+    shapes = [tuple(b["input_ids"].shape) for b in batches]
+    assert sum(shape not in buckets for shape in shapes) <= 1, shapes  # the epoch's last batch may be short
+    assert all(width % MULTIPLE == 0 and n * width <= BUDGET for n, width in shapes)
+
+    module = CrossEncoderModule(backbone=str(tiny_bert), loss="mse")
+    module.configure_model()
+    module.model.eval()  # dropout off: padded and unpadded pairs must score alike
+    with torch.no_grad():
+        for batch in batches:
+            scores = module(batch)
+            alone = []
+            for row in range(len(scores)):
+                n = int(batch["attention_mask"][row].sum())
+                single = {k: batch[k][row : row + 1, :n] for k in ("input_ids", "attention_mask", "token_type_ids")}
+                alone.append(module(single))
+            alone = torch.cat(alone)
+            torch.testing.assert_close(scores, alone, atol=1e-5, rtol=1e-5)
+            padded = module.loss_fn(scores, batch["target"], batch["group"])
+            unpadded = module.loss_fn(alone, batch["target"], batch["group"])
+            assert padded.item() == pytest.approx(unpadded.item(), rel=1e-5, abs=1e-6)
+
+
+def test_query_groups_survive_the_token_budget(teacher_dataset: Path, tiny_bert: Path) -> None:
+    dm = data_module(teacher_dataset, tiny_bert, group_size=4, max_batch_tokens=1024)
+    for batch in dm.train_dataloader():
+        assert all(n % 4 == 0 for n in Counter(batch["group"].tolist()).values())
+
+
+# ----------------------------------------------------------------------------- no host syncs in a step
+
+
+HOST_READS = ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__")
+
+
+class CountHostReads(Callback):
+    """The tensor reads to the host (``.item()``, ``.cpu()``, ...) between each training batch's start and end.
+
+    AdamW's step counts are left out: they are host tensors on every device (a GPU's fused AdamW keeps them on
+    the GPU and reads none)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.per_step: list[int] = []
+        self.count = 0
+        for name in HOST_READS:
+            original = getattr(torch.Tensor, name)
+
+            @functools.wraps(original)
+            def counted(tensor, *args, _original=original, **kwargs):
+                if not sys._getframe(1).f_globals.get("__name__", "").startswith("torch.optim"):
+                    self.count += 1
+                return _original(tensor, *args, **kwargs)
+
+            monkeypatch.setattr(torch.Tensor, name, counted)
+
+    def on_train_batch_start(self, *args) -> None:
+        self.count = 0
+
+    def on_train_batch_end(self, *args) -> None:
+        self.per_step.append(self.count)
+
+
+@pytest.mark.parametrize("loss", sorted(LOSSES))
+def test_training_steps_read_the_host_only_when_they_log(
+    teacher_dataset: Path, tiny_bert: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, loss: str
+) -> None:
+    group_size = 4 if LOSSES[loss].within_query else None
+    dm = data_module(teacher_dataset, tiny_bert, group_size=group_size, max_batch_tokens=1024)
+    module = CrossEncoderModule(backbone=str(tiny_bert), loss=loss)
+    counter = CountHostReads(monkeypatch)
+    logger = CSVLogger(tmp_path)
+    fit(module, dm, 6, counter, logger=logger, log_every_n_steps=3, gradient_clip_val=1.0)
+    assert len(counter.per_step) == 6
+    logging_steps = [2, 5]  # Lightning writes the logs after steps 3 and 6
+    assert [n for step, n in enumerate(counter.per_step) if step not in logging_steps] == [0, 0, 0, 0]
+    assert all(counter.per_step[step] >= 1 for step in logging_steps)
+    logged = (Path(logger.log_dir) / "metrics.csv").read_text()
+    assert "train/loss" in logged and "train/samples_per_s" in logged
+
+
+# ----------------------------------------------------------------------------- optimiser and learning rate
+
+
+def test_learning_rate_follows_the_effective_batch(teacher_dataset: Path, tiny_bert: Path) -> None:
+    assert scaled_lr(1e-4, "none", 4096, 1024) == 1e-4
+    assert scaled_lr(1e-4, "sqrt", 4096, 1024) == pytest.approx(2e-4)
+    assert scaled_lr(1e-4, "linear", 4096, 1024) == pytest.approx(4e-4)
+    assert scaled_lr(1e-4, "sqrt", 256, 1024) == pytest.approx(0.5e-4)
+
+    dm = data_module(teacher_dataset, tiny_bert)
+    module = CrossEncoderModule(
+        backbone=str(tiny_bert), lr=1e-4, lr_scaling="sqrt", lr_reference_tokens=256, batch_tokens=BUDGET
+    )
+    trainer = fit(module, dm, 1, accumulate_grad_batches=2)
+    (optimizer,) = trainer.optimizers
+    peak = optimizer.param_groups[0]["initial_lr"]
+    assert peak == pytest.approx(1e-4 * math.sqrt(BUDGET * 2 / 256))
+    assert optimizer.defaults["foreach"] and not optimizer.defaults["fused"]  # on a CPU; fused on a GPU
+    with pytest.raises(InputError, match="max_batch_tokens"):
+        CrossEncoderModule(backbone=str(tiny_bert), lr_scaling="sqrt", lr_reference_tokens=256)
+
+
+@pytest.mark.parametrize("name", sorted(name for name, loss in LOSSES.items() if loss.within_query))
+def test_losses_given_the_hosts_group_sizes_read_nothing_back(name: str) -> None:
+    loss = build_loss(name)
+    scores, targets = torch.randn(9, requires_grad=True), torch.randn(9)
+    groups = torch.tensor([0, 0, 1, 1, 1, 2, 2, 2, 2])
+    torch.testing.assert_close(loss(scores, targets, groups, (3, 4)), loss(scores, targets, groups))
+
+
+def test_adamw_decays_weight_matrices_only() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
+    optimizer = adamw(model.named_parameters(), 1e-3, 0.1)
+    decayed, plain = optimizer.param_groups
+    assert (decayed["weight_decay"], plain["weight_decay"]) == (0.1, 0.0)
+    assert [p.shape for p in decayed["params"]] == [(4, 4)] and len(plain["params"]) == 3
+
+
+def test_train_cli_scales_the_lr_from_the_config_and_names_a_missing_budget(
+    tmp_path: Path, tiny_bert: Path, teacher_dataset: Path, capsys, caplog
+) -> None:
+    path = write_config(tmp_path, tiny_bert, teacher_dataset, max_steps=2, limit_val_batches=1)
+    argv = ["train", "--config", str(path), "--model.lr_scaling", "sqrt", "--model.lr_reference_tokens", "256"]
+    assert main(argv) == 2
+    assert "data.max_batch_tokens" in capsys.readouterr().err
+    assert main([*argv, "--data.max_batch_tokens", "1024", "--data.pad_to_multiple_of", "64"]) == 0
+    assert "learning rate 0.002: 0.001 at 256 tokens a step, sqrt-scaled to 1024" in caplog.text
+
+
+# ----------------------------------------------------------------------------- torch.compile
+
+
+def test_compiled_blocks_compile_a_handful_of_times_and_train_like_eager(
+    teacher_dataset: Path, tiny_bert: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Compiled with a backend that runs the captured graphs as they are (no fused kernels), the encoder trains to
+    the eager weights, and the graphs are captured a few times for many batch shapes."""
+    graphs: list[torch.fx.GraphModule] = []
+
+    def capture(gm: torch.fx.GraphModule, example_inputs: list) -> object:
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend=capture))
+    dm = data_module(teacher_dataset, tiny_bert, pad_to_multiple_of=16)  # many shapes, to count the compiles
+    shapes = {tuple(b["input_ids"].shape) for b in dm.train_dataloader()}
+    assert len(shapes) >= 4
+    weights = []
+    for compiled in (False, True):
+        torch.manual_seed(0)
+        module = CrossEncoderModule(backbone=str(tiny_bert), compile=compiled)
+        fit(module, dm, 12, max_epochs=3)
+        weights.append({k: v.clone() for k, v in module.model.state_dict().items()})
+    assert weights[0].keys() == weights[1].keys()  # compiled in place: the checkpoint keys stay
+    for key in weights[0]:
+        torch.testing.assert_close(weights[1][key], weights[0][key], atol=1e-5, rtol=1e-4)
+    assert 1 <= len(graphs) <= 4, f"{len(graphs)} graphs for {len(shapes)} shapes"
+    torch._dynamo.reset()
