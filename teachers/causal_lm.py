@@ -3,18 +3,27 @@
 The scorer runs the transformer body once per batch and applies the LM head only at the
 positions that predict target tokens, a chunk of rows at a time: the full-vocabulary
 log-softmax of a whole batch is never held in memory (128k vocabularies included).
+
+Batches are laid out by :mod:`teachers.layout` (padded rows, or packed ones) and run without waiting for
+the device: inputs go over in pinned, non-blocking copies, the attention mask is built on the device, and
+each sequence's sum stays there until the end of :meth:`CausalLMScorer.logprobs`, which copies all of them
+to the host at once. The host thus lays out the next batch while the device runs the previous one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+import dataclasses
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
-from distill.core.batching import token_budget_batches
+from distill.core.schema import InputError
+from teachers.layout import PADDING_SEGMENT, BatchPlan, HostBatch, build_batch, plan_batches
 
 
 @dataclass(frozen=True)
@@ -28,6 +37,35 @@ class ScoringSequence:
 
     def __len__(self) -> int:
         return len(self.prefix) + len(self.target)
+
+
+@dataclass(frozen=True)
+class ScorerOptions:
+    """The scorer's speed levers. The defaults are the exact path, whose CPU scores never change;
+    ``bucket``, ``packing`` and ``compile`` change the scores within rounding, ``cudnn_attention`` too on CUDA."""
+
+    bucket: int = 1
+    """Pad each batch's width up to a multiple of this many tokens, so that batch shapes repeat (1: the longest
+    sequence's width). With ``packing``, the rows' width: the longest sequence rounded up to it."""
+    packing: bool = False
+    """Pack several sequences in each row, back to back with no padding between them, each from position 0,
+    behind a block-diagonal causal mask."""
+    compile: bool = False
+    """``torch.compile`` each decoder layer. It compiles for the first batch shape, then once more for each
+    dimension that changes (torch's automatic dynamic shapes), so at most three times; the first batches wait."""
+    cudnn_attention: bool = False
+    """On CUDA, let attention use cuDNN's SDPA kernels, which build a plan on the host for every new batch shape
+    (off: flash, memory-efficient or math kernels). No effect on the CPU."""
+
+    def __post_init__(self) -> None:
+        if self.bucket < 1:
+            raise InputError(f"bucket must be a positive number of tokens, got {self.bucket}")
+
+    def changed(self) -> dict[str, Any]:
+        """The options that differ from their defaults, by name."""
+        default = ScorerOptions()
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return {name: value for name, value in values.items() if value != getattr(default, name)}
 
 
 def target_logprobs(
@@ -60,15 +98,76 @@ def target_logprobs(
     return out
 
 
+def block_causal_mask(segments: torch.Tensor) -> torch.Tensor:
+    """The attention mask of packed rows: ``[R, W]`` segment ids -> ``[R, 1, W, W]`` bool, true where query ``i``
+    may see key ``j``: ``j <= i`` and both in the same segment."""
+    width = segments.shape[1]
+    causal = torch.ones(width, width, dtype=torch.bool, device=segments.device).tril_()
+    return (segments[:, :, None] == segments[:, None, :]).logical_and_(causal)[:, None]
+
+
+def sequence_sums(
+    values: torch.Tensor, owners: torch.Tensor, columns: torch.Tensor, shape: tuple[int, int]
+) -> torch.Tensor:
+    """Each sequence's sum of its ``values``, added left to right in float64.
+
+    Args:
+        values: ``[N]`` per-token values.
+        owners: ``[N]`` the sequence of each value, ``0..S-1``.
+        columns: ``[N]`` the place of each value within its sequence (distinct within a sequence).
+        shape: ``(S, T)``: sequences, and at least the longest sequence's count of values.
+
+    Returns:
+        ``[S]`` float64. The sums are the last column of a running sum over an ``[S, T]`` zero-padded grid: no
+        atomics, so deterministic on every device, and on the CPU bit for bit the sequential ``0 + v0 + v1 + ...``.
+    """
+    grid = torch.zeros(shape, dtype=torch.float64, device=values.device)
+    grid[owners, columns] = values.double()
+    return grid.cumsum(1)[:, -1]
+
+
+def attention_backends(device: torch.device, cudnn: bool) -> contextlib.AbstractContextManager:
+    """A context in which SDPA on a CUDA ``device`` avoids cuDNN's kernels unless ``cudnn``; elsewhere, nothing."""
+    if device.type != "cuda" or cudnn:
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
+
+
+def _to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    """A host array on ``device``; to a GPU through pinned memory, without waiting for the copy."""
+    tensor = torch.from_numpy(array)
+    if device.type == "cuda":
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor.to(device)
+
+
+def _sliding_window(config: Any) -> int | None:
+    """The model's attention window in tokens, if it has one in use."""
+    window = getattr(config, "sliding_window", None)
+    return window if window and getattr(config, "use_sliding_window", True) else None
+
+
+def _compile_layers(body: nn.Module) -> None:
+    layers = getattr(body, "layers", None)
+    if not isinstance(layers, nn.ModuleList):
+        raise InputError(f"compile: {type(body).__name__} has no list of decoder layers (.layers) to compile")
+    for layer in layers:
+        layer.compile()
+
+
 class CausalLMScorer:
     """Scores :class:`ScoringSequence` s with a Hugging Face causal LM.
 
     Args:
         model: a ``*ForCausalLM`` model (its ``base_model`` gives hidden states, its output
-            embeddings the LM head), already on its device(s) and in eval mode.
-        max_batch_tokens: padded tokens per forward pass (batch size x longest sequence).
+            embeddings the LM head), already on its device(s) and in eval mode. ``options.compile``
+            compiles its decoder layers in place.
+        max_batch_tokens: padded tokens per forward pass (rows x width).
         logit_chunk_rows: target positions per LM-head chunk.
         pad_token_id: any valid id; padded positions are masked out.
+        options: the speed levers; default :class:`ScorerOptions`' defaults.
     """
 
     def __init__(
@@ -77,18 +176,28 @@ class CausalLMScorer:
         max_batch_tokens: int = 8192,
         logit_chunk_rows: int = 1024,
         pad_token_id: int = 0,
+        options: ScorerOptions | None = None,
     ) -> None:
         self.model = model
         self.body = model.base_model
         self.head = model.get_output_embeddings()
         self.softcap = getattr(model.config, "final_logit_softcapping", None)
+        self.sliding_window = _sliding_window(model.config)
         self.max_batch_tokens = max_batch_tokens
         self.logit_chunk_rows = logit_chunk_rows
         self.pad_token_id = pad_token_id
+        self.options = options or ScorerOptions()
+        if self.options.compile:
+            _compile_layers(self.body)
 
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
+
+    def plan(self, sequences: Sequence[ScoringSequence]) -> list[BatchPlan]:
+        """The batches :meth:`logprobs` runs ``sequences`` in."""
+        lengths = [len(s) for s in sequences]
+        return plan_batches(lengths, self.max_batch_tokens, self.options.bucket, self.options.packing)
 
     @torch.inference_mode()
     def logprobs(
@@ -96,45 +205,59 @@ class CausalLMScorer:
     ) -> np.ndarray:
         """Summed target log-probabilities, ``[len(sequences)]`` float64 in input order.
 
-        ``on_batch(n)`` is called after each forward pass with the number of sequences it scored.
+        ``on_batch(n)`` is called after each forward pass is queued, with the number of sequences it scores.
         """
         for i, seq in enumerate(sequences):
             if not seq.prefix or not seq.target:
                 raise ValueError(f"sequence {i}: prefix and target must both be non-empty")
-        result = np.empty(len(sequences), dtype=np.float64)
-        for batch in token_budget_batches([len(s) for s in sequences], self.max_batch_tokens):
-            result[batch] = self._score_batch([sequences[i] for i in batch])
-            if on_batch is not None:
-                on_batch(len(batch))
-        return result
+        explicit_mask = self._explicit_mask(max((len(s) for s in sequences), default=0))
+        head_device = self.head.weight.device
+        result = torch.empty(len(sequences), dtype=torch.float64, device=head_device)
+        with attention_backends(self.device, self.options.cudnn_attention):
+            for plan, batch in self._batches(sequences):
+                sums = self._score_batch(batch, explicit_mask)
+                result[_to_device(np.asarray(plan.sequences), head_device)] = sums
+                if on_batch is not None:
+                    on_batch(len(plan.sequences))
+        return result.cpu().numpy()
 
-    def _score_batch(self, batch: list[ScoringSequence]) -> np.ndarray:
-        width = max(len(s) for s in batch)
-        input_ids = torch.full((len(batch), width), self.pad_token_id, dtype=torch.long)
-        attention_mask = torch.zeros((len(batch), width), dtype=torch.long)
-        rows, positions, targets = [], [], []
-        for b, seq in enumerate(batch):
-            ids = seq.prefix + seq.target
-            input_ids[b, : len(ids)] = torch.tensor(ids)
-            attention_mask[b, : len(ids)] = 1
-            start = len(seq.prefix)
-            # The hidden state at position t predicts token t + 1.
-            positions.extend(range(start - 1, len(ids) - 1))
-            rows.extend([b] * len(seq.target))
-            targets.extend(seq.target)
+    def _batches(self, sequences: Sequence[ScoringSequence]) -> Iterator[tuple[BatchPlan, HostBatch]]:
+        prefixes, targets = [s.prefix for s in sequences], [s.target for s in sequences]
+        for plan in self.plan(sequences):
+            yield plan, build_batch(plan, prefixes, targets, self.pad_token_id)
+
+    def _explicit_mask(self, longest: int) -> bool:
+        """Whether sequences of up to ``longest`` tokens get the scorer's own block-causal mask, which asks the
+        device nothing. Not where a sequence outgrows the model's sliding window: the model then masks padded
+        rows itself (it reads the mask on the host), and packed ones cannot be scored."""
+        if self.sliding_window is None or longest <= self.sliding_window:
+            return True
+        if self.options.packing:
+            raise InputError(
+                f"packing: a sequence of {longest} tokens outgrows the model's sliding window of "
+                f"{self.sliding_window} tokens; score without packing"
+            )
+        return False
+
+    def _score_batch(self, batch: HostBatch, explicit_mask: bool) -> torch.Tensor:
+        """``[S]`` float64 sums of the batch's sequences, on the LM head's device."""
         device = self.device
+        segments = _to_device(batch.segments, device)
+        mask = block_causal_mask(segments) if explicit_mask else (segments != PADDING_SEGMENT).long()
         hidden = self.body(
-            input_ids=input_ids.to(device), attention_mask=attention_mask.to(device), use_cache=False
+            input_ids=_to_device(batch.input_ids, device),
+            attention_mask=mask,
+            position_ids=_to_device(batch.position_ids, device),
+            use_cache=False,
         ).last_hidden_state
-        picked = hidden[torch.tensor(rows, device=hidden.device), torch.tensor(positions, device=hidden.device)]
+        picked = hidden.reshape(-1, hidden.shape[-1]).index_select(0, _to_device(batch.picks, hidden.device))
         head_device = self.head.weight.device
         token_logprobs = target_logprobs(
             picked.to(head_device),
             self.head,
-            torch.tensor(targets, device=head_device),
+            _to_device(batch.targets, head_device),
             self.logit_chunk_rows,
             self.softcap,
         )
-        sums = torch.zeros(len(batch), dtype=torch.float64)
-        sums.index_add_(0, torch.tensor(rows), token_logprobs.double().cpu())
-        return sums.numpy()
+        owners, columns = _to_device(batch.owners, head_device), _to_device(batch.columns, head_device)
+        return sequence_sums(token_logprobs, owners, columns, (batch.n_sequences, batch.longest_target))

@@ -11,7 +11,7 @@ import torch
 from distill.core.devices import compute_dtype
 from distill.core.models import ModelSource, load_pretrained, resolve_model
 from distill.core.schema import InputError
-from teachers.causal_lm import CausalLMScorer, ScoringSequence
+from teachers.causal_lm import CausalLMScorer, ScorerOptions, ScoringSequence
 from teachers.scores import (
     DEFAULT_PROMPT,
     PAIR_TERMS,
@@ -44,6 +44,8 @@ class CausalLMTeacher:
         prompt: the QA prompt with a ``{query}`` field.
         max_batch_tokens: padded tokens per forward pass.
         logit_chunk_rows: target positions per LM-head chunk.
+        options: the scorer's speed levers (packing, bucketed widths, compiled layers, cuDNN attention);
+            default :class:`ScorerOptions`' defaults.
     """
 
     def __init__(
@@ -57,6 +59,7 @@ class CausalLMTeacher:
         prompt: str = DEFAULT_PROMPT,
         max_batch_tokens: int = 8192,
         logit_chunk_rows: int = 1024,
+        options: ScorerOptions | None = None,
     ) -> None:
         if "{query}" not in prompt:
             raise ValueError(f"prompt must contain '{{query}}', got {prompt!r}")
@@ -70,7 +73,9 @@ class CausalLMTeacher:
         self.max_passage_tokens = max_passage_tokens
         self.prompt = prompt
         self.dtype = next(model.parameters()).dtype
-        self.scorer = CausalLMScorer(model, max_batch_tokens, logit_chunk_rows, pad_token_id=self.start_token_id)
+        self.scorer = CausalLMScorer(
+            model, max_batch_tokens, logit_chunk_rows, pad_token_id=self.start_token_id, options=options
+        )
 
     @classmethod
     def load(

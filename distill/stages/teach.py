@@ -33,6 +33,7 @@ from distill.core.loaders import OnBadInput, load_candidates
 from distill.core.models import cache_home
 from distill.core.schema import ExistingOutputError, InputError, RerankingData
 from distill.core.teacher_data import TeacherDataset, TeacherMetadata
+from teachers.causal_lm import ScorerOptions
 from teachers.passage_cache import PassageLogProbCache, passage_key
 from teachers.scores import DEFAULT_PROMPT, PAIR_TERMS, QUERY_TERMS, SCORES, required_terms
 
@@ -76,6 +77,16 @@ class TeachConfig:
     """Padded tokens per forward pass."""
     logit_chunk_rows: int = 1024
     """Target positions per LM-head chunk (memory: rows x vocabulary fp32 values)."""
+    bucket: int = ScorerOptions.bucket
+    """Pad each batch's width up to a multiple of this many tokens (e.g. 64), so that batch shapes repeat
+    (1: the longest sequence's width)."""
+    packing: bool = ScorerOptions.packing
+    """Pack several sequences in each row with no padding between them, positions reset per sequence, behind a
+    block-diagonal causal mask: fewer padded tokens; scores agree with padded batches within rounding."""
+    compile: bool = ScorerOptions.compile
+    """torch.compile each decoder layer (compiles at most three times; set ``bucket`` too)."""
+    cudnn_attention: bool = ScorerOptions.cudnn_attention
+    """On CUDA, let attention use cuDNN's kernels, which build a plan on the host for every new batch shape."""
     chunk_size: int = 256
     """Pairs (or passages) per unit of work, the granularity of sharding and resuming."""
     cache_dir: str | None = None
@@ -102,13 +113,17 @@ class TeachConfig:
             required_terms(self.scores)
         except ValueError as e:
             raise InputError(f"teach: scores: {e}") from None
-        for name in ("chunk_size", "max_batch_tokens", "max_passage_tokens"):
+        for name in ("chunk_size", "max_batch_tokens", "max_passage_tokens", "bucket"):
             if getattr(self, name) < 1:
                 raise InputError(f"teach: {name} must be positive, got {getattr(self, name)}")
 
     @property
     def score_columns(self) -> list[str]:
         return list(dict.fromkeys(["cis", *self.scores]))
+
+    @property
+    def scorer_options(self) -> ScorerOptions:
+        return ScorerOptions(self.bucket, self.packing, self.compile, self.cudnn_attention)
 
 
 @dataclass
@@ -215,6 +230,7 @@ def teach(cfg: TeachConfig) -> TeachReport:
         prompt=cfg.prompt,
         max_batch_tokens=cfg.max_batch_tokens,
         logit_chunk_rows=cfg.logit_chunk_rows,
+        options=cfg.scorer_options,
     )
     setting = teacher.describe()
     fingerprint = {
@@ -223,6 +239,8 @@ def teach(cfg: TeachConfig) -> TeachReport:
         "scores": cfg.score_columns,
         "chunk_size": cfg.chunk_size,
         "max_batch_tokens": cfg.max_batch_tokens,
+        # Only the levers set away from their defaults: a default run keeps the fingerprint of earlier outputs.
+        **cfg.scorer_options.changed(),
     }
     report = TeachReport(output, len(pairs), len(data.candidates), cfg.score_columns, True, dict(data.skipped))
     if _is_complete(output, fingerprint, cfg.overwrite):
