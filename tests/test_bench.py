@@ -11,12 +11,14 @@ import pytest
 from transformers import AutoTokenizer
 
 from distill.bench import report
-from distill.bench.methods import EncoderFlops, baseline_method, student_method, teacher_method
+from distill.bench.methods import PEERS, EncoderFlops, baseline_method, student_method, teacher_method
 from distill.bench.run import BenchConfig, run_bench
 from distill.bench.workload import rerank_workload, token_count_workloads
 from distill.cli import main
 from distill.core.loaders import load_candidates
 from distill.core.schema import InputError
+from distill.serving.auto import choose_backend
+from distill.serving.hardware import CpuFeatures
 from distill.serving.reranker import Reranker
 from teachers.teacher import CausalLMTeacher
 
@@ -83,7 +85,8 @@ def test_methods_score_identical_inputs_identically(exported: Path, tiny_llama: 
         baseline_method(exported, "cpu", None),
     ):
         np.testing.assert_allclose(method.score(call.query, call.passages), reference, atol=1e-4, err_msg=method.name)
-        assert method.n_params == sum(p.numel() for p in Reranker.load(exported, backend="torch").scorer.model.parameters())
+        model = Reranker.load(exported, backend="torch").scorer.model
+        assert method.n_params == sum(p.numel() for p in model.parameters())
         assert method.tokens_fed(call) > call.passage_tokens  # query and special tokens added
     teacher = CausalLMTeacher.load(str(tiny_llama))
     cis = teacher_method(teacher).score(call.query, call.passages)
@@ -123,10 +126,12 @@ def test_bench_times_every_method_and_writes_json_csv_png(exported: Path, tiny_l
         matmul_size=256,
     )
     result = run_bench(config, "distill bench ...")
-    expected = ["student torch-fp32", "student torchscript", "student onnx-fp32", "student onnx-int8"]
-    optional = ["student openvino-fp32", "student openvino-bf16", "student openvino-int8", "st-crossencoder"]
-    expected += [m for m in optional if m.removeprefix("student ") not in result["skipped"]]
+    students = ["torch-fp32", "torchscript", "onnx-fp32", "onnx-int8", "openvino-fp32", "openvino-bf16"]
+    expected = [f"student {m}" for m in [*students, "openvino-int8"] if m not in result["skipped"]]
+    expected.append(f"student auto ({choose_backend(exported).backend})")  # beside every backend, named by its choice
+    expected += [m for m in ("st-crossencoder", *PEERS) if m not in result["skipped"]]
     assert report.methods(result) == [*expected, "teacher cis"]
+    assert result["environment"]["cpu_features"] == CpuFeatures.read().describe()
     assert report.workloads(result) == ["200 tokens", "400 tokens", "100 candidates"]
     for cell in result["cells"]:
         calls = 2 if cell["workload"] == "100 candidates" else 1
@@ -142,6 +147,9 @@ def test_bench_times_every_method_and_writes_json_csv_png(exported: Path, tiny_l
     reference = quality["ndcg10"]["student torch-fp32"]
     for method in ("student torchscript", "student onnx-fp32", "st-crossencoder"):
         assert quality["ndcg10"].get(method, reference) == pytest.approx(reference, abs=0.01), method
+    auto = next(m for m in expected if m.startswith("student auto"))
+    chosen = "student " + auto.removeprefix("student auto (").removesuffix(")")
+    assert quality["ndcg10"][auto] == pytest.approx(quality["ndcg10"][chosen], abs=0.01)
     summary = report.summary_table(result)
     assert "100 candidates, p50 per call" in summary and "nDCG@10 on 4 judged queries" in summary
     onnx_row = next(line for line in summary.splitlines() if "student onnx-fp32" in line)

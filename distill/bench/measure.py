@@ -122,12 +122,16 @@ def int8_matmul_ops_per_s(size: int, reps: int, threads: int = 0) -> float:
 
 
 def environment(device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
-    """Device, library versions, threads, compute dtype, git commit and UTC time of this run."""
+    """Device, the CPU's features that ``backend="auto"`` reads, library versions, threads, compute dtype, git commit
+    and UTC time of this run."""
     import transformers
+
+    from distill.serving.hardware import CpuFeatures
 
     return {
         "device": str(device),
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name(),
+        "cpu_features": CpuFeatures.read().describe(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "cuda": torch.version.cuda,

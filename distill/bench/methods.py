@@ -4,11 +4,12 @@
 - the student on each backend (:class:`distill.serving.reranker.Reranker`): ``torch-fp32``, ``torch-fp16``,
   ``torch-bf16``, ``torchscript``, ``onnx-fp32``, ``onnx-fp16``, ``onnx-int8`` (onnxruntime), ``openvino-fp32``,
   ``openvino-bf16`` (``model.onnx`` in bf16 where the CPU has it) and ``openvino-int8`` (the same ONNX files on
-  OpenVINO, an optional extra);
+  OpenVINO, an optional extra), and ``auto`` (the backend ``Reranker.load`` chooses for this machine, named in
+  the method: ``student auto (openvino-int8)``);
 - the teacher: CIS with the teacher stage's scorer (:class:`teachers.teacher.CausalLMTeacher`), both terms
   computed per call (log p(K|Q) and log p(K); no p(K) cache);
 - the peer baseline: sentence-transformers' ``CrossEncoder.predict`` on the same student folder
-  (fp16 on a GPU, fp32 on a CPU; batch size 100).
+  (fp16 on a GPU, fp32 on a CPU; batch size 100), and its optimised backends (:mod:`distill.bench.peers`).
 """
 
 from __future__ import annotations
@@ -17,30 +18,25 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
 from distill.bench.workload import Call
+from distill.serving.backends import NAMED_BACKENDS
 from distill.serving.encoding import encode_pairs
 from distill.serving.reranker import Reranker
 from teachers.teacher import CausalLMTeacher
 
-STUDENT_BACKENDS: dict[str, tuple[str, str | None]] = {
-    "torch-fp32": ("torch", "float32"),
-    "torch-fp16": ("torch", "float16"),
-    "torch-bf16": ("torch", "bfloat16"),
-    "torchscript": ("torchscript", None),
-    "onnx-fp32": ("onnx", None),
-    "onnx-fp16": ("onnx", "float16"),
-    "onnx-int8": ("onnx", "int8"),
-    "openvino-fp32": ("openvino", None),
-    "openvino-bf16": ("openvino", "bfloat16"),
-    "openvino-int8": ("openvino", "int8"),
-}
+STUDENT_BACKENDS = NAMED_BACKENDS
 """Student backend name -> (:meth:`Reranker.load` backend, dtype)."""
+AUTO = "auto"
+"""The student on the backend ``Reranker.load(backend="auto")`` chooses (:mod:`distill.serving.auto`)."""
 BASELINE = "st-crossencoder"
 ST_BATCH_SIZE = 100
+PEERS = ("st-onnx", "st-onnx-int8", "st-openvino")
+"""sentence-transformers' optimised backends (:mod:`distill.bench.peers`), on a [CLS]-head student."""
 DEFAULT_BACKENDS = {
     "cpu": (
         "torch-fp32",
@@ -50,11 +46,14 @@ DEFAULT_BACKENDS = {
         "openvino-fp32",
         "openvino-bf16",
         "openvino-int8",
+        AUTO,
         BASELINE,
+        *PEERS,
     ),
     "cuda": ("torch-fp32", "torch-fp16", "torch-bf16", "torchscript", "onnx-fp16", BASELINE),
 }
-"""What runs by default on each device type (those whose files are there, and OpenVINO where it is installed)."""
+"""What runs by default on each device type (those whose files are there, OpenVINO where it is installed, the
+peers where their optimum package is)."""
 FLOAT, INT8 = "float", "int8"
 """The arithmetic of matmul FLOPs: the device's float compute dtype (fp32 on a CPU), or int8."""
 
@@ -137,12 +136,14 @@ def student_method(
     max_batch_tokens: int | None,
     threads: int = 0,
 ) -> Method:
-    """The student in ``folder`` on ``backend`` (a key of :data:`STUDENT_BACKENDS`); ``threads`` for the ONNX
-    runtimes (0: one per physical core)."""
-    kind, dtype = STUDENT_BACKENDS[backend]
+    """The student in ``folder`` on ``backend`` (a key of :data:`STUDENT_BACKENDS`, or :data:`AUTO`: the method is
+    named after the backend it chose); ``threads`` for the ONNX runtimes (0: one per physical core)."""
+    kind, dtype = STUDENT_BACKENDS.get(backend, (AUTO, None))
     reranker = Reranker.load(
         folder, kind, device, dtype, max_length, max_batch_tokens, interpolation=False, threads=threads
     )
+    name = f"{AUTO} ({reranker.backend})" if backend == AUTO else backend
+    dtype = STUDENT_BACKENDS[reranker.backend][1]
     counts = EncoderFlops.of(folder)
 
     def lengths(call: Call) -> list[int]:
@@ -157,7 +158,7 @@ def student_method(
 
     n_params = count_parameters(folder)
     return Method(
-        f"student {backend}", "student", dtype or "float32", n_params, reranker.score, _sum(lengths), matmul_flops
+        f"student {name}", "student", dtype or "float32", n_params, reranker.score, _sum(lengths), matmul_flops
     )
 
 
@@ -165,7 +166,7 @@ def _sum(lengths: Callable[[Call], list[int]]) -> Callable[[Call], int]:
     return lambda call: sum(lengths(call))
 
 
-def baseline_method(folder: Path, device: str, max_length: int | None) -> Method:
+def baseline_method(folder: Path, device: str, max_length: int | None, name: str = BASELINE) -> Method:
     """sentence-transformers' ``CrossEncoder`` on ``folder``: fp16 on a GPU, fp32 on a CPU, batch size 100."""
     from sentence_transformers import CrossEncoder
 
@@ -173,6 +174,12 @@ def baseline_method(folder: Path, device: str, max_length: int | None) -> Method
 
     dtype = torch.float16 if device.startswith("cuda") else torch.float32
     encoder = CrossEncoder(str(folder), device=device, max_length=max_length, model_kwargs={"dtype": dtype})
+    return crossencoder_method(name, encoder, folder, str(dtype).removeprefix("torch."))
+
+
+def crossencoder_method(name: str, encoder: Any, folder: Path, dtype: str) -> Method:
+    """A sentence-transformers ``CrossEncoder`` (any backend) of the HF folder ``folder`` as a baseline method:
+    ``predict`` at batch size 100. ``dtype`` ``int8`` counts its weight matmuls at the int8 rate."""
     tokenizer = encoder.tokenizer
     limit = encoder.max_seq_length
 
@@ -185,12 +192,11 @@ def baseline_method(folder: Path, device: str, max_length: int | None) -> Method
         return list(map(len, encoded["input_ids"]))
 
     def matmul_flops(call: Call) -> dict[str, float]:
-        return {FLOAT: sum(counts(lengths(call)))}
+        weights, attention = counts(lengths(call))
+        return {INT8: weights, FLOAT: attention} if dtype == "int8" else {FLOAT: weights + attention}
 
     counts = EncoderFlops.of(folder)
-    n_params = count_parameters(folder)
-    name = str(dtype).removeprefix("torch.")
-    return Method(BASELINE, "baseline", name, n_params, score, _sum(lengths), matmul_flops)
+    return Method(name, "baseline", dtype, count_parameters(folder), score, _sum(lengths), matmul_flops)
 
 
 def teacher_method(teacher: CausalLMTeacher) -> Method:

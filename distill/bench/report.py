@@ -71,7 +71,9 @@ def summary_workload(result: dict[str, Any]) -> str:
 def summary_table(result: dict[str, Any]) -> str:
     """Speed and quality side by side on one workload (see :func:`summary_workload`): each method's p50, its
     speed-up over the student's PyTorch fp32 and over sentence-transformers, the fraction of its FLOP floor it
-    reaches, and its nDCG@10 and change from PyTorch fp32 on the judged queries of the input."""
+    reaches, and its nDCG@10 and change from PyTorch fp32 on the judged queries of the input (for the
+    sentence-transformers peers on another student, ``--peer_student``: from that student's PyTorch
+    ``CrossEncoder``)."""
     name = summary_workload(result)
     quality = result.get("quality") or {"ndcg10": {}}
     ndcg = quality["ndcg10"]
@@ -95,7 +97,7 @@ def summary_table(result: dict[str, Any]) -> str:
         fraction = c.get("floor_fraction")  # absent from results saved before it was reported
         floor = "-" if fraction is None else f"{100 * fraction:.0f}%"
         value = ndcg.get(c["method"])
-        reference = ndcg.get(quality.get("reference", ""))
+        reference = ndcg.get(quality.get("references", {}).get(c["method"], quality.get("reference", "")))
         delta = f"{value - reference:+.2f}" if value is not None and reference is not None else "-"
         value_text = "-" if value is None else f"{value:.2f}"
         lines.append(

@@ -22,10 +22,12 @@ import torch
 from distill.bench import report
 from distill.bench.measure import ROOT, dtype_name, environment, int8_matmul_ops_per_s, matmul_flops_per_s
 from distill.bench.methods import (
+    AUTO,
     BASELINE,
     DEFAULT_BACKENDS,
     FLOAT,
     INT8,
+    PEERS,
     STUDENT_BACKENDS,
     Method,
     baseline_method,
@@ -48,6 +50,9 @@ DEFAULT_QRELS = str(ROOT / "data" / "trec-dl19" / "qrels.txt")
 DEFAULT_TEACHER = "smollm2-135m"
 RANDOM_STUDENT = "bert-large-uncased"
 RANDOM_TEACHER = "meta-llama/Meta-Llama-3-8B"
+PEER_REFERENCE = f"{BASELINE} (peer)"
+"""sentence-transformers' PyTorch ``CrossEncoder`` on ``--peer_student``, where it is not the student: the reference
+of the peers' speed and nDCG@10 changes."""
 
 
 @dataclass
@@ -77,8 +82,15 @@ class BenchConfig:
     """Queries of the "rerank a query's candidates" workload (each with all its candidates); 0 to skip it."""
     backends: list[str] | None = None
     """Student backends (of ``torch-fp32, torch-fp16, torch-bf16, torchscript, onnx-fp32, onnx-fp16, onnx-int8,
-    openvino-fp32, openvino-bf16, openvino-int8``) and ``st-crossencoder``; default those of the device whose files
-    exist (and OpenVINO's where it is installed)."""
+    openvino-fp32, openvino-bf16, openvino-int8``, and ``auto``: the one ``Reranker.load`` chooses for this machine,
+    timed as ``student auto (<its choice>)``), ``st-crossencoder`` (sentence-transformers' PyTorch ``predict``) and
+    its optimised backends ``st-onnx, st-onnx-int8, st-openvino`` (on ``peer_student``). Default: those of the
+    device whose files exist, OpenVINO's where it is installed, the peers where their optimum package imports."""
+    peer_student: str | None = None
+    """The [CLS]-head student (an HF or export folder) that sentence-transformers' ``st-onnx``, ``st-onnx-int8`` and
+    ``st-openvino`` run on: their optimum export takes the architectures ``transformers`` knows, not the
+    segment-cosine head. Default: the student, if its head is [CLS]. Where it is another student, its PyTorch
+    ``CrossEncoder`` is timed too (``st-crossencoder (peer)``), the reference of the peers' nDCG@10 changes."""
     device: str = "auto"
     """``auto`` (cuda if there is one), ``cpu`` or ``cuda[:N]``."""
     threads: int | None = None
@@ -164,19 +176,25 @@ def _teacher(config: BenchConfig, device: torch.device) -> Method:
 
 
 def _students(
-    config: BenchConfig, folder: Path, device: torch.device
-) -> tuple[list[tuple[str, Callable[[], Method]]], dict[str, str]]:
-    """The student methods to time, each as (backend name, a function that loads it), and the reason each
-    default backend left out is left out (its file is missing)."""
-    from distill.serving.reranker import OPENVINO_DTYPES
+    config: BenchConfig, folder: Path, device: torch.device, scratch: Path
+) -> tuple[list[tuple[str, Callable[[], Method]]], dict[str, str], dict[str, str]]:
+    """The student and baseline methods to time, each as (name, a function that loads it); the reason each default
+    one left out is left out (its file is missing, or the peers' student is not [CLS]-head); and the methods whose
+    nDCG@10 change is taken against another method than :data:`~distill.bench.quality.REFERENCE` (the peers on
+    another student: against ``st-crossencoder (peer)``). ``scratch`` holds the peers' exports."""
+    from distill.bench.peers import peer_folder, require_optimum, st_peer_method
+    from distill.serving.backends import OPENVINO_DTYPES
     from distill.serving.scorers import FORMAT_FILES
 
     requested = config.backends is not None
     names = config.backends if requested else list(DEFAULT_BACKENDS[device.type])
-    unknown = sorted(set(names) - {*STUDENT_BACKENDS, BASELINE})
+    known = [*STUDENT_BACKENDS, AUTO, BASELINE, *PEERS]
+    unknown = sorted(set(names) - set(known))
     if unknown:
-        raise InputError(f"--backends: unknown {unknown}; choose from {[*STUDENT_BACKENDS, BASELINE]}")
-    loaders, skipped = [], {}
+        raise InputError(f"--backends: unknown {unknown}; choose from {known}")
+    loaders, skipped, references = [], {}, {}
+    peer: Path | None = None
+    threads = config.threads or 0
     for name in names:
         kind, dtype = STUDENT_BACKENDS.get(name, ("torch", None))
         fmt = OPENVINO_DTYPES[dtype] if kind in ("onnx", "openvino") else kind
@@ -184,10 +202,33 @@ def _students(
             skipped[name] = f"no {FORMAT_FILES[fmt]} in {folder}"
         elif name == BASELINE:
             loaders.append((name, partial(baseline_method, folder, str(device), config.max_length)))
+        elif name in PEERS:
+            try:
+                require_optimum(name)
+            except ImportError as e:
+                if requested:
+                    raise InputError(f"--backends {name}: {e}") from None
+                skipped[name] = str(e)
+                continue
+            try:
+                peer = peer or peer_folder(folder, config.peer_student)
+            except InputError as e:
+                if requested or config.peer_student:
+                    raise
+                skipped[name] = str(e)
+                continue
+            if peer.resolve() != folder.resolve():
+                if PEER_REFERENCE not in references.values():
+                    loaders.append(
+                        (PEER_REFERENCE, partial(baseline_method, peer, str(device), config.max_length, PEER_REFERENCE))
+                    )
+                references[name] = PEER_REFERENCE
+            args = (name, peer, str(device), config.max_length, threads, scratch / "peers")
+            loaders.append((name, partial(st_peer_method, *args)))
         else:
-            args = (folder, name, str(device), config.max_length, config.max_batch_tokens, config.threads or 0)
+            args = (folder, name, str(device), config.max_length, config.max_batch_tokens, threads)
             loaders.append((name, partial(student_method, *args)))
-    return loaders, skipped
+    return loaders, skipped, references
 
 
 def _workloads(config: BenchConfig, data: RerankingData, tokenizer: Any) -> list[Workload]:
@@ -225,7 +266,7 @@ def run_bench(config: BenchConfig, command: str | None = None) -> dict[str, Any]
         data = load_candidates(config.input, qrels=config.qrels)
         workloads = _workloads(config, data, load_tokenizer(folder))
         quality = QualitySet.of(data) if config.quality else None
-        loaders, skipped = _students(config, folder, device)
+        loaders, skipped, references = _students(config, folder, device, Path(scratch))
         if config.teacher != "none":
             loaders.append(("teacher", partial(_teacher, config, device)))
         rate_dtype = compute_dtype(device)
@@ -255,14 +296,22 @@ def run_bench(config: BenchConfig, command: str | None = None) -> dict[str, Any]
             "cells": [],
             "quality": None
             if quality is None
-            else {"qrels": config.qrels, "queries": len(quality.candidates), "reference": REFERENCE, "ndcg10": {}},
+            else {
+                "qrels": config.qrels,
+                "queries": len(quality.candidates),
+                "reference": REFERENCE,
+                "references": references,
+                "ndcg10": {},
+            },
             "complete": False,
         }
         out.mkdir(parents=True, exist_ok=True)
         for name, load in loaders:  # one method in memory at a time, so its peak memory is its own
             try:
                 method = load()
-            except (ImportError, ValueError) as e:  # no sentence-transformers, or no CUDA provider in onnxruntime
+            except (ImportError, ValueError) as e:  # no sentence-transformers or optimum, no CUDA provider, ...
+                if isinstance(e, ImportError) and config.backends is not None:
+                    raise InputError(f"--backends {name}: {str(e).splitlines()[0]}") from e
                 if config.backends is not None or name == "teacher":
                     raise
                 skipped[name] = str(e).splitlines()[0]

@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import Literal
 
 CPUINFO = Path("/proc/cpuinfo")
-FEATURES = ("amx_bf16", "amx_int8", "amx_tile", "avx512_vnni", "avx512_bf16", "avx_vnni", "avx2")
-"""The flags (Linux's names) that the choice reads; :attr:`CpuFeatures.flags` keeps only these."""
+FEATURES = ("amx_bf16", "amx_int8", "amx_tile", "avx512_vnni", "avx512_bf16", "avx_vnni", "avx512f", "avx2")
+"""The flags (Linux's names) that the choices read (the backend here, sentence-transformers' int8 configuration in
+``distill bench``); :attr:`CpuFeatures.flags` keeps only these."""
 
 Tier = Literal["amx", "vnni", "fp32"]
 """What the CPU does fastest: bf16 and int8 matmuls in AMX tiles; int8 dot products (AVX-512 VNNI or AVX-VNNI);
