@@ -13,13 +13,15 @@ Two scorers run on it, in the same process, on the same model:
     ``--naive-pairs`` pairs only.
 (b) teacher: ``CausalLMTeacher.passage_logprobs`` on the distinct passages and
     ``CausalLMTeacher.pair_terms(..., ["logp_cond"])`` on all pairs (token-budget batches, LM head
-    at target positions only, chunked logsumexp).
+    at target positions only, chunked logsumexp), with the scorer's levers as given: ``--bucket``,
+    ``--packing``, ``--compile`` and ``--cudnn-attention`` (see ``teachers.causal_lm.ScorerOptions``).
 
 Reported per scorer: pairs/s, tokens/s (all tokens fed, prefix and target, padding excluded),
 peak memory, and the fraction of the matmul FLOP ceiling, ``2 * n_params * tokens / seconds``
 over the rate of a large square matmul in the run dtype measured in the same run. ``n_params``
 counts every parameter, input embeddings and LM head included (tied weights once). The two
-scorers' log-probabilities are checked against each other on the pairs both scored.
+scorers' log-probabilities are checked against each other on the pairs both scored: (a) is unpadded, so
+with ``--packing`` this is the check of packed against unpadded scores, within the same tolerance.
 
 Run ``python benchmarks/teacher.py --help``; results go to ``benchmarks/results/`` as JSON.
 """
@@ -27,6 +29,7 @@ Run ``python benchmarks/teacher.py --help``; results go to ``benchmarks/results/
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -48,11 +51,10 @@ from _common import (
 from tqdm.auto import tqdm
 
 from distill.bench.measure import MemoryProbe, dtype_name, environment, matmul_flops_per_s, synchronize
-from distill.core.batching import token_budget_batches
 from distill.core.devices import MATMUL_SIZE, TEACHER_BATCH_TOKENS, resolve_device
 from distill.core.loaders import load_candidates
 from distill.core.models import ARCHITECTURES
-from teachers.causal_lm import ScoringSequence
+from teachers.causal_lm import CausalLMScorer, ScorerOptions, ScoringSequence
 from teachers.teacher import DTYPES, CausalLMTeacher, resolve_dtype
 
 DEFAULT_INPUT = ROOT / "data" / "trec-dl19" / "bm25_top100.json"
@@ -132,6 +134,16 @@ class Phase:
 # ----------------------------------------------------------------------------- arguments
 
 
+def flag(text: str) -> bool:
+    """A bool option's value: true/false, yes/no, on/off or 1/0."""
+    value = text.strip().lower()
+    if value in ("true", "yes", "on", "1"):
+        return True
+    if value in ("false", "no", "off", "0"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
     model = p.add_mutually_exclusive_group()
@@ -155,10 +167,20 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--matmul-size", type=int, help="side of the square matmul (default 8192 on cuda, 2048 on cpu)")
     p.add_argument("--matmul-reps", type=int, default=10, help="timed matmul repetitions (after 3 warm-up ones)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
+    levers = p.add_argument_group("the teacher's levers (teachers.causal_lm.ScorerOptions; a bare flag means true)")
+    levers.add_argument(
+        "--bucket", type=int, default=ScorerOptions.bucket, help="pad batch widths up to a multiple of N tokens"
+    )
+    for name, default, text in (
+        ("packing", ScorerOptions.packing, "pack sequences in rows behind a block-diagonal causal mask"),
+        ("compile", ScorerOptions.compile, "torch.compile each decoder layer (compiled during the warm-up)"),
+        ("cudnn-attention", ScorerOptions.cudnn_attention, "on cuda, let attention use cuDNN's SDPA kernels"),
+    ):
+        levers.add_argument(f"--{name}", type=flag, nargs="?", const=True, default=default, help=text)
     p.add_argument("--out", type=Path, help="JSON result (default benchmarks/results/teacher-<device>-<model>.json)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     args = p.parse_args(argv)
-    for name in ("naive_pairs", "max_queries", "max_batch_tokens", "matmul_size", "matmul_reps", "threads"):
+    for name in ("naive_pairs", "max_queries", "max_batch_tokens", "matmul_size", "matmul_reps", "threads", "bucket"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
     return args
@@ -173,6 +195,7 @@ def build_teacher(args: argparse.Namespace, device: torch.device, dtype: torch.d
         "max_batch_tokens": args.max_batch_tokens,
         "logit_chunk_rows": args.logit_chunk_rows,
         "max_passage_tokens": args.max_passage_tokens,
+        "options": scorer_options(args),
     }
     if args.random_config is None:
         teacher = CausalLMTeacher.load(args.teacher, device=device, dtype=dtype_name(dtype), **options)
@@ -180,6 +203,10 @@ def build_teacher(args: argparse.Namespace, device: torch.device, dtype: torch.d
     name = RANDOM_CONFIGS[args.random_config]
     teacher = CausalLMTeacher.random(name, device=device, dtype=dtype_name(dtype), seed=args.seed, **options)
     return teacher, f"random-{args.random_config}"
+
+
+def scorer_options(args: argparse.Namespace) -> ScorerOptions:
+    return ScorerOptions(args.bucket, args.packing, args.compile, args.cudnn_attention)
 
 
 def load_workload(teacher: CausalLMTeacher, path: str, max_queries: int | None) -> Workload:
@@ -245,10 +272,33 @@ def run_naive(
 # ----------------------------------------------------------------------------- (b) teacher stage
 
 
-def padded_tokens(sequences: Sequence[ScoringSequence], max_batch_tokens: int) -> int:
-    """Tokens the teacher's token-budget batches feed, padding included."""
-    lengths = [len(s) for s in sequences]
-    return sum(len(b) * max(lengths[i] for i in b) for b in token_budget_batches(lengths, max_batch_tokens))
+def padded_tokens(scorer: CausalLMScorer, sequences: Sequence[ScoringSequence]) -> int:
+    """Tokens the teacher's batches feed, padding included."""
+    return sum(plan.padded_tokens for plan in scorer.plan(sequences))
+
+
+def batch_shapes(scorer: CausalLMScorer, work: Workload) -> list[tuple[int, int]]:
+    """The distinct ``(rows, width)`` shapes of the teacher's batches over the workload."""
+    return sorted({plan.shape for seqs in (work.cond, work.uncond) for plan in scorer.plan(seqs)})
+
+
+def warm_up(teacher: CausalLMTeacher, work: Workload, device: torch.device) -> float:
+    """Score the first (longest, fullest) ``logp_cond`` batch; with ``compile``, also the last one and the first
+    and last ``logp_uncond`` batches, so that torch.compile's compiles (at most three) happen here.
+
+    Returns the seconds it took.
+    """
+    scorer = teacher.scorer
+    synchronize(device)
+    start = time.perf_counter()
+    first = scorer.plan(work.cond)[0].sequences
+    teacher.pair_terms([work.queries[i] for i in first], [work.passage_ids[i] for i in first], ["logp_cond"])
+    if scorer.options.compile:
+        plans = [scorer.plan(work.cond)[-1], *(scorer.plan(work.uncond)[k] for k in (0, -1))]
+        for plan, sequences in zip(plans, (work.cond, work.uncond, work.uncond), strict=True):
+            scorer.logprobs([sequences[i] for i in plan.sequences])
+    synchronize(device)
+    return time.perf_counter() - start
 
 
 def run_teacher(
@@ -258,9 +308,6 @@ def run_teacher(
 
     Returns the phase, the ``[n_pairs]`` cond and the ``[n_distinct]`` uncond log-probabilities (nats).
     """
-    budget = teacher.scorer.max_batch_tokens
-    warm = token_budget_batches([len(s) for s in work.cond], budget)[0]  # the longest, fullest batch
-    teacher.pair_terms([work.queries[i] for i in warm], [work.passage_ids[i] for i in warm], ["logp_cond"])
     probe = MemoryProbe(device)
     probe.reset()
 
@@ -281,7 +328,7 @@ def run_teacher(
         lambda cb: teacher.pair_terms(work.queries, work.passage_ids, ["logp_cond"], cb)["logp_cond"],
     )
     sequences = [*work.cond, *work.uncond]
-    padded = padded_tokens(work.cond, budget) + padded_tokens(work.uncond, budget)
+    padded = padded_tokens(teacher.scorer, work.cond) + padded_tokens(teacher.scorer, work.uncond)
     phase = Phase(
         "(b) teacher",
         work.n_pairs,
@@ -345,6 +392,11 @@ def print_report(result: dict[str, Any], phases: list[Phase]) -> None:
     print(f"peak memory: {phases[0].memory_kind}")
     teacher = result["teacher"]
     print(f"teacher padding: {teacher['padded_tokens'] / teacher['tokens'] - 1:.1%} extra tokens fed as padding")
+    levers = ", ".join(f"{k} {v}" for k, v in result["scorer_options"].items())
+    print(
+        f"teacher levers: {levers}; {len(work['batch_shapes'])} distinct batch shapes; "
+        f"warm-up {result['teacher_warmup_seconds']:.2f} s (not timed)"
+    )
     pairs_x, tokens_x = result["speedup_pairs_per_s"], result["speedup_tokens_per_s"]
     print(f"\nspeed-up (b)/(a): {pairs_x:.2f}x pairs/s, {tokens_x:.2f}x tokens/s")
     agree = result["agreement"]
@@ -382,6 +434,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     before = matmul_flops_per_s(device, dtype, size, args.matmul_reps)
     naive, naive_cond, naive_uncond = run_naive(model, work, n_naive, device, show)
+    warmup_seconds = warm_up(teacher, work, device)
     taught, cond, uncond = run_teacher(teacher, work, device, show)
     after = matmul_flops_per_s(device, dtype, size, args.matmul_reps)
     rate = max(before, after)  # the higher ceiling: the conservative fraction
@@ -408,7 +461,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             "max_batch_tokens": args.max_batch_tokens,
             "logit_chunk_rows": args.logit_chunk_rows,
             "naive_pairs": n_naive,
+            "batch_shapes": [list(shape) for shape in batch_shapes(teacher.scorer, work)],
         },
+        "scorer_options": dataclasses.asdict(teacher.scorer.options),
+        "teacher_warmup_seconds": warmup_seconds,
         "matmul": {
             "size": size,
             "reps": args.matmul_reps,

@@ -286,3 +286,20 @@ def test_teach_stage_packs_and_records_the_levers(tiny_llama: Path, sample_file:
     a, b = padded.to_pandas(), packed.to_pandas()
     for column in ("logp_cond", "logp_uncond", "logp_upr", "cis"):
         np.testing.assert_allclose(b[column], a[column], **TIGHT)
+
+
+# ----------------------------------------------------------------------------- the benchmark
+
+
+def test_benchmark_takes_the_levers_and_keeps_its_old_command_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    bench = importlib.import_module("teacher")
+    old = bench.parse_args(["--random-config", "llama3-8b", "--device", "cuda", "--out", "x.json", "--no-progress"])
+    assert bench.scorer_options(old) == ScorerOptions()
+    new = bench.parse_args(["--random-config", "tiny", "--packing", "--bucket", "64", "--compile", "false"])
+    assert bench.scorer_options(new) == ScorerOptions(bucket=64, packing=True)
+    assert bench.scorer_options(bench.parse_args(["--cudnn-attention", "true"])).cudnn_attention
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--packing", "maybe"])
