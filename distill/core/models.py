@@ -261,6 +261,21 @@ ARCHITECTURES: dict[str, Architecture] = {
         },
         "all-minilm-l6-v2",  # the same 30522-token uncased WordPiece vocabulary
     ),
+    "tiny-bert": Architecture(
+        {
+            "model_type": "bert",
+            "vocab_size": 30522,
+            "hidden_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "intermediate_size": 128,
+            "hidden_act": "gelu",
+            "max_position_embeddings": 512,
+            "type_vocab_size": 2,
+            "pad_token_id": 0,
+        },
+        "all-minilm-l6-v2",  # a 2-layer BERT for smoke tests (the GPU suite on a CPU), over the uncased WordPiece
+    ),
 }
 """Architectures the project can build offline, by hub id, for random-weight timing runs."""
 

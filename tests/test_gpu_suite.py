@@ -1,0 +1,80 @@
+"""``benchmarks/gpu_suite.py`` on tiny configs, so that the GPU suite's code keeps running where there is no GPU."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from .conftest import REPO
+
+SUITE = REPO / "benchmarks" / "gpu_suite.py"
+
+
+@pytest.fixture
+def suite(monkeypatch: pytest.MonkeyPatch):
+    """The suite's module, imported as the script imports its siblings (``benchmarks/`` first on the path)."""
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    import gpu_suite
+
+    return gpu_suite
+
+
+@pytest.mark.slow
+def test_the_tiny_suite_runs_each_benchmark_and_summarises_every_figure(tmp_path: Path) -> None:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    command = [sys.executable, str(SUITE), "--tiny", "--device", "cpu", "--out", str(tmp_path)]
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=1200)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["tiny"] and list(summary["stages"]) == ["teacher", "train", "rerank"]
+    assert [s["error"] for s in summary["stages"].values()] == [None, None, None]
+
+    # Each benchmark's own result, in its own format.
+    teacher = json.loads((tmp_path / "teacher.json").read_text())
+    train = json.loads((tmp_path / "student-train.json").read_text())
+    bench = json.loads((tmp_path / "bench" / "bench.json").read_text())
+    assert teacher["benchmark"] == "teacher" and teacher["model"]["name"] == "random-tiny"
+    assert train["benchmark"] == "student_train" and train["model"]["name"] == "tiny-bert"
+    assert train["workload"]["max_batch_tokens"] == 2048 and train["workload"]["plain_batch_size"] == 16
+    assert {(c["method"], c["workload"]) for c in bench["cells"]} >= {
+        ("student torch-fp32", "100 candidates"),
+        ("st-crossencoder", "100 candidates"),
+    }
+    assert (tmp_path / "bench" / "bench.csv").read_text().startswith("method,")
+
+    figures = {(f["stage"], f["figure"]): f for f in summary["figures"]}
+    assert figures["teacher", "flop_ceiling_fraction"]["value"] == teacher["teacher"]["flop_ceiling_fraction"]
+    assert figures["teacher", "flop_ceiling_fraction"]["target"] == 0.75
+    assert figures["train", "mfu"]["value"] == train["stage"]["mfu"] and figures["train", "mfu"]["target"] == 0.4
+    assert figures["train", "speedup_over_plain_loop"]["value"] == train["speedup_samples_per_s"]
+    fp32 = next(c for c in bench["cells"] if (c["method"], c["workload"]) == ("student torch-fp32", "100 candidates"))
+    assert figures["rerank", "torch-fp32_100_candidates_p50_s"]["value"] == fp32["p50_s"]
+    assert figures["suite", "seconds"]["target"] == 480
+    # The targets are the full shapes' on an H100: a tiny run checks correctness only.
+    assert all(f["met"] is None for f in summary["figures"] if f["kind"] != "equal")
+    assert figures["teacher", "scores_agree"]["met"] and figures["train", "same_work"]["met"]
+
+
+def test_the_gpu_run_trains_with_the_gpu_config_and_its_arguments_parse(suite) -> None:
+    import student_train
+    import teacher
+
+    full = argparse.Namespace(tiny=False, device="cuda")
+    argv = suite.train_argv(full, Path("out"))
+    config = yaml.safe_load(suite.GPU_CONFIG.read_text())
+    assert argv[argv.index("--max-batch-tokens") + 1] == str(config["data"]["max_batch_tokens"])
+    assert argv[argv.index("--pad-to-multiple-of") + 1] == str(config["data"]["pad_to_multiple_of"])
+    assert argv[argv.index("--backbone") + 1] == config["model"]["backbone"] == "bert-large-uncased"
+    assert ("--compile" in argv) == config["model"]["compile"]
+    on_cpu = [*argv[: argv.index("--device")], "--device", "cpu"]
+    assert student_train.parse_args(on_cpu).max_batch_tokens == config["data"]["max_batch_tokens"]
+    argv = suite.teacher_argv(full, Path("out"))
+    assert teacher.parse_args([*argv[: argv.index("--device")], "--device", "cpu"]).random_config == "llama3-8b"
+    assert "torch-fp16,st-crossencoder" in suite.rerank_argv(full, Path("out"))
