@@ -266,3 +266,14 @@ def test_compiled_blocks_compile_a_handful_of_times_and_train_like_eager(
         torch.testing.assert_close(weights[1][key], weights[0][key], atol=1e-5, rtol=1e-4)
     assert 1 <= len(graphs) <= 4, f"{len(graphs)} graphs for {len(shapes)} shapes"
     torch._dynamo.reset()
+
+
+def test_the_gpu_config_parses_and_says_how_the_lr_scales() -> None:
+    import yaml
+
+    from distill.stages.train import check_train_args
+
+    path = Path(__file__).resolve().parents[1] / "configs" / "train" / "bert-large-gpu.yaml"
+    check_train_args(["--config", str(path)], str(path))
+    model = yaml.safe_load(path.read_text())["model"]
+    assert model["lr_scaling"] == "sqrt" and model["lr_reference_tokens"] > 0 and model["compile"] is True
