@@ -163,8 +163,9 @@ def load_pipeline(path: str | Path) -> Pipeline:
     qrels = sections["eval"].get("qrels") or teach.qrels
     if qrels is None:
         raise InputError(f"{where['eval']}: qrels: missing (set eval.qrels or teach.qrels)")
-    # The student is checked for parity on the candidates it will rerank.
-    export = build("export", {"checkpoint": str(run.root)}, {"parity_input": rerank_input[0], "qrels": qrels})
+    # The student's scores are checked for parity on the candidates it will rerank (its quality gate ranks its own
+    # validation queries).
+    export = build("export", {"checkpoint": str(run.root)}, {"parity_input": rerank_input[0]})
     held_out = str(run.root) if top.eval_queries == "held_out" else None
     student_run = str(folder / "eval" / "student.trec")
     joined = {"model": str(run.root), "output": student_run, "held_out": held_out, "input": rerank_input}

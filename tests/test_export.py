@@ -25,6 +25,7 @@ from distill.backend.parity import (
     ParitySet,
     verify_export,
 )
+from distill.backend.quality_gate import measure_quality_gate
 from distill.core.loaders import load_candidates
 from distill.core.schema import InputError
 from distill.serving.encoding import encode_pairs, pad_batch
@@ -148,14 +149,19 @@ def test_a_failed_export_writes_nothing(
 
 
 def test_int8_ranking_bound_is_enforced(exported: Path, parity: ParitySet, tmp_path: Path) -> None:
-    """An int8 graph that reverses the ranking (its classifier negated) breaks the nDCG@10 bound."""
+    """An int8 graph that reverses the ranking (its classifier negated) fails the quality gate, and so the nDCG@10
+    bound of the parity check; without a gate the bound is recorded as not checked."""
     planted = tmp_path / "planted"
     shutil.copytree(exported, planted)
     shutil.copy(planted / "model.onnx", planted / "model.int8.onnx")
     edit_initializer(planted / "model.int8.onnx", "classifier.weight", lambda weight: -weight)
+    gate = measure_quality_gate(planted, parity, "onnxruntime")
+    assert not gate.backends["onnx-int8"].passed and gate.backends["onnx-int8"].delta < -NDCG_BOUND
     with pytest.raises(ParityError, match=r"onnx-int8: nDCG@10 .* > bound 0.5 points") as caught:
-        verify_export(planted, parity)
+        verify_export(planted, parity, gate=gate)
     assert "onnx:" not in str(caught.value)
+    int8 = {r.format: r for r in verify_export(planted, parity)}["onnx-int8"]  # no gate: the bound is not checked
+    assert int8.ndcg10 is None and int8.not_checked == "nDCG@10 not checked: no judged validation queries to rank"
 
 
 def test_nan_scores_break_any_bound(parity: ParitySet) -> None:
@@ -349,7 +355,8 @@ def test_cli_export_rerank_and_eval(student: Path, tmp_path: Path, sample_file: 
 
     run = tmp_path / "run"
     shutil.copytree(student, run / "hf")
-    assert main(["export", "--checkpoint", str(run), "--formats", "onnx", "--parity-queries", "1"]) == 0
+    validation = ["--validation_input", str(sample_file), "--validation_qrels", str(DL19_QRELS)]  # its card has none
+    assert main(["export", "--checkpoint", str(run), "--formats", "onnx", "--parity-queries", "1", *validation]) == 0
     assert (run / "export" / "model.onnx").is_file() and not (run / "export" / "model.torchscript.pt").exists()
     out = tmp_path / "reranked.trec"
     args = ["rerank", "--model", str(run / "export"), "--backend", "onnx", "--input", str(sample_file)]

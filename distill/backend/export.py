@@ -1,10 +1,12 @@
 """``export_student``: a student's HF folder to an export folder of ONNX and TorchScript files, checked for parity.
 
 The export folder holds the HF folder's files (it loads with ``AutoModelForSequenceClassification`` and
-sentence-transformers' ``CrossEncoder``), the tokenizer (``tokenizer.json`` included, for runtimes
-without transformers), the exported files of :data:`~distill.serving.scorers.FORMAT_FILES` and
-``card.json``. It is written to a staging folder and moved into place only when every file passes the
-parity check, so a failed export leaves nothing behind.
+sentence-transformers' ``CrossEncoder``; a head ``transformers`` does not know also gets its modeling code as
+remote code, :mod:`distill.backend.remote_code`), the tokenizer (``tokenizer.json`` included, for runtimes
+without transformers), the exported files of :data:`~distill.serving.scorers.FORMAT_FILES`, ``card.json`` (with
+the quality gate of every lower precision, :mod:`distill.backend.quality_gate`) and ``README.md``, its model card
+in the Hugging Face Hub's format (:mod:`distill.backend.model_card`). It is written to a staging folder and moved
+into place only when every file passes the parity check, so a failed export leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -18,8 +20,12 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from distill.backend.parity import FormatParity, ParityError, ParitySet, verify_export
+from distill.backend.model_card import render_model_card
+from distill.backend.parity import FormatParity, ParityError, ParitySet, dl19_parity_set, verify_export
+from distill.backend.paths import resolve_path
+from distill.backend.quality_gate import QualityGate, measure_quality_gate, validation_set
 from distill.backend.quantize import INT8_RUNTIMES, Calibration, Int8Mode
+from distill.backend.remote_code import write_remote_code
 from distill.core.schema import ExistingOutputError, InputError
 from distill.core.student_card import StudentCard
 from distill.core.teacher_data import TeacherDataset
@@ -27,6 +33,7 @@ from distill.serving.encoding import encode_pairs, input_names, load_tokenizer, 
 from distill.serving.scorers import FORMAT_FILES, WEIGHT_FILES, require_file
 
 CARD = "card.json"
+MODEL_CARD = "README.md"
 EXPORTABLE = ("onnx", "torchscript")
 EXAMPLE_PAIRS = (
     ("how long is the life cycle of a flea", "The life cycle of a flea can last a year."),
@@ -47,12 +54,20 @@ class ExportReport:
     run on the first token only (:mod:`distill.backend.cls_tail`); for ``onnx-int8`` and ``onnx-fp16``, the graph
     they come from and, for int8, the quantisation (mode, types, calibration)."""
     parity: list[FormatParity]
+    quality_gate: QualityGate | None = None
+    """Each lower precision's ranking against PyTorch fp32 on the validation pairs; None without judged pairs."""
+    remote_code: str | None = None
+    """The modeling file written for ``trust_remote_code`` loaders (None: ``transformers`` knows the head)."""
+    hub_url: str | None = None
+    """Where ``--push_to_hub`` uploaded the folder."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "formats": self.formats,
             "optimizations": self.optimizations,
             "parity": [asdict(p) for p in self.parity],
+            "quality_gate": self.quality_gate.to_dict() if self.quality_gate else None,
+            "remote_code": self.remote_code,
         }
 
     def format(self) -> str:
@@ -68,7 +83,11 @@ class ExportReport:
                 f"{p.format:<12} {file:<22} {p.device or '-':<6} {p.runtime or '-':<11} {diff:>12} {bound:>7}  "
                 f"{ndcg}{p.not_checked or ''}"
             )
-        lines.append(f"wrote {self.out_dir} (card.json has the parity figures)")
+        if self.quality_gate is not None:
+            lines.append(self.quality_gate.format())
+        lines.append(f"wrote {self.out_dir} (card.json has the parity figures, {MODEL_CARD} the model card)")
+        if self.hub_url:
+            lines.append(f"uploaded to {self.hub_url}")
         return "\n".join(lines)
 
 
@@ -80,6 +99,8 @@ def export_student(
     int8: Int8Mode | None = None,
     parity: ParitySet | None = None,
     calibration: Calibration | None = None,
+    hub_id: str | None = None,
+    license: str = "apache-2.0",
 ) -> ExportReport:
     """Export the student in ``hf_dir`` to ``out_dir`` and check every file against PyTorch.
 
@@ -92,9 +113,13 @@ def export_student(
         fp16: also write ``model.fp16.onnx`` (fp16 weights, for GPUs); needs ``onnx``.
         int8: also write ``model.int8.onnx`` (int8, for CPUs), quantised ``static``, ``dynamic`` (for
             onnxruntime) or ``weights`` (for OpenVINO; see :mod:`distill.backend.quantize`); needs ``onnx``.
-        parity: the pairs of the parity check; default :func:`~distill.backend.parity.dl19_parity_set`.
+        parity: the score pairs of the parity check and the ranking set of the quality gate (and the int8
+            nDCG@10 bound); default: the score pairs of :func:`~distill.backend.parity.dl19_parity_set` and the
+            student's validation pairs, :func:`~distill.backend.quality_gate.validation_set`.
         calibration: the pairs static int8 is calibrated on; default
             :class:`~distill.backend.quantize.Calibration` (DL21 and DL22 candidates).
+        hub_id: the Hugging Face Hub id the model card's usage snippets load (default: a placeholder path).
+        license: the model card's licence (a Hub licence identifier).
 
     Raises:
         ParityError: an exported file breaks its bound; nothing is written to ``out_dir``.
@@ -113,14 +138,20 @@ def export_student(
     require_file(hf_dir, *WEIGHT_FILES)
     if out_dir.exists() and any(out_dir.iterdir()) and not (out_dir / CARD).is_file():
         raise ExistingOutputError(f"{out_dir} exists and is not an export folder (no {CARD}): choose another out_dir")
+    parity = parity or dl19_parity_set().with_ranking(validation_set(hf_dir))
     staging = out_dir.with_name(f".{out_dir.name}.tmp{os.getpid()}")
     if staging.exists():
         shutil.rmtree(staging)
     try:
         shutil.copytree(hf_dir, staging, ignore=shutil.ignore_patterns(*FORMAT_FILES.values(), CARD))
+        remote_code = write_remote_code(staging)
         written, optimizations = _write_formats(staging, formats, fp16, int8, calibration)
-        report = ExportReport(out_dir, written, optimizations, verify_export(staging, parity, int8_runtime))
-        (staging / CARD).write_text(json.dumps(_card(hf_dir, out_dir, staging, report), indent=2) + "\n")
+        gate = measure_quality_gate(staging, parity, int8_runtime)
+        results = verify_export(staging, parity, int8_runtime, gate)
+        report = ExportReport(out_dir, written, optimizations, results, gate, remote_code)
+        card = _card(hf_dir, out_dir, staging, report)
+        (staging / CARD).write_text(json.dumps(card, indent=2) + "\n")
+        (staging / MODEL_CARD).write_text(render_model_card(card, hub_id or f"path/to/{out_dir.name}", license))
     except BaseException as e:
         shutil.rmtree(staging, ignore_errors=True)
         if isinstance(e, ParityError):
@@ -195,8 +226,9 @@ def _write_formats(
 
 def _card(hf_dir: Path, out_dir: Path, folder: Path, report: ExportReport) -> dict[str, Any]:
     """``card.json``: the student's card (``config.cis_distill``), the metadata of its teacher datasets (None for
-    one not found at export time), the files written and their parity figures. Paths are relative to the export
-    folder (the student's source) or as the training command gave them (its teacher data)."""
+    one not found at export time, from the working folder or the project's), the files written, their parity
+    figures and the quality gate. Paths are relative to the export folder (the student's source) or as the training
+    command gave them (its teacher data)."""
     from transformers import AutoConfig
 
     from distill.backend.onnx_export import OPSET
@@ -204,9 +236,10 @@ def _card(hf_dir: Path, out_dir: Path, folder: Path, report: ExportReport) -> di
     config = AutoConfig.from_pretrained(folder)
     tokenizer = load_tokenizer(folder)
     card = StudentCard.find(folder)
+    found = {path: resolve_path(path) for path in (card.teacher_data if card else [])}
     teacher_data = {
-        path: asdict(TeacherDataset.open(path).metadata) if TeacherDataset.is_complete(path) else None
-        for path in (card.teacher_data if card else [])
+        path: asdict(TeacherDataset.open(at).metadata) if at and TeacherDataset.is_complete(at) else None
+        for path, at in found.items()
     }
     return {
         "source": os.path.relpath(hf_dir.resolve(), out_dir.resolve()),

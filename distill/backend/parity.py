@@ -3,24 +3,29 @@
 Pairs are scored at each batch size of :data:`BATCH_SIZES` (consecutive pairs of mixed lengths, so
 batches are padded) and at two max lengths: :data:`SHORT_MAX_LENGTH` (most pairs truncated) and the
 model's max (up to 512; a long pair reaches it). Bounds: max |Δscore| against PyTorch fp32 of
-:data:`SCORE_BOUNDS`; for the int8 graph, whose scores move more, the nDCG@10 difference on an
-evaluation set (:data:`NDCG_BOUND`, where qrels are given): by default every candidate of every judged
-query of the parity input (all of DL19), since a few queries make nDCG@10 jump with one swap.
+:data:`SCORE_BOUNDS`; for the int8 graph, whose scores move more, the nDCG@10 difference (:data:`NDCG_BOUND`)
+on the ranking set: the quality gate's measure (:mod:`distill.backend.quality_gate`), by default on every
+candidate of the student's held-out validation queries (never DL19, the test set), since a few queries make
+nDCG@10 jump with one swap.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from distill.backend.paths import shown_path
 from distill.core.runs import run_from_columns
 from distill.core.schema import InputError, Qrels, RerankingData, UserError
 from distill.serving.encoding import encode_pairs, load_tokenizer, model_max_length, pad_batch
 from distill.serving.scorers import FORMAT_FILES, OnnxScorer, Scorer, TorchScorer, load_scorer
+
+if TYPE_CHECKING:
+    from distill.backend.quality_gate import QualityGate
 
 BATCH_SIZES = (1, 7, 32)
 SHORT_MAX_LENGTH = 32
@@ -58,8 +63,11 @@ class ParitySet:
     pairs: list[Pair]
     """Pairs for the score bounds."""
     ranking: list[Pair] = field(default_factory=list)
-    """The evaluation set of the int8 nDCG@10 bound: candidate lists of judged queries."""
+    """The ranking set of the quality gate and the int8 nDCG@10 bound: candidate lists of judged queries, each
+    query's pairs consecutive."""
     qrels: Qrels = field(default_factory=dict)
+    ranking_source: str = ""
+    """One line: which queries and candidates ``ranking`` holds."""
 
     @classmethod
     def from_data(
@@ -81,11 +89,19 @@ class ParitySet:
         long_passage = " ".join(p.text for p in first.passages[:depth])
         judged = [c for c in data.candidates if c.query.qid in data.qrels][:ranking_queries]
         ranking = [Pair(c.query.qid, p.docid, c.query.text, p.text) for c in judged for p in c.passages[:ranking_depth]]
-        return cls([*pairs, Pair(first.query.qid, None, first.query.text, long_passage)], ranking, data.qrels)
+        depth = "all" if ranking_depth is None else f"the first {ranking_depth}"
+        source = f"{len(judged)} judged queries of {shown_path(data.source)}, {depth} of their candidates"
+        return cls([*pairs, Pair(first.query.qid, None, first.query.text, long_passage)], ranking, data.qrels, source)
+
+    def with_ranking(self, other: ParitySet) -> ParitySet:
+        """These score pairs with ``other``'s ranking set (its ``ranking``, ``qrels`` and ``ranking_source``)."""
+        return replace(self, ranking=other.ranking, qrels=other.qrels, ranking_source=other.ranking_source)
 
 
 def dl19_parity_set() -> ParitySet:
-    """The default: the first 3 DL19 queries, 32 BM25 candidates each; for int8, all 43 judged DL19 queries."""
+    """The first 3 DL19 queries, 32 BM25 candidates each (the export's default score pairs), and a ranking set of
+    all 43 judged DL19 queries (``benchmarks/onnx_cpu.py`` measures on it; the export replaces it with the student's
+    validation queries, :func:`~distill.backend.quality_gate.validation_set`)."""
     from distill.core.loaders import load_candidates
 
     return ParitySet.from_data(load_candidates(DL19 / "bm25_top100.json", qrels=DL19 / "qrels.txt"))
@@ -109,7 +125,8 @@ class FormatParity:
     worst: dict[str, Any] | None = None
     """The case and pair of ``max_abs_diff``, with both scores."""
     ndcg10: dict[str, float] | None = None
-    """int8: nDCG@10 x100 of ``pytorch`` and of this format, their ``delta`` and the ``bound``."""
+    """int8: nDCG@10 x100 of ``pytorch`` and of this format on the ranking set (from the quality gate), their
+    ``delta``, the ``bound`` and the number of ``queries``."""
     not_checked: str | None = None
     """What could not be checked here, and why."""
 
@@ -151,13 +168,18 @@ class FormatParity:
 
 
 def verify_export(
-    folder: str | Path, parity: ParitySet | None = None, int8_runtime: str = "onnxruntime"
+    folder: str | Path,
+    parity: ParitySet | None = None,
+    int8_runtime: str = "onnxruntime",
+    gate: QualityGate | None = None,
 ) -> list[FormatParity]:
     """Compare each exported file in ``folder`` (see :data:`FORMAT_FILES`) with the folder's own PyTorch model.
 
     Everything runs on the CPU, on onnxruntime, but the int8 graph runs on ``int8_runtime`` (``openvino`` for the
     graph of ``int8_mode: weights``), and the fp16 graph, where onnxruntime cannot run it on the CPU, runs on CUDA
-    where there is one, and is otherwise recorded as not checked.
+    where there is one, and is otherwise recorded as not checked. The int8 graph's nDCG@10 bound reads its entry
+    in ``gate`` (:func:`~distill.backend.quality_gate.measure_quality_gate` on ``parity``'s ranking set; without
+    one, the bound is recorded as not checked).
 
     Raises:
         ParityError: a format breaks its bound; the message names each one, the bound and its worst pair.
@@ -183,7 +205,7 @@ def verify_export(
             for fmt in scorers:
                 results[fmt].record(f"batch={size} max_length={length}", scores["pytorch"], scores[fmt], parity.pairs)
     if "onnx-int8" in scorers:
-        _check_ranking(results["onnx-int8"], reference, scorers["onnx-int8"], tokenizer, max_length, parity)
+        _record_ranking(results["onnx-int8"], gate)
     failures = [reason for r in results.values() if (reason := r.failure())]
     if failures:
         raise ParityError(str(folder), failures, list(results.values()))
@@ -230,14 +252,19 @@ def ranking_ndcg10(pairs: list[Pair], scores: np.ndarray, qrels: Qrels) -> float
     return evaluate(run, qrels, ["nDCG@10"])["nDCG@10"]
 
 
-def _check_ranking(
-    result: FormatParity, reference: Scorer, int8: Scorer, tokenizer: Any, max_length: int, parity: ParitySet
-) -> None:
-    """nDCG@10 of the int8 graph and of PyTorch on the evaluation set (judged queries' candidate lists)."""
-    if not parity.ranking:
-        result.not_checked = "nDCG@10 not checked: no judged queries in the parity input"
+def _record_ranking(result: FormatParity, gate: QualityGate | None) -> None:
+    """The int8 graph's nDCG@10 and PyTorch's on the ranking set, from the quality gate's entry for its runtime."""
+    from distill.backend.quality_gate import int8_backend
+
+    quality = gate.backends.get(int8_backend(result.runtime or "onnxruntime")) if gate else None
+    if gate is None or quality is None or quality.ndcg10 is None:
+        reason = quality.not_checked if quality else "no judged validation queries to rank"
+        result.not_checked = f"nDCG@10 not checked: {reason}"
         return
-    scores = _score(tokenizer, {"pytorch": reference, result.format: int8}, parity.ranking, max_length, 32)
-    ndcg = {name: ranking_ndcg10(parity.ranking, values, parity.qrels) for name, values in scores.items()}
-    queries = len({p.qid for p in parity.ranking})
-    result.ndcg10 = {**ndcg, "delta": ndcg[result.format] - ndcg["pytorch"], "bound": NDCG_BOUND, "queries": queries}
+    result.ndcg10 = {
+        "pytorch": gate.reference_ndcg10,
+        result.format: quality.ndcg10,
+        "delta": quality.delta,
+        "bound": NDCG_BOUND,
+        "queries": gate.queries,
+    }

@@ -11,6 +11,10 @@ teacher.
 Importing this module registers the architecture with ``AutoConfig`` and ``AutoModelForSequenceClassification``
 (``model_type`` :data:`MODEL_TYPE`), so that every loader of the project (and sentence-transformers'
 ``CrossEncoder``, once this module is imported) loads such a student like any other.
+
+``distill export`` copies this very file into the export folder as Hugging Face remote code
+(``modeling_segment_cosine.py``, see :mod:`distill.backend.remote_code`), so that a Python without cis-distill
+loads the student with ``trust_remote_code=True``: it must import nothing but torch and transformers.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The export stage: a student to ONNX and TorchScript files, each checked for parity with PyTorch."""
+"""The export stage: a student to ONNX and TorchScript files, each checked for parity with PyTorch, with the quality
+gate of each lower precision and a model card; optionally uploaded to the Hugging Face Hub."""
 
 from __future__ import annotations
 
@@ -29,21 +30,32 @@ class ExportConfig:
     calibration: Calibration = field(default_factory=Calibration)
     """The pairs static int8 is calibrated on (default: DL21 and DL22 BM25 candidates, 4 per query)."""
     parity_input: str | None = None
-    """Candidates to check on (default: the shipped DL19 BM25 top-100)."""
-    qrels: str | None = None
-    """Qrels of ``parity_input``, for the int8 nDCG@10 bound."""
+    """Candidates of the score bounds (default: the shipped DL19 BM25 top-100; no qrels needed)."""
     parity_queries: int = 3
-    """Queries of the parity input for the score bounds (int8 is checked on all judged ones)."""
+    """Queries of ``parity_input`` for the score bounds."""
     parity_depth: int = 32
     """Candidates per query for the score bounds."""
-    ranking_queries: int | None = None
-    """Judged queries of the int8 nDCG@10 bound (default: all of the parity input's)."""
+    validation_input: str | None = None
+    """Held-out candidates of the quality gate and the int8 nDCG@10 bound, every candidate of every judged query
+    (default: the student card's validation queries in its teacher data's inputs; a student without a card: the
+    shipped TREC DL21 queries). Never the test set."""
+    validation_qrels: str | None = None
+    """Qrels of the validation candidates (default: the student card's, its training's ``data.qrels``, else the
+    ``qrels.txt`` beside each candidates file, else those the input carries)."""
+    license: str = "apache-2.0"
+    """The model card's licence (a Hub licence identifier)."""
+    push_to_hub: str | None = None
+    """Upload the finished export folder to this Hugging Face Hub model repository (``user/name``), created if
+    missing; needs network access and a token (``HF_TOKEN`` or ``hf auth login``)."""
+    private: bool = False
+    """With ``push_to_hub``: create the repository private."""
 
 
 def export(cfg: ExportConfig) -> ExportReport:
     """Export the student of ``cfg.checkpoint``; nothing is written if a format breaks its parity bound."""
     from distill.backend.export import export_student
-    from distill.backend.parity import ParitySet
+    from distill.backend.parity import ParitySet, dl19_parity_set
+    from distill.backend.quality_gate import validation_set
     from distill.core.layout import RunLayout, student_folder
     from distill.core.loaders import load_candidates
     from distill.core.schema import InputError
@@ -52,9 +64,17 @@ def export(cfg: ExportConfig) -> ExportReport:
         raise InputError("export: checkpoint is required (a training run or an HF folder)")
     model = student_folder(cfg.checkpoint, exported=False)
     output = cfg.output or RunLayout.of(model).export
-    parity = None
     if cfg.parity_input:
-        data = load_candidates(cfg.parity_input, qrels=cfg.qrels)
-        parity = ParitySet.from_data(data, cfg.parity_queries, cfg.parity_depth, cfg.ranking_queries)
+        parity = ParitySet.from_data(load_candidates(cfg.parity_input), cfg.parity_queries, cfg.parity_depth, 0)
+    else:
+        parity = dl19_parity_set()
+    parity = parity.with_ranking(validation_set(model, cfg.validation_input, cfg.validation_qrels))
     int8 = cfg.int8_mode if cfg.int8 else None
-    return export_student(model, output, tuple(cfg.formats), cfg.fp16, int8, parity, cfg.calibration)
+    report = export_student(
+        model, output, tuple(cfg.formats), cfg.fp16, int8, parity, cfg.calibration, cfg.push_to_hub, cfg.license
+    )
+    if cfg.push_to_hub:
+        from distill.backend.hub import push_to_hub
+
+        report.hub_url = push_to_hub(report.out_dir, cfg.push_to_hub, cfg.private)
+    return report

@@ -1,0 +1,29 @@
+"""Paths as the export's records show them, and as they are found again: relative to the working folder, else to
+the project's folder (where the shipped data are). No absolute path reaches card.json or the model card."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+"""The project's folder (``data/`` holds the shipped candidates, qrels and teacher datasets)."""
+
+
+def resolve_path(path: str) -> Path | None:
+    """``path`` from the working folder, else (a relative one) from the project's folder; None if in neither."""
+    given = Path(path)
+    for candidate in (given,) if given.is_absolute() else (given, REPO / given):
+        if candidate.exists():
+            return candidate
+    return None
+
+
+def shown_path(path: str) -> str:
+    """``path`` as a record shows it: a relative one as given, an absolute one inside the project from its folder,
+    any other as its last two parts."""
+    given = Path(path)
+    if not given.is_absolute():
+        return path
+    if given.is_relative_to(REPO):
+        return str(given.relative_to(REPO))
+    return str(Path(given.parent.name) / given.name)
