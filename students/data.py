@@ -124,7 +124,9 @@ class StudentDataModule(LightningDataModule):
         pad_to_multiple_of: pad every batch to a multiple of this many tokens (None: the device's,
             :data:`distill.core.devices.TRAIN_PAD_MULTIPLE`: 64 on a GPU, to the longest pair on a CPU).
         bucket_window: with ``max_batch_tokens``, the pairs (or query groups) sorted by length together (None: the
-            whole epoch, which keeps the number of batches the same every epoch).
+            whole epoch, which keeps the number of batches of single pairs the same every epoch; query groups, whose
+            longest pair changes with the shuffle, may give a few more or fewer: Lightning takes every epoch's
+            length from the first, so an epoch with more leaves its last few batches out).
         group_size: candidates per query in a batch, for the within-query losses (None: pointwise batches).
         max_length: tokens per pair; longer pairs lose the end of the passage (counted).
         eval_batch_size: pairs per validation batch.
