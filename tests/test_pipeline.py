@@ -158,6 +158,6 @@ def test_a_pipeline_without_optional_sections_takes_their_defaults(tmp_path: Pat
     path.write_text(yaml.safe_dump({"name": "x", "root": str(tmp_path), "teach": teach, "train": train}))
     pipeline = load_pipeline(path)
     assert pipeline.export.int8 is False and pipeline.export.parity_queries == 3  # ExportConfig's defaults
-    assert pipeline.rerank.backend == "torch" and pipeline.rerank.input == [str(sample_file)]
+    assert pipeline.rerank.backend == "auto" and pipeline.rerank.input == [str(sample_file)]
     assert pipeline.eval.qrels == str(DL19_QRELS) and pipeline.eval.held_out == str(tmp_path / "x" / "student")
     assert pipeline.bench.output == str(tmp_path / "x" / "student" / "bench")
