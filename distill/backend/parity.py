@@ -3,10 +3,11 @@
 Pairs are scored at each batch size of :data:`BATCH_SIZES` (consecutive pairs of mixed lengths, so
 batches are padded) and at two max lengths: :data:`SHORT_MAX_LENGTH` (most pairs truncated) and the
 model's max (up to 512; a long pair reaches it). Bounds: max |Δscore| against PyTorch fp32 of
-:data:`SCORE_BOUNDS`; for the int8 graph, whose scores move more, the nDCG@10 difference (:data:`NDCG_BOUND`)
-on the ranking set: the quality gate's measure (:mod:`distill.backend.quality_gate`), by default on every
-candidate of the student's held-out validation queries (never DL19, the test set), since a few queries make
-nDCG@10 jump with one swap.
+:data:`SCORE_BOUNDS`, which an export must hold. The int8 graph, whose scores move more, is held to the
+nDCG@10 difference of :data:`NDCG_BOUND` on the ranking set instead: that is the quality gate's verdict
+(:mod:`distill.backend.quality_gate`, by default on every candidate of the student's held-out validation queries,
+never DL19, the test set), recorded here and in card.json. A graph outside it is kept, marked as failed, and so
+never chosen by ``backend="auto"``; an explicit ``dtype="int8"`` still runs it.
 """
 
 from __future__ import annotations
@@ -149,7 +150,8 @@ class FormatParity:
             }
 
     def failure(self) -> str | None:
-        """Why this format breaks its bound (NaN scores break any), naming the worst pair; None when it holds."""
+        """Why this format breaks its score bound (NaN scores break any), naming the worst pair; None when it holds.
+        The int8 graph's nDCG@10 bound is the quality gate's verdict, not a failure of the export."""
         bound = math.inf if self.bound is None else self.bound
         if self.max_abs_diff is not None and not self.max_abs_diff <= bound:
             w = self.worst
@@ -157,12 +159,6 @@ class FormatParity:
                 f"{self.format}: max |Δscore| {self.max_abs_diff:.3g} > bound {bound:g}, worst at {w['case']}: "
                 f"query {w['qid']} {w['query']!r}, passage {w['docid']} {w['passage']!r}... "
                 f"(PyTorch {w['pytorch']:.6g}, {self.format} {w[self.format]:.6g})"
-            )
-        if self.ndcg10 is not None and not abs(self.ndcg10["delta"]) <= NDCG_BOUND:
-            n = self.ndcg10
-            return (
-                f"{self.format}: nDCG@10 {n[self.format]:.2f} vs PyTorch {n['pytorch']:.2f}: "
-                f"|Δ| {abs(n['delta']):.2f} > bound {NDCG_BOUND} points (max |Δscore| {self.max_abs_diff:.3g})"
             )
         return None
 
