@@ -24,14 +24,15 @@ from .conftest import DL19
 SAPPHIRE_RAPIDS = "fpu sse2 avx2 avx512f avx512_bf16 avx512_vnni amx_bf16 amx_tile amx_int8 avx_vnni"
 ICE_LAKE = "fpu sse2 avx2 avx512f avx512_vnni avx512_bf16"
 ZEN2 = "fpu sse2 avx2 fma sha_ni"
+ZEN4 = "fpu sse2 avx2 avx512f avx512_vnni avx512_bf16"
 ALL_RUNTIMES = ("torch", "onnxruntime", "openvino")
 HAS_OPENVINO = importlib.util.find_spec("openvino") is not None
 
 
-def cpuinfo(flags: str) -> str:
+def cpuinfo(flags: str, vendor: str = "GenuineIntel") -> str:
     """A two-processor /proc/cpuinfo with these flags."""
-    block = "processor\t: {n}\nvendor_id\t: GenuineIntel\nmodel name\t: Some CPU\nflags\t\t: {flags}\n\n"
-    return block.format(n=0, flags=flags) + block.format(n=1, flags=flags)
+    block = "processor\t: {n}\nvendor_id\t: {vendor}\nmodel name\t: Some CPU\nflags\t\t: {flags}\n\n"
+    return block.format(n=0, flags=flags, vendor=vendor) + block.format(n=1, flags=flags, vendor=vendor)
 
 
 def folder_with(tmp_path: Path, files: tuple[str, ...], gate: dict | None = None) -> Path:
@@ -54,7 +55,10 @@ FAILED = {"passed": False, "delta": -0.9, "spearman": 0.97}
 def test_cpu_features_from_cpuinfo(tmp_path: Path) -> None:
     amx = CpuFeatures.parse(cpuinfo(SAPPHIRE_RAPIDS))
     assert amx.tier == "amx" and amx.vnni and "sse2" not in amx.flags
-    assert CpuFeatures.parse(cpuinfo(ICE_LAKE)).tier == "vnni"
+    assert CpuFeatures.parse(cpuinfo(ICE_LAKE)).tier == "vnni"  # Intel's AVX-512 BF16 without AMX: bf16 is slower
+    zen4 = CpuFeatures.parse(cpuinfo(ZEN4, "AuthenticAMD"))
+    assert zen4.tier == "vnni_bf16" and zen4.vendor == "AuthenticAMD" and zen4.describe().startswith("AuthenticAMD ")
+    assert CpuFeatures.parse(cpuinfo(ZEN4.replace(" avx512_bf16", ""), "AuthenticAMD")).tier == "vnni"
     assert CpuFeatures.parse("avx2 avx_vnni").tier == "vnni"  # AVX-VNNI without AVX-512 (a bare flag list)
     assert CpuFeatures.parse(cpuinfo(ZEN2)).tier == "fp32"
     assert CpuFeatures.parse("avx2 amx_tile").tier == "fp32"  # tiles without the bf16/int8 matmuls: not AMX
@@ -73,6 +77,10 @@ def test_cpu_features_from_cpuinfo(tmp_path: Path) -> None:
         (SAPPHIRE_RAPIDS, {"openvino-bf16": FAILED, "openvino-int8": PASSED}, "openvino-int8"),
         (ICE_LAKE, {"openvino-bf16": PASSED, "openvino-int8": PASSED}, "openvino-int8"),
         (ICE_LAKE, {"openvino-int8": FAILED, "onnx-int8": PASSED}, "onnx-int8"),
+        (ICE_LAKE, {"openvino-int8": FAILED, "openvino-bf16": PASSED}, "openvino-fp32"),
+        (cpuinfo(ZEN4, "AuthenticAMD"), {"openvino-int8": PASSED, "openvino-bf16": PASSED}, "openvino-int8"),
+        (cpuinfo(ZEN4, "AuthenticAMD"), {"openvino-int8": FAILED, "openvino-bf16": PASSED}, "openvino-bf16"),
+        (cpuinfo(ZEN4, "AuthenticAMD"), {"openvino-int8": FAILED, "openvino-bf16": FAILED}, "onnx-fp32"),
         (ZEN2, {"openvino-int8": PASSED, "onnx-int8": PASSED}, "openvino-fp32"),
     ],
 )

@@ -41,6 +41,7 @@ EXPORT_CARD = "card.json"
 
 PREFERENCES: dict[Tier | str, tuple[str, ...]] = {
     "amx": ("openvino-bf16", "openvino-int8", "onnx-int8", "openvino-fp32", "torch-fp32"),
+    "vnni_bf16": ("openvino-int8", "openvino-bf16", "onnx-int8", "onnx-fp32", "openvino-fp32", "torch-fp32"),
     "vnni": ("openvino-int8", "onnx-int8", "openvino-fp32", "torch-fp32"),
     "fp32": ("openvino-fp32", "onnx-fp32", "torch-fp32"),
     "cuda": ("torch-fp16", "torch-fp32"),
@@ -51,6 +52,10 @@ a DL19 query's 100 BM25 candidates; README, "Reranking latency on this 2-core CP
 
 - ``amx``: on an AMX Xeon the quickstart's bench timed OpenVINO bf16 at 3.1x PyTorch fp32 (26.9 against 83.9 ms,
   issue 21); int8 is next, as on VNNI.
+- ``vnni_bf16``: on an AMD EPYC with AVX-512 VNNI and BF16 (``benchmarks/results/bench-cpu-auto-dl2122-final``, the
+  final student), OpenVINO int8 2.91x PyTorch fp32, OpenVINO bf16 2.39x, onnxruntime's run of the int8 graph 1.38x,
+  onnxruntime fp32 1.45x, OpenVINO fp32 1.20-1.39x: native bf16 dot products make bf16 the next choice after int8
+  (when the gate refuses int8, as it did for that student), and onnxruntime fp32 leads fp32, as on the earlier EPYC.
 - ``vnni``: on an AVX-512 VNNI Xeon without AMX (``benchmarks/results/bench-cpu-dl2122-seg-hybrid-lr3e-5``, the
   final student), OpenVINO int8 2.04x PyTorch fp32, OpenVINO fp32 1.19x, onnxruntime fp32 0.84x (slower than
   PyTorch, so it is left out of the AVX-512 lists), OpenVINO bf16 0.69x (AVX-512 BF16 without AMX is slower than

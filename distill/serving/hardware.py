@@ -15,9 +15,12 @@ FEATURES = ("amx_bf16", "amx_int8", "amx_tile", "avx512_vnni", "avx512_bf16", "a
 """The flags (Linux's names) that the choices read (the backend here, sentence-transformers' int8 configuration in
 ``distill bench``); :attr:`CpuFeatures.flags` keeps only these."""
 
-Tier = Literal["amx", "vnni", "fp32"]
-"""What the CPU does fastest: bf16 and int8 matmuls in AMX tiles; int8 dot products (AVX-512 VNNI or AVX-VNNI);
-or fp32 only (AVX2, AVX-512 without VNNI, ARM, unknown)."""
+Tier = Literal["amx", "vnni_bf16", "vnni", "fp32"]
+"""What the CPU does fastest: bf16 and int8 matmuls in AMX tiles; int8 and native bf16 dot products (AVX-512 VNNI
+and AVX-512 BF16 on an AMD CPU: Zen 4 and later); int8 dot products (AVX-512 VNNI or AVX-VNNI); or fp32 only
+(AVX2, AVX-512 without VNNI, ARM, unknown). An Intel CPU with AVX-512 BF16 but no AMX is ``vnni``: OpenVINO's bf16
+ran slower than its fp32 there (:data:`distill.serving.auto.PREFERENCES` gives the figures)."""
+AMD = "AuthenticAMD"
 
 
 @dataclass(frozen=True)
@@ -25,18 +28,22 @@ class CpuFeatures:
     """The :data:`FEATURES` a CPU has."""
 
     flags: frozenset[str]
+    vendor: str = ""
+    """``vendor_id`` of ``/proc/cpuinfo`` (``GenuineIntel``, ``AuthenticAMD``); empty where unknown."""
 
     @classmethod
     def parse(cls, cpuinfo: str) -> CpuFeatures:
-        """The features of the first ``flags`` (or ARM ``Features``) line of ``cpuinfo`` text, or of a bare
-        space-separated flag list (``"avx2 avx512_vnni"``)."""
+        """The features of the first ``flags`` (or ARM ``Features``) line of ``cpuinfo`` text, and its ``vendor_id``,
+        or of a bare space-separated flag list (``"avx2 avx512_vnni"``, no vendor)."""
         lines = [line for line in cpuinfo.splitlines() if ":" in line]
         if not lines:  # a bare flag list
-            words = cpuinfo.split()
-        else:
-            found = next((line for line in lines if line.split(":", 1)[0].strip() in ("flags", "Features")), "")
-            words = found.partition(":")[2].split()
-        return cls(frozenset(words) & frozenset(FEATURES))
+            return cls(frozenset(cpuinfo.split()) & frozenset(FEATURES))
+        fields = {}
+        for line in lines:
+            key, _, value = line.partition(":")
+            fields.setdefault(key.strip(), value.strip())
+        words = fields.get("flags", fields.get("Features", "")).split()
+        return cls(frozenset(words) & frozenset(FEATURES), fields.get("vendor_id", ""))
 
     @classmethod
     def read(cls, path: str | Path = CPUINFO) -> CpuFeatures:
@@ -60,8 +67,14 @@ class CpuFeatures:
     @property
     def tier(self) -> Tier:
         """The fastest arithmetic of this CPU (see :data:`Tier`)."""
-        return "amx" if self.amx else "vnni" if self.vnni else "fp32"
+        if self.amx:
+            return "amx"
+        if self.vnni:
+            return "vnni_bf16" if self.vendor == AMD and "avx512_bf16" in self.flags else "vnni"
+        return "fp32"
 
     def describe(self) -> str:
-        """The features in one phrase, e.g. ``"amx_bf16 amx_int8 amx_tile avx2 avx512_bf16 avx512_vnni"``."""
-        return " ".join(sorted(self.flags)) or "none of " + "/".join(FEATURES)
+        """The vendor and features in one phrase, e.g. ``"AuthenticAMD avx2 avx512_bf16 avx512_vnni avx512f"``."""
+        return " ".join([*([self.vendor] if self.vendor else []), *sorted(self.flags)]) or "none of " + "/".join(
+            FEATURES
+        )
