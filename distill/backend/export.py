@@ -29,10 +29,11 @@ from distill.backend.remote_code import write_remote_code
 from distill.core.schema import ExistingOutputError, InputError
 from distill.core.student_card import StudentCard
 from distill.core.teacher_data import TeacherDataset
+from distill.serving.auto import EXPORT_CARD
 from distill.serving.encoding import encode_pairs, input_names, load_tokenizer, model_max_length, pad_batch
 from distill.serving.scorers import FORMAT_FILES, WEIGHT_FILES, require_file
 
-CARD = "card.json"
+CARD = EXPORT_CARD
 MODEL_CARD = "README.md"
 EXPORTABLE = ("onnx", "torchscript")
 EXAMPLE_PAIRS = (
