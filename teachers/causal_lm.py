@@ -12,7 +12,6 @@ to the host at once. The host thus lays out the next batch while the device runs
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from distill.core.devices import attention_backends
 from distill.core.schema import InputError
 from teachers.layout import PADDING_SEGMENT, BatchPlan, HostBatch, build_batch, plan_batches
 
@@ -51,8 +51,10 @@ class ScorerOptions:
     """Pack several sequences in each row, back to back with no padding between them, each from position 0,
     behind a block-diagonal causal mask."""
     compile: bool = False
-    """``torch.compile`` each decoder layer. It compiles for the first batch shape, then once more for each
-    dimension that changes (torch's automatic dynamic shapes), so at most three times; the first batches wait."""
+    """``torch.compile`` each decoder layer and the LM head's log-softmax (:func:`row_logprobs`, then one fused
+    pass over the logits instead of several over fp32 copies). Each compiles for the first batch shape, then once
+    more for each dimension that changes (torch's automatic dynamic shapes), so at most three times; the first
+    batches wait."""
     cudnn_attention: bool = False
     """On CUDA, let attention use cuDNN's SDPA kernels, which build a plan on the host for every new batch shape
     (off: flash, memory-efficient or math kernels). No effect on the CPU."""
@@ -68,12 +70,26 @@ class ScorerOptions:
         return {name: value for name, value in values.items() if value != getattr(default, name)}
 
 
+def row_logprobs(logits: torch.Tensor, targets: torch.Tensor, softcap: float | None = None) -> torch.Tensor:
+    """log p(target) at each row of ``[N, V]`` logits (any float dtype, read as fp32): ``[N]`` fp32 (natural log).
+
+    Eager, it materialises the fp32 logits and several ``[N, V]`` temporaries; compiled (:class:`ScorerOptions`'
+    ``compile``) it is one fused pass over the logits.
+    """
+    logits = logits.float()
+    if softcap:
+        logits = torch.tanh(logits / softcap) * softcap
+    picked = logits.gather(1, targets[:, None]).squeeze(1)
+    return picked - torch.logsumexp(logits, dim=-1)
+
+
 def target_logprobs(
     hidden: torch.Tensor,
     head: nn.Module,
     targets: torch.Tensor,
     chunk_rows: int,
     softcap: float | None = None,
+    reduce: Callable[[torch.Tensor, torch.Tensor, float | None], torch.Tensor] = row_logprobs,
 ) -> torch.Tensor:
     """log p(target) at each row, computing the vocabulary logits ``chunk_rows`` rows at a time.
 
@@ -83,6 +99,7 @@ def target_logprobs(
         targets: ``[N]`` token ids.
         chunk_rows: rows per chunk; memory is ``chunk_rows * V`` fp32 values at most.
         softcap: the model's final logit soft-capping (Gemma 2), if any.
+        reduce: :func:`row_logprobs`, or a compiled copy of it.
 
     Returns:
         ``[N]`` fp32 log-probabilities (natural log).
@@ -90,11 +107,7 @@ def target_logprobs(
     out = torch.empty(hidden.shape[0], dtype=torch.float32, device=hidden.device)
     for start in range(0, hidden.shape[0], chunk_rows):
         rows = slice(start, start + chunk_rows)
-        logits = head(hidden[rows]).float()
-        if softcap:
-            logits = torch.tanh(logits / softcap) * softcap
-        picked = logits.gather(1, targets[rows, None]).squeeze(1)
-        out[rows] = picked - torch.logsumexp(logits, dim=-1)
+        out[rows] = reduce(head(hidden[rows]), targets[rows], softcap)
     return out
 
 
@@ -124,15 +137,6 @@ def sequence_sums(
     grid = torch.zeros(shape, dtype=torch.float64, device=values.device)
     grid[owners, columns] = values.double()
     return grid.cumsum(1)[:, -1]
-
-
-def attention_backends(device: torch.device, cudnn: bool) -> contextlib.AbstractContextManager:
-    """A context in which SDPA on a CUDA ``device`` avoids cuDNN's kernels unless ``cudnn``; elsewhere, nothing."""
-    if device.type != "cuda" or cudnn:
-        return contextlib.nullcontext()
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
 
 
 def _to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
@@ -187,8 +191,10 @@ class CausalLMScorer:
         self.logit_chunk_rows = logit_chunk_rows
         self.pad_token_id = pad_token_id
         self.options = options or ScorerOptions()
+        self.reduce = row_logprobs
         if self.options.compile:
             _compile_layers(self.body)
+            self.reduce = torch.compile(row_logprobs)
 
     @property
     def device(self) -> torch.device:
@@ -258,6 +264,7 @@ class CausalLMScorer:
             _to_device(batch.targets, head_device),
             self.logit_chunk_rows,
             self.softcap,
+            self.reduce,
         )
         owners, columns = _to_device(batch.owners, head_device), _to_device(batch.columns, head_device)
         return sequence_sums(token_logprobs, owners, columns, (batch.n_sequences, batch.longest_target))

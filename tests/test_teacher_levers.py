@@ -1,8 +1,9 @@
 """The teacher's speed levers (issue 19) on the CPU: batch layouts, packed and bucketed batches, compiled
-layers, no host sync per batch, and the exact default path."""
+layers, no host sync per batch, and the exact default path; and the benchmark's plain batched loop."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +19,7 @@ from teachers.causal_lm import (
     ScoringSequence,
     attention_backends,
     block_causal_mask,
+    row_logprobs,
     sequence_sums,
     target_logprobs,
 )
@@ -192,16 +194,22 @@ def test_compiled_layers_give_the_same_scores_and_compile_a_few_times(
     from torch._dynamo.utils import counters
 
     compiled = []
-    original = torch.nn.Module.compile
+    original, original_function = torch.nn.Module.compile, torch.compile
 
     def eager_compile(self, *args, **kwargs):
         compiled.append(self)
         return original(self, *args, **{**kwargs, "backend": "eager"})
 
+    def eager_compile_function(function, *args, **kwargs):
+        if function is row_logprobs:  # (Module.compile comes here too, with the module's own call)
+            compiled.append(function)
+        return original_function(function, *args, **{**kwargs, "backend": "eager"})
+
     monkeypatch.setattr(torch.nn.Module, "compile", eager_compile)
+    monkeypatch.setattr(torch, "compile", eager_compile_function)
     teacher = CausalLMTeacher.load(str(tiny_llama), max_batch_tokens=128, options=ScorerOptions(compile=True))
     model = teacher.scorer.model
-    assert compiled == list(model.base_model.layers)
+    assert compiled == [*model.base_model.layers, row_logprobs]
     sequences = random_sequences(model.config.vocab_size, 30, seed=3)
     assert len({p.shape for p in teacher.scorer.plan(sequences)}) >= 4
     torch._dynamo.reset()
@@ -211,9 +219,22 @@ def test_compiled_layers_give_the_same_scores_and_compile_a_few_times(
         graphs = counters["stats"]["unique_graphs"]
     finally:
         torch._dynamo.reset()
-    assert 1 <= graphs <= 3
+    assert 2 <= graphs <= 6  # the layers' and the head's, each at most three times
     plain = CausalLMTeacher.load(str(tiny_llama), max_batch_tokens=128).scorer
     np.testing.assert_allclose(got, plain.logprobs(sequences), **TIGHT)
+
+
+def test_the_compiled_head_log_softmax_equals_the_eager_one() -> None:
+    """The real inductor kernel: one fused pass over bf16 logits gives the eager fp32 result, softcap included."""
+    generator = torch.Generator().manual_seed(0)
+    compiled = torch.compile(row_logprobs)
+    for rows in (7, 32):  # a second shape: the dynamic recompile
+        logits = (torch.randn(rows, 5000, generator=generator) * 6).to(torch.bfloat16)
+        targets = torch.randint(0, 5000, (rows,), generator=generator)
+        for softcap in (None, 30.0):
+            eager = row_logprobs(logits, targets, softcap)
+            assert eager.dtype == torch.float32
+            torch.testing.assert_close(compiled(logits, targets, softcap), eager, rtol=1e-5, atol=1e-4)
 
 
 def test_cudnn_attention_is_off_on_cuda_only_unless_asked() -> None:
@@ -303,3 +324,57 @@ def test_benchmark_takes_the_levers_and_keeps_its_old_command_line(monkeypatch: 
     assert bench.scorer_options(bench.parse_args(["--cudnn-attention", "true"])).cudnn_attention
     with pytest.raises(SystemExit):
         bench.parse_args(["--packing", "maybe"])
+
+
+@pytest.fixture
+def teacher_bench(monkeypatch: pytest.MonkeyPatch):
+    """``benchmarks/teacher.py``, imported as the script imports its siblings (``benchmarks/`` first on the path)."""
+    import importlib
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    return importlib.import_module("teacher")
+
+
+def test_the_plain_batched_loop_scores_each_sequence_as_the_textbook_does(teacher_bench, model) -> None:
+    """Right-padded batches, the logits of every position, a full-vocabulary log-softmax: each sequence's sum is
+    its own unpadded one's, whatever else shares its batch."""
+    sequences = random_sequences(model.config.vocab_size, 9, seed=5)
+    assert len({len(s) for s in sequences}) > 3  # padded rows in the batch
+    got = teacher_bench.plain_batch_logprobs(model, sequences, pad_id=1, device=torch.device("cpu"))
+    want = [naive_logprob(model, s.prefix, s.target) for s in sequences]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+
+
+def test_the_plain_loop_scores_each_pairs_two_terms_once_per_distinct_passage(teacher_bench, model) -> None:
+    vocab = model.config.vocab_size
+    cond, uncond = random_sequences(vocab, 5, seed=6), random_sequences(vocab, 3, seed=7)
+    work = teacher_bench.Workload(["q"] * 5, [[]] * 5, [[]] * 3, [2, 0, 2, 1, 0], cond, uncond, 1)
+    sequences, uncond_of = teacher_bench.plain_sequences(work, 4)
+    assert sequences == [*cond[:4], uncond[2], uncond[0], uncond[1]] and uncond_of == [4, 5, 4, 6]
+    cpu = torch.device("cpu")
+    phase, got_cond, got_uncond = teacher_bench.run_plain(model, work, 4, 2, 1, cpu, cudnn_attention=False, show=False)
+    assert (phase.pairs, phase.sequences, phase.tokens) == (4, 7, sum(map(len, sequences)))
+    by_length = sorted(map(len, sequences), reverse=True)
+    assert phase.padded_tokens == sum(2 * by_length[k] for k in range(0, 6, 2)) + by_length[6]
+    np.testing.assert_allclose(got_cond, [naive_logprob(model, s.prefix, s.target) for s in cond[:4]], rtol=1e-5)
+    want = [naive_logprob(model, uncond[d].prefix, uncond[d].target) for d in (2, 0, 2, 1)]
+    np.testing.assert_allclose(got_uncond, want, rtol=1e-5)
+
+
+def test_the_benchmark_times_the_plain_loop_and_reports_the_stage_over_it(
+    teacher_bench, tiny_llama: Path, sample_file: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "teacher.json"
+    argv = ["--teacher", str(tiny_llama), "--input", str(sample_file), "--max-queries", "2", "--naive-pairs", "2"]
+    argv += ["--plain-batch-size", "5", "--matmul-size", "64", "--matmul-reps", "1", "--device", "cpu"]
+    assert teacher_bench.main([*argv, "--no-progress", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    plain, stage = result["plain"], result["teacher"]
+    assert result["workload"]["plain_pairs"] == plain["pairs"] == stage["pairs"] == 24  # every pair by default
+    assert plain["sequences"] == stage["sequences"] and plain["tokens"] == stage["tokens"]  # the same work
+    assert result["speedup_over_plain_pairs_per_s"] == pytest.approx(stage["pairs_per_s"] / plain["pairs_per_s"])
+    assert result["plain_agreement"]["ok"] and result["plain_agreement"]["pairs"] == 24
+    assert result["targets"]["over_plain"] == 1.2
+    assert teacher_bench.main([*argv, "--plain-pairs", "0", "--no-progress", "--out", str(out)]) == 0
+    skipped = json.loads(out.read_text())
+    assert skipped["plain"] is None and skipped["speedup_over_plain_pairs_per_s"] is None
