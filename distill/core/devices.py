@@ -5,6 +5,7 @@ torch is imported by the functions that need it, so importing this module stays 
 
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING, Literal
 
 from distill.core.schema import InputError
@@ -52,3 +53,15 @@ def compute_dtype(device: str | torch.device) -> torch.dtype:
     import torch
 
     return torch.bfloat16 if device_type(device) == "cuda" else torch.float32
+
+
+def attention_backends(device: str | torch.device, cudnn: bool) -> contextlib.AbstractContextManager:
+    """A context in which SDPA on a CUDA ``device`` avoids cuDNN's kernels unless ``cudnn``; elsewhere, nothing.
+
+    cuDNN's SDPA builds a plan on the host for every new (batch, length) shape; stages whose shapes change from
+    batch to batch (the teacher, reranking) use the flash, memory-efficient or math kernels instead."""
+    if device_type(device) != "cuda" or cudnn:
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
