@@ -60,6 +60,11 @@ def test_the_tiny_suite_runs_each_benchmark_and_summarises_every_figure(tmp_path
     # The targets are the full shapes' on an H100: a tiny run checks correctness only.
     assert all(f["met"] is None for f in summary["figures"] if f["kind"] != "equal")
     assert figures["teacher", "scores_agree"]["met"] and figures["train", "same_work"]["met"]
+    # The teacher against the plain batched loop, in the same run.
+    assert teacher["plain"]["pairs"] == 8 and teacher["workload"]["plain_batch_size"] == 4
+    over_plain = figures["teacher", "speedup_over_plain_batched_loop"]
+    assert over_plain["value"] == teacher["speedup_over_plain_pairs_per_s"] > 0 and over_plain["target"] == 1.2
+    assert figures["teacher", "plain_scores_agree"]["met"]
 
 
 def test_the_gpu_run_trains_with_the_gpu_config_and_its_arguments_parse(suite) -> None:
@@ -76,5 +81,6 @@ def test_the_gpu_run_trains_with_the_gpu_config_and_its_arguments_parse(suite) -
     on_cpu = [*argv[: argv.index("--device")], "--device", "cpu"]
     assert student_train.parse_args(on_cpu).max_batch_tokens == config["data"]["max_batch_tokens"]
     argv = suite.teacher_argv(full, Path("out"))
-    assert teacher.parse_args([*argv[: argv.index("--device")], "--device", "cpu"]).random_config == "llama3-8b"
+    parsed = teacher.parse_args([*argv[: argv.index("--device")], "--device", "cpu"])
+    assert parsed.random_config == "llama3-8b" and parsed.plain_pairs is None  # the plain loop on every pair
     assert "torch-fp16,st-crossencoder" in suite.rerank_argv(full, Path("out"))
