@@ -103,7 +103,7 @@ class BenchConfig:
     max_length: int | None = None
     """Longest student pair in tokens (default: the model's, up to 512)."""
     max_batch_tokens: int | None = None
-    """Padded tokens per student batch (default the Reranker's: 1024 on a CPU, 16384 on a GPU)."""
+    """Padded tokens per student batch (default the Reranker's: 1024 on a CPU, 32768 on a GPU)."""
     teacher_max_batch_tokens: int | None = None
     """Padded tokens per teacher batch (default 8192 on a CPU, 16384 on a GPU)."""
     matmul_size: int | None = None

@@ -15,9 +15,12 @@ if TYPE_CHECKING:
 
 DeviceType = Literal["cpu", "cuda"]
 
-STUDENT_BATCH_TOKENS: dict[DeviceType, int] = {"cpu": 1024, "cuda": 16384}
+STUDENT_BATCH_TOKENS: dict[DeviceType, int] = {"cpu": 1024, "cuda": 32768}
 """Padded tokens per student (cross-encoder) batch. Small batches keep a CPU's caches warm (on 2 cores, compare
-``benchmarks/results/bench-cpu-minilm-dl19-all-cis`` with its ``-batch16384`` twin); a GPU wants large ones."""
+``benchmarks/results/bench-cpu-minilm-dl19-all-cis`` with its ``-batch16384`` twin); a GPU wants large ones: 32768
+takes a query's 100 candidates in one batch up to 327 tokens a pair (100 x 256 fits). On an H100, 16384 split a DL19
+query's 100 candidates into 90 x 182 and 10 x 64 tokens, 45.8 ms for the two batches against 32.1 ms for one
+(``../shared/gpu-h100/README.md``, bert-large fp16)."""
 TEACHER_BATCH_TOKENS: dict[DeviceType, int] = {"cpu": 8192, "cuda": 16384}
 """Padded tokens per teacher forward pass in the benchmarks (the teach stage's own default is its config's)."""
 TRAIN_PAD_MULTIPLE: dict[DeviceType, int] = {"cpu": 1, "cuda": 64}

@@ -41,7 +41,7 @@ class RerankConfig:
     max_length: int | None = None
     """The longest pair in tokens (default: the model's)."""
     max_batch_tokens: int | None = None
-    """Padded tokens per batch (default 1024 on a CPU, 16384 on a GPU)."""
+    """Padded tokens per batch (default 1024 on a CPU, 32768 on a GPU: a query's 100 candidates in one batch)."""
     max_queries: int | None = None
     """Rerank only the first N queries."""
     held_out: str | None = None
