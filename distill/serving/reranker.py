@@ -8,7 +8,8 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +22,14 @@ from distill.core.schema import InputError, MissingFileError
 from distill.core.student_card import StudentCard
 from distill.serving.auto import choose_backend
 from distill.serving.backends import BACKENDS, ONNX_DTYPES, OPENVINO_DTYPES, backend_name
-from distill.serving.encoding import encode_pairs, load_tokenizer, model_max_length, pad_batch
-from distill.serving.scorers import Scorer, load_scorer, require_file
+from distill.serving.encoding import Batch, encode_pairs, load_tokenizer, model_max_length, pad_batch
+from distill.serving.scorers import Scorer, TorchOptions, load_scorer, require_file
 
 log = logging.getLogger(__name__)
+
+Prepared = tuple[int, list[tuple[np.ndarray, Batch]]]
+"""A span of a call's pairs, ready to score: how many of them were truncated, and its padded batches, each with the
+indices (into the call's passages) of its rows."""
 
 
 class Reranker:
@@ -32,6 +37,12 @@ class Reranker:
 
     Passages are encoded as in training (the passage truncated to ``max_length``), sorted by length into
     batches of at most ``max_batch_tokens`` padded tokens, and their scores returned in input order.
+
+    With ``overlap`` set, a call's passages are taken in spans of that many, in input order: each span is encoded,
+    sorted and padded on a background thread while the previous span's batches run, so tokenisation overlaps
+    compute. Batches then hold one span's pairs, so the scores can change within rounding, as with another batch
+    budget (where the spans' batches are the sequential path's, the scores are the same); the order and the
+    ``truncated`` count are the sequential path's.
 
     With ``alpha`` set, a query's scores are interpolated with its first-stage scores (given to :meth:`score`):
     ``alpha · z(student) + (1 − alpha) · z(first stage)``, ``z`` standardising over the query's passages.
@@ -49,13 +60,16 @@ class Reranker:
         scorer: Scorer,
         tokenizer: Any,
         max_length: int,
-        max_batch_tokens: int = 1024,
+        max_batch_tokens: int = STUDENT_BATCH_TOKENS["cpu"],
         alpha: float | None = None,
         backend: str | None = None,
         backend_reason: str = "",
+        overlap: int = 0,
     ) -> None:
         if max_length < 1 or max_batch_tokens < 1:
             raise ValueError(f"max_length and max_batch_tokens must be positive, got {max_length}, {max_batch_tokens}")
+        if overlap < 0:
+            raise InputError(f"overlap is a number of pairs (0: off), not {overlap}")
         if alpha is not None and not 0 <= alpha <= 1:
             raise InputError(f"interpolation alpha must be in [0, 1], got {alpha}")
         self.scorer = scorer
@@ -65,6 +79,7 @@ class Reranker:
         self.alpha = alpha
         self.backend = backend
         self.backend_reason = backend_reason
+        self.overlap = overlap
         self.truncated = 0
 
     @classmethod
@@ -78,6 +93,8 @@ class Reranker:
         max_batch_tokens: int | None = None,
         interpolation: bool | float | None = None,
         threads: int = 0,
+        overlap: int = 0,
+        options: TorchOptions | None = None,
     ) -> Reranker:
         """The student in ``path``: an HF folder (``torch``) or an export folder (any backend).
 
@@ -94,11 +111,16 @@ class Reranker:
                 ``bfloat16`` (``model.onnx`` computed in bf16); ``torchscript``: ``float32`` only.
             max_length: the longest pair in tokens; default the model's (up to 512).
             max_batch_tokens: the budget of padded tokens per batch (default
-                :data:`~distill.core.devices.STUDENT_BATCH_TOKENS`).
+                :data:`~distill.core.devices.STUDENT_BATCH_TOKENS`: 1024 on a CPU, 32768 on a GPU, which takes a
+                query's 100 candidates in one batch).
             interpolation: with the first stage: ``None`` as the student's card says (its α, where it was trained
                 to be used so); ``True`` the card's α; ``False`` never; a number that α.
             threads: intra-op threads of ``onnx`` and ``openvino`` (0: one per physical core); torch's threads are
                 process-wide (``torch.set_num_threads``).
+            overlap: tokenise in spans of this many pairs, the next span on a background thread while the current
+                one's batches run (0, the default: every pair first); any backend.
+            options: the ``torch`` backend's levers (:class:`~distill.serving.scorers.TorchOptions`: TF32 for fp32
+                on CUDA, ``torch.compile``, cuDNN attention), each recorded in :attr:`settings`.
 
         Raises:
             MissingFileError: a file the backend needs is missing; the message names the folder and the file.
@@ -127,14 +149,24 @@ class Reranker:
         runtime = "openvino" if backend == "openvino" else "onnxruntime"
         # the exported files carry their dtype; OpenVINO computes model.onnx in the one asked for
         precision = None if backend == "onnx" or (backend == "openvino" and fmt != "onnx") else dtype
-        scorer = load_scorer(path, fmt, device, precision, threads, runtime)
+        scorer = load_scorer(path, fmt, device, precision, threads, runtime, options)
         tokenizer = load_tokenizer(path)
         limit = model_max_length(path, tokenizer)
         if max_length is not None and max_length > limit:
             raise InputError(f"{path}: max_length {max_length} is over the model's {limit}")
         budget = max_batch_tokens or STUDENT_BATCH_TOKENS[device_type(device)]
         alpha = _alpha(path, interpolation)
-        return cls(scorer, tokenizer, max_length or limit, budget, alpha, backend_name(backend, dtype), reason)
+        name = backend_name(backend, dtype)
+        return cls(scorer, tokenizer, max_length or limit, budget, alpha, name, reason, overlap)
+
+    @property
+    def settings(self) -> dict[str, object]:
+        """What scores, and how: the backend, the longest pair, the batch budget, ``overlap`` and, on ``torch``, the
+        scorer's dtype, device, attention implementation and levers (:meth:`TorchScorer.settings
+        <distill.serving.scorers.TorchScorer.settings>`)."""
+        scorer = getattr(self.scorer, "settings", None)
+        own = {"max_length": self.max_length, "max_batch_tokens": self.max_batch_tokens, "overlap": self.overlap}
+        return {"backend": self.backend, **own, **(scorer() if callable(scorer) else {})}
 
     def score(
         self, query: str, passages: Sequence[str], first_stage_scores: Sequence[float] | None = None
@@ -161,12 +193,37 @@ class Reranker:
         return fused.tolist()
 
     def _student_scores(self, query: str, passages: Sequence[str]) -> np.ndarray:
-        encoded = encode_pairs(self.tokenizer, [query] * len(passages), list(passages), self.max_length)
-        self.truncated += encoded.truncated
         scores = np.empty(len(passages), dtype=np.float32)
-        for rows in token_budget_batches(encoded.lengths, self.max_batch_tokens):
-            scores[rows] = self.scorer(pad_batch(self.tokenizer, [encoded.features[i] for i in rows]))
+        for truncated, batches in self._prepared(query, passages):
+            self.truncated += truncated
+            for rows, batch in batches:
+                scores[rows] = self.scorer(batch)
         return scores
+
+    def _prepared(self, query: str, passages: Sequence[str]) -> Iterator[Prepared]:
+        """The call's spans (:attr:`overlap` pairs each, or all of them), each prepared by :meth:`_prepare`; with
+        several, on a background thread, one span ahead of the one being scored."""
+        size = self.overlap or len(passages)
+        spans = [(start, min(start + size, len(passages))) for start in range(0, len(passages), size)]
+        if len(spans) == 1:
+            yield self._prepare(query, passages, *spans[0])
+            return
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="rerank-tokenize") as pool:
+            pending = pool.submit(self._prepare, query, passages, *spans[0])
+            for span in spans[1:]:
+                ready = pending.result()
+                pending = pool.submit(self._prepare, query, passages, *span)
+                yield ready
+            yield pending.result()
+
+    def _prepare(self, query: str, passages: Sequence[str], start: int, stop: int) -> Prepared:
+        """Encode ``passages[start:stop]``, sort them into token-budget batches and pad each batch."""
+        encoded = encode_pairs(self.tokenizer, [query] * (stop - start), list(passages[start:stop]), self.max_length)
+        batches = [
+            (np.asarray(rows) + start, pad_batch(self.tokenizer, [encoded.features[i] for i in rows]))
+            for rows in token_budget_batches(encoded.lengths, self.max_batch_tokens)
+        ]
+        return encoded.truncated, batches
 
     def rerank(
         self,

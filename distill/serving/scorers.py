@@ -6,9 +6,11 @@ torch and onnxruntime are imported by the scorer that needs them, not by this mo
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import numpy as np
 
@@ -52,32 +54,110 @@ def _unreadable_model(path: Path, detail: str) -> InputError:
     return InputError(f"{path}: not a valid ONNX model ({detail}): truncated or corrupt? export it again")
 
 
-class TorchScorer:
-    """The Hugging Face weights of ``folder`` (``AutoModelForSequenceClassification``, one label)."""
+@dataclass(frozen=True)
+class TorchOptions:
+    """The torch backend's speed levers (issue 19). Each is recorded in :meth:`TorchScorer.settings` and
+    :attr:`Reranker.settings <distill.serving.reranker.Reranker.settings>`.
 
-    def __init__(self, folder: Path, device: str = "cpu", dtype: str | None = None) -> None:
+    Every model that has an SDPA path (``torch.nn.functional.scaled_dot_product_attention``: fused flash or
+    memory-efficient kernels on a GPU) is loaded with it; one without it keeps its own attention. These levers come
+    on top of that."""
+
+    tf32: bool = False
+    """fp32 only, opt-in: compute fp32 matmuls on CUDA in TF32 (inputs rounded to a 10-bit mantissa, fp32
+    accumulation), several times faster on Ampere and later GPUs. It changes the scores (about 1e-3 relative), so it
+    is off unless asked. It sets ``torch.backends.cuda.matmul.fp32_precision`` to ``tf32`` during each forward only,
+    and restores it after (process-wide meanwhile); CPU matmuls ignore it."""
+    compile: bool = False
+    """Opt-in: ``torch.compile`` the model (in place). It compiles on the first call, and once more with dynamic
+    shapes when a later batch's shape differs, so the first calls wait; scores change within rounding."""
+    cudnn_attention: bool = False
+    """On CUDA, let SDPA use cuDNN's kernels, which build a plan on the host for every new (batch, length) shape,
+    and a reranking call's shape is new almost every time (off: flash, memory-efficient or math kernels). No effect
+    on a CPU."""
+
+
+@contextmanager
+def fp32_matmul_precision(tf32: bool) -> Iterator[None]:
+    """A context in which CUDA's fp32 matmuls run in TF32 if ``tf32`` (else nothing changes); the previous setting
+    is restored on exit. Uses ``torch.backends.cuda.matmul.fp32_precision`` where torch has it (2.9 and later:
+    mixing it with the legacy ``allow_tf32`` raises), else ``allow_tf32``."""
+    if not tf32:
+        yield
+        return
+    import torch
+
+    matmul = torch.backends.cuda.matmul
+    name, value = ("fp32_precision", "tf32") if hasattr(matmul, "fp32_precision") else ("allow_tf32", True)
+    before = getattr(matmul, name)
+    setattr(matmul, name, value)
+    try:
+        yield
+    finally:
+        setattr(matmul, name, before)
+
+
+class TorchScorer:
+    """The Hugging Face weights of ``folder`` (``AutoModelForSequenceClassification``, one label), with the levers
+    of :class:`TorchOptions`."""
+
+    def __init__(
+        self, folder: Path, device: str = "cpu", dtype: str | None = None, options: TorchOptions | None = None
+    ) -> None:
         import inspect
 
         import torch
-        from transformers import AutoModelForSequenceClassification
 
         import distill.core.segment_cosine  # noqa: F401  (registers the segment-cosine head)
 
         if dtype not in (None, *TORCH_DTYPES):
             raise InputError(f"the torch backend's dtype is one of {list(TORCH_DTYPES)}, not {dtype!r}")
+        options = options or TorchOptions()
+        if options.tf32 and dtype not in (None, "float32"):
+            raise InputError(f"tf32 applies to float32 matmuls; the torch backend runs in {dtype}")
         require_file(folder, *WEIGHT_FILES)
         self.device = torch.device(device)
-        model = AutoModelForSequenceClassification.from_pretrained(folder, dtype=getattr(torch, dtype or "float32"))
-        self.model = model.to(self.device).eval()
+        self.dtype = dtype or "float32"
+        self.options = options
+        self.model = _load_model(folder, getattr(torch, self.dtype)).to(self.device).eval()
+        if options.compile:
+            self.model.compile()
         accepted = inspect.signature(self.model.forward).parameters
         self.input_names = tuple(name for name in INPUT_NAMES if name in accepted)
+
+    def settings(self) -> dict[str, object]:
+        """What the scorer computes with: dtype, device, the attention implementation the model loaded with, and the
+        levers of :class:`TorchOptions`."""
+        attention = getattr(self.model.config, "_attn_implementation", None)
+        return {"dtype": self.dtype, "device": str(self.device), "attention": attention, **asdict(self.options)}
 
     def __call__(self, batch: Batch) -> np.ndarray:
         import torch
 
+        from distill.core.devices import attention_backends
+
         inputs = {k: torch.from_numpy(v).to(self.device) for k, v in batch.items() if k in self.input_names}
-        with torch.inference_mode():
+        with (
+            torch.inference_mode(),
+            fp32_matmul_precision(self.options.tf32),
+            attention_backends(self.device, self.options.cudnn_attention),
+        ):
             return self.model(**inputs).logits[:, 0].float().cpu().numpy()
+
+
+def _changed(options: TorchOptions) -> list[str]:
+    """The names of the levers ``options`` sets away from their defaults."""
+    return [name for name, value in asdict(options).items() if value != getattr(TorchOptions(), name)]
+
+
+def _load_model(folder: Path, dtype: Any) -> Any:
+    """The model of ``folder`` with SDPA attention, or with its own where its architecture has no SDPA path."""
+    from transformers import AutoModelForSequenceClassification
+
+    try:
+        return AutoModelForSequenceClassification.from_pretrained(folder, dtype=dtype, attn_implementation="sdpa")
+    except ValueError:  # "... does not support an attention implementation through ... scaled_dot_product_attention"
+        return AutoModelForSequenceClassification.from_pretrained(folder, dtype=dtype)
 
 
 @dataclass(frozen=True)
@@ -240,6 +320,7 @@ def load_scorer(
     dtype: str | None = None,
     threads: int = 0,
     runtime: Literal["onnxruntime", "openvino"] = "onnxruntime",
+    options: TorchOptions | None = None,
 ) -> Scorer:
     """The scorer of format ``fmt`` (``torch`` or a key of :data:`FORMAT_FILES`) in ``folder``.
 
@@ -249,10 +330,13 @@ def load_scorer(
         threads: intra-op threads of an ONNX graph's runtime (0: its default, one per physical core); torch's
             threads are process-wide (``torch.set_num_threads``).
         runtime: what runs an ONNX graph: ``onnxruntime`` (:class:`OnnxScorer`) or ``openvino`` (on a CPU).
+        options: the torch backend's levers (:class:`TorchOptions`); the other formats take none.
     """
     folder = Path(folder)
     if fmt == "torch":
-        return TorchScorer(folder, device, dtype)
+        return TorchScorer(folder, device, dtype, options)
+    if options is not None and options != TorchOptions():
+        raise InputError(f"{folder}: {', '.join(_changed(options))}: options of the torch backend, not of {fmt}")
     if fmt not in FORMAT_FILES:
         raise InputError(f"unknown format {fmt!r}: expected 'torch' or one of {sorted(FORMAT_FILES)}")
     path = folder / FORMAT_FILES[fmt]
