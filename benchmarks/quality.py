@@ -1,15 +1,18 @@
 """Student quality: distillation choices compared on the validation queries, then tested once on DL19.
 
 Every student starts from ``configs/train/minilm-dl2122.yaml`` (the SmolLM2 teacher's labels of the TREC DL21 and
-DL22 BM25 top-100); the screening variants learn from DL21's labels alone (:data:`DL21_ONLY`). All are validated on
+DL22 BM25 top-100); the screening variants learn from DL21's labels alone (:data:`DL21_ONLY`). The Gemma-3-270m
+variants name both teachers (:data:`TEACHERS`) and learn from one or from an ensemble of them. All are validated on
 the same seeded split of 16 judged DL21 queries, where every setting (head, label, loss, epochs, learning rate, the
 interpolation α) is chosen. DL19 is the test set: only the
 variants named in :data:`TEST` are reranked on it, once each, and nothing is chosen by it.
 
     python benchmarks/quality.py teacher                 # -> benchmarks/results/quality-dl21-val-teacher.{json,md}
+    python benchmarks/quality.py teacher --split dl19    # the test reference -> quality-dl19-teacher.{json,md}
     python benchmarks/quality.py train NAME [NAME ...]   # train variants -> benchmarks/results/quality/val-NAME.json
     python benchmarks/quality.py table                   # -> benchmarks/results/quality-dl21-val.{json,md}
     python benchmarks/quality.py test [NAME ...]         # -> benchmarks/results/quality-dl19-<name>.json
+    python benchmarks/quality.py test NAME --first_stage tasb    # its TAS-B top-100 -> quality-dl19-tasb-<name>.json
 
 Each row of the tables carries the command that made it.
 """
@@ -19,6 +22,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import re
 import shlex
 import subprocess
 import sys
@@ -26,7 +30,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import yaml
 from _common import RESULTS, ROOT
+
+from distill.core.labels import LabelExpression, Term
 
 BASE = ["distill", "train", "--config", "configs/train/minilm-dl2122.yaml"]
 WITHIN_QUERY = ["--data.group_size", "25", "--data.batch_size", "50"]
@@ -36,6 +43,20 @@ DL21_ONLY = ["--data.teacher_data", "[data/teacher/dl21-bm25-smollm2]"]
 """The screening runs learn from DL21's labels alone (37 training queries, 3,700 pairs), which a CPU trains in
 minutes; the chosen settings are then trained on DL21 + DL22 (the config's default teacher data)."""
 SEGMENT_COSINE = ["--model.head", "segment_cosine"]
+TEACHERS = {"gemma": "bm25-gemma3", "smollm2": "bm25-smollm2"}
+"""The named teachers of the ensemble labels: name -> the suffix of their ``data/teacher/<collection>-<suffix>``."""
+
+
+def named_teachers(*collections: str) -> dict[str, list[str]]:
+    """``data.teacher_data`` naming every teacher of :data:`TEACHERS`: name -> its folders of ``collections``."""
+    return {name: [f"data/teacher/{c}-{suffix}" for c in collections] for name, suffix in TEACHERS.items()}
+
+
+def teachers_flag(*collections: str) -> list[str]:
+    return ["--data.teacher_data", json.dumps(named_teachers(*collections), separators=(",", ":"))]
+
+
+GEMMA_DL2122 = teachers_flag("dl21", "dl22")
 
 
 def segment_cosine(label: str, loss: str, *extra: str, data: Sequence[str] = DL21_ONLY) -> list[str]:
@@ -72,6 +93,11 @@ EXPERIMENTS: dict[str, list[str]] = {
     "dl2122-seg-cis_q+0.25fs-listwise_kl-lr3e-5": segment_cosine(
         "cis_q+0.25*first_stage", "listwise_kl", "--model.lr", "3.0e-5", data=()
     ),
+    # Gemma-3-270m's labels (named teachers, joined on (qid, docid)), on DL21 + DL22 with the settings chosen above,
+    # one epoch (the CPU time of this machine; the runs above gained at most half a point of validation in a second)
+    "dl2122-gemma-seg-cis-listwise_kl-lr3e-5": segment_cosine(
+        "gemma.cis", "listwise_kl", "--model.lr", "3.0e-5", "--trainer.max_epochs", "1", data=GEMMA_DL2122
+    ),
 }
 """Variant name -> its arguments after :data:`BASE` (each trains into ``checkpoints/q-<name>``)."""
 
@@ -88,6 +114,12 @@ from the DL21-only screening the best validation nDCG@10 (a hybrid label), the b
 the best on the paper's label, ``cis``."""
 
 DL19 = "data/trec-dl19"
+FIRST_STAGES = {
+    "bm25": "bm25_top100.json",
+    "tasb": "d_bert_kd_tasb_top100.json",
+    "splade": "splade_p_p_ensemble_distil_top100.json",
+}
+"""The DL19 first stages a student reranks (their top-100 in ``data/trec-dl19``)."""
 DL19_TEACHER = "data/teacher/dl19-bm25-smollm2"
 VAL_COLUMNS = (
     "val/nDCG@10",
@@ -183,115 +215,147 @@ def write(record: dict[str, Any], markdown: str, stem: str) -> None:
     print(markdown)
 
 
-TEACHER_LABELS = ("cis", "upr", "cis_q", "cis_mean", "cis_q_mean")
+TEACHER_SCORES = ("cis", "upr", "cis_q", "cis_mean", "cis_q_mean")
 HYBRID_WEIGHTS = (0.25, 0.5, 1.0, 2.0)
+ENSEMBLES = (
+    "z(gemma.cis) + z(gemma.cis_q)",
+    "z(gemma.cis) + z(smollm2.cis_q)",
+    "z(gemma.cis) + z(gemma.cis_q) + z(smollm2.cis_q)",
+    "z(gemma.cis) + z(smollm2.cis_q) + 0.25*z(first_stage)",
+    "z(gemma.cis) + z(smollm2.cis_q) + 0.5*z(first_stage)",
+    "z(gemma.cis) + z(gemma.cis_q) + z(smollm2.cis_q) + 0.5*z(first_stage)",
+    "z(gemma.cis) + z(gemma.cis_q) + z(smollm2.cis_q) + z(first_stage)",
+    "2*z(gemma.cis) + z(smollm2.cis_q) + 0.5*z(first_stage)",
+)
+"""The teacher ensembles compared (:mod:`distill.core.labels` expressions over :data:`TEACHERS`)."""
 RANDOM_ORDERS = 100
 
 
-def teacher() -> dict[str, Any]:
-    """nDCG@10 of every teacher label, and of hybrids with the first stage, on the validation queries: which
-    labels are worth a student (the students' own split, drawn as the student stage draws it)."""
-    import numpy as np
-    import pandas as pd
-    import yaml
+def teacher_labels(teachers: Sequence[str]) -> list[str]:
+    """Every label of the teacher tables: each score of each teacher, its hybrids with the first stage, and the
+    ensembles of the teachers at hand."""
+    labels = ["z(first_stage)", *(f"{t}.{s}" for t in teachers for s in TEACHER_SCORES)]
+    labels += [f"z({t}.{s}) + {w:g}*z(first_stage)" for t in teachers for s in ("cis", "cis_q") for w in HYBRID_WEIGHTS]
+    return labels + [e for e in ENSEMBLES if set(LabelExpression.parse(e, TEACHERS).teachers) <= set(teachers)]
 
-    from distill.core.labels import Label
+
+def teacher(split: str) -> dict[str, Any]:
+    """nDCG@10 of every teacher label (:func:`teacher_labels`) on ``split``: ``val``, the students' 16 validation
+    queries of DL21 (drawn as the student stage draws them), where labels are chosen; or ``dl19``, all 43 DL19
+    queries, the test reference that chooses nothing. A teacher whose labels of the split are not there yet is
+    left out."""
+    import numpy as np
+
+    from distill.core.label_table import load_label_table
     from distill.core.loaders import load_qrels
     from distill.core.metrics import evaluate
     from distill.core.runs import run_from_columns
     from distill.core.teacher_data import TeacherDataset
     from students.data import split_queries
 
-    config = yaml.safe_load((ROOT / BASE[-1]).read_text())["data"]
-    qrels = load_qrels(ROOT / config["qrels"])
-    # The validation queries are judged ones (DL21), so unjudged labels (DL22) change nothing here: they may be
-    # missing while they are being made.
-    present = [path for path in config["teacher_data"] if (ROOT / path / "teacher.json").is_file()]
-    tables = [TeacherDataset.open(ROOT / path).to_pandas() for path in present]
-    table = pd.concat(tables, ignore_index=True).drop_duplicates(["qid", "docid"], keep="first")
-    held_out = split_queries([q for q in table.qid if q in qrels], config["val_queries"], 0)
-    val = table[table.qid.isin(held_out)]
-    labels = ["first_stage", *TEACHER_LABELS]
-    labels += [f"{score}+{w:g}*first_stage" for score in ("cis", "cis_q") for w in HYBRID_WEIGHTS]
+    collection = "dl21" if split == "val" else "dl19"
+    qrels = load_qrels(ROOT / f"data/trec-{collection}/qrels.txt")
+    present = {n: f for n, f in named_teachers(collection).items() if (ROOT / f[0] / "teacher.json").is_file()}
+    first = load_label_table(present, "z(first_stage)").table
+    queries = set(first.qid) & set(qrels)
+    if split == "val":
+        config = yaml.safe_load((ROOT / BASE[-1]).read_text())["data"]
+        queries = split_queries(sorted(queries), config["val_queries"], 0)
+
+    def ndcg(qids: list[str], docids: list[str], values: list[float]) -> float:
+        return evaluate(run_from_columns(qids, docids, values), qrels, ["nDCG@10"])["nDCG@10"]
+
+    columns = {n: set(TeacherDataset.open(ROOT / f[0]).table().column_names) for n, f in present.items()}
     rows = []
-    for name in labels:
-        if name == "first_stage":
-            values = val.first_stage_score.to_numpy()
-        else:
-            spec = Label.parse(name)
-            values = spec.values(val[spec.score].to_numpy(), val.first_stage_score.to_numpy(), val.qid.tolist())
-        run = run_from_columns(val.qid.tolist(), val.docid.tolist(), values.tolist())
-        rows.append({"label": name, "nDCG@10": evaluate(run, qrels, ["nDCG@10"])["nDCG@10"]})
+    for label in teacher_labels(list(present)):
+        if split == "dl19":
+            label = reference_label(label)
+        if any(row["label"] == label for row in rows):
+            continue  # cis_q as upr, computed already
+        if any(t.teacher and t.score not in columns[t.teacher] for t in LabelExpression.parse(label, TEACHERS).terms):
+            continue  # a score this split's labels lack (the SmolLM2 DL19 labels have no per-token variants)
+        table = load_label_table(present, label).table
+        table = table[table.qid.isin(queries)]
+        rows.append({"label": label, "nDCG@10": ndcg(table.qid.tolist(), table.docid.tolist(), table.label.tolist())})
     # chance: the mean over seeded random orders of the same candidates
     rng = np.random.default_rng(0)
-    shuffles = [
-        evaluate(
-            run_from_columns(val.qid.tolist(), val.docid.tolist(), rng.random(len(val)).tolist()), qrels, ["nDCG@10"]
-        )
-        for _ in range(RANDOM_ORDERS)
-    ]
-    rows.append(
-        {
-            "label": f"random order (mean of {RANDOM_ORDERS})",
-            "nDCG@10": float(np.mean([r["nDCG@10"] for r in shuffles])),
-        }
+    pairs = first[first.qid.isin(queries)]
+    shuffles = [ndcg(pairs.qid.tolist(), pairs.docid.tolist(), rng.random(len(pairs)).tolist()) for _ in range(100)]
+    rows.append({"label": f"random order (mean of {RANDOM_ORDERS})", "nDCG@10": float(np.mean(shuffles))})
+    command = f"python benchmarks/quality.py teacher --split {split}"
+    what = (
+        "the 16 validation queries (DL21), where labels are chosen"
+        if split == "val"
+        else ("all 43 DL19 queries, the test reference (nothing is chosen here)")
     )
-    command = "python benchmarks/quality.py teacher"
-    record = {"command": command, "teacher_data": present, "queries": sorted(held_out), "rows": rows}
-    lines = [f"`{command}`: the teacher's labels on the {len(held_out)} validation queries (DL21)", ""]
-    lines += ["| label | nDCG@10 |", "|---|---|", *(f"| {r['label']} | {r['nDCG@10']:.2f} |" for r in rows)]
-    write(record, "\n".join(lines), "quality-dl21-val-teacher")
+    record = {"command": command, "teacher_data": present, "queries": sorted(queries), "rows": rows}
+    lines = [f"`{command}`: the teachers' labels on {what}, reranking the BM25 top-100", ""]
+    lines += ["| label | nDCG@10 |", "|---|---|", *(f"| `{r['label']}` | {r['nDCG@10']:.2f} |" for r in rows)]
+    write(record, "\n".join(lines), "quality-dl21-val-teacher" if split == "val" else "quality-dl19-teacher")
     return record
 
 
-def test(names: list[str]) -> None:
-    """Export each variant of ``names`` (of :data:`TEST`), rerank DL19's BM25 top-100 with and without the
-    interpolation chosen on validation, and evaluate beside BM25 and the teacher (with per-query agreement with
-    the teacher's label)."""
+def test(names: list[str], first_stage: str = "bm25") -> None:
+    """Export each variant of ``names`` (of :data:`TEST`), rerank DL19's ``first_stage`` top-100 with and without the
+    interpolation chosen on validation, and evaluate beside that first stage and, on BM25, the teacher (with
+    per-query agreement with the student's own label, ensembles included)."""
     commands = []
     for name in names:
         folder = run_dir(name).relative_to(ROOT)
         if not (ROOT / folder / "hf" / "config.json").is_file():
             raise SystemExit(f"quality.py test: {folder}/hf is missing: run `quality.py train {name}` first")
         label = json.loads((ROOT / folder / "hf" / "config.json").read_text())["cis_distill"]["label"]
-        commands.append(["distill", "export", "--checkpoint", str(folder), "--formats", "onnx"])
-        rerank = [
-            "distill",
-            "rerank",
-            "--model",
-            str(folder),
-            "--backend",
-            "onnx",
-            "--input",
-            f"{DL19}/bm25_top100.json",
-        ]
+        if not (ROOT / folder / "onnx").is_dir():
+            commands.append(["distill", "export", "--checkpoint", str(folder), "--formats", "onnx"])
+        rerank = ["distill", "rerank", "--model", str(folder), "--backend", "onnx"]
+        rerank += ["--input", f"{DL19}/{FIRST_STAGES[first_stage]}"]
+        runs = [f"data/teacher/dl19-{first_stage}-smollm2/runs/first_stage.trec"]
         for interpolation in ("false", "true"):
-            output = folder / f"dl19-bm25{'-interp' if interpolation == 'true' else ''}.trec"
+            output = folder / f"dl19-{first_stage}{'-interp' if interpolation == 'true' else ''}.trec"
             commands.append([*rerank, "--interpolation", interpolation, "--output", str(output)])
-        runs = [f"{DL19_TEACHER}/runs/first_stage.trec", *teacher_runs(label), str(folder / "dl19-bm25.trec")]
-        runs.append(str(folder / "dl19-bm25-interp.trec"))
-        evaluate = ["distill", "eval", "--qrels", f"{DL19}/qrels.txt", "--run", *runs, "--teacher", DL19_TEACHER]
-        result = (RESULTS / f"quality-dl19-{name}.json").relative_to(ROOT)
-        commands.append([*evaluate, "--label", dl19_label(label), "--json", str(result)])
+            runs.append(str(output))
+        evaluate = ["distill", "eval", "--qrels", f"{DL19}/qrels.txt"]
+        stem = f"quality-dl19-{name}" if first_stage == "bm25" else f"quality-dl19-{first_stage}-{name}"
+        result = ["--json", str((RESULTS / f"{stem}.json").relative_to(ROOT))]
+        if first_stage != "bm25":
+            commands.append([*evaluate, "--run", *runs, *result])
+            continue
+        teachers = LabelExpression.parse(label, TEACHERS).teachers
+        if teachers:
+            reference = {t: f for t, f in named_teachers("dl19").items() if t in teachers}
+            teacher_flag = json.dumps(reference, separators=(",", ":"))
+            members = [f"{reference[t.teacher][0]}/runs/{t.score}.trec" for t in reference_terms(label) if t.teacher]
+        else:
+            teacher_flag = DL19_TEACHER
+            members = [
+                f"{DL19_TEACHER}/runs/{t.score}.trec" for t in reference_terms(label) if t.score != "first_stage"
+            ]
+        members = [m for m in dict.fromkeys(members) if (ROOT / m).is_file()]
+        runs = [runs[0], *members, *runs[1:]]
+        commands.append(
+            [*evaluate, "--run", *runs, "--teacher", teacher_flag, "--label", reference_label(label), *result]
+        )
     for command in commands:
         run(command)
 
 
-def dl19_label(label: str) -> str:
+def reference_terms(label: str) -> list[Term]:
+    """The terms of ``label`` as the DL19 reference names them (:func:`reference_label`)."""
+    return LabelExpression.parse(reference_label(label), TEACHERS).terms
+
+
+def reference_label(label: str) -> str:
     """The DL19 teacher column that ranks as ``label`` within every query.
 
-    The committed DL19 labels hold ``upr`` but not ``cis_q``: cis_q = upr - log p(Q | empty passage) differs from
-    upr by one constant per query (and cis_q_mean divides it by one), so within a query, and after the per-query
-    standardisation of a hybrid label, they rank identically; per-query agreement is the same figure.
+    The committed SmolLM2 DL19 labels hold ``upr`` but not ``cis_q``: cis_q = upr - log p(Q | empty passage) differs
+    from upr by one constant per query (and cis_q_mean divides it by one), so within a query, and after the
+    per-query standardisation of a hybrid or ensemble label, they rank identically; per-query agreement is the same
+    figure. The Gemma DL19 labels hold every score.
     """
     for query_direction in ("cis_q_mean", "cis_q"):
-        label = label.replace(query_direction, "upr")
+        label = re.sub(rf"(?<![\w.]){query_direction}\b", "upr", label)
+        label = label.replace(f"smollm2.{query_direction}", "smollm2.upr")
     return label
-
-
-def teacher_runs(label: str) -> list[str]:
-    score = dl19_label(label).split("+")[0]
-    return [f"{DL19_TEACHER}/runs/{score}.trec"] if (ROOT / DL19_TEACHER / "runs" / f"{score}.trec").is_file() else []
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -299,21 +363,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     train_parser = sub.add_parser("train", help="train variants (skips finished ones)")
     train_parser.add_argument("names", nargs="+", choices=sorted(EXPERIMENTS))
-    sub.add_parser("teacher", help="the teacher's labels (and hybrids) on the validation queries")
+    teacher_parser = sub.add_parser("teacher", help="the teachers' labels, hybrids and ensembles on a split")
+    teacher_parser.add_argument("--split", choices=("val", "dl19"), default="val")
     sub.add_parser("table", help="the validation table of the finished variants")
     test_parser = sub.add_parser("test", help="the DL19 test of the chosen variants (TEST; default all of them)")
     test_parser.add_argument("names", nargs="*", help=f"of {TEST}")
+    test_parser.add_argument("--first_stage", choices=sorted(FIRST_STAGES), default="bm25")
     args = parser.parse_args(argv)
     if args.command == "train":
         train(args.names)
     elif args.command == "teacher":
-        teacher()
+        teacher(args.split)
     elif args.command == "table":
         table()
     elif unknown := set(args.names) - set(TEST):
         parser.error(f"test: {sorted(unknown)} not in TEST {TEST}")
     else:
-        test(args.names or TEST)
+        test(args.names or TEST, args.first_stage)
     return 0
 
 
