@@ -10,9 +10,10 @@ It runs, in one process and in this order:
 2. training: ``benchmarks/student_train.py`` on bert-large-uncased (tiny: ``tiny-bert``) with the token budget,
    padding multiple, compile and loader workers of ``configs/train/bert-large-gpu.yaml`` (tiny: a small budget,
    eager), its own JSON;
-3. reranking: ``distill bench --random_weights true`` with the student's torch fp16 (tiny and on a CPU: fp32) and
-   sentence-transformers' ``CrossEncoder.predict`` (no teacher), its own ``bench.json``, ``bench.csv`` and
-   ``bench.png``;
+3. reranking: ``distill bench --random_weights true`` with the student's torch fp16 (on a CPU: fp32), the same with
+   tokenisation overlapped (``+overlap50``), and on a GPU torch fp32 without and with TF32 (``+tf32``), against
+   sentence-transformers' ``CrossEncoder.predict`` (no teacher; ``--rerank-backends`` replaces the list, e.g. to add
+   ``torch-fp16+compile``), its own ``bench.json``, ``bench.csv`` and ``bench.png``;
 
 then writes ``summary.json``: every figure with its target and whether it is met (targets are for the full shapes
 on an H100: a tiny run leaves ``met`` null). A stage that fails is reported (its error, in the summary and on
@@ -38,6 +39,7 @@ import yaml
 from _common import RESULTS, ROOT, display_path, invocation
 
 from distill.bench import report
+from distill.bench.methods import BASELINE
 from distill.core.devices import device_type, resolve_device
 
 GPU_CONFIG = ROOT / "configs" / "train" / "bert-large-gpu.yaml"
@@ -46,6 +48,9 @@ RERANK_TARGET_S = 0.025
 SUITE_TARGET_S = 480.0
 """Issue 19: the whole suite in under 8 minutes on an H100."""
 RERANK_WORKLOAD = "100 candidates"
+RERANK_OVERLAP = 50
+"""Pairs per span tokenised ahead in the suite's overlapped run: a query's 100 candidates in two spans, the second
+encoded while the first runs (a guess to measure: more spans hide more tokenisation but cut the batch)."""
 TRAIN_MAX_LENGTH = 256
 """Tokens per pair in the training benchmark: the plain loop pads every pair to it (3 of DL19's 4,200 training
 pairs are longer), as the H100 reference loop did."""
@@ -61,6 +66,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help=f"the stages to run, of {', '.join(STAGES)} (comma-separated)",
     )
     p.add_argument("--out", type=Path, help="the result folder (default benchmarks/results/gpu-suite-<device>[-tiny])")
+    p.add_argument(
+        "--rerank-backends",
+        help="distill bench --backends of the rerank stage (default: the student's fp16 on a GPU, fp32 on a CPU, "
+        "the same +overlap50, on a GPU torch-fp32 and torch-fp32+tf32, and st-crossencoder)",
+    )
     args = p.parse_args(argv)
     args.only = [s for s in args.only.split(",") if s]
     if unknown := sorted(set(args.only) - set(STAGES)):
@@ -98,9 +108,10 @@ def train_argv(args: argparse.Namespace, out: Path) -> list[str]:
 
 
 def rerank_argv(args: argparse.Namespace, out: Path) -> list[str]:
-    """``distill bench`` arguments: the student's fp16 (fp32 on a CPU) against CrossEncoder.predict, no teacher."""
+    """``distill bench`` arguments: the student's fp16 (fp32 on a CPU) and its levers against CrossEncoder.predict,
+    no teacher."""
     argv = ["bench", "--random_weights", "true", "--teacher", "none", "--quality", "false"]
-    argv += ["--backends", f"{rerank_backend(args)},st-crossencoder", "--device", args.device]
+    argv += ["--backends", rerank_backends(args), "--device", args.device]
     if args.tiny:
         argv += ["--student", "tiny-bert", "--token_counts", "[100]", "--rerank_queries", "1"]
         argv += ["--warmup", "1", "--repeats", "1", "--matmul_size", "128"]
@@ -110,7 +121,18 @@ def rerank_argv(args: argparse.Namespace, out: Path) -> list[str]:
 
 
 def rerank_backend(args: argparse.Namespace) -> str:
+    """The student's backend the rerank target is for: fp16 on a GPU, fp32 on a CPU."""
     return "torch-fp16" if device_type(args.device) == "cuda" else "torch-fp32"
+
+
+def rerank_backends(args: argparse.Namespace) -> str:
+    """The rerank stage's methods: ``--rerank-backends``, else the target's backend, the same with tokenisation
+    overlapped, on a GPU fp32 without and with TF32, and CrossEncoder.predict."""
+    if getattr(args, "rerank_backends", None):
+        return args.rerank_backends
+    backend = rerank_backend(args)
+    gpu = ["torch-fp32", "torch-fp32+tf32"] if device_type(args.device) == "cuda" else []
+    return ",".join([backend, f"{backend}+overlap{RERANK_OVERLAP}", *gpu, BASELINE])
 
 
 def run_teacher(args: argparse.Namespace, out: Path) -> tuple[list[str], int]:
@@ -222,17 +244,44 @@ def train_figures(result: dict[str, Any], tiny: bool) -> list[dict[str, Any]]:
 
 
 def rerank_figures(result: dict[str, Any], backend: str, tiny: bool) -> list[dict[str, Any]]:
-    ours = report.cell(result, f"student {backend}", RERANK_WORKLOAD)
-    theirs = report.cell(result, "st-crossencoder", RERANK_WORKLOAD)
-    p50 = ours["p50_s"] if ours else None
-    over_st = theirs["p50_s"] / ours["p50_s"] if ours and theirs else None
-    name = f"{backend}_{RERANK_WORKLOAD.replace(' ', '_')}_p50_s"
-    return [
-        figure("rerank", name, p50, RERANK_TARGET_S, "max", tiny, "tokenisation included"),
-        figure(
-            "rerank", "speedup_over_st_crossencoder", over_st, 1.0, "min", tiny, "CrossEncoder.predict's p50 / ours"
-        ),
-    ]
+    """Each student method's p50 on a query's 100 candidates and its speed-up over CrossEncoder.predict. The targets
+    are for ``backend`` (the student's fp16 on a GPU) and its levers; the other precisions' figures have none. The
+    target backend's speed-up keeps the plain name ``speedup_over_st_crossencoder``."""
+    theirs = report.cell(result, BASELINE, RERANK_WORKLOAD)
+    students = [m.removeprefix("student ") for m in report.methods(result) if m.startswith("student ")]
+    figures = []
+    for method in dict.fromkeys([backend, *students]):
+        ours = report.cell(result, f"student {method}", RERANK_WORKLOAD)
+        p50 = ours["p50_s"] if ours else None
+        over_st = theirs["p50_s"] / ours["p50_s"] if ours and theirs else None
+        targeted = method.split("+")[0] == backend
+        levers = (result.get("settings") or {}).get(f"student {method}", {})
+        note = "tokenisation included" + (f"; {_levers(levers)}" if levers else "")
+        name = f"{method}_{RERANK_WORKLOAD.replace(' ', '_')}_p50_s"
+        figures.append(
+            figure("rerank", name, p50, RERANK_TARGET_S if targeted else None, "max", tiny or not targeted, note)
+        )
+        speedup = "speedup_over_st_crossencoder" if method == backend else f"{method}_speedup_over_st_crossencoder"
+        figures.append(
+            figure(
+                "rerank",
+                speedup,
+                over_st,
+                1.0 if targeted else None,
+                "min",
+                tiny or not targeted,
+                "CrossEncoder.predict's p50 / ours",
+            )
+        )
+    return figures
+
+
+def _levers(settings: dict[str, Any]) -> str:
+    """A student method's settings that differ from the plain path's, in a few words."""
+    shown = {k: v for k, v in settings.items() if k in ("overlap", "tf32", "compile", "cudnn_attention") and v}
+    shown["attention"] = settings.get("attention")
+    shown["max_batch_tokens"] = settings.get("max_batch_tokens")
+    return ", ".join(f"{k} {v}" for k, v in shown.items() if v is not None)
 
 
 def figures_of(stage: str, out: Path, args: argparse.Namespace) -> list[dict[str, Any]]:

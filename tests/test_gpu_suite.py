@@ -56,6 +56,10 @@ def test_the_tiny_suite_runs_each_benchmark_and_summarises_every_figure(tmp_path
     assert figures["train", "speedup_over_plain_loop"]["value"] == train["speedup_samples_per_s"]
     fp32 = next(c for c in bench["cells"] if (c["method"], c["workload"]) == ("student torch-fp32", "100 candidates"))
     assert figures["rerank", "torch-fp32_100_candidates_p50_s"]["value"] == fp32["p50_s"]
+    # Tokenisation overlapped with compute, timed beside it, its settings recorded.
+    overlapped = figures["rerank", "torch-fp32+overlap50_100_candidates_p50_s"]
+    assert overlapped["value"] > 0 and overlapped["target"] == 0.025
+    assert bench["settings"]["student torch-fp32+overlap50"]["overlap"] == 50
     assert figures["suite", "seconds"]["target"] == 480
     # The targets are the full shapes' on an H100: a tiny run checks correctness only.
     assert all(f["met"] is None for f in summary["figures"] if f["kind"] != "equal")
@@ -83,4 +87,29 @@ def test_the_gpu_run_trains_with_the_gpu_config_and_its_arguments_parse(suite) -
     argv = suite.teacher_argv(full, Path("out"))
     parsed = teacher.parse_args([*argv[: argv.index("--device")], "--device", "cpu"])
     assert parsed.random_config == "llama3-8b" and parsed.plain_pairs is None  # the plain loop on every pair
-    assert "torch-fp16,st-crossencoder" in suite.rerank_argv(full, Path("out"))
+    argv = suite.rerank_argv(full, Path("out"))
+    backends = "torch-fp16,torch-fp16+overlap50,torch-fp32,torch-fp32+tf32,st-crossencoder"
+    assert argv[argv.index("--backends") + 1] == backends
+    chosen = argparse.Namespace(tiny=False, device="cuda", rerank_backends="torch-fp16+compile,st-crossencoder")
+    assert "torch-fp16+compile,st-crossencoder" in suite.rerank_argv(chosen, Path("out"))
+
+
+def test_the_rerank_targets_are_the_fp16_students_and_its_levers(suite) -> None:
+    """On the full shapes: 25 ms and ahead of CrossEncoder.predict for torch-fp16 with and without its levers; the
+    fp32 methods are reported without a target."""
+    p50 = {"student torch-fp16": 0.020, "student torch-fp16+overlap50": 0.030, "student torch-fp32+tf32": 0.040}
+    cells = [{"method": m, "workload": "100 candidates", "p50_s": s} for m, s in p50.items()]
+    cells.append({"method": "st-crossencoder", "workload": "100 candidates", "p50_s": 0.035})
+    settings = {"student torch-fp16+overlap50": {"overlap": 50, "attention": "sdpa", "max_batch_tokens": 32768}}
+    result = {"cells": cells, "settings": settings}
+    figures = {f["figure"]: f for f in suite.rerank_figures(result, "torch-fp16", False)}
+    assert figures["torch-fp16_100_candidates_p50_s"]["met"] is True
+    assert figures["speedup_over_st_crossencoder"]["value"] == pytest.approx(1.75)
+    overlapped = figures["torch-fp16+overlap50_100_candidates_p50_s"]
+    assert overlapped["met"] is False and overlapped["target"] == 0.025
+    assert "overlap 50, attention sdpa, max_batch_tokens 32768" in overlapped["note"]
+    assert figures["torch-fp16+overlap50_speedup_over_st_crossencoder"]["met"] is True
+    tf32 = figures["torch-fp32+tf32_100_candidates_p50_s"]
+    assert tf32["value"] == 0.040 and tf32["target"] is None and tf32["met"] is None
+    tiny = suite.rerank_figures(result, "torch-fp16", True)
+    assert all(f["met"] is None for f in tiny)

@@ -1,9 +1,10 @@
 """The reranker's speed levers (issue 19) on the CPU: the GPU token budget, tokenisation overlapped with the previous
 span's batches, TF32 for fp32, SDPA attention and torch.compile; each pinned to the plain path's scores, in input
-order."""
+order. And ``distill bench``'s methods with levers (``torch-fp16+overlap50``), which the GPU suite times."""
 
 from __future__ import annotations
 
+import json
 import threading
 from pathlib import Path
 
@@ -11,6 +12,8 @@ import numpy as np
 import pytest
 import torch
 
+from distill.bench.methods import Variant, student_method, variant
+from distill.cli import main
 from distill.core.batching import token_budget_batches
 from distill.core.devices import STUDENT_BATCH_TOKENS, attention_backends
 from distill.core.loaders import load_candidates
@@ -255,3 +258,49 @@ def test_the_torch_levers_are_refused_on_the_other_backends(student: Path) -> No
         load_scorer(student, "onnx", options=TorchOptions(compile=True))
     with pytest.raises(InputError, match="tf32, cudnn_attention"):
         load_scorer(student, "torchscript", options=TorchOptions(tf32=True, cudnn_attention=True))
+
+
+# ----------------------------------------------------------------------------- distill bench
+
+
+def test_bench_method_names_carry_the_levers() -> None:
+    options = TorchOptions(compile=True)
+    assert variant("torch-fp16+overlap50+compile", "cuda") == Variant("torch-fp16", 50, options, "+overlap50+compile")
+    assert variant("torch-fp32+tf32", "cuda:1").options == TorchOptions(tf32=True)
+    assert variant("torch-bf16+cudnn", "cuda").options == TorchOptions(cudnn_attention=True)
+    assert variant("onnx-int8+overlap8") == Variant("onnx-int8", 8, None, "+overlap8")
+    assert variant("auto+overlap4").overlap == 4 and variant("torch-fp32") == Variant("torch-fp32")
+    for name, device, message in (
+        ("torch-fp32+tf32", "cpu", "give it torch-fp32 on a GPU"),
+        ("torch-fp16+tf32", "cuda", "give it torch-fp32 on a GPU"),
+        ("onnx-fp32+compile", "cpu", "levers of the torch backends"),
+        ("auto+compile", "cuda", "levers of the torch backends"),
+        ("torch-fp32+overlap0", "cpu", "unknown lever 'overlap0'"),
+        ("torch-fp32+fast", "cpu", "unknown lever 'fast'"),
+        ("st-crossencoder+overlap8", "cpu", "go after a student backend"),
+    ):
+        with pytest.raises(InputError, match=message):
+            variant(name, device)
+
+
+def test_a_bench_method_with_a_lever_scores_as_the_plain_one_and_records_it(student: Path, call) -> None:
+    query, passages = call
+    plain = student_method(student, "torch-fp32", "cpu", None, None)
+    overlapped = student_method(student, "torch-fp32+overlap16", "cpu", None, None)
+    assert overlapped.name == "student torch-fp32+overlap16" and overlapped.settings["overlap"] == 16
+    assert plain.settings["overlap"] == 0 and plain.settings["attention"] == "sdpa"
+    np.testing.assert_allclose(overlapped.score(query, passages), plain.score(query, passages), **TIGHT)
+
+
+def test_distill_bench_times_each_lever_as_its_own_method(tiny_bert: Path, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "bench"
+    argv = ["bench", "--random_weights", "true", "--student", str(tiny_bert), "--teacher", "none", "--quality", "false"]
+    argv += ["--token_counts", "[]", "--rerank_queries", "1", "--repeats", "1", "--matmul_size", "64"]
+    argv += ["--device", "cpu", "--output", str(out), "--backends", "torch-fp32,torch-fp32+overlap30"]
+    assert main(argv) == 0
+    result = json.loads((out / "bench.json").read_text())
+    methods = ["student torch-fp32", "student torch-fp32+overlap30"]
+    assert [(c["method"], c["workload"]) for c in result["cells"]] == [(m, "100 candidates") for m in methods]
+    assert [result["settings"][m]["overlap"] for m in methods] == [0, 30]
+    assert main([*argv[:-1], "torch-fp32+tf32"]) == 2
+    assert "tf32 computes CUDA's fp32 matmuls in TF32" in capsys.readouterr().err

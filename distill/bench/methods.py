@@ -5,7 +5,8 @@
   ``torch-bf16``, ``torchscript``, ``onnx-fp32``, ``onnx-fp16``, ``onnx-int8`` (onnxruntime), ``openvino-fp32``,
   ``openvino-bf16`` (``model.onnx`` in bf16 where the CPU has it) and ``openvino-int8`` (the same ONNX files on
   OpenVINO, an optional extra), and ``auto`` (the backend ``Reranker.load`` chooses for this machine, named in
-  the method: ``student auto (openvino-int8)``);
+  the method: ``student auto (openvino-int8)``); each with the reranker's levers as suffixes (:func:`variant`):
+  ``torch-fp16+overlap50``, ``torch-fp32+tf32``, ``torch-fp16+compile``, ...;
 - the teacher: CIS with the teacher stage's scorer (:class:`teachers.teacher.CausalLMTeacher`), both terms
   computed per call (log p(K|Q) and log p(K); no p(K) cache);
 - the peer baseline: sentence-transformers' ``CrossEncoder.predict`` on the same student folder
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +25,12 @@ import numpy as np
 import torch
 
 from distill.bench.workload import Call
+from distill.core.devices import device_type
+from distill.core.schema import InputError
 from distill.serving.backends import NAMED_BACKENDS
 from distill.serving.encoding import encode_pairs
 from distill.serving.reranker import Reranker
+from distill.serving.scorers import TorchOptions
 from teachers.teacher import CausalLMTeacher
 
 STUDENT_BACKENDS = NAMED_BACKENDS
@@ -56,6 +60,48 @@ DEFAULT_BACKENDS = {
 peers where their optimum package is)."""
 FLOAT, INT8 = "float", "int8"
 """The arithmetic of matmul FLOPs: the device's float compute dtype (fp32 on a CPU), or int8."""
+TORCH_LEVERS = {"tf32": "tf32", "compile": "compile", "cudnn": "cudnn_attention"}
+"""A student method's suffix -> the :class:`~distill.serving.scorers.TorchOptions` field it sets (torch backends)."""
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A student method: a backend and the reranker's levers."""
+
+    backend: str
+    """A key of :data:`STUDENT_BACKENDS`, or :data:`AUTO`."""
+    overlap: int = 0
+    """:meth:`Reranker.load`'s ``overlap``: pairs per span tokenised ahead (0: off)."""
+    options: TorchOptions | None = None
+    """The torch backend's levers; None for none."""
+    suffix: str = ""
+    """The levers as written after the backend (``+overlap50+tf32``)."""
+
+
+def variant(name: str, device: str = "cpu") -> Variant:
+    """The backend and levers of a student method's name: ``<backend>[+<lever>...]``, the levers ``overlapN``
+    (tokenise ``N`` pairs ahead, any backend), ``tf32`` (fp32 on CUDA), ``compile`` and ``cudnn`` (torch backends).
+
+    Raises:
+        InputError: an unknown backend or lever, or a lever the backend or the device does not take.
+    """
+    backend, *levers = name.split("+")
+    if backend not in (*STUDENT_BACKENDS, AUTO):
+        raise InputError(f"{name}: levers (+...) go after a student backend, one of {[*STUDENT_BACKENDS, AUTO]}")
+    overlap, flags = 0, {}
+    for lever in levers:
+        if lever.startswith("overlap") and lever[len("overlap") :].isdigit() and int(lever[len("overlap") :]) > 0:
+            overlap = int(lever[len("overlap") :])
+        elif lever in TORCH_LEVERS:
+            flags[TORCH_LEVERS[lever]] = True
+        else:
+            raise InputError(f"{name}: unknown lever {lever!r}; levers: overlapN (N >= 1), {', '.join(TORCH_LEVERS)}")
+    if flags and STUDENT_BACKENDS.get(backend, ("",))[0] != "torch":
+        raise InputError(f"{name}: {', '.join(TORCH_LEVERS)} are levers of the torch backends")
+    if flags.get("tf32") and (STUDENT_BACKENDS[backend][1] != "float32" or device_type(device) != "cuda"):
+        raise InputError(f"{name}: tf32 computes CUDA's fp32 matmuls in TF32; give it torch-fp32 on a GPU")
+    suffix = "".join(f"+{lever}" for lever in levers)
+    return Variant(backend, overlap, TorchOptions(**flags) if flags else None, suffix)
 
 
 @dataclass
@@ -75,6 +121,8 @@ class Method:
     matmul_flops: Callable[[Call], dict[str, float]]
     """Arithmetic (:data:`FLOAT`, :data:`INT8`) -> the FLOPs of a call's matmuls, padding excluded: what its FLOP
     floor is counted on."""
+    settings: dict[str, Any] = field(default_factory=dict)
+    """How it scores (a student: :attr:`Reranker.settings <distill.serving.reranker.Reranker.settings>`)."""
 
 
 def count_parameters(folder: Path) -> int:
@@ -137,12 +185,23 @@ def student_method(
     threads: int = 0,
 ) -> Method:
     """The student in ``folder`` on ``backend`` (a key of :data:`STUDENT_BACKENDS`, or :data:`AUTO`: the method is
-    named after the backend it chose); ``threads`` for the ONNX runtimes (0: one per physical core)."""
-    kind, dtype = STUDENT_BACKENDS.get(backend, (AUTO, None))
+    named after the backend it chose), with the levers of its suffix (:func:`variant`); ``threads`` for the ONNX
+    runtimes (0: one per physical core)."""
+    chosen = variant(backend, device)
+    kind, dtype = STUDENT_BACKENDS.get(chosen.backend, (AUTO, None))
     reranker = Reranker.load(
-        folder, kind, device, dtype, max_length, max_batch_tokens, interpolation=False, threads=threads
+        folder,
+        kind,
+        device,
+        dtype,
+        max_length,
+        max_batch_tokens,
+        interpolation=False,
+        threads=threads,
+        overlap=chosen.overlap,
+        options=chosen.options,
     )
-    name = f"{AUTO} ({reranker.backend})" if backend == AUTO else backend
+    name = f"{AUTO} ({reranker.backend}){chosen.suffix}" if chosen.backend == AUTO else backend
     dtype = STUDENT_BACKENDS[reranker.backend][1]
     counts = EncoderFlops.of(folder)
 
@@ -158,7 +217,14 @@ def student_method(
 
     n_params = count_parameters(folder)
     return Method(
-        f"student {name}", "student", dtype or "float32", n_params, reranker.score, _sum(lengths), matmul_flops
+        f"student {name}",
+        "student",
+        dtype or "float32",
+        n_params,
+        reranker.score,
+        _sum(lengths),
+        matmul_flops,
+        reranker.settings,
     )
 
 
@@ -196,7 +262,8 @@ def crossencoder_method(name: str, encoder: Any, folder: Path, dtype: str) -> Me
         return {INT8: weights, FLOAT: attention} if dtype == "int8" else {FLOAT: weights + attention}
 
     counts = EncoderFlops.of(folder)
-    return Method(name, "baseline", dtype, count_parameters(folder), score, _sum(lengths), matmul_flops)
+    settings = {"dtype": dtype, "batch_size": ST_BATCH_SIZE, "max_length": limit}
+    return Method(name, "baseline", dtype, count_parameters(folder), score, _sum(lengths), matmul_flops, settings)
 
 
 def teacher_method(teacher: CausalLMTeacher) -> Method:

@@ -33,6 +33,7 @@ from distill.bench.methods import (
     baseline_method,
     student_method,
     teacher_method,
+    variant,
 )
 from distill.bench.quality import REFERENCE, QualitySet
 from distill.bench.timing import time_method
@@ -85,7 +86,11 @@ class BenchConfig:
     openvino-fp32, openvino-bf16, openvino-int8``, and ``auto``: the one ``Reranker.load`` chooses for this machine,
     timed as ``student auto (<its choice>)``), ``st-crossencoder`` (sentence-transformers' PyTorch ``predict``) and
     its optimised backends ``st-onnx, st-onnx-int8, st-openvino`` (on ``peer_student``). Default: those of the
-    device whose files exist, OpenVINO's where it is installed, the peers where their optimum package imports."""
+    device whose files exist, OpenVINO's where it is installed, the peers where their optimum package imports.
+    A student backend takes the reranker's levers as suffixes, each timed as its own method: ``+overlapN``
+    (tokenise N pairs ahead on a background thread, any backend), ``+tf32`` (torch-fp32 on a GPU), ``+compile``
+    and ``+cudnn`` (torch backends), e.g. ``torch-fp16,torch-fp16+overlap50,torch-fp32,torch-fp32+tf32``; each
+    method's settings are recorded in ``bench.json``."""
     peer_student: str | None = None
     """The [CLS]-head student (an HF or export folder) that sentence-transformers' ``st-onnx``, ``st-onnx-int8`` and
     ``st-openvino`` run on: their optimum export takes the architectures ``transformers`` knows, not the
@@ -189,14 +194,20 @@ def _students(
     requested = config.backends is not None
     names = config.backends if requested else list(DEFAULT_BACKENDS[device.type])
     known = [*STUDENT_BACKENDS, AUTO, BASELINE, *PEERS]
-    unknown = sorted(set(names) - set(known))
+    unknown = sorted(name for name in set(names) if name.split("+")[0] not in known)
     if unknown:
         raise InputError(f"--backends: unknown {unknown}; choose from {known}")
+    for name in names:
+        if "+" in name:
+            try:
+                variant(name, str(device))
+            except InputError as e:
+                raise InputError(f"--backends {e}") from None
     loaders, skipped, references = [], {}, {}
     peer: Path | None = None
     threads = config.threads or 0
     for name in names:
-        kind, dtype = STUDENT_BACKENDS.get(name, ("torch", None))
+        kind, dtype = STUDENT_BACKENDS.get(name.split("+")[0], ("torch", None))
         fmt = OPENVINO_DTYPES[dtype] if kind in ("onnx", "openvino") else kind
         if fmt in FORMAT_FILES and not (folder / FORMAT_FILES[fmt]).is_file() and not requested:
             skipped[name] = f"no {FORMAT_FILES[fmt]} in {folder}"
@@ -294,6 +305,7 @@ def run_bench(config: BenchConfig, command: str | None = None) -> dict[str, Any]
                 for w in workloads
             ],
             "cells": [],
+            "settings": {},
             "quality": None
             if quality is None
             else {
@@ -316,6 +328,7 @@ def run_bench(config: BenchConfig, command: str | None = None) -> dict[str, Any]
                     raise
                 skipped[name] = str(e).splitlines()[0]
                 continue
+            result["settings"][method.name] = method.settings
             for workload in workloads:
                 log.warning("timing %s on %s", method.name, workload.name)
                 cell = time_method(method, workload, device, config.warmup, config.repeats, config.max_seconds, rates)
