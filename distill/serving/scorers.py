@@ -14,6 +14,7 @@ from typing import Any, Literal, Protocol
 
 import numpy as np
 
+from distill.core.devices import attention_backends
 from distill.core.schema import InputError, MissingFileError
 from distill.serving.encoding import INPUT_NAMES, Batch
 
@@ -65,9 +66,9 @@ class TorchOptions:
 
     tf32: bool = False
     """fp32 only, opt-in: compute fp32 matmuls on CUDA in TF32 (inputs rounded to a 10-bit mantissa, fp32
-    accumulation), several times faster on Ampere and later GPUs. It changes the scores (about 1e-3 relative), so it
-    is off unless asked. It sets ``torch.backends.cuda.matmul.fp32_precision`` to ``tf32`` during each forward only,
-    and restores it after (process-wide meanwhile); CPU matmuls ignore it."""
+    accumulation), several times faster on Ampere and later GPUs. It changes the scores (by how much is not measured
+    yet: no GPU), so it is off unless asked. It sets ``torch.backends.cuda.matmul.fp32_precision`` to ``tf32``
+    during each forward only, and restores it after (process-wide meanwhile); CPU matmuls ignore it."""
     compile: bool = False
     """Opt-in: ``torch.compile`` the model (in place). It compiles on the first call, and once more with dynamic
     shapes when a later batch's shape differs, so the first calls wait; scores change within rounding."""
@@ -133,8 +134,6 @@ class TorchScorer:
 
     def __call__(self, batch: Batch) -> np.ndarray:
         import torch
-
-        from distill.core.devices import attention_backends
 
         inputs = {k: torch.from_numpy(v).to(self.device) for k, v in batch.items() if k in self.input_names}
         with (
