@@ -62,8 +62,8 @@ def test_shuffled_logits_lose_the_signal(
     original = teachers.causal_lm.target_logprobs
     perm = torch.randperm(smollm2.scorer.head.weight.shape[0], generator=torch.Generator().manual_seed(0))
 
-    def shuffled(hidden, head, targets, chunk_rows, softcap=None):
-        return original(hidden, head, perm.to(targets.device)[targets], chunk_rows, softcap)
+    def shuffled(hidden, head, targets, *args, **kwargs):
+        return original(hidden, head, perm.to(targets.device)[targets], *args, **kwargs)
 
     monkeypatch.setattr(teachers.causal_lm, "target_logprobs", shuffled)
     assert relevant_wins(smollm2, judged) < 0.5
