@@ -304,3 +304,28 @@ def test_distill_bench_times_each_lever_as_its_own_method(tiny_bert: Path, tmp_p
     assert [result["settings"][m]["overlap"] for m in methods] == [0, 30]
     assert main([*argv[:-1], "torch-fp32+tf32"]) == 2
     assert "tf32 computes CUDA's fp32 matmuls in TF32" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- distill rerank
+
+
+def test_distill_rerank_takes_the_levers_and_writes_the_plain_run(
+    student: Path, sample_file: Path, tmp_path: Path, capsys
+) -> None:
+    from distill.core.runs import read_trec_run
+
+    args = ["rerank", "--model", str(student), "--backend", "torch", "--input", str(sample_file)]
+    assert main([*args, "--output", str(tmp_path / "plain.trec")]) == 0
+    assert main([*args, "--output", str(tmp_path / "levers.trec"), "--overlap", "5", "--tf32"]) == 0
+    plain, levers = read_trec_run(tmp_path / "plain.trec"), read_trec_run(tmp_path / "levers.trec")
+    assert plain.keys() == levers.keys() and all(len(docs) == 12 for docs in plain.values())
+    for qid, docs in plain.items():
+        assert docs.keys() == levers[qid].keys()
+        np.testing.assert_allclose([levers[qid][d] for d in docs], list(docs.values()), rtol=1e-4, atol=1e-5)
+    capsys.readouterr()
+    onnx = ["rerank", "--model", str(student), "--backend", "onnx", "--input", str(sample_file), "--compile"]
+    assert main([*onnx, "--output", str(tmp_path / "onnx.trec")]) == 2
+    error = capsys.readouterr().err.strip()
+    assert "compile: options of the torch backend, not of onnx" in error and len(error.splitlines()) == 1
+    assert main([*args, "--output", str(tmp_path / "bad.trec"), "--overlap", "-1"]) == 2
+    assert "overlap is a number of pairs" in capsys.readouterr().err

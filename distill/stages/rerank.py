@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Literal
 
 from distill.core.runs import Run
 from distill.core.schema import Candidates, InputError, RerankingData
+from distill.serving.scorers import TorchOptions
 
 if TYPE_CHECKING:
     from distill.serving.reranker import Reranker
@@ -42,6 +43,15 @@ class RerankConfig:
     """The longest pair in tokens (default: the model's)."""
     max_batch_tokens: int | None = None
     """Padded tokens per batch (default 1024 on a CPU, 32768 on a GPU: a query's 100 candidates in one batch)."""
+    overlap: int = 0
+    """Tokenise in spans of this many pairs, the next span on a background thread while the current one is scored
+    (0: all of a query's pairs first); any backend."""
+    tf32: bool = TorchOptions.tf32
+    """torch backend, fp32 on CUDA: matmuls in TF32 (changes the scores slightly)."""
+    compile: bool = TorchOptions.compile
+    """torch backend: ``torch.compile`` the model; the first queries wait while it compiles."""
+    cudnn_attention: bool = TorchOptions.cudnn_attention
+    """torch backend on CUDA: let attention use cuDNN's kernels, which plan every new batch shape on the host."""
     max_queries: int | None = None
     """Rerank only the first N queries."""
     held_out: str | None = None
@@ -54,6 +64,12 @@ class RerankConfig:
         missing = [name for name in ("model", "input", "output") if not getattr(self, name)]
         if missing:
             raise InputError(f"rerank: missing required option(s): {', '.join(missing)}")
+
+    @property
+    def torch_options(self) -> TorchOptions | None:
+        """The torch backend's levers, or None where every one is at its default (any backend then loads)."""
+        options = TorchOptions(self.tf32, self.compile, self.cudnn_attention)
+        return None if options == TorchOptions() else options
 
 
 @dataclass(frozen=True)
@@ -101,7 +117,15 @@ def rerank(cfg: RerankConfig) -> RerankReport:
         candidates = [c for c in candidates if c.query.qid in keep]
     folder = student_folder(cfg.model, exported=cfg.backend != "torch")
     reranker = Reranker.load(
-        folder, cfg.backend, cfg.device, cfg.dtype, cfg.max_length, cfg.max_batch_tokens, cfg.interpolation
+        folder,
+        cfg.backend,
+        cfg.device,
+        cfg.dtype,
+        cfg.max_length,
+        cfg.max_batch_tokens,
+        cfg.interpolation,
+        overlap=cfg.overlap,
+        options=cfg.torch_options,
     )
     run = rerank_run(reranker, candidates)
     interp = f"-interp{reranker.alpha:g}" if reranker.alpha is not None else ""
