@@ -14,6 +14,9 @@ It runs, in one process and in this order:
    tokenisation overlapped (``+overlap50``), and on a GPU torch fp32 without and with TF32 (``+tf32``), against
    sentence-transformers' ``CrossEncoder.predict`` (no teacher; ``--rerank-backends`` replaces the list, e.g. to add
    ``torch-fp16+compile``), its own ``bench.json``, ``bench.csv`` and ``bench.png``;
+4. the teacher in fp8: ``benchmarks/teacher.py --fp8`` on the first 10 queries (tiny: 1, in bf16), against the fp8
+   matmul ceiling, its CIS ranked against the plain loop's bf16 within each query, its own ``teacher-fp8.json``
+   (that ranking means little on random weights, so the suite reports it without a verdict);
 
 then writes ``summary.json``: every figure with its target and whether it is met (targets are for the full shapes
 on an H100: a tiny run leaves ``met`` null). A stage that fails is reported (its error, in the summary and on
@@ -62,7 +65,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device", default="auto", help="auto (cuda where there is one), cpu or cuda[:N]")
     p.add_argument(
         "--only",
-        default="teacher,train,rerank",
+        default=",".join(STAGES),
         help=f"the stages to run, of {', '.join(STAGES)} (comma-separated)",
     )
     p.add_argument("--out", type=Path, help="the result folder (default benchmarks/results/gpu-suite-<device>[-tiny])")
@@ -90,6 +93,14 @@ def teacher_argv(args: argparse.Namespace, out: Path) -> list[str]:
     shapes = shapes or ["--random-config", "llama3-8b"]
     small = ["--matmul-size", "128", "--matmul-reps", "2"] if args.tiny else []
     return [*shapes, *small, "--device", args.device, "--no-progress", "--out", str(out / "teacher.json")]
+
+
+def teacher_fp8_argv(args: argparse.Namespace, out: Path) -> list[str]:
+    """The teacher's arguments with ``--fp8``, on the first 10 queries (tiny: its 1 query, in bf16)."""
+    argv = teacher_argv(args, out)
+    argv[-1] = str(out / "teacher-fp8.json")
+    extra = ["--dtype", "bfloat16"] if args.tiny else ["--max-queries", "10"]
+    return [*argv, *extra, "--fp8"]
 
 
 def train_argv(args: argparse.Namespace, out: Path) -> list[str]:
@@ -140,6 +151,11 @@ def run_teacher(args: argparse.Namespace, out: Path) -> tuple[list[str], int]:
     return ["python", "benchmarks/teacher.py", *argv], teacher_bench.main(argv)
 
 
+def run_teacher_fp8(args: argparse.Namespace, out: Path) -> tuple[list[str], int]:
+    argv = teacher_fp8_argv(args, out)
+    return ["python", "benchmarks/teacher.py", *argv], teacher_bench.main(argv)
+
+
 def run_train(args: argparse.Namespace, out: Path) -> tuple[list[str], int]:
     argv = train_argv(args, out)
     return ["python", "benchmarks/student_train.py", *argv], student_train.main(argv)
@@ -156,6 +172,7 @@ STAGES: dict[str, Callable[[argparse.Namespace, Path], tuple[list[str], int]]] =
     "teacher": run_teacher,
     "train": run_train,
     "rerank": run_rerank,
+    "teacher-fp8": run_teacher_fp8,
 }
 
 
@@ -212,6 +229,40 @@ def teacher_figures(result: dict[str, Any], tiny: bool) -> list[dict[str, Any]]:
             "equal",
             False,
             "the plain batched loop's log-probabilities against the stage's",
+        ),
+    ]
+
+
+def teacher_fp8_figures(result: dict[str, Any], tiny: bool) -> list[dict[str, Any]]:
+    ranking = result["fp8_ranking"]
+    return [
+        figure(
+            "teacher-fp8",
+            "fp8_ceiling_fraction",
+            result["teacher"]["flop_ceiling_fraction"],
+            None,
+            "min",
+            True,
+            "of the fp8 matmul ceiling (torch._scaled_mm, e4m3) measured in the same run",
+        ),
+        figure("teacher-fp8", "pairs_per_s", result["teacher"]["pairs_per_s"], None, "min", True),
+        figure(
+            "teacher-fp8",
+            "speedup_over_plain_batched_loop",
+            result["speedup_over_plain_pairs_per_s"],
+            None,
+            "min",
+            True,
+            "pairs/s; the plain loop in bf16",
+        ),
+        figure(
+            "teacher-fp8",
+            "mean_per_query_spearman_vs_bf16",
+            ranking["mean_spearman"],
+            ranking["target"],
+            "min",
+            result["model"]["weights"] == "random init" or tiny,
+            "CIS against the plain loop's bf16 CIS; no verdict on random weights, where CIS barely varies",
         ),
     ]
 
@@ -288,6 +339,8 @@ def figures_of(stage: str, out: Path, args: argparse.Namespace) -> list[dict[str
     """The figures of a stage that ran, from the JSON it wrote."""
     if stage == "teacher":
         return teacher_figures(json.loads((out / "teacher.json").read_text()), args.tiny)
+    if stage == "teacher-fp8":
+        return teacher_fp8_figures(json.loads((out / "teacher-fp8.json").read_text()), args.tiny)
     if stage == "train":
         return train_figures(json.loads((out / "student-train.json").read_text()), args.tiny)
     return rerank_figures(json.loads((out / "bench" / "bench.json").read_text()), rerank_backend(args), args.tiny)
@@ -321,7 +374,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         free_memory()
     seconds = time.perf_counter() - start
     if set(args.only) == set(STAGES):
-        figures.append(figure("suite", "seconds", seconds, SUITE_TARGET_S, "max", args.tiny, "the three stages"))
+        figures.append(figure("suite", "seconds", seconds, SUITE_TARGET_S, "max", args.tiny, "every stage"))
     summary = {
         "benchmark": "gpu_suite",
         **invocation("benchmarks/gpu_suite.py", argv),

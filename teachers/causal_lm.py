@@ -23,6 +23,7 @@ from torch import nn
 
 from distill.core.devices import attention_backends
 from distill.core.schema import InputError
+from teachers.fp8 import quantize_layers
 from teachers.layout import PADDING_SEGMENT, BatchPlan, HostBatch, build_batch, plan_batches
 
 
@@ -42,7 +43,8 @@ class ScoringSequence:
 @dataclass(frozen=True)
 class ScorerOptions:
     """The scorer's speed levers. The defaults are the exact path, whose CPU scores never change;
-    ``bucket``, ``packing`` and ``compile`` change the scores within rounding, ``cudnn_attention`` too on CUDA."""
+    ``bucket``, ``packing`` and ``compile`` change the scores within rounding, ``cudnn_attention`` too on CUDA;
+    ``fp8`` changes them more."""
 
     bucket: int = 1
     """Pad each batch's width up to a multiple of this many tokens, so that batch shapes repeat (1: the longest
@@ -58,6 +60,10 @@ class ScorerOptions:
     cudnn_attention: bool = False
     """On CUDA, let attention use cuDNN's SDPA kernels, which build a plan on the host for every new batch shape
     (off: flash, memory-efficient or math kernels). No effect on the CPU."""
+    fp8: bool = False
+    """The decoder layers' linear layers in fp8 (:mod:`teachers.fp8`: e4m3 weights and inputs, per-row scales,
+    fp32 accumulation), for a bf16 model. It changes the scores beyond rounding: check their ranking against bf16's
+    (``benchmarks/teacher.py --fp8`` reports the per-query Spearman)."""
 
     def __post_init__(self) -> None:
         if self.bucket < 1:
@@ -153,12 +159,11 @@ def _sliding_window(config: Any) -> int | None:
     return window if window and getattr(config, "use_sliding_window", True) else None
 
 
-def _compile_layers(body: nn.Module) -> None:
+def _decoder_layers(body: nn.Module, lever: str) -> nn.ModuleList:
     layers = getattr(body, "layers", None)
     if not isinstance(layers, nn.ModuleList):
-        raise InputError(f"compile: {type(body).__name__} has no list of decoder layers (.layers) to compile")
-    for layer in layers:
-        layer.compile()
+        raise InputError(f"{lever}: {type(body).__name__} has no list of decoder layers (.layers)")
+    return layers
 
 
 class CausalLMScorer:
@@ -166,8 +171,8 @@ class CausalLMScorer:
 
     Args:
         model: a ``*ForCausalLM`` model (its ``base_model`` gives hidden states, its output
-            embeddings the LM head), already on its device(s) and in eval mode. ``options.compile``
-            compiles its decoder layers in place.
+            embeddings the LM head), already on its device(s) and in eval mode. ``options.fp8`` and
+            ``options.compile`` change its decoder layers in place.
         max_batch_tokens: padded tokens per forward pass (rows x width).
         logit_chunk_rows: target positions per LM-head chunk.
         pad_token_id: any valid id; padded positions are masked out.
@@ -192,8 +197,11 @@ class CausalLMScorer:
         self.pad_token_id = pad_token_id
         self.options = options or ScorerOptions()
         self.reduce = row_logprobs
+        if self.options.fp8:
+            quantize_layers(_decoder_layers(self.body, "fp8"))
         if self.options.compile:
-            _compile_layers(self.body)
+            for layer in _decoder_layers(self.body, "compile"):
+                layer.compile()
             self.reduce = torch.compile(row_logprobs)
 
     @property

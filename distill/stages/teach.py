@@ -87,6 +87,9 @@ class TeachConfig:
     """torch.compile each decoder layer (compiles at most three times; set ``bucket`` too)."""
     cudnn_attention: bool = ScorerOptions.cudnn_attention
     """On CUDA, let attention use cuDNN's kernels, which build a plan on the host for every new batch shape."""
+    fp8: bool = ScorerOptions.fp8
+    """The decoder layers' matmuls in fp8 (e4m3, per-row scales; needs ``dtype: bfloat16``): faster on Hopper GPUs,
+    and it changes the scores beyond rounding (``benchmarks/teacher.py --fp8`` measures their ranking)."""
     chunk_size: int = 256
     """Pairs (or passages) per unit of work, the granularity of sharding and resuming."""
     cache_dir: str | None = None
@@ -123,7 +126,7 @@ class TeachConfig:
 
     @property
     def scorer_options(self) -> ScorerOptions:
-        return ScorerOptions(self.bucket, self.packing, self.compile, self.cudnn_attention)
+        return ScorerOptions(self.bucket, self.packing, self.compile, self.cudnn_attention, self.fp8)
 
 
 @dataclass
