@@ -140,6 +140,7 @@ EXPERIMENTS: dict[str, list[str]] = {
 """Variant name -> its arguments after :data:`BASE` (each trains into ``checkpoints/q-<name>``)."""
 
 TEST: list[str] = [
+    "dl2122-ens3-seg-listwise_kl",
     "dl2122-gemma-seg-zcis-listwise_kl-lr3e-5",
     "dl2122-ens3-seg-listwise_kl-lr3e-5",
     "dl2122-seg-cis_q+0.25fs-listwise_kl-lr3e-5",
@@ -148,8 +149,9 @@ TEST: list[str] = [
     "seg-cis_q-listwise_kl",
     "seg-cis-listwise_kl",
 ]
-"""The variants tested on DL19, chosen on the validation table (see the README): the two Gemma students (the
-paper's claim, CIS alone; the label that ranks best on validation), the best validation settings
+"""The variants tested on DL19, chosen on the validation table (see the README): the best student on validation (the
+ensemble label at 1e-4, two epochs), the two Gemma students of one epoch (the paper's claim, CIS alone; the label
+that ranks best on validation), the best validation settings
 trained on DL21 + DL22 (the final student, at the learning rate that won the screening; before it, at 1e-4), and
 from the DL21-only screening the best validation nDCG@10 (a hybrid label), the best on a teacher score alone, and
 the best on the paper's label, ``cis``."""
