@@ -61,8 +61,8 @@ def quantize_layers(layers: nn.ModuleList) -> int:
     :class:`Fp8Linear`, in place; returns how many.
 
     Raises:
-        InputError: a weight is not bf16, or a dimension is not a multiple of :data:`FP8_ALIGN`; nothing is
-            replaced then.
+        InputError: there is no ``nn.Linear``, a weight is not bf16, or a dimension is not a multiple of
+            :data:`FP8_ALIGN`; nothing is replaced then.
     """
     found = [
         (parent, name, child, f"layers.{i}.{path}.{name}".replace("..", "."))
@@ -71,6 +71,8 @@ def quantize_layers(layers: nn.ModuleList) -> int:
         for name, child in parent.named_children()
         if type(child) is nn.Linear
     ]
+    if not found:
+        raise InputError("fp8: the decoder layers hold no nn.Linear to run in fp8")
     for _, _, linear, where in found:
         if linear.weight.dtype != torch.bfloat16:
             raise InputError(
