@@ -72,7 +72,7 @@ def test_fp8_needs_bf16_and_aligned_layers_and_says_which(tiny_llama: Path) -> N
     with pytest.raises(InputError, match=r"^fp8: layers\.0\.1 is 32 x 24, not multiples of 16$"):
         quantize_layers(layers)
     assert all(type(m) is nn.Linear for m in layers[0])  # nothing replaced
-    with pytest.raises(InputError, match="^fp8: the decoder layers hold no nn.Linear"):
+    with pytest.raises(InputError, match=r"^fp8: the decoder layers hold no nn\.Linear"):
         quantize_layers(nn.ModuleList([nn.LayerNorm(16)]))
     assert ScorerOptions(fp8=True).changed() == {"fp8": True}
 
