@@ -57,13 +57,14 @@ if runpy_main:
     code = main(sys.argv[2:])
     assert code == 0, code
 else:
-    importlib.import_module(sys.argv[1])
+    for name in sys.argv[1:]:
+        importlib.import_module(name)
 print("MODULES" + json.dumps(sorted(sys.modules)))
 """
 
 
 def loaded(*args: str) -> set[str]:
-    """The modules a fresh interpreter holds after importing a module (or running ``--main ARGS``)."""
+    """The modules a fresh interpreter holds after importing some modules (or running ``--main ARGS``)."""
     out = subprocess.run([sys.executable, "-c", PROBE, *args], capture_output=True, text=True, cwd=REPO, check=False)
     assert out.returncode == 0, out.stderr[-2000:]
     return set(json.loads(out.stdout.rsplit("MODULES", 1)[1]))
@@ -81,9 +82,16 @@ def modules_of(package: str) -> list[str]:
 @pytest.mark.slow
 @pytest.mark.parametrize("package", list(RULES))
 def test_each_module_imports_only_what_its_layer_may(package: str) -> None:
-    for module in modules_of(package):
-        bad = offending(loaded(module), RULES[package])
-        assert not bad, f"{module} imports {bad}"
+    """All of the package's modules in one interpreter; where that loads a forbidden module, each in its own, to name
+    the culprit."""
+    modules = modules_of(package)
+    bad = offending(loaded(*modules), RULES[package])
+    if not bad:
+        return
+    for module in modules:
+        own = offending(loaded(module), RULES[package])
+        assert not own, f"{module} imports {own}"
+    pytest.fail(f"{package}'s modules together import {bad}")
 
 
 @pytest.mark.slow
