@@ -87,18 +87,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 # ----------------------------------------------------------------------------- the stages
 
 
-def teacher_argv(args: argparse.Namespace, out: Path) -> list[str]:
+def teacher_argv(args: argparse.Namespace, out: Path, result: str = "teacher.json") -> list[str]:
     shapes = ["--random-config", "tiny", "--max-queries", "1", "--naive-pairs", "2"] if args.tiny else []
     shapes += ["--plain-pairs", "8", "--plain-batch-size", "4"] if args.tiny else []
     shapes = shapes or ["--random-config", "llama3-8b"]
     small = ["--matmul-size", "128", "--matmul-reps", "2"] if args.tiny else []
-    return [*shapes, *small, "--device", args.device, "--no-progress", "--out", str(out / "teacher.json")]
+    return [*shapes, *small, "--device", args.device, "--no-progress", "--out", str(out / result)]
 
 
 def teacher_fp8_argv(args: argparse.Namespace, out: Path) -> list[str]:
     """The teacher's arguments with ``--fp8``, on the first 10 queries (tiny: its 1 query, in bf16)."""
-    argv = teacher_argv(args, out)
-    argv[-1] = str(out / "teacher-fp8.json")
+    argv = teacher_argv(args, out, "teacher-fp8.json")
     extra = ["--dtype", "bfloat16"] if args.tiny else ["--max-queries", "10"]
     return [*argv, *extra, "--fp8"]
 

@@ -9,6 +9,7 @@ import resource
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -76,19 +77,24 @@ class MemoryProbe:
         return int(rss if sys.platform == "darwin" else rss * 1024)  # bytes on macOS, KiB on Linux
 
 
+def _square_matmul_rate(call: Callable[[], object], device: torch.device, size: int, reps: int) -> float:
+    """FLOP/s of ``call``, a ``size``-square matmul (``2 * size**3`` FLOP), after 3 untimed calls, over ``reps``."""
+    for _ in range(3):
+        call()
+    synchronize(device)
+    start = time.perf_counter()
+    for _ in range(reps):
+        call()
+    synchronize(device)
+    return 2 * size**3 * reps / (time.perf_counter() - start)
+
+
 def matmul_flops_per_s(device: torch.device, dtype: torch.dtype, size: int, reps: int) -> float:
     """FLOP/s of a ``size``-square matmul in ``dtype`` (``2 * size**3`` FLOP each), averaged over ``reps``."""
     a = torch.randn(size, size, device=device, dtype=dtype)
     b = torch.randn(size, size, device=device, dtype=dtype)
     c = torch.empty(size, size, device=device, dtype=dtype)
-    for _ in range(3):
-        torch.matmul(a, b, out=c)
-    synchronize(device)
-    start = time.perf_counter()
-    for _ in range(reps):
-        torch.matmul(a, b, out=c)
-    synchronize(device)
-    return 2 * size**3 * reps / (time.perf_counter() - start)
+    return _square_matmul_rate(lambda: torch.matmul(a, b, out=c), device, size, reps)
 
 
 def fp8_matmul_flops_per_s(device: torch.device, size: int, reps: int) -> float:
@@ -98,18 +104,9 @@ def fp8_matmul_flops_per_s(device: torch.device, size: int, reps: int) -> float:
     a = torch.randn(size, size, device=device).to(fp8)
     b = torch.randn(size, size, device=device).to(fp8).t()  # column-major, as the kernel wants its second operand
     scale = torch.ones((), device=device)
-
-    def call() -> torch.Tensor:
-        return torch._scaled_mm(a, b, scale_a=scale, scale_b=scale, out_dtype=torch.bfloat16)
-
-    for _ in range(3):
-        call()
-    synchronize(device)
-    start = time.perf_counter()
-    for _ in range(reps):
-        call()
-    synchronize(device)
-    return 2 * size**3 * reps / (time.perf_counter() - start)
+    return _square_matmul_rate(
+        lambda: torch._scaled_mm(a, b, scale_a=scale, scale_b=scale, out_dtype=torch.bfloat16), device, size, reps
+    )
 
 
 def int8_matmul_ops_per_s(size: int, reps: int, threads: int = 0) -> float:
