@@ -592,6 +592,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
+    if args.fp8 and dtype != torch.bfloat16:
+        raise SystemExit(
+            f"benchmarks/teacher.py: --fp8 needs a bf16 model: add --dtype bfloat16 (not {dtype_name(dtype)})"
+        )
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     if args.max_batch_tokens is None:

@@ -101,3 +101,6 @@ def test_the_benchmark_ranks_fp8_against_the_plain_loops_bf16_on_the_fp8_ceiling
     assert plain["flop_ceiling_fraction"] == pytest.approx(plain["achieved_flops_per_s"] / matmul["flops_per_s"])
     with pytest.raises(SystemExit):
         bench.parse_args(["--fp8", "--plain-pairs", "0"])
+    with pytest.raises(SystemExit, match="--fp8 needs a bf16 model: add --dtype bfloat16 \\(not float32\\)"):
+        bench.main([*argv[: argv.index("--dtype")], "--fp8", "--out", str(tmp_path / "fp32.json")])
+    assert not (tmp_path / "fp32.json").exists()
