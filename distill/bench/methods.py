@@ -6,7 +6,7 @@
   ``openvino-bf16`` (``model.onnx`` in bf16 where the CPU has it) and ``openvino-int8`` (the same ONNX files on
   OpenVINO, an optional extra), and ``auto`` (the backend ``Reranker.load`` chooses for this machine, named in
   the method: ``student auto (openvino-int8)``); each with the reranker's levers as suffixes (:func:`variant`):
-  ``torch-fp16+overlap50``, ``torch-fp32+tf32``, ``torch-fp16+compile``, ...;
+  ``torch-fp16+overlap50``, ``torch-fp32+tf32``, ``torch-fp16+compile``, ``torch-fp16+unpad``, ...;
 - the teacher: CIS with the teacher stage's scorer (:class:`teachers.teacher.CausalLMTeacher`), both terms
   computed per call (log p(K|Q) and log p(K); no p(K) cache);
 - the peer baseline: sentence-transformers' ``CrossEncoder.predict`` on the same student folder
@@ -60,7 +60,7 @@ DEFAULT_BACKENDS = {
 peers where their optimum package is)."""
 FLOAT, INT8 = "float", "int8"
 """The arithmetic of matmul FLOPs: the device's float compute dtype (fp32 on a CPU), or int8."""
-TORCH_LEVERS = {"tf32": "tf32", "compile": "compile", "cudnn": "cudnn_attention"}
+TORCH_LEVERS = {"tf32": "tf32", "compile": "compile", "cudnn": "cudnn_attention", "unpad": "unpad"}
 """A student method's suffix -> the :class:`~distill.serving.scorers.TorchOptions` field it sets (torch backends)."""
 
 
@@ -80,7 +80,8 @@ class Variant:
 
 def variant(name: str, device: str = "cpu") -> Variant:
     """The backend and levers of a student method's name: ``<backend>[+<lever>...]``, the levers ``overlapN``
-    (tokenise ``N`` pairs ahead, any backend), ``tf32`` (fp32 on CUDA), ``compile`` and ``cudnn`` (torch backends).
+    (tokenise ``N`` pairs ahead, any backend), ``tf32`` (fp32 on CUDA), ``compile``, ``cudnn`` and ``unpad`` (torch
+    backends).
 
     Raises:
         InputError: an unknown backend or lever, or a lever the backend or the device does not take.

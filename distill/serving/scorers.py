@@ -7,7 +7,7 @@ torch and onnxruntime are imported by the scorer that needs them, not by this mo
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -76,6 +76,11 @@ class TorchOptions:
     """On CUDA, let SDPA use cuDNN's kernels, which build a plan on the host for every new (batch, length) shape,
     and a reranking call's shape is new almost every time (off: flash, memory-efficient or math kernels). No effect
     on a CPU."""
+    unpad: bool = False
+    """Opt-in: run the encoder's layers on the batch's real tokens only, packed into one row, attention kept within
+    each pair (:mod:`distill.core.unpadding`: flash variable-length attention on CUDA in fp16/bf16, SDPA on the
+    re-padded heads elsewhere). The padding a batch carries is computed no more; BERT encoders only. Scores change
+    within rounding."""
 
 
 @contextmanager
@@ -110,6 +115,7 @@ class TorchScorer:
         import torch
 
         import distill.core.segment_cosine  # noqa: F401  (registers the segment-cosine head)
+        from distill.core.unpadding import Unpadder
 
         if dtype not in (None, *TORCH_DTYPES):
             raise InputError(f"the torch backend's dtype is one of {list(TORCH_DTYPES)}, not {dtype!r}")
@@ -121,6 +127,7 @@ class TorchScorer:
         self.dtype = dtype or "float32"
         self.options = options
         self.model = _load_model(folder, getattr(torch, self.dtype)).to(self.device).eval()
+        self.unpadder = Unpadder(self.model) if options.unpad else None
         if options.compile:
             self.model.compile()
         accepted = inspect.signature(self.model.forward).parameters
@@ -130,16 +137,24 @@ class TorchScorer:
         """What the scorer computes with: dtype, device, the attention implementation the model loaded with, and the
         levers of :class:`TorchOptions`."""
         attention = getattr(self.model.config, "_attn_implementation", None)
+        if self.unpadder is not None:
+            attention = f"{attention} ({self.unpadder.kernel_name()})"
         return {"dtype": self.dtype, "device": str(self.device), "attention": attention, **asdict(self.options)}
 
     def __call__(self, batch: Batch) -> np.ndarray:
         import torch
 
+        from distill.core.unpadding import packing
+
         inputs = {k: torch.from_numpy(v).to(self.device) for k, v in batch.items() if k in self.input_names}
+        unpadded = nullcontext()
+        if self.unpadder is not None:
+            unpadded = self.unpadder.batch(packing(batch["attention_mask"], self.device))
         with (
             torch.inference_mode(),
             fp32_matmul_precision(self.options.tf32),
             attention_backends(self.device, self.options.cudnn_attention),
+            unpadded,
         ):
             return self.model(**inputs).logits[:, 0].float().cpu().numpy()
 

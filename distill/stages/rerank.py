@@ -52,6 +52,8 @@ class RerankConfig:
     """torch backend: ``torch.compile`` the model; the first queries wait while it compiles."""
     cudnn_attention: bool = TorchOptions.cudnn_attention
     """torch backend on CUDA: let attention use cuDNN's kernels, which plan every new batch shape on the host."""
+    unpad: bool = TorchOptions.unpad
+    """torch backend, BERT encoders: run the layers on the real tokens only, attention within each pair."""
     max_queries: int | None = None
     """Rerank only the first N queries."""
     held_out: str | None = None
@@ -68,7 +70,7 @@ class RerankConfig:
     @property
     def torch_options(self) -> TorchOptions | None:
         """The torch backend's levers, or None where every one is at its default (any backend then loads)."""
-        options = TorchOptions(self.tf32, self.compile, self.cudnn_attention)
+        options = TorchOptions(self.tf32, self.compile, self.cudnn_attention, self.unpad)
         return None if options == TorchOptions() else options
 
 
