@@ -8,10 +8,11 @@ It runs, in one process and in this order:
 1. the teacher: ``benchmarks/teacher.py --random-config llama3-8b`` (tiny: ``tiny``, 1 query), the stage against
    the naive and the plain batched loop, its own JSON;
 2. training: ``benchmarks/student_train.py`` on bert-large-uncased (tiny: ``tiny-bert``) with the token budget,
-   padding multiple, compile and loader workers of ``configs/train/bert-large-gpu.yaml`` (tiny: a small budget,
-   eager), its own JSON;
+   padding multiple, compile, unpadding and loader workers of ``configs/train/bert-large-gpu.yaml`` (tiny: a small
+   budget, eager), its own JSON;
 3. reranking: ``distill bench --random_weights true`` with the student's torch fp16 (on a CPU: fp32), the same with
-   tokenisation overlapped (``+overlap50``), and on a GPU torch fp32 without and with TF32 (``+tf32``), against
+   tokenisation overlapped (``+overlap50``), unpadded (``+unpad``: the layers on the real tokens only) and both, and
+   on a GPU torch fp32 without and with TF32 (``+tf32``), against
    sentence-transformers' ``CrossEncoder.predict`` (no teacher; ``--rerank-backends`` replaces the list, e.g. to add
    ``torch-fp16+compile``), its own ``bench.json``, ``bench.csv`` and ``bench.png``;
 4. the teacher in fp8: ``benchmarks/teacher.py --fp8`` on the first 10 queries (tiny: 1, in bf16), against the fp8
@@ -72,7 +73,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--rerank-backends",
         help="distill bench --backends of the rerank stage (default: the student's fp16 on a GPU, fp32 on a CPU, "
-        "the same +overlap50, on a GPU torch-fp32 and torch-fp32+tf32, and st-crossencoder)",
+        "the same +overlap50, +unpad and +unpad+overlap50, on a GPU torch-fp32 and torch-fp32+tf32, and "
+        "st-crossencoder)",
     )
     args = p.parse_args(argv)
     args.only = [s for s in args.only.split(",") if s]
@@ -113,7 +115,8 @@ def train_argv(args: argparse.Namespace, out: Path) -> list[str]:
         shapes = ["--backbone", model["backbone"], "--max-length", str(TRAIN_MAX_LENGTH)]
         shapes += ["--max-batch-tokens", str(data["max_batch_tokens"])]
         shapes += ["--pad-to-multiple-of", str(data["pad_to_multiple_of"]), "--num-workers", str(data["num_workers"])]
-        shapes += ["--compile" if model.get("compile") else "--no-compile", "--warmup-steps", "10", "--steps", "30"]
+        shapes += ["--compile" if model.get("compile") else "--no-compile"]
+        shapes += ["--unpad" if model.get("unpad") else "--no-unpad", "--warmup-steps", "10", "--steps", "30"]
     return [*shapes, "--device", args.device, "--out", str(out / "student-train.json")]
 
 
@@ -137,12 +140,13 @@ def rerank_backend(args: argparse.Namespace) -> str:
 
 def rerank_backends(args: argparse.Namespace) -> str:
     """The rerank stage's methods: ``--rerank-backends``, else the target's backend, the same with tokenisation
-    overlapped, on a GPU fp32 without and with TF32, and CrossEncoder.predict."""
+    overlapped, unpadded, and both, on a GPU fp32 without and with TF32, and CrossEncoder.predict."""
     if getattr(args, "rerank_backends", None):
         return args.rerank_backends
     backend = rerank_backend(args)
+    levers = [f"+overlap{RERANK_OVERLAP}", "+unpad", f"+unpad+overlap{RERANK_OVERLAP}"]
     gpu = ["torch-fp32", "torch-fp32+tf32"] if device_type(args.device) == "cuda" else []
-    return ",".join([backend, f"{backend}+overlap{RERANK_OVERLAP}", *gpu, BASELINE])
+    return ",".join([backend, *(backend + lever for lever in levers), *gpu, BASELINE])
 
 
 def run_teacher(args: argparse.Namespace, out: Path) -> tuple[list[str], int]:

@@ -207,6 +207,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--compile", action=argparse.BooleanOptionalAction, default=False, help="(b) compiles the encoder's blocks"
     )
+    p.add_argument(
+        "--unpad",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="(b) runs the encoder's layers on the real tokens only (distill.core.unpadding)",
+    )
     p.add_argument("--num-workers", type=int, default=0, help="(b)'s data loader workers")
     p.add_argument("--steps", type=int, default=20, help="timed optimiser steps per phase")
     p.add_argument("--warmup-steps", type=int, default=3, help="untimed optimiser steps before them, per phase (>= 1)")
@@ -349,6 +355,7 @@ def run_stage(
         lr=LR,
         weight_decay=WEIGHT_DECAY,
         compile=args.compile,
+        unpad=args.unpad,
     )
     module.model = model  # built already: configure_model keeps it, so every phase starts from the same weights
     timer = StepTimer(args.warmup_steps, args.steps, device)

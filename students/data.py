@@ -17,6 +17,7 @@ from distill.core.devices import TRAIN_PAD_MULTIPLE, DeviceType, device_type
 from distill.core.label_table import TeacherData, load_label_table
 from distill.core.loaders import load_qrels
 from distill.core.schema import InputError, Qrels
+from distill.core.unpadding import host_packing
 from students.sampling import LengthGroupedBatches, QueryGroupedBatches, ResumableLoader, TokenBudgetBatches
 from students.scaling import ScalingKind, TargetScaling
 
@@ -57,8 +58,9 @@ class _Examples(Dataset):
 
 class Collator:
     """Pads a batch to its longest sequence, rounded up to a multiple of ``pad_to_multiple_of`` tokens; adds
-    ``target`` [B] float, ``group`` [B] long (batch-local query index), ``index`` [B] long (row in the split) and
-    ``group_sizes``, the host's ``(queries, most candidates of one)`` (see :mod:`students.losses`)."""
+    ``target`` [B] float, ``group`` [B] long (batch-local query index), ``index`` [B] long (row in the split),
+    ``group_sizes``, the host's ``(queries, most candidates of one)`` (see :mod:`students.losses`), and
+    ``packing``, where the real tokens are (:func:`distill.core.unpadding.host_packing`: for ``model.unpad``)."""
 
     def __init__(self, tokenizer: Any, split: Split, pad_to_multiple_of: int = 1) -> None:
         self.tokenizer, self.split, self.multiple = tokenizer, split, pad_to_multiple_of
@@ -73,6 +75,7 @@ class Collator:
         batch["group"] = torch.tensor([local[q] for q in qids])
         batch["index"] = torch.tensor(index)
         batch["group_sizes"] = (len(local), max(Counter(qids).values()))
+        batch["packing"] = host_packing(batch["attention_mask"])
         return batch
 
 

@@ -13,6 +13,7 @@ from pytorch_lightning import LightningModule
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
 from scipy.stats import pearsonr, spearmanr
 
+from distill.core.unpadding import Unpadder, device_packing
 from students.compilation import compile_blocks
 from students.losses import build_loss
 from students.masks import build_masks_ahead
@@ -44,6 +45,9 @@ class CrossEncoderModule(LightningModule):
         warmup_ratio: share of the optimiser steps of linear warm-up, before linear decay to 0.
         compile: ``torch.compile`` the encoder's blocks (:mod:`students.compilation`; validation stays eager).
             Faster on a GPU, slightly different numerics: opt-in.
+        unpad: run the encoder's layers on each batch's real tokens only, attention kept within each pair
+            (:mod:`distill.core.unpadding`; BERT backbones): no FLOP goes to padding. It applies no dropout to the
+            attention probabilities (the hidden states' dropout stays), so it changes the regularisation: opt-in.
 
     On a GPU, training runs with PyTorch's cuDNN attention backend off (it plans every new batch shape on the
     host), AdamW fused, and no host synchronisation in a step except, every ``trainer.log_every_n_steps`` steps,
@@ -65,6 +69,7 @@ class CrossEncoderModule(LightningModule):
         weight_decay: float = 0.01,
         warmup_ratio: float = 0.1,
         compile: bool = False,
+        unpad: bool = False,
     ) -> None:
         super().__init__()
         check_lr_scaling(lr_scaling, lr_reference_tokens, batch_tokens)
@@ -76,6 +81,7 @@ class CrossEncoderModule(LightningModule):
         self._interval_start: float | None = None
         self._interval_samples = 0
         self._cudnn_sdp: bool | None = None
+        self._unpadder: Unpadder | None = None
         self._prepared = False
 
     def configure_model(self) -> None:
@@ -88,6 +94,8 @@ class CrossEncoderModule(LightningModule):
             self.model.train()  # from_pretrained returns eval mode, which would silence dropout
         if not self._prepared:
             build_masks_ahead(self.model)
+            if self.hparams.unpad:
+                self._unpadder = Unpadder(self.model)
             if self.hparams.compile:
                 compile_blocks(self.model)
             self._prepared = True
@@ -102,10 +110,14 @@ class CrossEncoderModule(LightningModule):
             torch.backends.cuda.enable_cudnn_sdp(self._cudnn_sdp)
             self._cudnn_sdp = None
 
-    def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """``[B]`` scores of a padded batch (``input_ids``, ``attention_mask``, ``token_type_ids``)."""
+    def forward(self, batch: dict[str, Any]) -> torch.Tensor:
+        """``[B]`` scores of a padded batch (``input_ids``, ``attention_mask``, ``token_type_ids``; with ``unpad``,
+        the collator's ``packing`` too)."""
         inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids") if k in batch}
-        return self.model(**inputs).logits.squeeze(-1)
+        if self._unpadder is None:
+            return self.model(**inputs).logits.squeeze(-1)
+        with self._unpadder.batch(device_packing(batch["packing"], batch["attention_mask"])):
+            return self.model(**inputs).logits.squeeze(-1)
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         if self._interval_start is None:

@@ -60,6 +60,10 @@ def test_the_tiny_suite_runs_each_benchmark_and_summarises_every_figure(tmp_path
     overlapped = figures["rerank", "torch-fp32+overlap50_100_candidates_p50_s"]
     assert overlapped["value"] > 0 and overlapped["target"] == 0.025
     assert bench["settings"]["student torch-fp32+overlap50"]["overlap"] == 50
+    # The unpadded encoder too, alone and with the overlap, against the same target.
+    for method in ("torch-fp32+unpad", "torch-fp32+unpad+overlap50"):
+        assert figures["rerank", f"{method}_100_candidates_p50_s"]["target"] == 0.025
+        assert bench["settings"][f"student {method}"]["unpad"] is True
     assert figures["suite", "seconds"]["target"] == 480
     # The targets are the full shapes' on an H100: a tiny run checks correctness only.
     assert all(f["met"] is None for f in summary["figures"] if f["kind"] != "equal")
@@ -87,6 +91,7 @@ def test_the_gpu_run_trains_with_the_gpu_config_and_its_arguments_parse(suite) -
     assert argv[argv.index("--pad-to-multiple-of") + 1] == str(config["data"]["pad_to_multiple_of"])
     assert argv[argv.index("--backbone") + 1] == config["model"]["backbone"] == "bert-large-uncased"
     assert ("--compile" in argv) == config["model"]["compile"]
+    assert ("--unpad" in argv) == config["model"]["unpad"] is True
     on_cpu = [*argv[: argv.index("--device")], "--device", "cpu"]
     assert student_train.parse_args(on_cpu).max_batch_tokens == config["data"]["max_batch_tokens"]
     argv = suite.teacher_argv(full, Path("out"))
@@ -97,7 +102,8 @@ def test_the_gpu_run_trains_with_the_gpu_config_and_its_arguments_parse(suite) -
     assert (parsed.random_config, parsed.max_queries, parsed.fp8, parsed.dtype) == ("llama3-8b", 10, True, "auto")
     assert parsed.out == Path("out/teacher-fp8.json")
     argv = suite.rerank_argv(full, Path("out"))
-    backends = "torch-fp16,torch-fp16+overlap50,torch-fp32,torch-fp32+tf32,st-crossencoder"
+    backends = "torch-fp16,torch-fp16+overlap50,torch-fp16+unpad,torch-fp16+unpad+overlap50,torch-fp32,torch-fp32+tf32"
+    backends += ",st-crossencoder"
     assert argv[argv.index("--backends") + 1] == backends
     chosen = argparse.Namespace(tiny=False, device="cuda", rerank_backends="torch-fp16+compile,st-crossencoder")
     assert "torch-fp16+compile,st-crossencoder" in suite.rerank_argv(chosen, Path("out"))

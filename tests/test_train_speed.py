@@ -239,11 +239,13 @@ def test_train_cli_scales_the_lr_from_the_config_and_names_a_missing_budget(
 # ----------------------------------------------------------------------------- torch.compile
 
 
+@pytest.mark.parametrize("unpad", [False, True])
 def test_compiled_blocks_compile_a_handful_of_times_and_train_like_eager(
-    teacher_dataset: Path, tiny_bert: Path, monkeypatch: pytest.MonkeyPatch
+    teacher_dataset: Path, tiny_bert: Path, monkeypatch: pytest.MonkeyPatch, unpad: bool
 ) -> None:
     """Compiled with a backend that runs the captured graphs as they are (no fused kernels), the encoder trains to
-    the eager weights, and the graphs are captured a few times for many batch shapes."""
+    the eager weights, and the graphs are captured a few times for many batch shapes (unpadded: a new number of
+    real tokens every step)."""
     graphs: list[torch.fx.GraphModule] = []
 
     def capture(gm: torch.fx.GraphModule, example_inputs: list) -> object:
@@ -258,7 +260,9 @@ def test_compiled_blocks_compile_a_handful_of_times_and_train_like_eager(
     weights = []
     for compiled in (False, True):
         torch.manual_seed(0)
-        module = CrossEncoderModule(backbone=str(tiny_bert), compile=compiled)
+        module = CrossEncoderModule(backbone=str(tiny_bert), compile=compiled, unpad=unpad)
+        if unpad:
+            without_dropout(module)  # the unpadded path draws no attention dropout; eager and compiled alike
         fit(module, dm, 12, max_epochs=3)
         weights.append({k: v.clone() for k, v in module.model.state_dict().items()})
     assert weights[0].keys() == weights[1].keys()  # compiled in place: the checkpoint keys stay
@@ -277,3 +281,49 @@ def test_the_gpu_config_parses_and_says_how_the_lr_scales() -> None:
     check_train_args(["--config", str(path)], str(path))
     model = yaml.safe_load(path.read_text())["model"]
     assert model["lr_scaling"] == "sqrt" and model["lr_reference_tokens"] > 0 and model["compile"] is True
+    assert model["unpad"] is True
+
+
+# ----------------------------------------------------------------------------- the unpadded encoder
+
+
+def without_dropout(module: CrossEncoderModule) -> CrossEncoderModule:
+    """The module with its backbone built and every dropout at 0: padded and unpadded training then compute the
+    same function (the unpadded path applies no attention dropout; hidden dropout would draw other masks)."""
+    module.configure_model()
+    for layer in module.model.modules():
+        if isinstance(layer, torch.nn.Dropout):
+            layer.p = 0.0
+    return module
+
+
+def test_unpadded_training_computes_on_real_tokens_and_trains_like_padded(
+    teacher_dataset: Path, tiny_bert: Path
+) -> None:
+    dm = data_module(teacher_dataset, tiny_bert)
+    batch = next(iter(dm.train_dataloader()))
+    real = int(batch["attention_mask"].sum())
+    assert batch["packing"]["indices"].tolist() == torch.nonzero(batch["attention_mask"].flatten())[:, 0].tolist()
+    assert batch["packing"]["cu_seqlens"][-1] == real and real < batch["attention_mask"].numel()
+    weights, rows = [], []
+    for unpad in (False, True):
+        torch.manual_seed(0)
+        module = without_dropout(CrossEncoderModule(backbone=str(tiny_bert), unpad=unpad))
+        dense = module.model.base_model.encoder.layer[0].intermediate.dense
+        dense.register_forward_hook(lambda layer, args, out: rows.append(args[0].shape[:-1].numel()))
+        fit(module, dm, 6)
+        weights.append({k: v.clone() for k, v in module.model.state_dict().items()})
+    padded_rows, unpadded_rows = rows[:6], rows[6:]
+    assert sum(unpadded_rows) < 0.8 * sum(padded_rows)  # padding to a multiple of 64 is gone
+    for key in weights[0]:
+        torch.testing.assert_close(weights[1][key], weights[0][key], atol=1e-5, rtol=1e-4)
+
+
+def test_unpadded_training_steps_read_the_host_only_when_they_log(
+    teacher_dataset: Path, tiny_bert: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dm = data_module(teacher_dataset, tiny_bert, group_size=4, max_batch_tokens=1024)
+    module = CrossEncoderModule(backbone=str(tiny_bert), loss="listwise_kl", unpad=True)
+    counter = CountHostReads(monkeypatch)
+    fit(module, dm, 6, counter, logger=CSVLogger(tmp_path), log_every_n_steps=3)
+    assert [n for step, n in enumerate(counter.per_step) if step not in (2, 5)] == [0, 0, 0, 0]
