@@ -20,8 +20,11 @@ It runs, in one process and in this order:
    (that ranking means little on random weights, so the suite reports it without a verdict);
 
 then writes ``summary.json``: every figure with its target and whether it is met (targets are for the full shapes
-on an H100: a tiny run leaves ``met`` null). A stage that fails is reported (its error, in the summary and on
-stderr) and the others still run; the exit status is 1 if any stage failed.
+on an H100: a tiny run leaves ``met`` null). With ``--profile``, each stage then runs again, short, under
+``torch.profiler`` (its timed phase only: the teacher's batches, training's timed steps, the reranker's timed
+calls), into ``<out>/profile/``: a key-averages table and the time by kernel category per stage
+(:mod:`distill.bench.profile`), summarised in ``summary.json``'s ``profiles``. A stage that fails is reported (its
+error, in the summary and on stderr) and the others still run; the exit status is 1 if any stage failed.
 """
 
 from __future__ import annotations
@@ -70,6 +73,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help=f"the stages to run, of {', '.join(STAGES)} (comma-separated)",
     )
     p.add_argument("--out", type=Path, help="the result folder (default benchmarks/results/gpu-suite-<device>[-tiny])")
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="after the timed stages, run each again, short, under torch.profiler: <out>/profile/ (not counted in "
+        "the suite's time)",
+    )
     p.add_argument(
         "--rerank-backends",
         help="distill bench --backends of the rerank stage (default: the student's fp16 on a GPU, fp32 on a CPU, "
@@ -149,34 +158,74 @@ def rerank_backends(args: argparse.Namespace) -> str:
     return ",".join([backend, *(backend + lever for lever in levers), *gpu, BASELINE])
 
 
-def run_teacher(args: argparse.Namespace, out: Path) -> tuple[list[str], int]:
-    argv = teacher_argv(args, out)
+def run_teacher(args: argparse.Namespace, out: Path, extra: Sequence[str] = ()) -> tuple[list[str], int]:
+    argv = [*teacher_argv(args, out), *extra]
     return ["python", "benchmarks/teacher.py", *argv], teacher_bench.main(argv)
 
 
-def run_teacher_fp8(args: argparse.Namespace, out: Path) -> tuple[list[str], int]:
-    argv = teacher_fp8_argv(args, out)
+def run_teacher_fp8(args: argparse.Namespace, out: Path, extra: Sequence[str] = ()) -> tuple[list[str], int]:
+    argv = [*teacher_fp8_argv(args, out), *extra]
     return ["python", "benchmarks/teacher.py", *argv], teacher_bench.main(argv)
 
 
-def run_train(args: argparse.Namespace, out: Path) -> tuple[list[str], int]:
-    argv = train_argv(args, out)
+def run_train(args: argparse.Namespace, out: Path, extra: Sequence[str] = ()) -> tuple[list[str], int]:
+    argv = [*train_argv(args, out), *extra]
     return ["python", "benchmarks/student_train.py", *argv], student_train.main(argv)
 
 
-def run_rerank(args: argparse.Namespace, out: Path) -> tuple[list[str], int]:
+def run_rerank(args: argparse.Namespace, out: Path, extra: Sequence[str] = ()) -> tuple[list[str], int]:
     from distill.cli import main as distill
 
-    argv = rerank_argv(args, out)
+    argv = [*rerank_argv(args, out), *extra]
     return ["distill", *argv], distill(argv)
 
 
-STAGES: dict[str, Callable[[argparse.Namespace, Path], tuple[list[str], int]]] = {
+STAGES: dict[str, Callable[[argparse.Namespace, Path, Sequence[str]], tuple[list[str], int]]] = {
     "teacher": run_teacher,
     "train": run_train,
     "rerank": run_rerank,
     "teacher-fp8": run_teacher_fp8,
 }
+
+
+# ----------------------------------------------------------------------------- the profiles
+
+PROFILE_ARGV: dict[str, list[str]] = {
+    "teacher": ["--max-queries", "2", "--naive-pairs", "1", "--plain-pairs", "0", "--matmul-reps", "1"],
+    "train": ["--warmup-steps", "3", "--steps", "5", "--matmul-reps", "1"],
+    "rerank": ["--token_counts", "[]", "--rerank_queries", "1", "--warmup", "1", "--repeats", "3"],
+    "teacher-fp8": ["--max-queries", "1", "--naive-pairs", "1", "--plain-pairs", "4", "--matmul-reps", "1"],
+}
+"""Each stage's arguments for its profile run, after its own (the later flag wins): a few batches or steps of the
+same shapes and levers, the baselines cut to the least each benchmark takes."""
+
+
+def profile_argv(name: str, args: argparse.Namespace, folder: Path) -> list[str]:
+    """The arguments that make stage ``name``'s benchmark a short run recording its stage with ``torch.profiler``
+    into ``folder`` (the teacher's and training's: ``profile-<stage>.txt``; the rerank's: ``bench/profile/``, one
+    file per method, for the target's backend plain and unpadded)."""
+    if name == "rerank":
+        backend = rerank_backend(args)
+        return [*PROFILE_ARGV[name], "--backends", f"{backend},{backend}+unpad", "--profile", "true"]
+    return [*PROFILE_ARGV[name], "--profile", str(folder / f"profile-{name}.txt")]
+
+
+def run_profile(name: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
+    """Stage ``name`` run again, short, under ``torch.profiler`` (after the timed suite: the profiler slows what it
+    records); its files go to ``<out>/profile/``. Returns each profile's summary (:mod:`distill.bench.profile`), or
+    the error that stopped it."""
+    folder = out / "profile"
+    began = time.perf_counter()
+    print(f"\n===== gpu suite: profile of {name} =====", flush=True)
+    try:
+        command, code = STAGES[name](args, folder, profile_argv(name, args, folder))
+        error = None if code == 0 else f"exit status {code}"
+    except Exception as e:  # a profile that fails must not lose the suite's figures
+        traceback.print_exc()
+        command, error = None, f"{type(e).__name__}: {' '.join(str(e).split())}"
+    pattern = "bench/profile/*.json" if name == "rerank" else f"profile-{name}.json"
+    summaries = {display_path(path): json.loads(path.read_text()) for path in sorted(folder.glob(pattern))}
+    return {"command": command, "seconds": time.perf_counter() - began, "error": error, "profiles": summaries}
 
 
 # ----------------------------------------------------------------------------- the summary
@@ -367,7 +416,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         began = time.perf_counter()
         print(f"\n===== gpu suite: {name} =====", flush=True)
         try:
-            command, code = STAGES[name](args, out)
+            command, code = STAGES[name](args, out, ())
             error = None if code == 0 else f"exit status {code}"
             figures += figures_of(name, out, args)
         except Exception as e:  # one stage's failure must not lose the others' figures
@@ -378,6 +427,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     seconds = time.perf_counter() - start
     if set(args.only) == set(STAGES):
         figures.append(figure("suite", "seconds", seconds, SUITE_TARGET_S, "max", args.tiny, "every stage"))
+    profiles = {name: run_profile(name, args, out) for name in args.only} if args.profile else {}
     summary = {
         "benchmark": "gpu_suite",
         **invocation("benchmarks/gpu_suite.py", argv),
@@ -388,11 +438,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "seconds": seconds,
         "stages": stages,
         "figures": figures,
+        "profiles": profiles,
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     print_summary(summary)
     print(f"\nwrote {display_path(out)}/summary.json")
-    return 1 if any(s["error"] for s in stages.values()) else 0
+    failed = [*stages.values(), *profiles.values()]
+    return 1 if any(s["error"] for s in failed) else 0
 
 
 def print_summary(summary: dict[str, Any]) -> None:
@@ -408,6 +460,13 @@ def print_summary(summary: dict[str, Any]) -> None:
             "" if f["target"] is None else f"{ {'min': '>=', 'max': '<=', 'equal': '=='}[f['kind']] } {f['target']}"
         )
         print(f"{f['stage']:<8} {f['figure']:<40} {value:>12}  {target:<10} {marks[f['met']]:<8} {f['note']}")
+    for name, run in summary["profiles"].items():
+        if run["error"] is not None:
+            print(f"profile of {name}: FAILED: {run['error']}")
+        for path, profile in run["profiles"].items():
+            shares = ", ".join(f"{k} {v:.0%}" for k, v in profile["by_category_share"].items())
+            busy = "" if profile["busy_fraction"] is None else f"device busy {profile['busy_fraction']:.0%}; "
+            print(f"profile {path}: {busy}{shares}")
 
 
 if __name__ == "__main__":

@@ -72,6 +72,7 @@ from _common import (
 from pytorch_lightning import Callback, LightningModule, Trainer
 
 from distill.bench.measure import MemoryProbe, dtype_name, environment, matmul_flops_per_s, synchronize
+from distill.bench.profile import StageProfile
 from distill.core.devices import MATMUL_SIZE, TRAIN_PAD_MULTIPLE, resolve_device
 from distill.core.models import ARCHITECTURES, resolve_model
 from students.checkpointing import EVERY_MINUTES, LastCheckpoint
@@ -239,6 +240,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         f"report what a save costs and its share of training time at the default interval ({EVERY_MINUTES:g} min)",
     )
     p.add_argument(
+        "--profile",
+        type=Path,
+        help="also record (b)'s timed steps with torch.profiler into this file (distill.bench.profile; the profiler "
+        "slows them, so use the run's figures only as a profile)",
+    )
+    p.add_argument(
         "--out", type=Path, help="JSON result (default benchmarks/results/student-train-<device>-<backbone>.json)"
     )
     args = p.parse_args(argv)
@@ -303,8 +310,8 @@ class StepTimer(Callback):
     the last warm-up step to the end of the last timed one, and records every step's batch without
     synchronising the device: its ``index`` tensor (rows of the training split) and its padded shape."""
 
-    def __init__(self, warmup: int, steps: int, device: torch.device) -> None:
-        self.warmup, self.steps, self.device = warmup, steps, device
+    def __init__(self, warmup: int, steps: int, device: torch.device, profile: StageProfile | None = None) -> None:
+        self.warmup, self.steps, self.device, self.profile = warmup, steps, device, profile
         self.probe = MemoryProbe(device)
         self.syncs = HostSyncs(device)
         self.indices: list[torch.Tensor] = []
@@ -322,6 +329,8 @@ class StepTimer(Callback):
     ) -> None:
         if len(self.indices) == self.warmup:
             self.probe.reset()
+            if self.profile is not None:
+                self.profile.start()
             synchronize(self.device)
             self.start = time.perf_counter()
             self.syncs.start()
@@ -329,6 +338,8 @@ class StepTimer(Callback):
             self.syncs.stop()
             synchronize(self.device)
             self.seconds = time.perf_counter() - self.start
+            if self.profile is not None:
+                self.profile.stop()
             self.peak = self.probe.peak()
             self.last_loss = outputs["loss"] if isinstance(outputs, dict) else outputs
 
@@ -358,7 +369,8 @@ def run_stage(
         unpad=args.unpad,
     )
     module.model = model  # built already: configure_model keeps it, so every phase starts from the same weights
-    timer = StepTimer(args.warmup_steps, args.steps, device)
+    profile = StageProfile(args.profile, device) if args.profile and checkpoint_every is None else None
+    timer = StepTimer(args.warmup_steps, args.steps, device, profile)
     (ROOT / "checkpoints").mkdir(exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="student-train-bench-", dir=ROOT / "checkpoints") as root:
         last = None if checkpoint_every is None else LastCheckpoint(Path(root), None, checkpoint_every)

@@ -75,6 +75,7 @@ from distill.bench.measure import (
     matmul_flops_per_s,
     synchronize,
 )
+from distill.bench.profile import profiled
 from distill.core.devices import MATMUL_SIZE, TEACHER_BATCH_TOKENS, attention_backends, resolve_device
 from distill.core.loaders import load_candidates
 from distill.core.models import ARCHITECTURES
@@ -210,6 +211,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         ("fp8", ScorerOptions.fp8, "the decoder layers' matmuls in fp8 (a bf16 model), ranked against (c)'s bf16"),
     ):
         levers.add_argument(f"--{name}", type=flag, nargs="?", const=True, default=default, help=text)
+    p.add_argument(
+        "--profile",
+        type=Path,
+        help="also record (b) with torch.profiler into this file (distill.bench.profile; the profiler slows it, so "
+        "use the run's figures only as a profile)",
+    )
     p.add_argument("--out", type=Path, help="JSON result (default benchmarks/results/teacher-<device>-<model>.json)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     args = p.parse_args(argv)
@@ -621,7 +628,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     options = scorer_options(args)
     with_model_levers(teacher, options)
     warmup_seconds = warm_up(teacher, work, device)
-    taught, cond, uncond = run_teacher(teacher, work, device, show)
+    with profiled(args.profile, device):
+        taught, cond, uncond = run_teacher(teacher, work, device, show)
     after = matmul_flops_per_s(device, dtype, size, args.matmul_reps)
     rate = max(before, after)  # the higher ceiling: the conservative fraction
     fp8_rate = fp8_matmul_flops_per_s(device, size, args.matmul_reps) if options.fp8 else None

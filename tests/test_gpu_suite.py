@@ -29,12 +29,22 @@ def suite(monkeypatch: pytest.MonkeyPatch):
 @pytest.mark.slow
 def test_the_tiny_suite_runs_each_benchmark_and_summarises_every_figure(tmp_path: Path) -> None:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    command = [sys.executable, str(SUITE), "--tiny", "--device", "cpu", "--out", str(tmp_path)]
+    command = [sys.executable, str(SUITE), "--tiny", "--device", "cpu", "--out", str(tmp_path), "--profile"]
     done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=1200)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["tiny"] and list(summary["stages"]) == ["teacher", "train", "rerank", "teacher-fp8"]
     assert [s["error"] for s in summary["stages"].values()] == [None, None, None, None]
+    # Then each stage again, short, under torch.profiler: a table and the time by category per stage.
+    profiles = summary["profiles"]
+    assert list(profiles) == list(summary["stages"]) and all(p["error"] is None for p in profiles.values())
+    for stage in ("teacher", "train", "teacher-fp8"):
+        table = (tmp_path / "profile" / f"profile-{stage}.txt").read_text()
+        assert "aten::" in table and "Self CPU" in table
+        (only,) = profiles[stage]["profiles"].values()
+        assert only["by_category_s"]["gemm"] > 0 and only["span_s"] > 0
+    reranks = sorted(Path(path).name for path in profiles["rerank"]["profiles"])
+    assert reranks == ["student_torch-fp32-100_candidates.json", "student_torch-fp32_unpad-100_candidates.json"]
 
     # Each benchmark's own result, in its own format.
     teacher = json.loads((tmp_path / "teacher.json").read_text())

@@ -10,6 +10,7 @@ from __future__ import annotations
 import gc
 import json
 import logging
+import re
 import tempfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -88,9 +89,9 @@ class BenchConfig:
     its optimised backends ``st-onnx, st-onnx-int8, st-openvino`` (on ``peer_student``). Default: those of the
     device whose files exist, OpenVINO's where it is installed, the peers where their optimum package imports.
     A student backend takes the reranker's levers as suffixes, each timed as its own method: ``+overlapN``
-    (tokenise N pairs ahead on a background thread, any backend), ``+tf32`` (torch-fp32 on a GPU), ``+compile``
-    and ``+cudnn`` (torch backends), e.g. ``torch-fp16,torch-fp16+overlap50,torch-fp32,torch-fp32+tf32``; each
-    method's settings are recorded in ``bench.json``."""
+    (tokenise N pairs ahead on a background thread, any backend), ``+tf32`` (torch-fp32 on a GPU), ``+compile``,
+    ``+cudnn`` and ``+unpad`` (torch backends), e.g. ``torch-fp16,torch-fp16+unpad,torch-fp32,torch-fp32+tf32``;
+    each method's settings are recorded in ``bench.json``."""
     peer_student: str | None = None
     """The [CLS]-head student (an HF or export folder) that sentence-transformers' ``st-onnx``, ``st-onnx-int8`` and
     ``st-openvino`` run on: their optimum export takes the architectures ``transformers`` knows, not the
@@ -121,6 +122,10 @@ class BenchConfig:
     """Seed of the random weights."""
     results: str | None = None
     """Print the tables of a saved ``bench.json`` instead of timing anything."""
+    profile: bool = False
+    """Also record each (method, workload)'s timed calls with ``torch.profiler``: ``profile/<method>-<workload>.txt``
+    and ``.json`` in the result folder, the time by kernel category (:mod:`distill.bench.profile`). The profiler
+    slows the calls it records: a profiled run's timings are no measurements."""
 
 
 @dataclass(frozen=True)
@@ -258,6 +263,12 @@ def _write_json(result: dict[str, Any], out: Path) -> None:
     tmp.replace(out / "bench.json")
 
 
+def profile_path(out: Path, method: str, workload: str) -> Path:
+    """The profile file of a (method, workload): ``<out>/profile/<method>-<workload>.txt``, in safe characters."""
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", f"{method}-{workload}").strip("_")
+    return out / "profile" / f"{name}.txt"
+
+
 def run_bench(config: BenchConfig, command: str | None = None) -> dict[str, Any]:
     """Time every method on every workload; write and return the result (see :mod:`distill.bench.report`).
 
@@ -331,7 +342,10 @@ def run_bench(config: BenchConfig, command: str | None = None) -> dict[str, Any]
             result["settings"][method.name] = method.settings
             for workload in workloads:
                 log.warning("timing %s on %s", method.name, workload.name)
-                cell = time_method(method, workload, device, config.warmup, config.repeats, config.max_seconds, rates)
+                profile = profile_path(out, method.name, workload.name) if config.profile else None
+                cell = time_method(
+                    method, workload, device, config.warmup, config.repeats, config.max_seconds, rates, profile
+                )
                 result["cells"].append(cell.to_json())
             if quality is not None and method.role != "teacher":
                 log.warning("nDCG@10 of %s on %d judged queries", method.name, len(quality.candidates))

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 
 from distill.bench.measure import MemoryProbe, synchronize
 from distill.bench.methods import Method
+from distill.bench.profile import profiled
 from distill.bench.workload import Workload
 
 
@@ -67,12 +69,14 @@ def time_method(
     repeats: int,
     max_seconds: float,
     rates: dict[str, float] | None,
+    profile: Path | None = None,
 ) -> Cell:
     """Time ``method`` on every call of ``workload``.
 
     ``warmup`` untimed rounds, then up to ``repeats`` timed rounds (each round calls every call once), stopping
     after the first round that ends past ``max_seconds`` of timed work: slow methods get fewer samples, at
-    least one round. ``rates`` (arithmetic -> matmul FLOP/s) give the FLOP floor; None for no floor.
+    least one round. ``rates`` (arithmetic -> matmul FLOP/s) give the FLOP floor; None for no floor. With
+    ``profile``, ``torch.profiler`` records the timed rounds into that file (:mod:`distill.bench.profile`).
     """
     for _ in range(warmup):
         for call in workload.calls:
@@ -80,17 +84,18 @@ def time_method(
     probe = MemoryProbe(device)
     probe.reset()
     seconds: list[float] = []
-    for _ in range(repeats):
-        for call in workload.calls:
-            synchronize(device)
-            start = time.perf_counter()
-            scores = method.score(call.query, call.passages)
-            synchronize(device)
-            seconds.append(time.perf_counter() - start)
-            if len(scores) != len(call.passages):
-                raise RuntimeError(f"{method.name}: {len(scores)} scores for {len(call.passages)} passages")
-        if sum(seconds) > max_seconds:
-            break
+    with profiled(profile, device):
+        for _ in range(repeats):
+            for call in workload.calls:
+                synchronize(device)
+                start = time.perf_counter()
+                scores = method.score(call.query, call.passages)
+                synchronize(device)
+                seconds.append(time.perf_counter() - start)
+                if len(scores) != len(call.passages):
+                    raise RuntimeError(f"{method.name}: {len(scores)} scores for {len(call.passages)} passages")
+            if sum(seconds) > max_seconds:
+                break
     tokens_fed = float(np.mean([method.tokens_fed(call) for call in workload.calls]))
     per_call = [method.matmul_flops(call) for call in workload.calls]
     flops = {kind: float(np.mean([f.get(kind, 0.0) for f in per_call])) for kind in per_call[0]}

@@ -1,0 +1,131 @@
+"""Where a stage's time goes: ``torch.profiler`` over its timed phase, summed by kernel category.
+
+A profile records a span of work (:class:`StageProfile`: ``start`` and ``stop``, or :func:`profiled` around a
+block) and writes two files:
+
+- ``<path>`` (text): the span's wall time, the device's busy share, the time by category, then the operators and
+  kernels by self time (``torch.profiler``'s key-averages table, 40 rows);
+- ``<path>`` with the suffix ``.json``: the same figures, for tools.
+
+Categories are read from kernel (on CUDA) or operator (on a CPU) names: ``gemm`` (matmuls), ``attention``,
+``memory`` (copies, gathers, scatters, casts' copies) and ``other`` (elementwise, norms, reductions). The profiler
+slows what it records: figures from a profiled run are no timings, and the benchmarks record them apart.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+CATEGORIES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("attention", ("flash", "fmha", "attention", "sdpa", "varlen", "softmax")),
+    ("gemm", ("gemm", "cutlass", "nvjet", "xmma", "scaled_mm", "aten::mm", "aten::addmm", "aten::bmm", "matmul")),
+    ("memory", ("memcpy", "memset", "copy", "index", "gather", "scatter", "aten::cat", "fill")),
+)
+"""Category -> substrings of a lower-cased kernel or operator name, tried in this order; ``other`` for the rest."""
+TABLE_ROWS = 40
+
+
+def category(name: str) -> str:
+    """The category of a kernel or operator ``name`` (see :data:`CATEGORIES`)."""
+    lowered = name.lower()
+    for label, needles in CATEGORIES:
+        if any(needle in lowered for needle in needles):
+            return label
+    return "other"
+
+
+class StageProfile:
+    """A ``torch.profiler`` recording of a span of work on ``device``, written to ``path`` (see the module)."""
+
+    def __init__(self, path: Path, device: torch.device) -> None:
+        self.path, self.device = Path(path), device
+        self.cuda = device.type == "cuda"
+        activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if self.cuda else [])]
+        self.profiler = profile(activities=activities)
+        self.started: float | None = None
+        self.summary: dict[str, Any] | None = None
+
+    def start(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+        self.profiler.start()
+        self.started = time.perf_counter()
+
+    def stop(self) -> dict[str, Any]:
+        """End the span, write the files, and return the summary."""
+        if self.started is None:
+            raise RuntimeError("StageProfile.stop() before start()")
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+        span = time.perf_counter() - self.started
+        self.profiler.stop()
+        self.summary = summarise(self.profiler, span, self.cuda)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.with_suffix(".json").write_text(json.dumps(self.summary, indent=2) + "\n")
+        sort = "self_device_time_total" if self.cuda else "self_cpu_time_total"
+        table = self.profiler.key_averages().table(sort_by=sort, row_limit=TABLE_ROWS, max_name_column_width=80)
+        self.path.write_text(format_summary(self.summary) + "\n\n" + table + "\n")
+        return self.summary
+
+
+@contextmanager
+def profiled(path: Path | None, device: torch.device) -> Iterator[StageProfile | None]:
+    """A :class:`StageProfile` over the block, written to ``path``; nothing where ``path`` is None."""
+    if path is None:
+        yield None
+        return
+    recording = StageProfile(path, device)
+    recording.start()
+    try:
+        yield recording
+    finally:
+        recording.stop()
+
+
+def summarise(profiler: Any, span_s: float, cuda: bool) -> dict[str, Any]:
+    """The span's seconds by category: the kernels' self device time on CUDA (and the device's busy share of the
+    span), the operators' self CPU time elsewhere."""
+    by_category: dict[str, float] = {}
+    for event in profiler.key_averages():
+        if cuda:
+            seconds = event.self_device_time_total / 1e6 if _is_kernel(event) else 0.0
+        else:
+            seconds = event.self_cpu_time_total / 1e6
+        if seconds > 0:
+            label = category(event.key)
+            by_category[label] = by_category.get(label, 0.0) + seconds
+    total = sum(by_category.values())
+    return {
+        "span_s": span_s,
+        "measured": "kernels' self device time" if cuda else "operators' self CPU time",
+        "total_s": total,
+        "busy_fraction": total / span_s if cuda and span_s > 0 else None,
+        "by_category_s": dict(sorted(by_category.items(), key=lambda kv: -kv[1])),
+        "by_category_share": {k: v / total for k, v in sorted(by_category.items(), key=lambda kv: -kv[1])}
+        if total
+        else {},
+    }
+
+
+def _is_kernel(event: Any) -> bool:
+    """Whether a key-averages row is a device kernel (or copy), not a CPU operator."""
+    return getattr(event, "device_type", None) == torch.autograd.DeviceType.CUDA
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    """The summary in a few lines: span, busy share, and each category's seconds and share."""
+    busy = summary["busy_fraction"]
+    lines = [f"span {summary['span_s']:.3f} s; {summary['measured']} {summary['total_s']:.3f} s"]
+    if busy is not None:
+        lines[0] += f" (device busy {busy:.1%} of the span)"
+    for label, seconds in summary["by_category_s"].items():
+        lines.append(f"  {label:<10} {seconds:9.4f} s  {summary['by_category_share'][label]:6.1%}")
+    return "\n".join(lines)
