@@ -176,3 +176,19 @@ def exported(tmp_path_factory: pytest.TempPathFactory, student: Path, parity) ->
     out = tmp_path_factory.mktemp("exports") / "student"
     export_student(student, out, fp16=True, int8="static", parity=parity)
     return out
+
+
+@pytest.fixture(scope="session")
+def spread_bert(tiny_bert: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny random BERT with its classifier scaled up: its scores spread over about 0.05 rather than 5e-5, so
+    that a score in another pair's place fails a test's tolerance for rounding (1e-5)."""
+    import torch
+    from transformers import AutoTokenizer, BertForSequenceClassification
+
+    model = BertForSequenceClassification.from_pretrained(tiny_bert)
+    with torch.no_grad():
+        model.classifier.weight.mul_(1000.0)
+    path = tmp_path_factory.mktemp("spread-bert")
+    model.save_pretrained(path)
+    AutoTokenizer.from_pretrained(tiny_bert).save_pretrained(path)
+    return path

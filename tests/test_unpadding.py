@@ -40,18 +40,6 @@ def call() -> tuple[str, list[str]]:
 
 
 @pytest.fixture(scope="module")
-def spread(tiny_bert: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny random BERT with its classifier scaled up, so that a score in another pair's place fails TIGHT."""
-    model = AutoModelForSequenceClassification.from_pretrained(tiny_bert)
-    with torch.no_grad():
-        model.classifier.weight.mul_(1000.0)
-    path = tmp_path_factory.mktemp("spread-bert")
-    model.save_pretrained(path)
-    AutoTokenizer.from_pretrained(tiny_bert).save_pretrained(path)
-    return path
-
-
-@pytest.fixture(scope="module")
 def segment_cosine(tiny_bert: Path) -> torch.nn.Module:
     config = BertSegmentCosineConfig.from_pretrained(tiny_bert)
     torch.manual_seed(1)
@@ -86,12 +74,12 @@ def test_packing_finds_the_real_tokens_on_either_padding_side() -> None:
     [("cls", "right"), ("segment-cosine", "right"), ("segment-cosine", "left")],
 )
 def test_the_layers_see_only_real_tokens_and_score_as_the_padded_model(
-    spread: Path, segment_cosine: torch.nn.Module, call, side: str, head: str
+    spread_bert: Path, segment_cosine: torch.nn.Module, call, side: str, head: str
 ) -> None:
     query, passages = call
-    tokenizer = AutoTokenizer.from_pretrained(spread)
+    tokenizer = AutoTokenizer.from_pretrained(spread_bert)
     batch = batch_of(tokenizer, query, passages[:30], side)
-    model = AutoModelForSequenceClassification.from_pretrained(spread).eval() if head == "cls" else segment_cosine
+    model = AutoModelForSequenceClassification.from_pretrained(spread_bert).eval() if head == "cls" else segment_cosine
     padded = scores(model, batch)
     unpadded_model = copy.deepcopy(model)  # its own config, too: unpadding changes the attention it names
     unpadder = Unpadder(unpadded_model)
@@ -122,13 +110,15 @@ def reference_varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *
     return out
 
 
-def test_the_variable_length_kernel_path_keeps_the_scores(spread: Path, call, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_variable_length_kernel_path_keeps_the_scores(
+    spread_bert: Path, call, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """On a GPU in fp16/bf16 attention goes to torch's ``varlen_attn``; here a per-sequence reference of its
     contract stands in, to pin the arguments and the layout the model hands it."""
     query, passages = call
-    tokenizer = AutoTokenizer.from_pretrained(spread)
+    tokenizer = AutoTokenizer.from_pretrained(spread_bert)
     batch = batch_of(tokenizer, query, passages[:20])
-    model = AutoModelForSequenceClassification.from_pretrained(spread).eval()
+    model = AutoModelForSequenceClassification.from_pretrained(spread_bert).eval()
     padded = scores(model, batch)
     calls = []
 
@@ -150,11 +140,11 @@ def test_varlen_is_chosen_only_on_cuda_in_half_precision() -> None:
     assert unpadding.varlen_kernel(torch.zeros(1)) is None
 
 
-def test_the_reranker_unpads_a_querys_candidates_in_one_gpu_sized_batch(spread: Path, call) -> None:
+def test_the_reranker_unpads_a_querys_candidates_in_one_gpu_sized_batch(spread_bert: Path, call) -> None:
     query, passages = call
     budget = STUDENT_BATCH_TOKENS["cuda"]  # one batch of 100 pairs padded to the longest: the padding unpad saves
-    plain = Reranker.load(spread, backend="torch", max_batch_tokens=budget)
-    unpadded = Reranker.load(spread, backend="torch", max_batch_tokens=budget, options=TorchOptions(unpad=True))
+    plain = Reranker.load(spread_bert, backend="torch", max_batch_tokens=budget)
+    unpadded = Reranker.load(spread_bert, backend="torch", max_batch_tokens=budget, options=TorchOptions(unpad=True))
     np.testing.assert_allclose(unpadded.score(query, passages), plain.score(query, passages), **TIGHT)
     assert unpadded.settings["unpad"] is True and plain.settings["unpad"] is False
     assert unpadded.settings["attention"] == f"{ATTENTION} (sdpa (re-padded))"
@@ -166,19 +156,19 @@ def test_unpad_refuses_an_encoder_whose_attention_it_cannot_take_over() -> None:
         Unpadder(DistilBertModel(config))
 
 
-def test_an_unpadded_model_outside_a_batch_context_is_a_bug_not_a_wrong_score(spread: Path) -> None:
-    model = AutoModelForSequenceClassification.from_pretrained(spread).eval()
+def test_an_unpadded_model_outside_a_batch_context_is_a_bug_not_a_wrong_score(spread_bert: Path) -> None:
+    model = AutoModelForSequenceClassification.from_pretrained(spread_bert).eval()
     Unpadder(model)
     ids = torch.tensor([[101, 2054, 102]])
     with pytest.raises(RuntimeError, match=r"inside Unpadder\.batch"):
         model(input_ids=ids, attention_mask=torch.ones_like(ids))
 
 
-def test_distill_rerank_and_bench_take_unpad(spread: Path, sample_file: Path, tmp_path: Path, capsys) -> None:
+def test_distill_rerank_and_bench_take_unpad(spread_bert: Path, sample_file: Path, tmp_path: Path, capsys) -> None:
     from distill.bench.methods import variant
     from distill.core.runs import read_trec_run
 
-    args = ["rerank", "--model", str(spread), "--backend", "torch", "--input", str(sample_file)]
+    args = ["rerank", "--model", str(spread_bert), "--backend", "torch", "--input", str(sample_file)]
     assert main([*args, "--output", str(tmp_path / "plain.trec")]) == 0
     assert main([*args, "--output", str(tmp_path / "unpad.trec"), "--unpad"]) == 0
     plain, unpadded = read_trec_run(tmp_path / "plain.trec"), read_trec_run(tmp_path / "unpad.trec")
