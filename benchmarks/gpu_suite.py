@@ -191,7 +191,7 @@ STAGES: dict[str, Callable[[argparse.Namespace, Path, Sequence[str]], tuple[list
 # ----------------------------------------------------------------------------- the profiles
 
 PROFILE_ARGV: dict[str, list[str]] = {
-    "teacher": ["--max-queries", "2", "--naive-pairs", "1", "--plain-pairs", "0", "--matmul-reps", "1"],
+    "teacher": ["--max-queries", "1", "--naive-pairs", "1", "--plain-pairs", "0", "--matmul-reps", "1"],
     "train": ["--warmup-steps", "3", "--steps", "5", "--matmul-reps", "1"],
     "rerank": ["--token_counts", "[]", "--rerank_queries", "1", "--warmup", "1", "--repeats", "3"],
     "teacher-fp8": ["--max-queries", "1", "--naive-pairs", "1", "--plain-pairs", "4", "--matmul-reps", "1"],
