@@ -1,8 +1,8 @@
 """Unpadded encoders: a BERT encoder's layers run on a batch's real tokens only.
 
 A cross-encoder batch ``[B, T]`` holds ``N = sum(lengths)`` real tokens, and ``B · T - N`` pads that every linear
-layer computes anyway: a DL19 query's 100 BM25 candidates in one batch are about 40% padding at bert-large's
-widths. :class:`Unpadder` hooks a model's encoder so that:
+layer computes anyway (a DL19 query's 100 BM25 candidates in one batch are all padded to the longest of them).
+:class:`Unpadder` hooks a model's encoder so that:
 
 - before the first layer, the embeddings' output ``[B, T, H]`` is gathered into one packed row ``[1, N, H]`` (the
   pairs back to back; position and token-type embeddings were already added per padded row, so they are right);
@@ -37,12 +37,13 @@ from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
 from distill.core.schema import InputError
+from distill.core.segment_cosine import MODEL_TYPE as SEGMENT_COSINE
 
 ATTENTION = "cis_unpadded"
 """The attention implementation's name in transformers' :class:`AttentionInterface` while a model is unpadded."""
 PACKING = "cis_packing"
 """The keyword under which a layer's attention receives the batch's :class:`Packing`."""
-MODEL_TYPES = ("bert", "bert-segment-cosine")
+MODEL_TYPES = ("bert", SEGMENT_COSINE)
 """The architectures whose encoder passes its keywords down to the attention interface, as unpadding needs."""
 VARLEN_DTYPES = (torch.float16, torch.bfloat16)
 """The dtypes of the flash variable-length kernel."""
