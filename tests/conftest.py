@@ -192,3 +192,12 @@ def spread_bert(tiny_bert: Path, tmp_path_factory: pytest.TempPathFactory) -> Pa
     model.save_pretrained(path)
     AutoTokenizer.from_pretrained(tiny_bert).save_pretrained(path)
     return path
+
+
+@pytest.fixture(scope="session")
+def call() -> tuple[str, list[str]]:
+    """A DL19 query and its 100 BM25 candidates: one reranking call."""
+    from distill.core.loaders import load_candidates
+
+    candidates = load_candidates(DL19).candidates[0]
+    return candidates.query.text, [p.text for p in candidates.passages]

@@ -16,14 +16,11 @@ from distill.bench.methods import Variant, student_method, variant
 from distill.cli import main
 from distill.core.batching import token_budget_batches
 from distill.core.devices import STUDENT_BATCH_TOKENS, attention_backends
-from distill.core.loaders import load_candidates
 from distill.core.schema import InputError
 from distill.serving import reranker as reranker_module
 from distill.serving.encoding import Batch
 from distill.serving.reranker import Reranker
 from distill.serving.scorers import TorchOptions, fp32_matmul_precision, load_scorer
-
-from .conftest import DL19
 
 TIGHT = {"rtol": 1e-5, "atol": 1e-6}
 """fp32 on the CPU, the same pairs in other batches (other padding, other matmul shapes): rounding only."""
@@ -39,13 +36,6 @@ def assert_distinct(scores) -> None:
     scores = np.asarray(scores)
     tolerance = TIGHT["atol"] + TIGHT["rtol"] * np.abs(scores).max()
     assert np.median(np.abs(scores - np.roll(scores, 1))) > 10 * tolerance
-
-
-@pytest.fixture(scope="module")
-def call() -> tuple[str, list[str]]:
-    """A DL19 query and its 100 BM25 candidates."""
-    candidates = load_candidates(DL19).candidates[0]
-    return candidates.query.text, [p.text for p in candidates.passages]
 
 
 class Recorder:

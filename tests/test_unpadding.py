@@ -17,7 +17,6 @@ import distill.core.segment_cosine  # noqa: F401  (registers the segment-cosine 
 from distill.cli import main
 from distill.core import unpadding
 from distill.core.devices import STUDENT_BATCH_TOKENS
-from distill.core.loaders import load_candidates
 from distill.core.schema import InputError
 from distill.core.segment_cosine import BertForSegmentCosine, BertSegmentCosineConfig
 from distill.core.unpadding import ATTENTION, Unpadder, packing
@@ -25,18 +24,9 @@ from distill.serving.encoding import encode_pairs, pad_batch
 from distill.serving.reranker import Reranker
 from distill.serving.scorers import TorchOptions
 
-from .conftest import DL19
-
 CPU = torch.device("cpu")
 TIGHT = {"rtol": 1e-5, "atol": 1e-6}
 """fp32 on the CPU, the same pairs in other matmul shapes: rounding only."""
-
-
-@pytest.fixture(scope="module")
-def call() -> tuple[str, list[str]]:
-    """A DL19 query and its 100 BM25 candidates."""
-    candidates = load_candidates(DL19).candidates[0]
-    return candidates.query.text, [p.text for p in candidates.passages]
 
 
 @pytest.fixture(scope="module")
@@ -178,3 +168,24 @@ def test_distill_rerank_and_bench_take_unpad(spread_bert: Path, sample_file: Pat
     assert variant("torch-fp16+unpad+overlap50", "cuda").options == TorchOptions(unpad=True)
     with pytest.raises(InputError, match="levers of the torch backends"):
         variant("onnx-fp32+unpad")
+
+
+def test_where_gradients_flow_attention_takes_the_sdpa_path_even_where_varlen_runs(
+    spread_bert: Path, call, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Training goes through SDPA, which has a backward on every torch; inference through the variable-length
+    kernel, which the settings then name although the weights require gradients."""
+    query, passages = call
+    batch = batch_of(AutoTokenizer.from_pretrained(spread_bert), query, passages[:8])
+
+    def no_backward(*args, **kwargs):
+        raise AssertionError("the variable-length kernel ran where gradients flow")
+
+    monkeypatch.setattr(unpadding, "varlen_kernel", lambda query: no_backward)
+    model = AutoModelForSequenceClassification.from_pretrained(spread_bert)
+    unpadder = Unpadder(model)
+    assert unpadder.kernel_name() == "varlen_attn" and next(model.parameters()).requires_grad
+    inputs = {k: torch.from_numpy(v) for k, v in batch.items()}
+    with unpadder.batch(packing(batch["attention_mask"], CPU)):
+        model(**inputs).logits.sum().backward()
+    assert model.bert.encoder.layer[0].attention.self.query.weight.grad.abs().sum() > 0

@@ -104,9 +104,9 @@ def packing(attention_mask: np.ndarray, device: torch.device) -> Packing:
 
 
 def varlen_kernel(query: torch.Tensor) -> Any | None:
-    """torch's flash variable-length attention, for inference on ``query``'s device and dtype where it runs it;
-    else None (on a CPU, in fp32, or where gradients flow: the SDPA path has a backward on every torch)."""
-    if query.device.type != "cuda" or query.dtype not in VARLEN_DTYPES or query.requires_grad:
+    """torch's flash variable-length attention, where it runs on ``query``'s device and dtype; else None (on a CPU,
+    in fp32, or on a torch without it)."""
+    if query.device.type != "cuda" or query.dtype not in VARLEN_DTYPES:
         return None
     try:
         from torch.nn.attention.varlen import varlen_attn
@@ -131,7 +131,7 @@ def unpadded_attention(
     if packed is None:
         raise RuntimeError(f"attention {ATTENTION!r} runs only inside an Unpadder's batch")
     flat = [t[0].transpose(0, 1) for t in (query, key, value)]  # [N, heads, d]
-    kernel = varlen_kernel(query)
+    kernel = None if query.requires_grad else varlen_kernel(query)  # SDPA has a backward on every torch
     if kernel is not None:
         cu, longest = packed.cu_seqlens, packed.max_length
         # torch 2.9's varlen_attn has no scale argument: pass it only where it is not the default 1/sqrt(d)
@@ -178,7 +178,8 @@ class Unpadder:
         encoder.register_forward_hook(self._unpack)
 
     def kernel_name(self) -> str:
-        """The kernel the model's attention runs on: ``varlen_attn`` or ``sdpa (re-padded)``."""
+        """The kernel the model's attention runs on in inference: ``varlen_attn`` or ``sdpa (re-padded)`` (where
+        gradients flow, always the latter)."""
         probe = next(self.model.parameters())
         return "varlen_attn" if varlen_kernel(probe) is not None else "sdpa (re-padded)"
 
