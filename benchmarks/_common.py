@@ -7,6 +7,8 @@ this module as ``_common``.
 
 from __future__ import annotations
 
+import argparse
+import os
 import re
 import shlex
 import sys
@@ -34,6 +36,21 @@ def slug(name: str) -> str:
     """A file-name-safe form of a model name or path: ``models/SmolLM2.gguf`` -> ``smollm2``."""
     stem = Path(name).name.removesuffix(".gguf") or name
     return re.sub(r"[^a-z0-9.]+", "-", stem.lower()).strip("-")
+
+
+def writable_file(text: str) -> Path:
+    """An argparse ``type`` for a result file: its folder is made now and must be writable, so that a bad path is
+    one line before any work, not a traceback after it."""
+    path = Path(text)
+    if path.parent.exists() and not path.parent.is_dir():
+        raise argparse.ArgumentTypeError(f"{text}: {path.parent} is not a folder")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise argparse.ArgumentTypeError(f"{text}: cannot make its folder ({e.strerror})") from None
+    if path.is_dir() or not os.access(path.parent, os.W_OK):
+        raise argparse.ArgumentTypeError(f"{text}: not a writable file path")
+    return path
 
 
 def display_path(path: str | Path) -> str:

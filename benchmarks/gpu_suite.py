@@ -36,6 +36,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -215,17 +216,26 @@ def run_profile(name: str, args: argparse.Namespace, out: Path) -> dict[str, Any
     records); its files go to ``<out>/profile/``. Returns each profile's summary (:mod:`distill.bench.profile`), or
     the error that stopped it."""
     folder = out / "profile"
-    began = time.perf_counter()
-    print(f"\n===== gpu suite: profile of {name} =====", flush=True)
-    try:
-        command, code = STAGES[name](args, folder, profile_argv(name, args, folder))
-        error = None if code == 0 else f"exit status {code}"
-    except Exception as e:  # a profile that fails must not lose the suite's figures
-        traceback.print_exc()
-        command, error = None, f"{type(e).__name__}: {' '.join(str(e).split())}"
+    run = run_stage(f"profile of {name}", lambda: STAGES[name](args, folder, profile_argv(name, args, folder)))
     pattern = "bench/profile/*.json" if name == "rerank" else f"profile-{name}.json"
     summaries = {display_path(path): json.loads(path.read_text()) for path in sorted(folder.glob(pattern))}
-    return {"command": command, "seconds": time.perf_counter() - began, "error": error, "profiles": summaries}
+    return {**run, "profiles": summaries}
+
+
+def run_stage(title: str, stage: Callable[[], tuple[list[str], int]]) -> dict[str, Any]:
+    """Run ``stage`` (a benchmark's ``main``: its command and exit status), timed; a failure is recorded (its error,
+    and its traceback on stderr), not raised, so that one stage's failure loses no other's figures. Returns the
+    command, the seconds and the error (None where it exited 0)."""
+    began = time.perf_counter()
+    print(f"\n===== gpu suite: {title} =====", flush=True)
+    try:
+        command, code = stage()
+        error = None if code == 0 else f"exit status {code}"
+    except Exception as e:
+        traceback.print_exc()
+        command, error = None, f"{type(e).__name__}: {' '.join(str(e).split())}"
+    free_memory()
+    return {"command": command, "seconds": time.perf_counter() - began, "error": error}
 
 
 # ----------------------------------------------------------------------------- the summary
@@ -412,18 +422,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     start = time.perf_counter()
     stages: dict[str, Any] = {}
     figures: list[dict[str, Any]] = []
+
+    def measured(name: str) -> tuple[list[str], int]:
+        """Stage ``name``, then its figures from the files it wrote (also where it exited 1 on a failed check)."""
+        command, code = STAGES[name](args, out, ())
+        figures.extend(figures_of(name, out, args))
+        return command, code
+
     for name in args.only:
-        began = time.perf_counter()
-        print(f"\n===== gpu suite: {name} =====", flush=True)
-        try:
-            command, code = STAGES[name](args, out, ())
-            error = None if code == 0 else f"exit status {code}"
-            figures += figures_of(name, out, args)
-        except Exception as e:  # one stage's failure must not lose the others' figures
-            traceback.print_exc()
-            command, error = None, f"{type(e).__name__}: {' '.join(str(e).split())}"
-        stages[name] = {"command": command, "seconds": time.perf_counter() - began, "error": error}
-        free_memory()
+        stages[name] = run_stage(name, partial(measured, name))
     seconds = time.perf_counter() - start
     if set(args.only) == set(STAGES):
         figures.append(figure("suite", "seconds", seconds, SUITE_TARGET_S, "max", args.tiny, "every stage"))

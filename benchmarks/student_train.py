@@ -67,6 +67,7 @@ from _common import (
     display_path,
     invocation,
     slug,
+    writable_file,
     yes,
 )
 from pytorch_lightning import Callback, LightningModule, Trainer
@@ -241,12 +242,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument(
         "--profile",
-        type=Path,
+        type=writable_file,
         help="also record (b)'s timed steps with torch.profiler into this file (distill.bench.profile; the profiler "
         "slows them, so use the run's figures only as a profile)",
     )
     p.add_argument(
-        "--out", type=Path, help="JSON result (default benchmarks/results/student-train-<device>-<backbone>.json)"
+        "--out",
+        type=writable_file,
+        help="JSON result (default benchmarks/results/student-train-<device>-<backbone>.json)",
     )
     args = p.parse_args(argv)
     positive = ("batch_size", "steps", "warmup_steps", "max_length", "matmul_size", "matmul_reps", "threads")

@@ -52,7 +52,6 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -63,6 +62,7 @@ from _common import (
     display_path,
     invocation,
     slug,
+    writable_file,
     yes,
 )
 from tqdm.auto import tqdm
@@ -213,11 +213,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         levers.add_argument(f"--{name}", type=flag, nargs="?", const=True, default=default, help=text)
     p.add_argument(
         "--profile",
-        type=Path,
+        type=writable_file,
         help="also record (b) with torch.profiler into this file (distill.bench.profile; the profiler slows it, so "
         "use the run's figures only as a profile)",
     )
-    p.add_argument("--out", type=Path, help="JSON result (default benchmarks/results/teacher-<device>-<model>.json)")
+    p.add_argument(
+        "--out", type=writable_file, help="JSON result (default benchmarks/results/teacher-<device>-<model>.json)"
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     args = p.parse_args(argv)
     for name in ("naive_pairs", "max_queries", "max_batch_tokens", "matmul_size", "matmul_reps", "threads", "bucket"):

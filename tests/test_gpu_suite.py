@@ -138,3 +138,21 @@ def test_the_rerank_targets_are_the_fp16_students_and_its_levers(suite) -> None:
     assert tf32["value"] == 0.040 and tf32["target"] is None and tf32["met"] is None
     tiny = suite.rerank_figures(result, "torch-fp16", True)
     assert all(f["met"] is None for f in tiny)
+
+
+@pytest.mark.parametrize("script", ["teacher", "student_train"])
+def test_a_result_or_profile_path_that_cannot_be_written_is_one_line_before_any_work(
+    suite, script: str, tmp_path: Path, capsys
+) -> None:
+    import importlib
+
+    module = importlib.import_module(script)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    for flag in ("--profile", "--out"):
+        with pytest.raises(SystemExit) as stop:
+            module.parse_args([flag, str(blocker / "result.json"), "--device", "cpu"])
+        assert stop.value.code == 2
+        error = capsys.readouterr().err.strip().splitlines()[-1]
+        assert error.endswith(f"argument {flag}: {blocker / 'result.json'}: {blocker} is not a folder")
+    assert module.parse_args(["--profile", str(tmp_path / "new" / "p.txt"), "--device", "cpu"]).profile.parent.is_dir()
