@@ -33,6 +33,8 @@ class Command:
     function: str
     takes_command: bool = False
     """The function records the command line with its results."""
+    positional: str | None = None
+    """The list option that bare arguments before the first flag fill (``distill migrate A B``: ``--paths A B``)."""
 
     def run(self, argv: Sequence[str], command_line: str, prog: str) -> Any:
         from distill.core.config import parse_config
@@ -41,6 +43,11 @@ class Command:
         function = getattr(module, self.function)
         if self.config is None:
             return function(list(argv))
+        argv = list(argv)
+        if self.positional:
+            bare = next((i for i, arg in enumerate(argv) if arg.startswith("-")), len(argv))
+            if bare:
+                argv = [f"--{self.positional}", *argv[:bare], *argv[bare:]]
         config = parse_config(getattr(module, self.config), argv, prog)
         return function(config, command_line) if self.takes_command else function(config)
 
@@ -95,6 +102,7 @@ COMMANDS: dict[str, Command] = {
         "distill.stages.migrate",
         "MigrateConfig",
         "migrate",
+        positional="paths",
     ),
 }
 
@@ -121,8 +129,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         report = COMMANDS[name].run(rest, "distill " + shlex.join(argv), prog)
     except UserError as e:
-        print(f"{prog}: error: {e}", file=sys.stderr)
+        print(f"{prog}: error: {_without_prefix(str(e), prog)}", file=sys.stderr)
         return 2
     if report is not None:
         print(report.format())
     return 0
+
+
+def _without_prefix(message: str, *prefixes: str) -> str:
+    """``message`` without a leading ``distill eval: `` (the CLI's own prefix says it already)."""
+    for prefix in prefixes:
+        if message.startswith(f"{prefix}: "):
+            return message[len(prefix) + 2 :]
+    return message

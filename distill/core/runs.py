@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -33,15 +34,32 @@ def write_trec_run(path: str | Path, run: Run, tag: str) -> None:
     tmp.replace(path)
 
 
-def read_trec_run(path: str | Path) -> Run:
-    """Read a TREC run; a malformed line raises :class:`InputError` naming file and line."""
+def read_trec_run(path: str | Path, on_bad_input: str = "error", skipped: Counter[str] | None = None) -> Run:
+    """Read a TREC run; a malformed line, or a (qid, docid) ranked twice, raises :class:`InputError` naming the file
+    and the line (as the teacher stage's inputs do).
+
+    With ``on_bad_input="skip"`` such lines are skipped instead (a duplicate's first line, in file order, is kept),
+    each counted by reason in ``skipped`` where given.
+    """
     from distill.core.loaders._common import BadInput
     from distill.core.loaders.trec import read_run
 
     path = Path(path)
     if not path.is_file():
         raise InputError(f"{path}: run file not found")
-    return {qid: {line.docid: line.score for line in lines} for qid, lines in read_run(path, BadInput("error")).items()}
+    bad = BadInput(on_bad_input)  # type: ignore[arg-type]  (BadInput checks the policy)
+    run: Run = {}
+    for qid, lines in read_run(path, bad).items():
+        scores = run[qid] = {}
+        for line in sorted(lines, key=lambda line: line.lineno):
+            if line.docid in scores:
+                bad(f"{path}:{line.lineno}", f"duplicate (qid, docid) = ({qid}, {line.docid})")
+                continue
+            scores[line.docid] = line.score
+        run[qid] = {docid: scores[docid] for docid in (line.docid for line in lines) if docid in scores}
+    if skipped is not None:
+        skipped.update(bad.skipped)
+    return run
 
 
 def find_run_files(given: list[str | Path]) -> dict[str, Path]:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from distill.core.eval_report import EvalReport, evaluate_runs, to_json
+from distill.core.loaders._common import OnBadInput
 from distill.core.runs import Run
 from distill.core.schema import InputError, Qrels
 
@@ -42,6 +44,9 @@ class EvalConfig:
     """Also print each query's values."""
     json: str | None = None
     """Also write the results (means, per query, significance) to this JSON file."""
+    on_bad_input: OnBadInput = "error"
+    """``error``: stop at the first bad line of a run or record of ``input`` (a malformed line, a (qid, docid) ranked
+    twice), naming it; ``skip``: skip them (a duplicate's first line is kept), count them and say so."""
     teacher: dict[str, list[str]] | str | None = None
     """A teacher dataset (or a run file), or named teachers of the same pairs (name -> dataset folders, as
     ``data.teacher_data`` of ``distill train``): also report each run's agreement with the teacher's label, query
@@ -115,11 +120,16 @@ class EvalResult:
     report: EvalReport
     per_query: bool = False
     fidelity: Fidelity | None = None
+    skipped: dict[str, int] = field(default_factory=dict)
+    """Bad lines or records skipped (``on_bad_input: skip``), by reason."""
 
     def format(self) -> str:
         from distill.core.eval_report import format_per_query, format_table
 
         parts = [format_table(self.report)]
+        if self.skipped:
+            reasons = "; ".join(f"{n} x {reason}" for reason, n in self.skipped.items())
+            parts.insert(0, f"skipped {sum(self.skipped.values())} bad input line(s): {reasons}")
         if self.fidelity is not None:
             parts.append(self.fidelity.format())
         if self.per_query:
@@ -140,9 +150,12 @@ def evaluate(cfg: EvalConfig, command: str | None = None) -> EvalResult:
 
     if not (cfg.input or (cfg.qrels and cfg.run)):
         raise InputError("eval: give qrels and run, or input (with qrels where it has no judgements of its own)")
+    check_paths(cfg)
+    skipped: Counter[str] = Counter()
     runs: dict[str, Run] = {}
     if cfg.input:  # its own ranking first: the baseline
-        data = load_candidates(cfg.input, qrels=cfg.qrels)
+        data = load_candidates(cfg.input, qrels=cfg.qrels, on_bad_input=cfg.on_bad_input)
+        skipped.update(data.skipped)
         if not data.qrels:
             raise InputError(f"{cfg.input}: no relevance judgements; give qrels")
         qrels = data.qrels
@@ -157,7 +170,7 @@ def evaluate(cfg: EvalConfig, command: str | None = None) -> EvalResult:
     except ValueError as e:
         raise InputError(f"eval: metrics: {e}") from None
     for name, path in find_run_files(cfg.run).items() if cfg.run else ():
-        runs[name] = read_trec_run(path)
+        runs[name] = read_trec_run(path, cfg.on_bad_input, skipped)
         if not runs[name].keys() & qrels.keys():
             raise InputError(f"{path}: no query of the run has relevance judgements in {cfg.qrels or cfg.input}")
     if cfg.held_out:
@@ -173,7 +186,29 @@ def evaluate(cfg: EvalConfig, command: str | None = None) -> EvalResult:
             record["fidelity"] = fidelity.to_json()
         Path(cfg.json).parent.mkdir(parents=True, exist_ok=True)
         Path(cfg.json).write_text(json.dumps(record, indent=2) + "\n")
-    return EvalResult(report, cfg.per_query, fidelity)
+    return EvalResult(report, cfg.per_query, fidelity, dict(skipped))
+
+
+def check_paths(cfg: EvalConfig) -> None:
+    """Every path of ``cfg`` before any work: the inputs are there, ``json`` can be written and is no input.
+
+    Raises:
+        InputError: ``eval: <option>: <path>: <what is wrong>``.
+    """
+    from distill.core.loaders.irds import is_irds
+    from distill.core.paths import input_path, output_file
+
+    inputs = [("run", path) for path in cfg.run]
+    if cfg.qrels:
+        input_path(cfg.qrels, "eval", "qrels", "file")
+        inputs.append(("qrels", cfg.qrels))
+    if cfg.input and not is_irds(cfg.input):
+        input_path(cfg.input, "eval", "input")
+        inputs.append(("input", cfg.input))
+    teachers = [cfg.teacher] if isinstance(cfg.teacher, str) else [f for fs in (cfg.teacher or {}).values() for f in fs]
+    inputs += [("teacher", path) for path in teachers]
+    if cfg.json:
+        output_file(cfg.json, "eval", "json", inputs)
 
 
 def teacher_fidelity(

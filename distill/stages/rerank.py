@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from distill.core.loaders._common import OnBadInput
 from distill.core.runs import Run
 from distill.core.schema import Candidates, InputError, RerankingData
 from distill.serving.scorers import TorchOptions
@@ -55,7 +56,9 @@ class RerankConfig:
     unpad: bool = TorchOptions.unpad
     """torch backend, BERT encoders: run the layers on the real tokens only, attention within each pair."""
     max_queries: int | None = None
-    """Rerank only the first N queries."""
+    """Rerank only the first N queries (N >= 1)."""
+    on_bad_input: OnBadInput = "error"
+    """``error``: stop at the first bad record of the input, naming it; ``skip``: skip bad records and count them."""
     held_out: str | None = None
     """A student (training run or model folder): rerank only the queries it was validated on."""
     interpolation: bool | float | None = None
@@ -66,6 +69,10 @@ class RerankConfig:
         missing = [name for name in ("model", "input", "output") if not getattr(self, name)]
         if missing:
             raise InputError(f"rerank: missing required option(s): {', '.join(missing)}")
+        if isinstance(self.input, str):  # Python callers may name one input
+            self.input = [self.input]
+        if self.max_queries is not None and self.max_queries < 1:
+            raise InputError(f"rerank: max_queries must be positive, got {self.max_queries}")
 
     @property
     def torch_options(self) -> TorchOptions | None:
@@ -80,6 +87,8 @@ class RerankReport:
     queries: int
     pairs: int
     truncated: int
+    skipped: int = 0
+    """Bad input records skipped (``on_bad_input: skip``)."""
     """Pairs longer than the student's max length, cut."""
     alpha: float | None = None
     """The interpolation with the first stage, if any."""
@@ -90,6 +99,8 @@ class RerankReport:
     def format(self) -> str:
         fused = "" if self.alpha is None else f", interpolated with the first stage (alpha {self.alpha:g})"
         line = f"wrote {self.output}: {self.queries} queries, {self.pairs} pairs, {self.truncated} truncated{fused}"
+        if self.skipped:
+            line += f", {self.skipped} bad input record(s) skipped"
         if self.backend:
             line += f"\nbackend {self.backend}" + (f" (auto: {self.backend_reason})" if self.backend_reason else "")
         return line
@@ -112,7 +123,10 @@ def rerank(cfg: RerankConfig) -> RerankReport:
     from distill.serving.reranker import Reranker
     from distill.stages.evaluate import held_out_queries
 
-    data = RerankingData.union([load_candidates(p, queries=cfg.queries, corpus=cfg.corpus) for p in cfg.input])
+    check_paths(cfg)
+    data = RerankingData.union(
+        [load_candidates(p, queries=cfg.queries, corpus=cfg.corpus, on_bad_input=cfg.on_bad_input) for p in cfg.input]
+    )
     candidates = data.candidates[: cfg.max_queries]
     if cfg.held_out:
         keep = held_out_queries(cfg.held_out)
@@ -134,5 +148,29 @@ def rerank(cfg: RerankConfig) -> RerankReport:
     write_trec_run(cfg.output, run, tag=f"{Path(cfg.model).name}-{reranker.backend}{interp}")
     pairs = sum(map(len, run.values()))
     return RerankReport(
-        Path(cfg.output), len(run), pairs, reranker.truncated, reranker.alpha, reranker.backend, reranker.backend_reason
+        Path(cfg.output),
+        len(run),
+        pairs,
+        reranker.truncated,
+        sum(data.skipped.values()),
+        reranker.alpha,
+        reranker.backend,
+        reranker.backend_reason,
     )
+
+
+def check_paths(cfg: RerankConfig) -> None:
+    """Every path of ``cfg`` before any work: the inputs are there, the output can be written and is no input.
+
+    Raises:
+        InputError: ``rerank: <option>: <path>: <what is wrong>``.
+    """
+    from distill.core.loaders.irds import is_irds
+    from distill.core.paths import input_path, output_file
+
+    inputs = [("input", path) for path in cfg.input if not is_irds(path)]
+    inputs += [(key, getattr(cfg, key)) for key in ("queries", "corpus") if getattr(cfg, key)]
+    for key, path in inputs:
+        input_path(path, "rerank", key, "any" if key == "input" else "file")
+    input_path(cfg.model, "rerank", "model")
+    output_file(cfg.output, "rerank", "output", [*inputs, ("model", cfg.model)])

@@ -1,0 +1,112 @@
+"""Path arguments, checked before any work: an input that is there and readable, an output that can be written and
+is no input, a folder where a folder is wanted and a file where a file is.
+
+Each check raises :class:`~distill.core.schema.InputError` (or :class:`~distill.core.schema.MissingFileError`) of
+one line, ``<command>: <option>: <path>: <what is wrong>``, and creates nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+
+from distill.core.schema import InputError, MissingFileError
+
+
+def _named(command: str, key: str, path: Path) -> str:
+    return f"{command}: {key}: {path}"
+
+
+def input_path(path: str | Path, command: str, key: str, kind: str = "any") -> Path:
+    """``path``, an input: there, readable, and a file (``kind="file"``), a folder (``"folder"``) or either.
+
+    Raises:
+        MissingFileError: nothing is there. InputError: the wrong kind, or unreadable.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise MissingFileError(f"{_named(command, key, path)}: no such {'file or folder' if kind == 'any' else kind}")
+    if kind == "file" and path.is_dir():
+        raise InputError(f"{_named(command, key, path)}: is a folder, not a file")
+    if kind == "folder" and not path.is_dir():
+        raise InputError(f"{_named(command, key, path)}: is a file, not a folder")
+    if not os.access(path, os.R_OK | (os.X_OK if path.is_dir() else 0)):
+        raise InputError(f"{_named(command, key, path)}: not readable (permission denied)")
+    return path
+
+
+def same_path(a: str | Path, b: str | Path) -> bool:
+    """Whether ``a`` and ``b`` name one file or folder (through links and ``..``)."""
+    a, b = Path(a).resolve(), Path(b).resolve()
+    return a == b or (a.exists() and b.exists() and os.path.samefile(a, b))
+
+
+def _writable_parent(path: Path, command: str, key: str) -> None:
+    """The nearest existing folder above ``path`` (or itself) is a folder and takes a new file."""
+    existing = next((p for p in path.parents if p.exists() or p.is_symlink()), Path("."))
+    if not existing.is_dir():
+        what = "a broken link" if existing.is_symlink() and not existing.exists() else "a file"
+        raise InputError(f"{_named(command, key, path)}: {existing} is {what}, not a folder")
+    try:
+        fd, probe = tempfile.mkstemp(dir=existing, prefix=".distill-probe-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise InputError(f"{_named(command, key, path)}: cannot write in {existing}: {e.strerror}") from None
+
+
+def _not_an_input(path: Path, command: str, key: str, inputs: Iterable[tuple[str, str | Path | None]]) -> None:
+    for input_key, given in inputs:
+        if given is None:
+            continue
+        given = Path(given)
+        if same_path(path, given):
+            raise InputError(
+                f"{_named(command, key, path)}: is also an input ({input_key}), which would be overwritten: "
+                "choose another output"
+            )
+        if given.resolve().is_relative_to(path.resolve()) and path.is_dir():
+            raise InputError(
+                f"{_named(command, key, path)}: holds an input ({input_key}: {given}), which would be overwritten: "
+                "choose another output"
+            )
+
+
+def output_file(path: str | Path, command: str, key: str, inputs: Iterable[tuple[str, str | Path | None]] = ()) -> Path:
+    """``path``, a file to write: not a folder, its folder can be made and written in, and none of ``inputs``
+    (``(option, path)`` pairs: the command's inputs, which it would overwrite).
+
+    Raises:
+        InputError: naming the option, the path and what is wrong.
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise InputError(f"{_named(command, key, path)}: is a folder; give a file name")
+    _not_an_input(path, command, key, inputs)
+    _writable_parent(path, command, key)
+    if path.exists() and not os.access(path, os.W_OK):
+        raise InputError(f"{_named(command, key, path)}: not writable (permission denied)")
+    return path
+
+
+def output_folder(
+    path: str | Path, command: str, key: str, inputs: Iterable[tuple[str, str | Path | None]] = ()
+) -> Path:
+    """``path``, a folder to write into: not a file, can be made (or is there) and written in, neither one of
+    ``inputs`` nor a folder holding one.
+
+    Raises:
+        InputError: naming the option, the path and what is wrong.
+    """
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise InputError(f"{_named(command, key, path)}: is a file, not a folder")
+    _not_an_input(path, command, key, inputs)
+    if path.is_dir():
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise InputError(f"{_named(command, key, path)}: not writable (permission denied)")
+    else:
+        _writable_parent(path, command, key)
+    return path
