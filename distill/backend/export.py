@@ -11,10 +11,17 @@ into place only when every file passes the parity check, so a failed export leav
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import importlib.util
 import json
+import logging
 import os
+import re
 import shutil
+import signal
+import threading
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from importlib.metadata import version
 from pathlib import Path
@@ -26,12 +33,15 @@ from distill.backend.paths import resolve_path
 from distill.backend.quality_gate import QualityGate, measure_quality_gate, validation_set
 from distill.backend.quantize import INT8_RUNTIMES, Calibration, Int8Mode
 from distill.backend.remote_code import write_remote_code
+from distill.core.files import check_model_folder
 from distill.core.schema import ExistingOutputError, InputError
 from distill.core.student_card import StudentCard
 from distill.core.teacher_data import TeacherDataset
 from distill.serving.auto import EXPORT_CARD
 from distill.serving.encoding import encode_pairs, input_names, load_tokenizer, model_max_length, pad_batch
 from distill.serving.scorers import FORMAT_FILES, WEIGHT_FILES, require_file
+
+log = logging.getLogger(__name__)
 
 CARD = EXPORT_CARD
 MODEL_CARD = "README.md"
@@ -139,31 +149,86 @@ def export_student(
         raise InputError("fp16 and int8 are variants of the ONNX graph: add 'onnx' to the formats")
     require_file(hf_dir, "config.json")
     require_file(hf_dir, *WEIGHT_FILES)
+    check_model_folder(hf_dir)  # a malformed JSON file or truncated weights: one line naming the file
     if out_dir.exists() and any(out_dir.iterdir()) and not (out_dir / CARD).is_file():
         raise ExistingOutputError(f"{out_dir} exists and is not an export folder (no {CARD}): choose another out_dir")
     parity = parity or dl19_parity_set().with_ranking(validation_set(hf_dir))
     staging = out_dir.with_name(f".{out_dir.name}.tmp{os.getpid()}")
+    remove_stale_staging(out_dir)
     if staging.exists():
         shutil.rmtree(staging)
-    try:
-        shutil.copytree(hf_dir, staging, ignore=shutil.ignore_patterns(*FORMAT_FILES.values(), CARD))
-        remote_code = write_remote_code(staging)
-        written, optimizations = _write_formats(staging, formats, fp16, int8, calibration)
-        gate = measure_quality_gate(staging, parity, int8_runtime)
-        results = verify_export(staging, parity, int8_runtime, gate)
-        report = ExportReport(out_dir, written, optimizations, results, gate, remote_code)
-        card = _card(hf_dir, out_dir, staging, report)
-        (staging / CARD).write_text(json.dumps(card, indent=2) + "\n")
-        (staging / MODEL_CARD).write_text(render_model_card(card, hub_id or f"path/to/{out_dir.name}", license))
-    except BaseException as e:
-        shutil.rmtree(staging, ignore_errors=True)
-        if isinstance(e, ParityError):
-            raise ParityError(f"export of {hf_dir} to {out_dir} (nothing written)", e.failures, e.results) from None
-        raise
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
-    staging.rename(out_dir)
+    with _terminate_as_exit():  # SIGTERM too goes through the clean-up below
+        try:
+            shutil.copytree(hf_dir, staging, ignore=shutil.ignore_patterns(*FORMAT_FILES.values(), CARD))
+            remote_code = write_remote_code(staging)
+            written, optimizations = _write_formats(staging, formats, fp16, int8, calibration)
+            gate = measure_quality_gate(staging, parity, int8_runtime)
+            results = verify_export(staging, parity, int8_runtime, gate)
+            report = ExportReport(out_dir, written, optimizations, results, gate, remote_code)
+            card = _card(hf_dir, out_dir, staging, report)
+            (staging / CARD).write_text(json.dumps(card, indent=2) + "\n")
+            (staging / MODEL_CARD).write_text(render_model_card(card, hub_id or f"path/to/{out_dir.name}", license))
+        except BaseException as e:
+            shutil.rmtree(staging, ignore_errors=True)
+            if isinstance(e, ParityError):
+                raise ParityError(f"export of {hf_dir} to {out_dir} (nothing written)", e.failures, e.results) from None
+            raise
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        staging.rename(out_dir)
     return report
+
+
+STAGING = re.compile(r"\.(?P<name>.+)\.tmp(?P<pid>\d+)")
+"""An export's staging folder beside its output: ``.<output name>.tmp<pid of the export>``."""
+
+
+def remove_stale_staging(out_dir: Path) -> list[Path]:
+    """Remove the staging folders an export to ``out_dir`` left behind when it was killed (``SIGKILL``, a power
+    cut: no clean-up ran): those beside it whose process is gone. Returns the folders removed."""
+    removed = []
+    for path in out_dir.parent.glob(f".{glob.escape(out_dir.name)}.tmp*") if out_dir.parent.is_dir() else ():
+        match = STAGING.fullmatch(path.name)
+        if match is None or match["name"] != out_dir.name or not path.is_dir() or _alive(int(match["pid"])):
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    if removed:
+        shown = ", ".join(map(str, removed))
+        log.warning("removed %d staging folder(s) of interrupted exports: %s", len(removed), shown)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (this one included)."""
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+@contextlib.contextmanager
+def _terminate_as_exit() -> Iterator[None]:
+    """Within the context, ``SIGTERM`` raises ``SystemExit(143)`` (where it would kill the process at once, without
+    any clean-up), so that ``finally`` and ``except`` blocks run; the handler before is restored on exit. Only in
+    the main thread, and only where ``SIGTERM`` has its default handler (a training run's own stays)."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        yield
+        return
+
+    def stop(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _write_formats(

@@ -16,6 +16,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from distill.core.files import read_json_object
 from distill.core.layout import MODEL_CONFIG
 
 
@@ -48,7 +49,7 @@ def write_remote_code(folder: Path) -> str | None:
     import importlib
 
     config_path = folder / MODEL_CONFIG
-    config = json.loads(config_path.read_text())
+    config = read_json_object(config_path)
     code = REMOTE_CODE.get(config.get("model_type"))
     if code is None:
         return None

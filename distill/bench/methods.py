@@ -15,7 +15,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +25,7 @@ import torch
 
 from distill.bench.workload import Call
 from distill.core.devices import device_type
+from distill.core.files import read_json_object
 from distill.core.schema import InputError
 from distill.serving.backends import NAMED_BACKENDS
 from distill.serving.encoding import encode_pairs
@@ -164,7 +164,7 @@ class EncoderFlops:
                     shape = weights.get_slice(name).get_shape()
                     if len(shape) == 2 and ("pooler" in name or "classifier" in name):
                         head += int(np.prod(shape))
-        config = json.loads((folder / "config.json").read_text())
+        config = read_json_object(folder / "config.json")
         return cls(config["num_hidden_layers"], config["hidden_size"], config["intermediate_size"], head)
 
     def __call__(self, lengths: Sequence[int]) -> tuple[float, float]:

@@ -19,12 +19,12 @@ load nothing from a hub.
 
 from __future__ import annotations
 
-import json
 import platform
 import shutil
 from pathlib import Path
 
 from distill.bench.methods import Method, crossencoder_method
+from distill.core.files import read_json_object
 from distill.core.schema import InputError
 from distill.serving.hardware import CpuFeatures
 
@@ -52,7 +52,7 @@ def peer_folder(student: Path, peer: str | Path | None) -> Path:
     config = folder / "config.json"
     if not config.is_file():
         raise InputError(f"--peer_student {folder}: no config.json")
-    model_type = json.loads(config.read_text()).get("model_type")
+    model_type = read_json_object(config).get("model_type")
     if model_type not in CONFIG_MAPPING_NAMES:
         hint = "give --peer_student, a [CLS]-head student" if peer is None else "give a [CLS]-head student"
         raise InputError(

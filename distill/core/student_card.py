@@ -3,11 +3,11 @@ Hugging Face folder (so it travels with the weights through ``save_pretrained``,
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from distill.core.files import read_json_object
 from distill.core.layout import MODEL_CONFIG
 from distill.core.schema import InputError, MissingFileError
 
@@ -73,7 +73,7 @@ class StudentCard:
         config = Path(folder) / MODEL_CONFIG
         if not config.is_file():
             raise MissingFileError(f"{folder}: no student here (no {MODEL_CONFIG})")
-        values = json.loads(config.read_text()).get(CONFIG_KEY)
+        values = read_json_object(config).get(CONFIG_KEY)
         if not values:
             raise InputError(f"{config}: no {CONFIG_KEY} card (not a cis-distill student)")
         return cls.from_dict(values, str(config))
@@ -82,7 +82,7 @@ class StudentCard:
     def find(cls, folder: str | Path) -> StudentCard | None:
         """The card of a model folder, or None where it has none (a model not trained by cis-distill)."""
         config = Path(folder) / MODEL_CONFIG
-        if not config.is_file() or not json.loads(config.read_text()).get(CONFIG_KEY):
+        if not config.is_file() or not read_json_object(config).get(CONFIG_KEY):
             return None
         return cls.read(folder)
 

@@ -14,7 +14,6 @@ and one for GPUs. The first backend of the list that passes every check is chose
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from distill.core.devices import device_type
+from distill.core.files import read_json_file
 from distill.core.schema import InputError, MissingFileError
 from distill.serving.backends import (
     FP32_BACKENDS,
@@ -92,10 +92,7 @@ def quality_gate(folder: Path) -> dict[str, dict[str, Any]] | None:
     path = folder / EXPORT_CARD
     if not path.is_file():
         return None
-    try:
-        card = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise InputError(f"{path}: not JSON ({e})") from None
+    card = read_json_file(path)
     gate = card.get("quality_gate") if isinstance(card, dict) else None
     if gate is None:
         return None

@@ -11,7 +11,6 @@ query once and each passage once, and the tokenizer's own post-processor joins t
 
 from __future__ import annotations
 
-import json
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -19,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from distill.core.files import read_json_object
 
 INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
 """The inputs a cross-encoder can take, in the order of the exported graphs' inputs."""
@@ -39,7 +40,7 @@ def load_tokenizer(folder: str | Path) -> Any:
 
     folder = Path(folder)
     config = folder / "tokenizer_config.json"
-    name = json.loads(config.read_text()).get("tokenizer_class") if config.is_file() else None
+    name = read_json_object(config).get("tokenizer_class") if config.is_file() else None
     tokenizer_class = getattr(transformers, name, None) if name else None
     return (tokenizer_class or transformers.AutoTokenizer).from_pretrained(folder)
 
@@ -47,7 +48,7 @@ def load_tokenizer(folder: str | Path) -> Any:
 def model_max_length(folder: str | Path, tokenizer: Any) -> int:
     """The longest sequence the student in ``folder`` takes, in tokens: the tokenizer's limit, capped by the
     position embeddings of its ``config.json``."""
-    config = json.loads((Path(folder) / "config.json").read_text())
+    config = read_json_object(Path(folder) / "config.json")
     return int(min(tokenizer.model_max_length, config.get("max_position_embeddings", tokenizer.model_max_length)))
 
 

@@ -17,6 +17,7 @@ import numpy as np
 
 from distill.core.batching import token_budget_batches
 from distill.core.devices import STUDENT_BATCH_TOKENS, device_type
+from distill.core.files import check_model_folder
 from distill.core.interpolation import interpolate
 from distill.core.schema import InputError, MissingFileError
 from distill.core.student_card import StudentCard
@@ -123,8 +124,10 @@ class Reranker:
                 on CUDA, ``torch.compile``, cuDNN attention), each recorded in :attr:`settings`.
 
         Raises:
-            MissingFileError: a file the backend needs is missing; the message names the folder and the file.
-            InputError: a file is unreadable (a truncated ``model.onnx``, ...): the message names it.
+            MissingFileError: a file the backend needs is missing (``tokenizer.json`` of an export, the model's
+                file, ...); the message names the folder and the file.
+            InputError: a file is unreadable (a truncated ``model.onnx`` or ``model.safetensors``, a malformed
+                ``config.json``, ...): the message names it.
         """
 
         path = Path(path)
@@ -134,6 +137,7 @@ class Reranker:
             raise InputError(f"backend must be one of {['auto', *BACKENDS]}, not {backend!r}")
         require_file(path, "config.json")
         require_file(path, "tokenizer_config.json")
+        check_model_folder(path)  # each JSON file parses, the tokenizer's vocabulary is there, the weights whole
         reason = ""
         if backend == "auto":
             if dtype is not None:

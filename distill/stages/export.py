@@ -56,14 +56,17 @@ def export(cfg: ExportConfig) -> ExportReport:
     from distill.backend.export import export_student
     from distill.backend.parity import ParitySet, dl19_parity_set
     from distill.backend.quality_gate import validation_set
+    from distill.core.files import check_model_folder
     from distill.core.layout import RunLayout, student_folder
     from distill.core.loaders import load_candidates
+    from distill.core.paths import output_folder
     from distill.core.schema import InputError
 
     if cfg.checkpoint is None:
         raise InputError("export: checkpoint is required (a training run or an HF folder)")
     model = student_folder(cfg.checkpoint, exported=False)
-    output = cfg.output or RunLayout.of(model).export
+    check_model_folder(model)  # before any work: a malformed JSON file or truncated weights, named
+    output = output_folder(cfg.output or RunLayout.of(model).export, "export", "output", [("checkpoint", model)])
     if cfg.parity_input:
         parity = ParitySet.from_data(load_candidates(cfg.parity_input), cfg.parity_queries, cfg.parity_depth, 0)
     else:
