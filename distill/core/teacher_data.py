@@ -49,10 +49,17 @@ class TeacherMetadata:
         if not path.is_file():
             hint = " (written before teacher.json existed: run `distill migrate` on it)" if _legacy(folder) else ""
             raise MissingFileError(f"{folder}: no {METADATA_FILE}; not a teacher dataset{hint}")
-        values = json.loads(path.read_text())
+        from distill.core.files import read_json_object
+
+        values = read_json_object(path)
         known = {f.name for f in fields(cls)}
         if missing := sorted(known - set(values)):
             raise InputError(f"{path}: missing key(s) {missing}")
+        if isinstance(values["input"], str):  # written so by older versions: one input
+            values["input"] = [values["input"]]
+        for key in ("input", "scores"):
+            if not (isinstance(values[key], list) and all(isinstance(v, str) for v in values[key])):
+                raise InputError(f"{path}: {key}: expected a list of strings, got {values[key]!r}")
         return cls(**{k: v for k, v in values.items() if k in known})
 
     def write(self, folder: Path) -> None:
@@ -139,7 +146,9 @@ def _legacy(folder: Path) -> dict[str, Any] | None:
 
 
 def migrate(folder: str | Path) -> bool:
-    """Move a legacy folder's metadata into ``teacher.json`` and clear the description; True if it changed.
+    """Bring a folder's metadata to the current format; True if it changed: a legacy folder's moves into
+    ``teacher.json`` (and the description is cleared), a ``teacher.json`` whose ``input`` is one string (older
+    versions) gets it as a one-element list.
 
     The rows (the ``.arrow`` files) are not touched, so every score stays bit-identical.
 
@@ -148,11 +157,17 @@ def migrate(folder: str | Path) -> bool:
     """
     folder = Path(folder)
     if (folder / METADATA_FILE).is_file():
-        return False
+        from distill.core.files import read_json_object
+
+        if not isinstance(read_json_object(folder / METADATA_FILE).get("input"), str):
+            return False
+        TeacherMetadata.read(folder).write(folder)  # read takes a string input as a list
+        return True
     values = _legacy(folder)
     if values is None:
         raise MissingFileError(f"{folder}: not a teacher dataset (no {METADATA_FILE}, no metadata in {DATASET_INFO})")
-    TeacherMetadata(values["score"], values["scores"], values["input"], values["fingerprint"]).write(folder)
+    inputs = [values["input"]] if isinstance(values["input"], str) else values["input"]
+    TeacherMetadata(values["score"], values["scores"], inputs, values["fingerprint"]).write(folder)
     info = json.loads((folder / DATASET_INFO).read_text())
     info["description"] = ""
     _write_text_atomic(folder / DATASET_INFO, json.dumps(info, indent=2) + "\n")

@@ -11,7 +11,7 @@ class MigrateConfig:
     """Options of ``distill migrate``: move old teacher datasets' metadata into ``teacher.json``."""
 
     paths: list[str] = field(default_factory=list)
-    """Teacher dataset folders (``distill teach`` outputs)."""
+    """Teacher dataset folders (``distill teach`` outputs): ``distill migrate FOLDER...`` or ``--paths``."""
 
 
 @dataclass(frozen=True)
@@ -27,8 +27,15 @@ class MigrateReport:
 
 def migrate(cfg: MigrateConfig) -> MigrateReport:
     """Migrate each folder of ``cfg.paths``; the rows (and so every score) are left bit-identical."""
+    from distill.core.schema import InputError
     from distill.core.teacher_data import migrate as migrate_folder
 
+    if not cfg.paths:
+        raise InputError("migrate: give the teacher dataset folders to migrate: distill migrate FOLDER...")
+    from distill.core.paths import input_path
+
+    for path in cfg.paths:  # every folder first: none is migrated if one is wrong
+        input_path(path, "migrate", "paths", "folder")
     changed, current = [], []
     for path in map(Path, cfg.paths):
         (changed if migrate_folder(path) else current).append(path)
