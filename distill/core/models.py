@@ -12,6 +12,7 @@ Packages that ship weights are found with :func:`importlib.util.find_spec` and n
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import re
@@ -196,18 +197,62 @@ def _not_found(name: str, tried: list[str]) -> str:
 
 
 def load_pretrained(source: ModelSource, loader: Any, **kwargs: Any) -> Any:
-    """``loader.from_pretrained(source, ...)``; a hub id that cannot be fetched raises ModelNotFoundError."""
+    """``loader.from_pretrained(source, ...)``; a hub id that cannot be fetched raises ModelNotFoundError.
+
+    A hub id is read from the local hub cache where it is there; else the hub is asked once, without retries,
+    whether it has the model (:func:`_check_hub`), so that an unknown name or an unreachable hub fails at once
+    instead of after a minute of download retries.
+    """
     try:
+        if source.kind == "hub" and "local_files_only" not in kwargs:
+            try:
+                return loader.from_pretrained(source.location, local_files_only=True, **kwargs)
+            except OSError:
+                _check_hub(source.name)
         return loader.from_pretrained(source.location, **source.pretrained_kwargs(), **kwargs)
+    except ModelNotFoundError:
+        raise
     except OSError as e:
         if source.kind != "hub":
             raise
-        tried = [
-            f"local directory {source.name}: not found",
-            f"installed package: {source.name!r} is none of {sorted(PACKAGED_MODELS)}",
-            f"hub id {source.name!r}: {str(e).splitlines()[0]}",
-        ]
-        raise ModelNotFoundError(_not_found(source.name, tried)) from e
+        raise ModelNotFoundError(_not_found(source.name, _hub_tried(source.name, str(e).splitlines()[0]))) from e
+
+
+def _hub_tried(name: str, why: str) -> list[str]:
+    return [
+        f"local directory {name}: not found",
+        f"installed package: {name!r} is none of {sorted(PACKAGED_MODELS)}",
+        f"hub id {name!r}: {why}",
+    ]
+
+
+HUB_CHECK_TIMEOUT = 10.0
+"""Seconds the hub has to answer whether it has a model."""
+
+
+@functools.cache
+def _check_hub(name: str) -> None:
+    """Ask the Hugging Face Hub once (no retries) whether it has the model ``name``; nothing where it does, where
+    the repository is gated (a token may open it) or in offline mode (the download then fails at once itself).
+
+    Raises:
+        ModelNotFoundError: the hub has no such model, or cannot be reached (and the local cache has no copy).
+    """
+    import huggingface_hub
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+
+    if huggingface_hub.constants.HF_HUB_OFFLINE:
+        return
+    try:
+        huggingface_hub.model_info(name, timeout=HUB_CHECK_TIMEOUT)
+    except GatedRepoError:
+        return
+    except RepositoryNotFoundError:
+        why = "no such model on the Hugging Face Hub (or it is private: log in with `hf auth login`)"
+        raise ModelNotFoundError(_not_found(name, _hub_tried(name, why))) from None
+    except Exception as e:  # httpx's connection errors, timeouts, a proxy's answer, ...
+        why = f"not in the local hub cache, and the hub cannot be reached ({type(e).__name__}: {e})"
+        raise ModelNotFoundError(_not_found(name, _hub_tried(name, " ".join(why.split())))) from None
 
 
 @dataclass(frozen=True)
