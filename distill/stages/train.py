@@ -46,6 +46,8 @@ from students.module import CrossEncoderModule
 from students.progress import LogProgress
 
 log = logging.getLogger(__name__)
+BEST = "best"
+"""The file name (without ``.ckpt``) of the run's best checkpoint, by the validation metric."""
 # LastCheckpoint resumes the batch sampler itself, which Lightning cannot see.
 warnings.filterwarnings("ignore", "You're resuming from a checkpoint that ended before the epoch ended")
 
@@ -86,10 +88,16 @@ class DistillCLI(LightningCLI):
     def run_dir(self) -> Path:
         return Path(self.config.checkpoint_root) / self.config.run_name
 
+    def before_instantiate_classes(self) -> None:
+        """The config's contracts, checked before anything is built (and by :func:`check_train_args`)."""
+        check_loss_groups(self.config.model.loss, self.config.data.group_size)
+
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         # The data is read and checked before any logger (or wandb run) exists: bad data fails fast and cleanly.
         self.datamodule.setup("fit")
         config = {**self._get(self.config_init, "trainer", default={}), **kwargs}
+        check_intervals(config, self.datamodule)
+        warn_small_groups(self.datamodule)
         if config.get("precision") is None:
             config["precision"] = "bf16-mixed" if torch.cuda.is_available() else "32-true"
         config["default_root_dir"] = str(self.run_dir)
@@ -110,7 +118,7 @@ class DistillCLI(LightningCLI):
         # last.ckpt holds the best score so far: Lightning's default, at the epoch's end, comes after it.
         best = AtomicModelCheckpoint(
             layout.checkpoints,
-            "best",
+            BEST,
             monitor=monitor,
             mode="max",
             enable_version_counter=False,
@@ -166,11 +174,7 @@ def train(argv: list[str]) -> TrainReport | None:
     except ArgumentError as e:
         raise InputError(_one_line(str(e))) from None
     checkpoints = RunLayout(cli.run_dir).checkpoints
-    ckpt_path = cli.config.ckpt_path
-    if ckpt_path == "last":
-        ckpt_path = find_last(checkpoints)
-        if ckpt_path is None and rank_zero_only.rank == 0:
-            log.warning("--ckpt_path last: no checkpoint in %s yet, starting fresh", checkpoints)
+    ckpt_path = resume_checkpoint(cli.config.ckpt_path, checkpoints)
     try:
         cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt_path)
     except Preempted as stop:
@@ -181,6 +185,122 @@ def train(argv: list[str]) -> TrainReport | None:
         return None
     metrics = {k: float(v) for k, v in cli.trainer.callback_metrics.items() if k.startswith("val/")}
     return TrainReport(cli.run_dir, metrics)
+
+
+def resume_checkpoint(given: str | None, checkpoints: Path) -> str | Path | None:
+    """The checkpoint ``--ckpt_path`` names, checked whole before the run is built on it: ``last`` is the run's
+    newest (:func:`~students.checkpointing.find_last`; None where there is none yet: a fresh start), and where
+    that one is unreadable (truncated by a full disk, say), ``best.ckpt``, an earlier state of the same run, with a
+    warning that says so.
+
+    Raises:
+        InputError: the checkpoint named (or, for ``last``, every one of the run) is missing or unreadable; the
+            message names the file.
+    """
+    from distill.core.files import check_checkpoint
+
+    if given != "last":
+        if given is not None:
+            check_checkpoint(given)
+        return given
+    last = find_last(checkpoints)
+    if last is None:
+        if rank_zero_only.rank == 0:
+            log.warning("--ckpt_path last: no checkpoint in %s yet, starting fresh", checkpoints)
+        return None
+    try:
+        check_checkpoint(last)
+        return last
+    except InputError as e:
+        best = checkpoints / f"{BEST}.ckpt"
+        try:
+            check_checkpoint(best)
+        except InputError:
+            raise InputError(f"--ckpt_path last: {e}; and no readable {best} to fall back on") from None
+        if rank_zero_only.rank == 0:
+            log.warning("--ckpt_path last: %s; resuming from %s instead (an earlier state of this run)", e, best)
+        return best
+
+
+def check_loss_groups(loss: str, group_size: int | None) -> None:
+    """A loss that compares candidates of one query needs batches grouped by query (``data.group_size``): without
+    them a batch mixes queries, each with one candidate or so, and such a loss is about 0: it would train for
+    nothing.
+
+    Raises:
+        InputError: ``model.loss <name> ... data.group_size`` (an unknown loss is left to the model).
+    """
+    from students.losses import LOSSES
+
+    within = getattr(LOSSES.get(loss), "within_query", False)
+    if within and group_size is None:
+        raise InputError(
+            f"model.loss {loss} compares the candidates of one query, so batches must hold whole query groups: "
+            "set data.group_size (candidates per query in a batch, e.g. --data.group_size 8), or use model.loss mse"
+        )
+
+
+def _world_size(trainer: dict[str, Any]) -> int:
+    devices, nodes = trainer.get("devices"), trainer.get("num_nodes") or 1
+    if isinstance(devices, int) and devices > 0:
+        return devices * nodes
+    if isinstance(devices, list | tuple):
+        return len(devices) * nodes
+    if isinstance(devices, str) and devices.isdigit():
+        return int(devices) * nodes
+    return nodes  # auto, -1: not known before the trainer; one process is the common case
+
+
+def check_intervals(trainer: dict[str, Any], datamodule: StudentDataModule) -> None:
+    """``trainer.val_check_interval`` fits an epoch: a share in (0, 1], or at most the epoch's training batches of
+    one process (after ``limit_train_batches``), unless ``check_val_every_n_epoch`` is null (then it counts batches
+    across epochs). Checked after the data are read, before any logger or run folder exists.
+
+    Raises:
+        InputError: ``trainer.val_check_interval: ...`` with the epoch's batch count.
+    """
+    interval = trainer.get("val_check_interval")
+    if interval is None or isinstance(interval, bool):
+        return
+    if isinstance(interval, float):
+        if not 0 < interval <= 1:
+            raise InputError(
+                f"trainer.val_check_interval: {interval} is neither a share of an epoch in (0, 1] nor a whole number "
+                "of training batches"
+            )
+        return
+    if trainer.get("check_val_every_n_epoch", 1) is None:
+        return
+    batches = len(datamodule.train_dataloader().batch_sampler) // _world_size(trainer)
+    limit = trainer.get("limit_train_batches")
+    if isinstance(limit, int) and not isinstance(limit, bool):
+        batches = min(batches, limit)
+    elif isinstance(limit, float):
+        batches = int(batches * limit)
+    if interval > batches:
+        raise InputError(
+            f"trainer.val_check_interval: {interval} is over the {batches} training batches of an epoch: give at "
+            f"most {batches}, a share of the epoch (0.5), or also trainer.check_val_every_n_epoch null to count "
+            "batches across epochs"
+        )
+
+
+def warn_small_groups(datamodule: StudentDataModule) -> None:
+    """Say once where ``data.group_size`` is more than some training queries have candidates: their groups, and so
+    the batches they fall in, are smaller than asked."""
+    from collections import Counter
+
+    size = datamodule.hparams.group_size
+    if size is None or rank_zero_only.rank != 0:
+        return
+    counts = Counter(list(datamodule.train.qid))
+    short = [n for n in counts.values() if n < size]
+    if short:
+        log.warning(
+            "data.group_size %d: %d of %d training queries have fewer candidates (the fewest %d): their groups, and "
+            "the batches they fall in, are smaller",
+            size, len(short), len(counts), min(short),
+        )  # fmt: skip
 
 
 @contextlib.contextmanager
