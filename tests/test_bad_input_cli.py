@@ -1,0 +1,346 @@
+"""Every CLI command on corrupt inputs (issue 27): a non-zero exit, one line naming the culprit, no traceback, and
+every earlier output left as it was.
+
+The commands run in-process through :func:`distill.cli.main`, as a user's shell would run them, on the tiny random
+BERT of conftest and one real ONNX export of it (no quality gate beyond one query: a few seconds).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+from distill.cli import main
+
+from .conftest import DL19, DL19_QRELS
+
+
+@pytest.fixture(scope="module")
+def export_dir(tmp_path_factory: pytest.TempPathFactory, tiny_bert: Path) -> Path:
+    """The tiny BERT exported to ONNX (fp32 only), checked on one DL19 query."""
+    from distill.backend.export import export_student
+    from distill.backend.parity import ParitySet
+    from distill.core.loaders import load_candidates
+
+    data = load_candidates(DL19, qrels=DL19_QRELS)
+    parity = ParitySet.from_data(data, queries=1, depth=4, ranking_queries=1, ranking_depth=8)
+    out = tmp_path_factory.mktemp("bad-input") / "export"
+    export_student(tiny_bert, out, formats=("onnx",), parity=parity)
+    return out
+
+
+@dataclass(frozen=True)
+class World:
+    """The files a case may use: a good copy of each, made fresh for the case in ``root``."""
+
+    root: Path
+    export: Path
+    hf: Path
+    sample: Path
+    run: Path
+    teacher_data: Path
+    tiny_bert: Path
+
+    def copy(self, folder: Path, name: str) -> Path:
+        return Path(shutil.copytree(folder, self.root / name))
+
+
+@dataclass(frozen=True)
+class Case:
+    command: str
+    name: str
+    make: Callable[[World], list[str]]
+    """The case's arguments (after the command), given a fresh world it may corrupt."""
+    culprit: Callable[[World], str]
+    """What the error line must name (a path, a key)."""
+
+
+def _truncate(path: Path, size: int) -> Path:
+    with path.open("r+b") as f:
+        f.truncate(size)
+    return path
+
+
+def _without(world: World, name: str, *files: str) -> Path:
+    folder = world.copy(world.export, name)
+    for file in files:
+        (folder / file).unlink()
+    return folder
+
+
+def _malformed_config(world: World) -> Path:
+    folder = world.copy(world.export, "bad-config")
+    (folder / "config.json").write_text('{"model_type": "bert",\n  "hidden_size": ')
+    return folder
+
+
+def _run_with_duplicate(world: World) -> Path:
+    run = world.root / "dup.trec"
+    lines = world.run.read_text().splitlines()
+    run.write_text("\n".join([*lines, lines[0]]) + "\n")
+    return run
+
+
+def _truncated_training_run(world: World) -> Path:
+    run = world.root / "trained"
+    shutil.copytree(world.hf, run / "hf")
+    _truncate(run / "hf" / "model.safetensors", 4096)
+    return run
+
+
+def _train_config(world: World, **data: object) -> Path:
+    config = {
+        "model": {"backbone": str(world.tiny_bert)},
+        "data": {"teacher_data": [str(world.teacher_data)], "val_queries": 1, "batch_size": 8, "max_length": 64},
+        "trainer": {"max_epochs": 1, "accelerator": "cpu", "devices": 1, "enable_progress_bar": False},
+        "run_name": "r",
+        "checkpoint_root": str(world.root / "runs"),
+        "wandb_mode": "disabled",
+    }
+    config["data"].update(data)
+    path = world.root / "train.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def _garbage_last_checkpoint(world: World) -> Path:
+    checkpoints = world.root / "runs" / "r" / "checkpoints"
+    checkpoints.mkdir(parents=True)
+    (checkpoints / "last.ckpt").write_bytes(b"PK\x03\x04 not a whole checkpoint")
+    return checkpoints / "last.ckpt"
+
+
+def _rerank(model: Path | str, world: World, *extra: str, output: str = "out.trec") -> list[str]:
+    return ["--model", str(model), "--input", str(world.sample), "--output", str(world.root / output), *extra]
+
+
+CASES = [
+    Case(
+        "rerank",
+        "export without tokenizer.json",
+        lambda w: _rerank(_without(w, "no-tokenizer", "tokenizer.json"), w),
+        lambda w: "tokenizer.json",
+    ),
+    Case(
+        "rerank",
+        "export without config.json",
+        lambda w: _rerank(_without(w, "no-config", "config.json"), w),
+        lambda w: "config.json",
+    ),
+    Case(
+        "rerank",
+        "export without model.onnx",
+        lambda w: _rerank(_without(w, "no-onnx", "model.onnx"), w, "--backend", "onnx"),
+        lambda w: "model.onnx",
+    ),
+    Case(
+        "rerank",
+        "malformed config.json",
+        lambda w: _rerank(_malformed_config(w), w),
+        lambda w: str(w.root / "bad-config" / "config.json") + ":2:",
+    ),
+    Case(
+        "rerank",
+        "truncated model.safetensors",
+        lambda w: _rerank(
+            _truncate(w.copy(w.hf, "hf-cut") / "model.safetensors", 1000).parent, w, "--backend", "torch"
+        ),
+        lambda w: str(w.root / "hf-cut" / "model.safetensors"),
+    ),
+    Case(
+        "rerank",
+        "output is the input",
+        lambda w: ["--model", str(w.export), "--input", str(w.sample), "--output", str(w.sample)],
+        lambda w: f"output: {w.sample}: is also an input",
+    ),
+    Case("rerank", "output is a folder", lambda w: _rerank(w.export, w, output="."), lambda w: "is a folder"),
+    Case(
+        "rerank",
+        "output under a file",
+        lambda w: _rerank(w.export, w, output="sample.json/out.trec"),
+        lambda w: f"{w.sample} is a file, not a folder",
+    ),
+    Case(
+        "rerank",
+        "missing input",
+        lambda w: ["--model", str(w.export), "--input", str(w.root / "nowhere.json"), "--output", str(w.run)],
+        lambda w: str(w.root / "nowhere.json"),
+    ),
+    Case("rerank", "max_queries 0", lambda w: _rerank(w.export, w, "--max_queries", "0"), lambda w: "max_queries"),
+    Case(
+        "eval",
+        "a (qid, docid) ranked twice",
+        lambda w: ["--qrels", str(DL19_QRELS), "--run", str(_run_with_duplicate(w))],
+        lambda w: f"{w.root / 'dup.trec'}:{len(w.run.read_text().splitlines()) + 1}: duplicate (qid, docid)",
+    ),
+    Case(
+        "eval",
+        "json is a run",
+        lambda w: ["--qrels", str(DL19_QRELS), "--run", str(w.run), "--json", str(w.run)],
+        lambda w: f"json: {w.run}: is also an input (run)",
+    ),
+    Case(
+        "eval",
+        "missing qrels",
+        lambda w: ["--qrels", str(w.root / "qrels.txt"), "--run", str(w.run)],
+        lambda w: str(w.root / "qrels.txt"),
+    ),
+    Case(
+        "export",
+        "truncated hf/model.safetensors",
+        lambda w: ["--checkpoint", str(_truncated_training_run(w)), "--formats", "onnx"],
+        lambda w: str(w.root / "trained" / "hf" / "model.safetensors"),
+    ),
+    Case(
+        "export",
+        "malformed config.json",
+        lambda w: ["--checkpoint", str(_malformed_config(w)), "--output", str(w.root / "x")],
+        lambda w: str(w.root / "bad-config" / "config.json") + ":2:",
+    ),
+    Case(
+        "export",
+        "output is the checkpoint",
+        lambda w: ["--checkpoint", str(w.hf), "--output", str(w.hf)],
+        lambda w: f"output: {w.hf}: is also an input (checkpoint)",
+    ),
+    Case(
+        "export",
+        "output is a file",
+        lambda w: ["--checkpoint", str(w.hf), "--output", str(w.sample)],
+        lambda w: f"output: {w.sample}: is a file, not a folder",
+    ),
+    Case(
+        "migrate",
+        "not a teacher dataset",
+        lambda w: [str(w.teacher_data), str(w.sample)],
+        lambda w: f"{w.sample}: is a file, not a folder",
+    ),
+    Case("migrate", "no folder", lambda w: [], lambda w: "distill migrate FOLDER"),
+    Case(
+        "train",
+        "within-query loss without group_size",
+        lambda w: ["--config", str(_train_config(w)), "--model.loss", "listwise_kl"],
+        lambda w: "set data.group_size",
+    ),
+    Case(
+        "train",
+        "val_check_interval over the epoch",
+        lambda w: ["--config", str(_train_config(w)), "--trainer.val_check_interval", "500"],
+        lambda w: "trainer.val_check_interval: 500 is over the",
+    ),
+    Case(
+        "train",
+        "truncated last.ckpt, no best.ckpt",
+        lambda w: ["--config", str(_train_config(w)), "--ckpt_path", str(_garbage_last_checkpoint(w))],
+        lambda w: f"{w.root / 'runs' / 'r' / 'checkpoints' / 'last.ckpt'}: not a readable checkpoint",
+    ),
+    Case(
+        "teach",
+        "unknown teacher",
+        lambda w: [
+            *["--input", str(w.sample), "--output", str(w.root / "t"), "--cache_dir", str(w.root / "cache")],
+            *["--teacher", "gemma3-27m"],
+        ],
+        lambda w: "cannot find model 'gemma3-27m'",
+    ),
+]
+
+
+def _digests(root: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in root.rglob("*") if p.is_file()
+    }
+
+
+@pytest.fixture(scope="module")
+def originals(
+    tmp_path_factory: pytest.TempPathFactory, export_dir: Path, tiny_bert: Path, teacher_dataset: Path
+) -> dict[str, Path]:
+    """A good run of the export on three DL19 queries, and the good inputs it came from."""
+    root = tmp_path_factory.mktemp("originals")
+    sample = root / "sample.json"
+    sample.write_text(
+        json.dumps([{"query": e["query"], "hits": e["hits"][:5]} for e in json.loads(DL19.read_text())[:3]])
+    )
+    assert main(["rerank", "--model", str(export_dir), "--input", str(sample), "--output", str(root / "run.trec")]) == 0
+    return {"sample": sample, "run": root / "run.trec"}
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c.command}: {c.name}")
+def test_bad_input_gives_one_line_naming_the_culprit(
+    case: Case,
+    tmp_path: Path,
+    export_dir: Path,
+    tiny_bert: Path,
+    teacher_dataset: Path,
+    originals: dict[str, Path],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    (tmp_path / "work").mkdir()
+    sample, run = (Path(shutil.copy(originals[k], tmp_path / "work" / originals[k].name)) for k in ("sample", "run"))
+    world = World(tmp_path / "work", export_dir, tiny_bert, sample, run, teacher_dataset, tiny_bert)
+    args = case.make(world)
+    capsys.readouterr()
+    before = _digests(tmp_path)
+    shared = {p: _digests(p) for p in (export_dir, tiny_bert, teacher_dataset)}
+
+    code = main([case.command, *args])
+
+    err = capsys.readouterr().err
+    assert code != 0, err
+    assert "Traceback" not in err
+    message = err.strip().splitlines()
+    error = next(line for line in message if line.startswith(f"distill {case.command}: error: "))
+    if not case.culprit(world).startswith("cannot find model"):  # that error lists what was tried, one per line
+        assert message[-1] == error, err
+    assert not error.startswith(f"distill {case.command}: error: distill {case.command}:"), error
+    assert case.culprit(world) in err, err
+    after = _digests(tmp_path)
+    assert {k: after[k] for k in before} == before, "an earlier file changed"
+    assert not [k for k in after if k not in before and not k.startswith("work/runs")], sorted(set(after) - set(before))
+    assert not (world.root / "runs" / "r").exists() or case.name.startswith("truncated last.ckpt")
+    assert {p: _digests(p) for p in shared} == shared
+    assert not [p.name for p in export_dir.parent.iterdir() if p.name.startswith(".")]  # no staging folder left
+
+
+def test_the_good_inputs_of_the_table_pass(export_dir: Path, originals: dict[str, Path], tmp_path: Path) -> None:
+    """The table's failures are the corruption's: the same commands on the good files succeed."""
+    out = tmp_path / "again.trec"
+    assert main(["rerank", "--model", str(export_dir), "--input", str(originals["sample"]), "--output", str(out)]) == 0
+    assert out.read_text() == originals["run"].read_text()
+    assert main(["eval", "--qrels", str(DL19_QRELS), "--run", str(out), "--json", str(tmp_path / "e.json")]) == 0
+
+
+def test_on_bad_input_skip_is_the_command_the_hint_gives(
+    export_dir: Path, originals: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """rerank's and eval's errors suggest --on_bad_input skip; both take it, and say what they skipped."""
+    run = tmp_path / "dup.trec"
+    lines = originals["run"].read_text().splitlines()
+    run.write_text("\n".join([*lines, lines[0].replace(lines[0].split()[4], "99.0")]) + "\n")
+    assert main(["eval", "--qrels", str(DL19_QRELS), "--run", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert "--on_bad_input skip" in err
+    assert main(["eval", "--qrels", str(DL19_QRELS), "--run", str(run), "--on_bad_input", "skip"]) == 0
+    out = capsys.readouterr().out
+    assert "skipped 1 bad input line(s): 1 x duplicate (qid, docid)" in out
+    assert main(["eval", "--qrels", str(DL19_QRELS), "--run", str(originals["run"])]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].split()[1:] == out.splitlines()[-1].split()[1:]  # the first kept
+
+    sample = json.loads(originals["sample"].read_text())
+    sample[0]["hits"][1]["content"] = " "
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(sample))
+    args = ["rerank", "--model", str(export_dir), "--input", str(bad), "--output", str(tmp_path / "r.trec")]
+    assert main(args) == 2
+    assert f"{bad}" in capsys.readouterr().err
+    assert main([*args, "--on_bad_input", "skip"]) == 0
+    assert "1 bad input record(s) skipped" in capsys.readouterr().out
+    assert len((tmp_path / "r.trec").read_text().splitlines()) == 14
