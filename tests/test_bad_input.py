@@ -55,7 +55,8 @@ def test_an_output_is_no_input_and_can_be_written(tmp_path: Path) -> None:
     with pytest.raises(InputError, match=rf"{data} is a file, not a folder"):
         output_file(data / "run.trec", "rerank", "output")
     with pytest.raises(InputError, match=r"holds an input \(checkpoint"):
-        output_folder(tmp_path, "export", "output", [("checkpoint", tmp_path / "hf")])
+        output_folder(tmp_path, "export", "output", [("checkpoint", tmp_path / "hf")], replaced=True)
+    output_folder(tmp_path, "bench", "output", [("student", tmp_path / "hf")])  # written into, not replaced
     with pytest.raises(InputError, match=r"is a file, not a folder"):
         output_folder(data, "export", "output")
     if Path("/proc/self").is_dir():  # takes no new file, even for root

@@ -217,6 +217,24 @@ CASES = [
         lambda w: f"output: {w.sample}: is a file, not a folder",
     ),
     Case(
+        "retrieve",
+        "output is the corpus",
+        lambda w: ["--corpus", str(w.sample), "--queries", str(w.run), "--output", str(w.sample)],
+        lambda w: f"output: {w.sample}: is also an input (corpus)",
+    ),
+    Case(
+        "retrieve",
+        "missing queries",
+        lambda w: ["--corpus", str(w.sample), "--queries", str(w.root / "q.tsv"), "--output", str(w.root / "o.trec")],
+        lambda w: f"queries: {w.root / 'q.tsv'}: no such file",
+    ),
+    Case(
+        "bench",
+        "output is a file",
+        lambda w: ["--student", str(w.export), "--output", str(w.sample), "--teacher", "none"],
+        lambda w: f"output: {w.sample}: is a file, not a folder",
+    ),
+    Case(
         "migrate",
         "not a teacher dataset",
         lambda w: [str(w.teacher_data), str(w.sample)],

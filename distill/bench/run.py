@@ -42,6 +42,7 @@ from distill.bench.workload import TOKEN_COUNTS, Workload, rerank_workload, toke
 from distill.core.devices import MATMUL_SIZE, TEACHER_BATCH_TOKENS, compute_dtype, resolve_device
 from distill.core.layout import RunLayout, student_folder
 from distill.core.loaders import load_candidates
+from distill.core.paths import output_folder
 from distill.core.schema import InputError, MissingFileError, RerankingData
 from distill.serving.encoding import load_tokenizer
 
@@ -285,6 +286,7 @@ def run_bench(config: BenchConfig, command: str | None = None) -> dict[str, Any]
     with tempfile.TemporaryDirectory(prefix="cis-distill-bench-") as scratch:
         folder = _random_student(config, Path(scratch)) if config.random_weights else student_folder(config.student)
         out = default_output(config, None if config.random_weights else folder, device)
+        output_folder(out, "bench", "output")  # before any work: a file there, or a folder that takes no file
         data = load_candidates(config.input, qrels=config.qrels)
         workloads = _workloads(config, data, load_tokenizer(folder))
         quality = QualitySet.of(data) if config.quality else None

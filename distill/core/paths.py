@@ -57,7 +57,9 @@ def _writable_parent(path: Path, command: str, key: str) -> None:
         raise InputError(f"{_named(command, key, path)}: cannot write in {existing}: {e.strerror}") from None
 
 
-def _not_an_input(path: Path, command: str, key: str, inputs: Iterable[tuple[str, str | Path | None]]) -> None:
+def _not_an_input(
+    path: Path, command: str, key: str, inputs: Iterable[tuple[str, str | Path | None]], replaced: bool = False
+) -> None:
     for input_key, given in inputs:
         if given is None:
             continue
@@ -67,7 +69,7 @@ def _not_an_input(path: Path, command: str, key: str, inputs: Iterable[tuple[str
                 f"{_named(command, key, path)}: is also an input ({input_key}), which would be overwritten: "
                 "choose another output"
             )
-        if given.resolve().is_relative_to(path.resolve()) and path.is_dir():
+        if replaced and path.is_dir() and given.resolve().is_relative_to(path.resolve()):
             raise InputError(
                 f"{_named(command, key, path)}: holds an input ({input_key}: {given}), which would be overwritten: "
                 "choose another output"
@@ -92,10 +94,14 @@ def output_file(path: str | Path, command: str, key: str, inputs: Iterable[tuple
 
 
 def output_folder(
-    path: str | Path, command: str, key: str, inputs: Iterable[tuple[str, str | Path | None]] = ()
+    path: str | Path,
+    command: str,
+    key: str,
+    inputs: Iterable[tuple[str, str | Path | None]] = (),
+    replaced: bool = False,
 ) -> Path:
-    """``path``, a folder to write into: not a file, can be made (or is there) and written in, neither one of
-    ``inputs`` nor a folder holding one.
+    """``path``, a folder to write into: not a file, can be made (or is there) and written in, not one of
+    ``inputs``, nor, where the command replaces the whole folder (``replaced``), a folder holding one.
 
     Raises:
         InputError: naming the option, the path and what is wrong.
@@ -103,7 +109,7 @@ def output_folder(
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise InputError(f"{_named(command, key, path)}: is a file, not a folder")
-    _not_an_input(path, command, key, inputs)
+    _not_an_input(path, command, key, inputs, replaced)
     if path.is_dir():
         if not os.access(path, os.W_OK | os.X_OK):
             raise InputError(f"{_named(command, key, path)}: not writable (permission denied)")

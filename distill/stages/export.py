@@ -66,7 +66,9 @@ def export(cfg: ExportConfig) -> ExportReport:
         raise InputError("export: checkpoint is required (a training run or an HF folder)")
     model = student_folder(cfg.checkpoint, exported=False)
     check_model_folder(model)  # before any work: a malformed JSON file or truncated weights, named
-    output = output_folder(cfg.output or RunLayout.of(model).export, "export", "output", [("checkpoint", model)])
+    output = output_folder(
+        cfg.output or RunLayout.of(model).export, "export", "output", [("checkpoint", model)], replaced=True
+    )
     if cfg.parity_input:
         parity = ParitySet.from_data(load_candidates(cfg.parity_input), cfg.parity_queries, cfg.parity_depth, 0)
     else:

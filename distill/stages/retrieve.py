@@ -56,8 +56,13 @@ class RetrieveReport:
 
 
 def retrieve(cfg: RetrieveConfig) -> RetrieveReport:
+    from distill.core.paths import input_path, output_file
     from distill.retrieval.retrieve import retrieve as run_retrieval
 
+    inputs = [("corpus", input_path(cfg.corpus, "retrieve", "corpus"))]  # before any index is built
+    if cfg.queries:
+        inputs.append(("queries", input_path(cfg.queries, "retrieve", "queries", "file")))
+    output_file(cfg.output, "retrieve", "output", inputs)
     result = run_retrieval(
         cfg.corpus,
         cfg.queries,
