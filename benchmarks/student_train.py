@@ -76,8 +76,9 @@ from distill.bench.measure import MemoryProbe, dtype_name, environment, matmul_f
 from distill.bench.profile import StageProfile
 from distill.core.devices import MATMUL_SIZE, TRAIN_PAD_MULTIPLE, resolve_device
 from distill.core.models import ARCHITECTURES, resolve_model
+from distill.core.teacher_data import TeacherDataset
 from students.checkpointing import EVERY_MINUTES, LastCheckpoint
-from students.data import StudentDataModule, load_teacher_table
+from students.data import StudentDataModule
 from students.model import build_student
 from students.module import CrossEncoderModule
 
@@ -678,7 +679,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         num_workers=args.num_workers,
     )
     dm.setup("fit")
-    table = load_teacher_table([args.teacher_data], args.label).set_index(["qid", "docid"])
+    columns = ["qid", "docid", "query", "passage"]
+    table = TeacherDataset.open(args.teacher_data).to_pandas(columns).set_index(["qid", "docid"])
     keys = list(zip(dm.train.qid, dm.train.docid, strict=True))
     pairs = list(zip(table.loc[keys, "query"], table.loc[keys, "passage"], strict=True))
 

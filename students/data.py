@@ -1,4 +1,5 @@
-"""The student stage's data: teacher triplet datasets, split by query, tokenised, batched."""
+"""The student stage's data: teacher triplet datasets, split by query, tokenised once into a memory-mapped cache
+(:mod:`students.token_store`), batched from the mapped arrays."""
 
 from __future__ import annotations
 
@@ -14,80 +15,130 @@ from pytorch_lightning import LightningDataModule
 from torch.utils.data import DataLoader, Dataset
 
 from distill.core.devices import TRAIN_PAD_MULTIPLE, DeviceType, device_type
-from distill.core.label_table import TeacherData, load_label_table
+from distill.core.label_table import QUERY, SOURCE, SOURCE_ROW, LabelTable, load_label_table
 from distill.core.loaders import load_qrels
 from distill.core.schema import InputError, Qrels
 from distill.core.unpadding import host_packing
-from students.sampling import LengthGroupedBatches, QueryGroupedBatches, ResumableLoader, TokenBudgetBatches
+from students.sampling import (
+    LengthGroupedBatches,
+    QueryGroupedBatches,
+    ResumableLoader,
+    TokenBudgetBatches,
+    padded_length,
+)
 from students.scaling import ScalingKind, TargetScaling
+from students.token_store import TokenStore, open_store
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class Split:
-    """One split's pairs, tokenised. ``targets`` are scaled; ``labels`` are the raw teacher labels; ``members``
-    the raw scores of each term of a label that sums two or more (name -> ``[n]``)."""
+    """One split's pairs: rows of the token store and numpy columns, no Python object per pair. ``targets`` are
+    scaled; ``labels`` are the raw teacher labels; ``members`` the raw scores of each term of a label that sums
+    two or more (name -> ``[n]``)."""
 
-    qid: list[str]
-    docid: list[str]
+    store: TokenStore
+    rows: np.ndarray
+    """``[n]`` int64: each pair's row in the store (and in ``ids``)."""
+    ids: Any
+    """Every pair's ``qid`` and ``docid`` (the label table's Arrow-backed columns, shared by the splits)."""
+    query: np.ndarray
+    """``[n]`` int64: each pair's query as a number (the samplers' groups)."""
     labels: np.ndarray
     targets: np.ndarray
     first_stage: np.ndarray
-    features: list[dict[str, list[int]]]
     members: dict[str, np.ndarray] = field(default_factory=dict)
 
     def __len__(self) -> int:
-        return len(self.qid)
+        return len(self.rows)
 
     @property
-    def lengths(self) -> list[int]:
-        return [len(f["input_ids"]) for f in self.features]
+    def qid(self) -> list[str]:
+        """The query id of each pair (made on each call: for validation and reports, not per batch)."""
+        return self.ids.qid.iloc[self.rows].tolist()
+
+    @property
+    def docid(self) -> list[str]:
+        """The passage id of each pair (made on each call, likewise)."""
+        return self.ids.docid.iloc[self.rows].tolist()
+
+    @property
+    def lengths(self) -> np.ndarray:
+        """``[n]`` int32: each pair's tokens."""
+        return np.asarray(self.store.lengths[self.rows])
 
 
-class _Examples(Dataset):
-    def __init__(self, split: Split) -> None:
-        self.split = split
+class _Positions(Dataset):
+    """Positions in a split, fetched a batch at a time: the collator gathers the batch from the store."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
 
     def __len__(self) -> int:
-        return len(self.split)
+        return self.size
 
-    def __getitem__(self, i: int) -> dict[str, Any]:
-        return {**self.split.features[i], "index": i}
+    def __getitem__(self, i: int) -> int:
+        return i
+
+    def __getitems__(self, indices: list[int]) -> list[int]:
+        return list(indices)
+
+
+@dataclass(frozen=True)
+class Padding:
+    """How the collator pads, from the student's tokenizer."""
+
+    pad_id: int
+    side: Literal["right", "left"]
+    token_types: bool
+    """Whether the model takes ``token_type_ids``."""
+    multiple: int = 1
+    """Pad every batch to a multiple of this many tokens."""
+
+    @classmethod
+    def of(cls, tokenizer: Any, multiple: int = 1) -> Padding:
+        return cls(
+            tokenizer.pad_token_id, tokenizer.padding_side, "token_type_ids" in tokenizer.model_input_names, multiple
+        )
 
 
 class Collator:
-    """Pads a batch to its longest sequence, rounded up to a multiple of ``pad_to_multiple_of`` tokens; adds
-    ``target`` [B] float, ``group`` [B] long (batch-local query index), ``index`` [B] long (row in the split),
+    """Gathers a batch of split positions from the store's mapped tokens and pads it to its longest pair, rounded
+    up to a multiple of ``padding.multiple`` tokens, as the tokenizer's ``pad`` would: ``input_ids``,
+    ``attention_mask`` and (for models that take them) ``token_type_ids``, ``[B, T]`` int64. Adds ``target`` [B]
+    float, ``group`` [B] long (batch-local query index), ``index`` [B] long (position in the split),
     ``group_sizes``, the host's ``(queries, most candidates of one)`` (see :mod:`students.losses`), and
     ``packing``, where the real tokens are (:func:`distill.core.unpadding.host_packing`: for ``model.unpad``)."""
 
-    def __init__(self, tokenizer: Any, split: Split, pad_to_multiple_of: int = 1) -> None:
-        self.tokenizer, self.split, self.multiple = tokenizer, split, pad_to_multiple_of
+    def __init__(self, split: Split, padding: Padding) -> None:
+        self.split, self.padding = split, padding
 
-    def __call__(self, examples: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
-        index = [e.pop("index") for e in examples]
-        multiple = self.multiple if self.multiple > 1 else None
-        batch = dict(self.tokenizer.pad(examples, pad_to_multiple_of=multiple, return_tensors="pt"))
-        qids = [self.split.qid[i] for i in index]
-        local = {q: g for g, q in enumerate(dict.fromkeys(qids))}
-        batch["target"] = torch.tensor(self.split.targets[index], dtype=torch.float32)
-        batch["group"] = torch.tensor([local[q] for q in qids])
-        batch["index"] = torch.tensor(index)
-        batch["group_sizes"] = (len(local), max(Counter(qids).values()))
-        batch["packing"] = host_packing(batch["attention_mask"])
+    def __call__(self, index: list[int]) -> dict[str, Any]:
+        positions = np.asarray(index, dtype=np.int64)
+        tokens, lengths, query_lengths = self.split.store.pairs(self.split.rows[positions])
+        width = padded_length(int(lengths.max()), self.padding.multiple)
+        columns = np.arange(width)
+        start = np.zeros_like(lengths) if self.padding.side == "right" else width - lengths
+        mask = (columns >= start[:, None]) & (columns < (start + lengths)[:, None])
+        input_ids = np.full((len(positions), width), self.padding.pad_id, dtype=np.int64)
+        input_ids[mask] = tokens
+        batch = {"input_ids": torch.from_numpy(input_ids)}
+        if self.padding.token_types:
+            batch["token_type_ids"] = torch.from_numpy(
+                (mask & (columns >= (start + query_lengths)[:, None])).astype(np.int64)
+            )
+        batch["attention_mask"] = torch.from_numpy(mask.astype(np.int64))
+        groups = self.split.query[positions].tolist()
+        local: dict[int, int] = {}  # batch-local query index, in order of first appearance
+        for g in groups:
+            local.setdefault(g, len(local))
+        batch["target"] = torch.tensor(self.split.targets[positions], dtype=torch.float32)
+        batch["group"] = torch.tensor([local[g] for g in groups])
+        batch["index"] = torch.from_numpy(positions)
+        batch["group_sizes"] = (len(local), max(Counter(groups).values()))
+        batch["packing"] = host_packing(mask)
         return batch
-
-
-def load_teacher_table(teacher_data: TeacherData, label: str) -> Any:
-    """The teacher data's pairs as a DataFrame with the label of each pair in a ``label`` column (see
-    :func:`distill.core.label_table.load_label_table`).
-
-    Raises:
-        InputError: a folder is no teacher dataset, lacks a column, the label has NaN/inf values, or named
-            teachers do not hold the same pairs.
-    """
-    return load_label_table(teacher_data, label).table
 
 
 def split_queries(qids: list[str], val_queries: int | float, seed: int) -> set[str]:
@@ -134,6 +185,9 @@ class StudentDataModule(LightningDataModule):
         max_length: tokens per pair; longer pairs lose the end of the passage (counted).
         eval_batch_size: pairs per validation batch.
         num_workers: data loader worker processes (batches are pinned in memory on a GPU).
+        cache_dir: where the tokenised pairs are cached (:mod:`students.token_store`; default
+            ``$CIS_DISTILL_CACHE/student-tokens``): built once, then memory-mapped by every run and rank that
+            tokenises the same pairs the same way.
     """
 
     def __init__(
@@ -155,6 +209,7 @@ class StudentDataModule(LightningDataModule):
         eval_batch_size: int = 128,
         seed: int = 0,
         num_workers: int = 0,
+        cache_dir: str | None = None,
     ) -> None:
         super().__init__()
         sizes = {"max_batch_tokens": max_batch_tokens, "pad_to_multiple_of": pad_to_multiple_of}
@@ -173,18 +228,44 @@ class StudentDataModule(LightningDataModule):
         self.members: dict[str, str] = {}
         """Each term of a label that sums two or more: name -> its column."""
 
+    def prepare_data(self) -> None:
+        """Tokenise the pairs into the cache (:mod:`students.token_store`), once: Lightning calls this on each
+        node's first rank, before every rank's :meth:`setup` maps the same files."""
+        self._store(self._labelled())
+
+    def _labelled(self) -> LabelTable:
+        h = self.hparams
+        labelled = load_label_table(h.teacher_data, h.label)
+        if labelled.table.empty:
+            raise InputError(f"{h.teacher_data}: no pairs")
+        return labelled
+
+    def _store(self, labelled: LabelTable) -> TokenStore:
+        from distill.core.models import cache_home, load_architecture
+
+        h = self.hparams
+        if self.tokenizer is None:
+            _, self.tokenizer = load_architecture(h.backbone)
+        cache = Path(h.cache_dir) if h.cache_dir else cache_home() / "student-tokens"
+        table = labelled.table
+        return open_store(
+            cache,
+            labelled.sources,
+            table[SOURCE].to_numpy(),
+            table[SOURCE_ROW].to_numpy(),
+            self.tokenizer,
+            h.max_length,
+        )
+
     def setup(self, stage: str | None = None) -> None:
         if self.train is not None:
             return
-        from distill.core.models import load_architecture
-
         h = self.hparams
-        labelled = load_label_table(h.teacher_data, h.label)
+        labelled = self._labelled()
         table, self.teachers, self.members = labelled.table, labelled.teachers, labelled.expression.members
-        if table.empty:
-            raise InputError(f"{h.teacher_data}: no pairs")
+        store = self._store(labelled)
         qrels = load_qrels(Path(h.qrels)) if h.qrels else {}
-        pool = table.qid.tolist()
+        pool = table.qid.unique().tolist()
         if h.val_pool == "judged":
             if not qrels:
                 raise InputError("data.val_pool: judged needs data.qrels")
@@ -197,49 +278,40 @@ class StudentDataModule(LightningDataModule):
             is_train = ~is_val & (table.first_stage_rank <= h.train_depth).to_numpy()
         else:
             is_train = ~is_val
-        self.scaling = TargetScaling.fit(h.target_scaling, table["label"].to_numpy()[is_train])
-        _, self.tokenizer = load_architecture(h.backbone)
-        self.train = self._split(table[is_train])
-        self.val = self._split(table[is_val])
+        labels = table["label"].to_numpy(dtype=np.float64)
+        self.scaling = TargetScaling.fit(h.target_scaling, labels[is_train])
+        queries = table[QUERY].to_numpy()
+        members = {name: table[column].to_numpy(dtype=np.float64) for name, column in self.members.items()}
+        first_stage = table.first_stage_score.to_numpy(dtype=np.float64)
+        ids = table[["qid", "docid"]]
+
+        def split(keep: np.ndarray) -> Split:
+            rows = np.flatnonzero(keep)
+            return Split(
+                store,
+                rows,
+                ids,
+                queries[rows],
+                labels[rows],
+                self.scaling(labels[rows], queries[rows]),
+                first_stage[rows],
+                {name: values[rows] for name, values in members.items()},
+            )
+
+        self.train, self.val = split(is_train), split(is_val)
+        self.truncated = store.truncated
         self.qrels = {q: j for q, j in qrels.items() if q in held_out}
         log.warning(
             "student data: %d train pairs (%d queries), %d validation pairs (%d queries); "
             "%d of %d pairs truncated to max_length=%d",
             len(self.train),
-            len(set(self.train.qid)),
+            len(np.unique(self.train.query)),
             len(self.val),
             len(held_out),
             self.truncated,
             len(table),
             h.max_length,
         )
-
-    def _split(self, table: Any) -> Split:
-        h = self.hparams
-        queries, passages = table["query"].tolist(), table["passage"].tolist()
-        encoded = self.tokenizer(queries, passages, truncation="only_second", max_length=h.max_length)
-        features = [
-            {k: encoded[k][i] for k in ("input_ids", "attention_mask", "token_type_ids") if k in encoded}
-            for i in range(len(queries))
-        ]
-        self.truncated += self._count_truncated(queries, passages)
-        labels = table["label"].to_numpy(dtype=np.float64)
-        qids = table.qid.tolist()
-        return Split(
-            qids,
-            table.docid.tolist(),
-            labels,
-            self.scaling(labels, qids),
-            table.first_stage_score.to_numpy(dtype=np.float64),
-            features,
-            {name: table[column].to_numpy(dtype=np.float64) for name, column in self.members.items()},
-        )
-
-    def _count_truncated(self, queries: list[str], passages: list[str]) -> int:
-        q = self.tokenizer(queries, add_special_tokens=False)["input_ids"]
-        p = self.tokenizer(passages, add_special_tokens=False)["input_ids"]
-        special = self.tokenizer.num_special_tokens_to_add(pair=True)
-        return sum(len(a) + len(b) + special > self.hparams.max_length for a, b in zip(q, p, strict=True))
 
     @property
     def folders(self) -> list[str]:
@@ -265,9 +337,9 @@ class StudentDataModule(LightningDataModule):
     def _loader(self, split: Split, sampler: Any, **kwargs: Any) -> DataLoader:
         workers = self.hparams.num_workers
         return ResumableLoader(
-            _Examples(split),
+            _Positions(len(split)),
             batch_sampler=sampler,
-            collate_fn=Collator(self.tokenizer, split, self.pad_multiple),
+            collate_fn=Collator(split, Padding.of(self.tokenizer, self.pad_multiple)),
             num_workers=workers,
             pin_memory=self._device_type() == "cuda",
             **kwargs,
@@ -277,9 +349,9 @@ class StudentDataModule(LightningDataModule):
         h = self.hparams
         rank, world = self._rank()
         if h.max_batch_tokens is not None:
-            groups = None if h.group_size is None else self.train.qid
+            groups = None if h.group_size is None else self.train.query.tolist()
             sampler = TokenBudgetBatches(
-                self.train.lengths,
+                self.train.lengths.tolist(),
                 h.max_batch_tokens,
                 self.pad_multiple,
                 groups,
@@ -290,14 +362,14 @@ class StudentDataModule(LightningDataModule):
                 world,
             )
         elif h.group_size is None:
-            sampler = LengthGroupedBatches(self.train.lengths, h.batch_size, h.seed, rank, world)
+            sampler = LengthGroupedBatches(self.train.lengths.tolist(), h.batch_size, h.seed, rank, world)
         else:
             per_batch = max(1, h.batch_size // h.group_size)
-            sampler = QueryGroupedBatches(self.train.qid, h.group_size, per_batch, h.seed, rank, world)
+            sampler = QueryGroupedBatches(self.train.query.tolist(), h.group_size, per_batch, h.seed, rank, world)
         return self._loader(self.train, sampler, persistent_workers=h.num_workers > 0)
 
     def val_dataloader(self) -> DataLoader:
         """Every rank sees the whole (small) validation split, longest first, so metrics need no gathering."""
-        order = sorted(range(len(self.val)), key=lambda i: -self.val.lengths[i])
+        order = np.argsort(-self.val.lengths, kind="stable").tolist()
         size = self.hparams.eval_batch_size
         return self._loader(self.val, [order[i : i + size] for i in range(0, len(order), size)])

@@ -217,7 +217,7 @@ def validation_metrics(val: Any, rows: list[int], scores: np.ndarray, qrels: dic
     from distill.core.runs import run_from_columns
 
     labels, first_stage = val.labels[rows], val.first_stage[rows]
-    qids, docids = [val.qid[i] for i in rows], [val.docid[i] for i in rows]
+    qids, docids = val.ids.qid.iloc[val.rows[rows]].tolist(), val.ids.docid.iloc[val.rows[rows]].tolist()
     metrics = {
         "pearson": float(pearsonr(scores, labels).statistic),
         "spearman": float(spearmanr(scores, labels).statistic),

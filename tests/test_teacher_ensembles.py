@@ -16,7 +16,6 @@ from distill.core.label_table import load_label_table
 from distill.core.labels import FIRST_STAGE, Label, LabelExpression, Term, per_query_z
 from distill.core.schema import InputError
 from distill.core.teacher_data import TeacherDataset, TeacherMetadata
-from students.data import load_teacher_table
 
 from .conftest import DL19_QRELS
 
@@ -150,19 +149,24 @@ def test_single_teacher_labels_are_unchanged(teacher_dataset: Path) -> None:
     """A list of folders, and a sole named teacher, give exactly the labels the score or hybrid defines."""
     rows = TeacherDataset.open(teacher_dataset).to_pandas()
     qids = rows.qid.tolist()
-    raw = load_teacher_table([str(teacher_dataset)], "cis")
+    labelled = load_label_table([str(teacher_dataset)], "cis")
+    raw = labelled.table
     np.testing.assert_array_equal(raw.label, rows.cis.to_numpy(dtype=np.float64))
+    # ids and scores only: the texts stay in the dataset, found through (source, source_row)
     assert list(raw.columns) == [
         "qid",
         "docid",
-        "query",
-        "passage",
         "first_stage_rank",
         "first_stage_score",
         "cis",
+        "source",
+        "source_row",
+        "query",
         "label",
     ]
-    hybrid = load_teacher_table([str(teacher_dataset)], "upr+0.5*first_stage")
+    assert labelled.sources == [str(teacher_dataset)]
+    assert raw.source.tolist() == [0] * len(rows) and raw.source_row.tolist() == list(range(len(rows)))
+    hybrid = load_label_table([str(teacher_dataset)], "upr+0.5*first_stage").table
     expected = per_query_z(rows.upr.to_numpy(), qids) + 0.5 * per_query_z(rows.first_stage_score.to_numpy(), qids)
     np.testing.assert_array_equal(hybrid.label, expected)
     named = load_label_table({"tiny": [str(teacher_dataset)]}, "upr+0.5*first_stage")

@@ -283,13 +283,18 @@ def test_killed_run_resumes_from_last(tmp_path: Path, tiny_bert: Path, teacher_d
 
 @pytest.mark.slow
 def test_ddp_on_two_cpu_processes_with_uneven_batches(tmp_path: Path, tiny_bert: Path, teacher_dataset: Path) -> None:
-    """24 training pairs in batches of 5 are 5 batches: two ranks must still step together and finish."""
+    """24 training pairs in batches of 5 are 5 batches: two ranks must still step together and finish. The pairs
+    are tokenised once (rank 0, in ``prepare_data``), and both ranks map the same cached files."""
     import subprocess
     import sys
 
     path = write_config(tmp_path, tiny_bert, teacher_dataset, devices=2, strategy="ddp", max_epochs=2)
     command = [sys.executable, "-m", "distill", "train", "--config", str(path), "--data.batch_size", "5"]
+    command += ["--data.cache_dir", str(tmp_path / "tokens")]
     done = subprocess.run(command, env=_subprocess_env(), capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "GLOBAL_RANK: 1" in done.stderr or "world_size=2" in done.stderr.replace(" ", "")
     assert (tmp_path / "runs" / "tiny" / "hf" / "model.safetensors").is_file()
+    assert done.stderr.count("student tokens: tokenising") == 1, done.stderr[-3000:]
+    assert done.stderr.count("student data: ") == 2  # both ranks set up, from the one store
+    assert len([p for p in (tmp_path / "tokens").iterdir() if not p.name.startswith(".")]) == 1

@@ -4,6 +4,11 @@ The teacher data is a list of ``distill teach`` folders (one teacher: their unio
 first kept) or a mapping name -> folders (named teachers, each the union of its folders, joined on (qid, docid):
 they must hold the same pairs). The label is a :class:`~distill.core.labels.LabelExpression` over them; a
 named teacher the label does not use is not read.
+
+The table holds ids and scores only, never the texts: its strings are Arrow-backed (a few bytes a pair, not a
+Python object each), and each row names where its texts are (``source``, ``source_row``: a row of one of
+:attr:`LabelTable.sources`), so that a million pairs take tens of MB here and the texts stay in the teacher
+datasets' memory-mapped Arrow files until they are tokenised (:mod:`students.token_store`).
 """
 
 from __future__ import annotations
@@ -17,15 +22,18 @@ import numpy as np
 
 from distill.core.labels import FIRST_STAGE, FIRST_STAGE_COLUMN, LabelExpression
 from distill.core.schema import InputError
-from distill.core.teacher_data import TEXT_COLUMNS, TeacherDataset
+from distill.core.teacher_data import TeacherDataset
 
 log = logging.getLogger(__name__)
 
 TeacherData = list[str] | dict[str, list[str]]
 """Folders of one teacher, or named teachers: name -> folders."""
 _NAME = re.compile(r"[A-Za-z_]\w*")
-_SOURCE = "_folder"
-"""The folder a row was read from, while the table is built (for the errors)."""
+ID_COLUMNS = ("qid", "docid")
+SOURCE, SOURCE_ROW = "source", "source_row"
+"""Where a row's texts are: the index of its folder in :attr:`LabelTable.sources`, and its row there."""
+QUERY = "query"
+"""Each row's query as a number, int64 (0, 1, ... in order of first appearance)."""
 
 
 @dataclass(frozen=True)
@@ -33,12 +41,17 @@ class LabelTable:
     """The joined pairs with their label."""
 
     table: Any
-    """A DataFrame, one row per pair: ``qid``, ``docid``, ``query``, ``passage``, ``first_stage_rank``,
+    """A DataFrame, one row per pair: ``qid``, ``docid`` (Arrow-backed strings), ``first_stage_rank``,
     ``first_stage_score`` (the first named teacher's), each term's column (``cis``; ``gemma.cis`` for a named
-    teacher) and ``label``."""
+    teacher), ``label``, ``query`` (the query as a number, :data:`QUERY`), and ``source``, ``source_row``: where
+    the pair's texts are."""
     expression: LabelExpression
     teachers: dict[str, list[str]]
     """The named teachers the label uses: name -> folders; empty for one unnamed teacher."""
+    sources: list[str]
+    """The folders whose rows the table holds (one teacher's, the first the label uses), in the order read:
+    ``source`` indexes them."""
+
 
     @property
     def members(self) -> dict[str, np.ndarray]:
@@ -93,30 +106,42 @@ def load_label_table(
             log.warning("%s: teacher(s) %s not used by %s %r: not read", data_key, ", ".join(unused), label_key, label)
         tables = {name: _union(folders, scores.get(name, []), name) for name, folders in used.items()}
         table = _join(tables, used, data_key)
-    table = table.drop(columns=_SOURCE)
-    columns = {term.column: table[term.column].to_numpy() for term in expression.terms}
-    table["label"] = expression.values(columns, table.qid.tolist())
-    return LabelTable(table, expression, used)
+    columns = {term.column: table[term.column].to_numpy(dtype=np.float64) for term in expression.terms}
+    table[QUERY] = query_codes(table.qid)
+    table["label"] = expression.values(columns, table[QUERY].to_numpy())
+    sources = next(iter(used.values())) if used else list(teacher_data)
+    return LabelTable(table, expression, used, list(sources))
+
+
+def query_codes(qids: Any) -> np.ndarray:
+    """``[n]`` int64 codes of a column of query ids (0, 1, ... in order of first appearance)."""
+    import pandas as pd
+
+    return pd.factorize(qids)[0].astype(np.int64, copy=False)
 
 
 def _union(folders: list[str], scores: list[str], name: str | None) -> Any:
     """The rows of ``folders``, each (qid, docid) once (the first kept), with the columns ``scores`` (renamed
-    ``name.score`` for a named teacher) and the folder of each row."""
+    ``name.score`` for a named teacher) and where each row is (``source``, ``source_row``); no texts."""
     import pandas as pd
 
     frames = []
-    for path in folders:
-        columns = [*TEXT_COLUMNS, "first_stage_rank", FIRST_STAGE_COLUMN, *scores]
-        frame = TeacherDataset.open(path).to_pandas(list(dict.fromkeys(columns)))
+    for index, path in enumerate(folders):
+        columns = [*ID_COLUMNS, "first_stage_rank", FIRST_STAGE_COLUMN, *scores]
+        frame = TeacherDataset.open(path).to_pandas(list(dict.fromkeys(columns)), arrow_strings=True)
         for score in dict.fromkeys(scores):
             bad = ~np.isfinite(frame[score].to_numpy(dtype=np.float64))
             if bad.any():
                 rows = np.flatnonzero(bad)[:5].tolist()
                 raise InputError(f"{path}: column {score!r} has {int(bad.sum())} NaN/inf value(s), rows {rows}...")
-        frame[_SOURCE] = path
+        frame[SOURCE] = np.int32(index)
+        frame[SOURCE_ROW] = np.arange(len(frame), dtype=np.int64)
         frames.append(frame)
-    table = pd.concat(frames, ignore_index=True).drop_duplicates(["qid", "docid"], keep="first")
-    table = table.reset_index(drop=True)
+    if len(frames) == 1:  # a teacher dataset holds each pair once: the teacher stage refuses duplicates
+        table = frames[0]
+    else:
+        table = pd.concat(frames, ignore_index=True).drop_duplicates(list(ID_COLUMNS), keep="first")
+        table = table.reset_index(drop=True)
     return table.rename(columns={score: f"{name}.{score}" for score in scores}) if name else table
 
 
@@ -131,19 +156,20 @@ def _join(tables: dict[str, Any], folders: dict[str, list[str]], key: str) -> An
     for name, other in others:
         _check_same_pairs(first, table, name, other, folders, key)
         scores = [c for c in other.columns if c.startswith(f"{name}.")]
-        table = table.merge(other[["qid", "docid", *scores]], on=["qid", "docid"], how="left", validate="one_to_one")
+        table = table.merge(other[[*ID_COLUMNS, *scores]], on=list(ID_COLUMNS), how="left", validate="one_to_one")
     return table
 
 
 def _check_same_pairs(a: str, table_a: Any, b: str, table_b: Any, folders: dict[str, list[str]], key: str) -> None:
     import pandas as pd
 
-    keys_a = pd.MultiIndex.from_frame(table_a[["qid", "docid"]])
-    keys_b = pd.MultiIndex.from_frame(table_b[["qid", "docid"]])
+    keys_a = pd.MultiIndex.from_frame(table_a[list(ID_COLUMNS)])
+    keys_b = pd.MultiIndex.from_frame(table_b[list(ID_COLUMNS)])
     missing = []
     for name, other, rows in ((a, b, table_a[~keys_a.isin(keys_b)]), (b, a, table_b[~keys_b.isin(keys_a)])):
         if len(rows):
-            sources = ", ".join(f"{n} from {f}" for f, n in rows[_SOURCE].value_counts(sort=False).items())
+            counts = rows[SOURCE].value_counts(sort=False).items()
+            sources = ", ".join(f"{n} from {folders[name][int(f)]}" for f, n in counts)
             examples = ", ".join(f"({q}, {d})" for q, d in rows[["qid", "docid"]].head(3).itertuples(index=False))
             missing.append(f"{len(rows)} pair(s) of {name} are not in {other} ({sources}; e.g. {examples})")
     if missing:

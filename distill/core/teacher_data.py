@@ -105,18 +105,25 @@ class TeacherDataset:
 
         return datasets.load_from_disk(str(self.path)).data.table
 
-    def to_pandas(self, columns: list[str] | None = None) -> Any:
-        """The rows as a DataFrame (all columns, or ``columns``), checked for the columns asked for.
+    def to_pandas(self, columns: list[str] | None = None, arrow_strings: bool = False) -> Any:
+        """The rows as a DataFrame (all columns, or ``columns``), checked for the columns asked for; with
+        ``arrow_strings``, string columns stay Arrow-backed (``pd.ArrowDtype``: no Python object per value).
 
         Raises:
             InputError: a column asked for is missing.
         """
+        import pandas as pd
+        import pyarrow as pa
+
         table = self.table()
         if columns is not None:
             if missing := [c for c in columns if c not in table.column_names]:
                 raise InputError(f"{self.path}: missing column(s) {missing}; it has {table.column_names}")
             table = table.select(columns)
-        return table.to_pandas()
+        if not arrow_strings:
+            return table.to_pandas()
+        strings = (pa.types.is_string, pa.types.is_large_string)
+        return table.to_pandas(types_mapper=lambda t: pd.ArrowDtype(t) if any(f(t) for f in strings) else None)
 
     @staticmethod
     def write(table: Any, metadata: TeacherMetadata, path: Path) -> None:
