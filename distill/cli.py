@@ -36,6 +36,15 @@ class Command:
     positional: str | None = None
     """The list option that bare arguments before the first flag fill (``distill migrate A B``: ``--paths A B``)."""
 
+    def takes(self, option: str) -> bool:
+        """Whether the subcommand has the option ``option`` (``distill train``'s are LightningCLI's: not known)."""
+        import dataclasses
+
+        if self.config is None:
+            return False
+        config = getattr(importlib.import_module(self.module), self.config)
+        return option in {f.name for f in dataclasses.fields(config)}
+
     def run(self, argv: Sequence[str], command_line: str, prog: str) -> Any:
         from distill.core.config import parse_config
 
@@ -129,7 +138,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         report = COMMANDS[name].run(rest, "distill " + shlex.join(argv), prog)
     except UserError as e:
-        print(f"{prog}: error: {_without_prefix(str(e), prog)}", file=sys.stderr)
+        message = _without_hint(_without_prefix(str(e), prog), COMMANDS[name])
+        print(f"{prog}: error: {message}", file=sys.stderr)
         return 2
     if report is not None:
         print(report.format())
@@ -142,3 +152,12 @@ def _without_prefix(message: str, *prefixes: str) -> str:
         if message.startswith(f"{prefix}: "):
             return message[len(prefix) + 2 :]
     return message
+
+
+def _without_hint(message: str, command: Command) -> str:
+    """``message`` without the hint of a bad record's error (``--on_bad_input skip``) where ``command`` does not take
+    that option (export, bench: their inputs must be whole)."""
+    from distill.core.loaders._common import BadInput
+
+    hint = f" ({BadInput.SKIP_HINT})"
+    return message.replace(hint, "") if hint in message and not command.takes("on_bad_input") else message

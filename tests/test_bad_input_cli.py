@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from distill.cli import main
+from distill.cli import COMMANDS, main
 
 from .conftest import DL19, DL19_QRELS
 
@@ -86,6 +86,13 @@ def _run_with_duplicate(world: World) -> Path:
     lines = world.run.read_text().splitlines()
     run.write_text("\n".join([*lines, lines[0]]) + "\n")
     return run
+
+
+def _bad_record(world: World) -> Path:
+    sample = json.loads(world.sample.read_text())
+    sample[0]["hits"][1]["content"] = " "
+    (world.root / "bad.json").write_text(json.dumps(sample))
+    return world.root / "bad.json"
 
 
 def _truncated_training_run(world: World) -> Path:
@@ -209,6 +216,12 @@ CASES = [
     ),
     Case(
         "export",
+        "a bad record in parity_input (no --on_bad_input hint: export has no such option)",
+        lambda w: ["--checkpoint", str(w.hf), "--output", str(w.root / "x"), "--parity_input", str(_bad_record(w))],
+        lambda w: f"{w.root / 'bad.json'}: entry [0] hit [1]: empty passage text",
+    ),
+    Case(
+        "export",
         "output is the checkpoint",
         lambda w: ["--checkpoint", str(w.hf), "--output", str(w.hf)],
         lambda w: f"output: {w.hf}: is also an input (checkpoint)",
@@ -323,6 +336,7 @@ def test_bad_input_gives_one_line_naming_the_culprit(
         assert message[-1] == error, err
     assert not error.startswith(f"distill {case.command}: error: distill {case.command}:"), error
     assert case.culprit(world) in err, err
+    assert "--on_bad_input" not in err or COMMANDS[case.command].takes("on_bad_input"), err  # a hint that works
     after = _digests(tmp_path)
     assert {k: after[k] for k in before} == before, "an earlier file changed"
     new = [k for k in after if k not in before and not k.startswith(("work/runs/", "tokens/"))]
