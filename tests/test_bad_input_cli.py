@@ -192,6 +192,12 @@ CASES = [
     ),
     Case(
         "eval",
+        "a run given as input",
+        lambda w: ["--input", str(w.run), "--qrels", str(DL19_QRELS)],
+        lambda w: f"{w.run}: a TREC run: give it with --run",
+    ),
+    Case(
+        "eval",
         "json is a run",
         lambda w: ["--qrels", str(DL19_QRELS), "--run", str(w.run), "--json", str(w.run)],
         lambda w: f"json: {w.run}: is also an input (run)",

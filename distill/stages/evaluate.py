@@ -154,7 +154,12 @@ def evaluate(cfg: EvalConfig, command: str | None = None) -> EvalResult:
     skipped: Counter[str] = Counter()
     runs: dict[str, Run] = {}
     if cfg.input:  # its own ranking first: the baseline
-        data = load_candidates(cfg.input, qrels=cfg.qrels, on_bad_input=cfg.on_bad_input)
+        try:
+            data = load_candidates(cfg.input, qrels=cfg.qrels, on_bad_input=cfg.on_bad_input)
+        except InputError as e:
+            if "needs --queries and --corpus" in str(e):  # eval has no such options: the hint would not work
+                raise InputError(f"{cfg.input}: a TREC run: give it with --run (and --qrels)") from None
+            raise
         skipped.update(data.skipped)
         if not data.qrels:
             raise InputError(f"{cfg.input}: no relevance judgements; give qrels")
