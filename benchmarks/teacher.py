@@ -202,11 +202,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
     levers = p.add_argument_group("the teacher's levers (teachers.causal_lm.ScorerOptions; a bare flag means true)")
     levers.add_argument(
-        "--bucket", type=int, default=ScorerOptions.bucket, help="pad batch widths up to a multiple of N tokens"
+        "--bucket", type=int, help="pad batch widths up to a multiple of N tokens (default the device's: 64 on cuda)"
     )
     for name, default, text in (
-        ("packing", ScorerOptions.packing, "pack sequences in rows behind a block-diagonal causal mask"),
-        ("compile", ScorerOptions.compile, "torch.compile each decoder layer (compiled during the warm-up)"),
+        ("packing", None, "pack sequences in rows behind a block-diagonal causal mask (default: on cuda)"),
+        ("compile", None, "torch.compile each decoder layer, compiled during the warm-up (default: on cuda)"),
         ("cudnn-attention", ScorerOptions.cudnn_attention, "on cuda, let attention use cuDNN's SDPA kernels"),
         ("fp8", ScorerOptions.fp8, "the decoder layers' matmuls in fp8 (a bf16 model), ranked against (c)'s bf16"),
     ):
@@ -242,7 +242,7 @@ def build_teacher(args: argparse.Namespace, device: torch.device, dtype: torch.d
         "max_batch_tokens": args.max_batch_tokens,
         "logit_chunk_rows": args.logit_chunk_rows,
         "max_passage_tokens": args.max_passage_tokens,
-        "options": dataclasses.replace(scorer_options(args), compile=False, fp8=False),
+        "options": dataclasses.replace(scorer_options(args, device), compile=False, fp8=False),
     }
     if args.random_config is None:
         teacher = CausalLMTeacher.load(args.teacher, device=device, dtype=dtype_name(dtype), **options)
@@ -252,8 +252,10 @@ def build_teacher(args: argparse.Namespace, device: torch.device, dtype: torch.d
     return teacher, f"random-{args.random_config}"
 
 
-def scorer_options(args: argparse.Namespace) -> ScorerOptions:
-    return ScorerOptions(args.bucket, args.packing, args.compile, args.cudnn_attention, args.fp8)
+def scorer_options(args: argparse.Namespace, device: torch.device) -> ScorerOptions:
+    """The levers given, else the device's defaults (as ``distill teach`` takes them)."""
+    levers = ("bucket", "packing", "compile", "cudnn_attention", "fp8")
+    return ScorerOptions.for_device(device, **{name: getattr(args, name) for name in levers})
 
 
 def with_model_levers(teacher: CausalLMTeacher, options: ScorerOptions) -> None:
@@ -627,7 +629,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         plain, plain_cond, plain_uncond = run_plain(
             model, work, n_plain, args.plain_batch_size, pad_id, device, args.cudnn_attention, show
         )
-    options = scorer_options(args)
+    options = scorer_options(args, device)
     with_model_levers(teacher, options)
     warmup_seconds = warm_up(teacher, work, device)
     with profiled(args.profile, device):

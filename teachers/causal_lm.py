@@ -42,7 +42,8 @@ class ScoringSequence:
 
 @dataclass(frozen=True)
 class ScorerOptions:
-    """The scorer's speed levers. The defaults are the exact path, whose CPU scores never change;
+    """The scorer's speed levers. The defaults are the exact path, whose CPU scores never change (a CUDA device's
+    defaults are :meth:`for_device`'s);
     ``bucket``, ``packing`` and ``compile`` change the scores within rounding, ``cudnn_attention`` too on CUDA;
     ``fp8`` changes them more."""
 
@@ -68,6 +69,16 @@ class ScorerOptions:
     def __post_init__(self) -> None:
         if self.bucket < 1:
             raise InputError(f"bucket must be a positive number of tokens, got {self.bucket}")
+
+    @classmethod
+    def for_device(cls, device: Any, **given: Any) -> ScorerOptions:
+        """The options on ``device``: each of ``given`` that is not None, else the device type's default
+        (:data:`distill.core.devices.TEACHER_LEVERS`: the exact path on a CPU; packing, 64-token buckets and
+        compile on CUDA)."""
+        from distill.core.devices import TEACHER_LEVERS, device_type
+
+        values = {**TEACHER_LEVERS[device_type(device)], **{k: v for k, v in given.items() if v is not None}}
+        return cls(**values)
 
     def changed(self) -> dict[str, Any]:
         """The options that differ from their defaults, by name."""

@@ -317,13 +317,28 @@ def test_benchmark_takes_the_levers_and_keeps_its_old_command_line(monkeypatch: 
 
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
     bench = importlib.import_module("teacher")
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
     old = bench.parse_args(["--random-config", "llama3-8b", "--device", "cuda", "--out", "x.json", "--no-progress"])
-    assert bench.scorer_options(old) == ScorerOptions()
+    assert bench.scorer_options(old, cpu) == ScorerOptions()
+    assert bench.scorer_options(old, cuda) == ScorerOptions(bucket=64, packing=True, compile=True)  # the defaults
     new = bench.parse_args(["--random-config", "tiny", "--packing", "--bucket", "64", "--compile", "false"])
-    assert bench.scorer_options(new) == ScorerOptions(bucket=64, packing=True)
-    assert bench.scorer_options(bench.parse_args(["--cudnn-attention", "true"])).cudnn_attention
+    assert bench.scorer_options(new, cpu) == ScorerOptions(bucket=64, packing=True)
+    assert bench.scorer_options(new, cuda) == ScorerOptions(bucket=64, packing=True)
+    assert bench.scorer_options(bench.parse_args(["--cudnn-attention", "true"]), cpu).cudnn_attention
     with pytest.raises(SystemExit):
         bench.parse_args(["--packing", "maybe"])
+
+
+def test_the_teacher_levers_are_on_by_default_on_cuda_and_off_on_a_cpu() -> None:
+    from distill.stages.teach import TeachConfig
+
+    config = TeachConfig(input=["x.json"], output="out")
+    assert config.scorer_options("cpu") == ScorerOptions() and not ScorerOptions().changed()
+    assert config.scorer_options("cuda:1") == ScorerOptions(bucket=64, packing=True, compile=True)
+    off = TeachConfig(input=["x.json"], output="out", packing=False, compile=False, bucket=1)
+    assert off.scorer_options("cuda") == ScorerOptions()  # what is given is kept, on either device
+    on = TeachConfig(input=["x.json"], output="out", packing=True, bucket=64)
+    assert on.scorer_options("cpu") == ScorerOptions(bucket=64, packing=True)
 
 
 @pytest.fixture

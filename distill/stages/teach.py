@@ -77,14 +77,17 @@ class TeachConfig:
     """Padded tokens per forward pass."""
     logit_chunk_rows: int = 1024
     """Target positions per LM-head chunk (memory: rows x vocabulary fp32 values)."""
-    bucket: int = ScorerOptions.bucket
-    """Pad each batch's width up to a multiple of this many tokens (e.g. 64), so that batch shapes repeat
-    (1: the longest sequence's width)."""
-    packing: bool = ScorerOptions.packing
+    bucket: int | None = None
+    """Pad each batch's width up to a multiple of this many tokens, so that batch shapes repeat (1: the longest
+    sequence's width). Default the device's (:data:`distill.core.devices.TEACHER_LEVERS`: 64 on CUDA, 1 on a
+    CPU)."""
+    packing: bool | None = None
     """Pack several sequences in each row with no padding between them, positions reset per sequence, behind a
-    block-diagonal causal mask: fewer padded tokens; scores agree with padded batches within rounding."""
-    compile: bool = ScorerOptions.compile
-    """torch.compile each decoder layer (compiles at most three times; set ``bucket`` too)."""
+    block-diagonal causal mask: fewer padded tokens; scores agree with padded batches within rounding. Default the
+    device's (on for CUDA, off for a CPU, whose scores stay exactly those of the padded path)."""
+    compile: bool | None = None
+    """torch.compile each decoder layer (compiles at most three times, with ``bucket``). Default the device's (on
+    for CUDA, off for a CPU)."""
     cudnn_attention: bool = ScorerOptions.cudnn_attention
     """On CUDA, let attention use cuDNN's kernels, which build a plan on the host for every new batch shape."""
     fp8: bool = ScorerOptions.fp8
@@ -118,16 +121,23 @@ class TeachConfig:
         except ValueError as e:
             raise InputError(f"teach: scores: {e}") from None
         for name in ("chunk_size", "max_batch_tokens", "max_passage_tokens", "bucket"):
-            if getattr(self, name) < 1:
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise InputError(f"teach: {name} must be positive, got {getattr(self, name)}")
 
     @property
     def score_columns(self) -> list[str]:
         return list(dict.fromkeys(["cis", *self.scores]))
 
-    @property
-    def scorer_options(self) -> ScorerOptions:
-        return ScorerOptions(self.bucket, self.packing, self.compile, self.cudnn_attention, self.fp8)
+    def scorer_options(self, device: Any) -> ScorerOptions:
+        """The scorer's levers on ``device``: each one given, else the device type's default."""
+        return ScorerOptions.for_device(
+            device,
+            bucket=self.bucket,
+            packing=self.packing,
+            compile=self.compile,
+            cudnn_attention=self.cudnn_attention,
+            fp8=self.fp8,
+        )
 
 
 @dataclass
@@ -202,6 +212,7 @@ def teach(cfg: TeachConfig) -> TeachReport:
     from teachers.teacher import CausalLMTeacher
 
     state = PartialState()
+    options = cfg.scorer_options(state.device)
     output = Path(cfg.output)
     cache_root = Path(cfg.cache_dir) if cfg.cache_dir else cache_home() / "pk"
     _check_writable(output, "output")  # before anything is loaded or scored: a bad path loses nothing
@@ -234,7 +245,7 @@ def teach(cfg: TeachConfig) -> TeachReport:
         prompt=cfg.prompt,
         max_batch_tokens=cfg.max_batch_tokens,
         logit_chunk_rows=cfg.logit_chunk_rows,
-        options=cfg.scorer_options,
+        options=options,
     )
     setting = teacher.describe()
     fingerprint = {
@@ -243,8 +254,8 @@ def teach(cfg: TeachConfig) -> TeachReport:
         "scores": cfg.score_columns,
         "chunk_size": cfg.chunk_size,
         "max_batch_tokens": cfg.max_batch_tokens,
-        # Only the levers set away from their defaults: a default run keeps the fingerprint of earlier outputs.
-        **cfg.scorer_options.changed(),
+        # Only the levers away from the exact path (the CPU's defaults): a CPU run keeps its earlier fingerprints.
+        **options.changed(),
     }
     report = TeachReport(output, len(pairs), len(data.candidates), cfg.score_columns, True, dict(data.skipped))
     if _is_complete(output, fingerprint, cfg.overwrite):
