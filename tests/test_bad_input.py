@@ -340,15 +340,18 @@ def test_sigterm_during_an_export_runs_its_clean_up() -> None:
     from distill.backend.export import _terminate_as_exit
 
     cleaned = []
-    before = signal.getsignal(signal.SIGTERM)
-    with pytest.raises(SystemExit) as stop, _terminate_as_exit():
-        try:
-            os.kill(os.getpid(), signal.SIGTERM)
-            time.sleep(5)
-        finally:
-            cleaned.append(True)
-    assert stop.value.code == 128 + signal.SIGTERM and cleaned == [True]
-    assert signal.getsignal(signal.SIGTERM) == before
+    previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)  # as in a fresh `distill export` process
+    try:
+        with pytest.raises(SystemExit) as stop, _terminate_as_exit():
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(5)
+            finally:
+                cleaned.append(True)
+        assert stop.value.code == 128 + signal.SIGTERM and cleaned == [True]
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 # ----------------------------------------------------------------------------- the CLI's line
