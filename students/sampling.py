@@ -15,6 +15,7 @@ import random
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader, Sampler
 
@@ -45,11 +46,17 @@ class ShardedBatches(Sampler[list[int]]):
         raise NotImplementedError
 
     def _mine(self) -> list[list[int]]:
+        """This rank's batches of the current epoch (computed once an epoch: ``len`` and ``iter`` both ask)."""
+        cached = getattr(self, "_cached", None)
+        if cached is not None and cached[0] == self.epoch:
+            return cached[1]
         batches = self._batches(random.Random(self.seed * 1_000_003 + self.epoch))
         usable = len(batches) // self.world_size * self.world_size
         if usable == 0:
             raise ValueError(f"{len(batches)} batches cannot be shared by {self.world_size} ranks: use a smaller batch")
-        return batches[:usable][self.rank :: self.world_size]
+        mine = batches[:usable][self.rank :: self.world_size]
+        self._cached = (self.epoch, mine)
+        return mine
 
     def __iter__(self) -> Iterator[list[int]]:
         # A generator: the epoch is read at the first batch, after Lightning's set_epoch.
@@ -146,8 +153,9 @@ def query_chunks(members: dict[object, list[int]], group_size: int, rng: random.
     return chunks
 
 
-def padded_length(length: int, multiple: int) -> int:
-    """``length`` rounded up to a multiple of ``multiple`` (what the collator pads a batch's longest pair to)."""
+def padded_length(length: Any, multiple: int) -> Any:
+    """``length`` (an int, or an integer array element-wise) rounded up to a multiple of ``multiple`` (what the
+    collator pads a batch's longest pair to)."""
     return -(-length // multiple) * multiple
 
 
@@ -198,26 +206,44 @@ class TokenBudgetBatches(ShardedBatches):
             raise ValueError("groups and group_size go together")
         if group_size is not None and group_size < 2:
             raise ValueError(f"group_size must be at least 2, got {group_size}")
-        self.padded = [padded_length(n, pad_to_multiple_of) for n in lengths]
+        lengths = np.asarray(lengths, dtype=np.int64)
+        self.padded = padded_length(lengths, pad_to_multiple_of)
         self.max_tokens, self.window, self.group_size = max_tokens, window, group_size
         self.by_query = None if groups is None else by_query(groups)
 
     def _batches(self, rng: random.Random) -> list[list[int]]:
         if self.by_query is None:
-            units = [[i] for i in range(len(self.padded))]
-            rng.shuffle(units)
+            order = list(range(len(self.padded)))
+            rng.shuffle(order)  # the permutation a shuffle of one-example units draws
+            window = self.window or max(len(order), 1)
+            batches = []
+            for start in range(0, len(order), window):
+                batches += self._pack_examples(np.asarray(order[start : start + window], dtype=np.int64))
         else:
             units = query_chunks(self.by_query, self.group_size, rng)
-        window = self.window or max(len(units), 1)
-        batches = []
-        for start in range(0, len(units), window):
-            batches += self._pack(units[start : start + window])
+            window = self.window or max(len(units), 1)
+            batches = []
+            for start in range(0, len(units), window):
+                batches += self._pack(units[start : start + window])
         rng.shuffle(batches)
+        return batches
+
+    def _pack_examples(self, examples: np.ndarray) -> list[list[int]]:
+        """:meth:`_pack` of single examples, a batch at a time: sorted by padded length, longest first (stably),
+        each batch the next ``max(1, max_tokens // its first example's padded length)`` examples."""
+        examples = examples[np.argsort(-self.padded[examples], kind="stable")]
+        widths = self.padded[examples]
+        batches = []
+        start = 0
+        while start < len(examples):
+            size = max(1, self.max_tokens // int(widths[start]))
+            batches.append(examples[start : start + size].tolist())
+            start += size
         return batches
 
     def _pack(self, units: list[list[int]]) -> list[list[int]]:
         """Sort ``units`` by padded length, longest first, and pack them in order within the budget."""
-        cost = {id(unit): max(self.padded[i] for i in unit) for unit in units}
+        cost = {id(unit): int(self.padded[unit].max()) for unit in units}
         units = sorted(units, key=lambda unit: -cost[id(unit)])
         batches: list[list[int]] = []
         current: list[int] = []

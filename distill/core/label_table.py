@@ -52,7 +52,6 @@ class LabelTable:
     """The folders whose rows the table holds (one teacher's, the first the label uses), in the order read:
     ``source`` indexes them."""
 
-
     @property
     def members(self) -> dict[str, np.ndarray]:
         """Each term of a sum of two or more: its name (``gemma.cis``, ``first_stage``) -> its raw scores ``[n]``."""
