@@ -1,0 +1,324 @@
+"""The data layer at MS MARCO scale, on a CPU: synthetic teacher data of N pairs, and what reading it costs.
+
+For each N, :func:`synthetic_teacher_data` writes a teacher dataset of N pairs made of the real DL21 and DL22
+teacher rows (12,900 pairs of 129 queries) repeated, each repetition's queries under new ids, so that the data
+has N/100 distinct queries as a real distillation set would. Each measurement then runs in a fresh process
+(``python -m distill.bench.scale measure ...``), so that its peak resident set is its own:
+
+- ``student_cold``: :class:`students.data.StudentDataModule` ``setup`` with an empty token cache (tokenising);
+- ``student_cached``: the same setup again, reopening the cache;
+- ``loader``: the first batch's latency and the training loader's batches a second at the GPU config's
+  budget (65,536 padded tokens, padded to a multiple of 64), with 0 and 2 workers.
+
+Peak RSS is the process's ``VmHWM`` (reset after the imports and the tokenizer, so "above baseline" is what the
+phase itself adds). Every result records the CPU and its flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from distill.bench.measure import ROOT, _reset_vm_hwm, _vm_hwm_bytes, cpu_name, git_commit
+
+BASE = ("data/teacher/dl21-bm25-smollm2", "data/teacher/dl22-bm25-smollm2")
+"""The real teacher rows every synthetic dataset repeats."""
+COLUMNS = ("qid", "docid", "query", "passage", "first_stage_rank", "first_stage_score", "cis")
+BACKBONE = "all-minilm-l6-v2"
+BUDGET = 65_536
+"""Padded tokens a batch: ``configs/train/bert-large-gpu.yaml``'s ``data.max_batch_tokens``."""
+PAD_MULTIPLE = 64
+WRITE_ROWS = 200_000
+"""Rows written to the synthetic dataset at a time (its writer's memory)."""
+
+
+def synthetic_teacher_data(n: int, folder: Path) -> Path:
+    """Write a teacher dataset of ``n`` pairs at ``folder`` (kept if already there with ``n`` rows): the
+    :data:`BASE` rows repeated, repetition ``k``'s query ids suffixed ``-k``."""
+    import datasets
+    import pyarrow as pa
+
+    from distill.core.teacher_data import TeacherDataset, TeacherMetadata
+
+    if TeacherDataset.is_complete(folder) and TeacherDataset.open(folder).metadata.fingerprint.get("pairs") == n:
+        return folder
+    base = pa.concat_tables([TeacherDataset.open(ROOT / f).table().select(list(COLUMNS)) for f in BASE])
+    base = base.combine_chunks()
+    if folder.exists():
+        shutil.rmtree(folder)
+    # The folder's metadata comes from saving its first rows with `datasets`; the data file is then rewritten as
+    # an Arrow stream of all n rows, a block at a time, in batches of 1,000 rows as `save_to_disk` writes them.
+    datasets.Dataset(_block(base, 0, min(n, 10))).save_to_disk(str(folder))
+    [data_file] = folder.glob("*.arrow")
+    schema = datasets.Dataset(_block(base, 0, 1)).data.table.schema
+    with pa.OSFile(str(data_file), "wb") as sink, pa.ipc.new_stream(sink, schema) as writer:
+        for start in range(0, n, WRITE_ROWS):
+            writer.write_table(_block(base, start, min(start + WRITE_ROWS, n)).cast(schema), max_chunksize=1000)
+    fingerprint = {"teacher": "synthetic", "input": f"{'+'.join(BASE)} x {math.ceil(n / base.num_rows)}", "pairs": n}
+    TeacherMetadata("cis", ["cis"], list(BASE), fingerprint).write(folder)
+    return folder
+
+
+def _block(base: Any, start: int, end: int) -> Any:
+    """Rows ``start:end`` of the repeated :data:`BASE` table."""
+    import pyarrow as pa
+
+    rows = np.arange(start, end)
+    table = base.take(pa.array(rows % base.num_rows))
+    repeat = rows // base.num_rows
+    qids = [f"{q}-{k}" for q, k in zip(table.column("qid").to_pylist(), repeat.tolist(), strict=True)]
+    return table.set_column(0, "qid", pa.array(qids, pa.string()))
+
+
+def _rss_bytes() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def _folder_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+def data_module(folder: Path, cache_dir: Path, workers: int = 0) -> Any:
+    from students.data import StudentDataModule
+
+    return StudentDataModule(
+        [str(folder)],
+        label="cis",
+        backbone=BACKBONE,
+        val_queries=8,
+        max_batch_tokens=BUDGET,
+        pad_to_multiple_of=PAD_MULTIPLE,
+        max_length=512,
+        num_workers=workers,
+        cache_dir=str(cache_dir),
+    )
+
+
+def measure_setup(folder: Path, cache_dir: Path) -> dict[str, Any]:
+    """The data module's ``setup``: seconds, peak RSS above the baseline, and the token cache's size on disk."""
+    from distill.core.models import load_architecture
+
+    dm = data_module(folder, cache_dir)
+    _, dm.tokenizer = load_architecture(BACKBONE)  # the baseline includes the libraries and the tokenizer
+    baseline = _rss_bytes()
+    _reset_vm_hwm()
+    start = time.perf_counter()
+    dm.setup("fit")
+    seconds = time.perf_counter() - start
+    peak = _vm_hwm_bytes() or 0
+    store = dm.train.store
+    return {
+        "seconds": seconds,
+        "baseline_rss_bytes": baseline,
+        "peak_rss_bytes": peak,
+        "peak_above_baseline_bytes": peak - baseline,
+        "cache_bytes": _folder_bytes(store.path),
+        "tokens": store.manifest["tokens"],
+        "train_pairs": len(dm.train),
+    }
+
+
+def measure_loader(folder: Path, cache_dir: Path, workers: int, batches: int, seconds: float) -> dict[str, Any]:
+    """The training loader from the cached data: the first batch's latency, then batches a second (over
+    ``batches`` batches or ``seconds``, whichever ends first), and the padded tokens of those batches."""
+    dm = data_module(folder, cache_dir, workers)
+    dm.setup("fit")
+    loader = dm.train_dataloader()
+    start = time.perf_counter()
+    iterator = iter(loader)
+    first = next(iterator)
+    first_latency = time.perf_counter() - start
+    count, tokens = 0, 0
+    start = time.perf_counter()
+    for batch in iterator:
+        count += 1
+        tokens += batch["input_ids"].numel()
+        if count >= batches or time.perf_counter() - start > seconds:
+            break
+    elapsed = time.perf_counter() - start
+    return {
+        "workers": workers,
+        "first_batch_s": first_latency,
+        "first_batch_shape": list(first["input_ids"].shape),
+        "batches": count,
+        "batches_per_s": count / elapsed,
+        "mean_padded_tokens": tokens / max(count, 1),
+        "epoch_batches": len(loader),
+    }
+
+
+def _measure_in_process(what: str, **options: Any) -> dict[str, Any]:
+    """Run one measurement in a fresh interpreter; its JSON result."""
+    command = [sys.executable, "-m", "distill.bench.scale", "measure", what, json.dumps(options, default=str)]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{what} failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def run(sizes: list[int], work: Path, batches: int, seconds: float, keep: bool) -> dict[str, Any]:
+    """Every measurement for every N in ``sizes``; synthetic data and caches under ``work``."""
+    from distill.serving.hardware import CpuFeatures
+
+    rows = []
+    for n in sizes:
+        folder = synthetic_teacher_data(n, work / f"teacher-{n}")
+        cache = work / f"tokens-{n}"
+        shutil.rmtree(cache, ignore_errors=True)
+        row: dict[str, Any] = {"pairs": n, "teacher_data_bytes": _folder_bytes(folder)}
+        row["student_cold"] = _measure_in_process("setup", folder=folder, cache_dir=cache)
+        row["student_cached"] = _measure_in_process("setup", folder=folder, cache_dir=cache)
+        row["loader"] = [
+            _measure_in_process("loader", folder=folder, cache_dir=cache, workers=w, batches=batches, seconds=seconds)
+            for w in (0, 2)
+        ]
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        if not keep:
+            shutil.rmtree(cache, ignore_errors=True)
+    return {
+        "what": "student data setup, cold and cached, and the training loader, against the number of pairs",
+        "backbone": BACKBONE,
+        "max_length": 512,
+        "budget_tokens": BUDGET,
+        "pad_to_multiple_of": PAD_MULTIPLE,
+        "cpu": cpu_name(),
+        "cpu_features": CpuFeatures.read().describe(),
+        "cores": os.cpu_count(),
+        "git_commit": git_commit(),
+        "rows": rows,
+        "growth": growth(rows),
+    }
+
+
+def growth(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Per-pair costs between the two largest sizes: peak RSS (bytes a pair), cold seconds a pair, disk a pair."""
+    if len(rows) < 2:
+        return {}
+    a, b = sorted(rows, key=lambda r: r["pairs"])[-2:]
+    pairs = b["pairs"] - a["pairs"]
+    cold_a, cold_b = a["student_cold"], b["student_cold"]
+    return {
+        "from_pairs": a["pairs"],
+        "to_pairs": b["pairs"],
+        "peak_rss_bytes_per_pair": (cold_b["peak_above_baseline_bytes"] - cold_a["peak_above_baseline_bytes"]) / pairs,
+        "cold_seconds_per_pair": (cold_b["seconds"] - cold_a["seconds"]) / pairs,
+        "cache_bytes_per_pair": (cold_b["cache_bytes"] - cold_a["cache_bytes"]) / pairs,
+        "teacher_data_bytes_per_pair": (b["teacher_data_bytes"] - a["teacher_data_bytes"]) / pairs,
+    }
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    """Log-log plot of setup time and peak memory against N."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = result["rows"]
+    n = [r["pairs"] for r in rows]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    left.loglog(n, [r["student_cold"]["seconds"] for r in rows], "o-", label="setup, cold (tokenising)")
+    left.loglog(n, [r["student_cached"]["seconds"] for r in rows], "s-", label="setup, cached")
+    left.set(xlabel="pairs", ylabel="seconds", title="student data setup")
+    right.loglog(n, [r["student_cold"]["peak_above_baseline_bytes"] / 2**20 for r in rows], "o-", label="cold")
+    right.loglog(n, [r["student_cached"]["peak_above_baseline_bytes"] / 2**20 for r in rows], "s-", label="cached")
+    right.loglog(n, [r["student_cold"]["cache_bytes"] / 2**20 for r in rows], "^--", label="token cache on disk")
+    right.set(xlabel="pairs", ylabel="MiB", title="peak RSS above baseline; disk")
+    for axis in (left, right):
+        axis.grid(True, which="both", alpha=0.3)
+        axis.legend()
+    fig.suptitle(f"{result['cpu']} ({result['cores']} cores): {result['backbone']}, max_length {result['max_length']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def table(result: dict[str, Any]) -> str:
+    """The results as a Markdown table."""
+    lines = [
+        "| pairs | setup cold | setup cached | peak RSS above baseline (cold / cached) | token cache | first batch "
+        "| batches/s, 0 / 2 workers |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in result["rows"]:
+        cold, cached, loaders = r["student_cold"], r["student_cached"], r["loader"]
+        peaks = " / ".join(f"{x['peak_above_baseline_bytes'] / 2**20:.0f}" for x in (cold, cached))
+        rates = " / ".join(f"{x['batches_per_s']:.1f}" for x in loaders)
+        lines.append(
+            f"| {r['pairs']:,} | {cold['seconds']:.1f} s | {cached['seconds']:.2f} s | {peaks} MiB "
+            f"| {cold['cache_bytes'] / 2**20:.0f} MiB | {loaders[0]['first_batch_s'] * 1000:.0f} ms | {rates} |"
+        )
+    return "\n".join(lines)
+
+
+def write_readme(result: dict[str, Any], out: Path) -> None:
+    """Put the table, its CPU and the growth figures between the README's ``scale`` markers."""
+    readme = ROOT / "README.md"
+    text = readme.read_text()
+    begin, end = "<!-- scale:begin -->", "<!-- scale:end -->"
+    if begin not in text or end not in text:
+        return
+    g = result["growth"]
+    lines = [
+        begin,
+        table(result),
+        "",
+        f"CPU: {result['cpu']}, {result['cores']} cores, {result['cpu_features']}; commit {result['git_commit']}. "
+        f"From {g['from_pairs']:,} to {g['to_pairs']:,} pairs, a pair costs {g['peak_rss_bytes_per_pair']:.0f} bytes "
+        f"of peak RSS, {g['cold_seconds_per_pair'] * 1e6:.0f} µs of cold setup, {g['cache_bytes_per_pair']:.0f} bytes "
+        f"of token cache and {g['teacher_data_bytes_per_pair']:.0f} bytes of teacher data on disk. "
+        f"Files: `{out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}/`.",
+        end,
+    ]
+    head, rest = text.split(begin, 1)
+    readme.write_text(head + "\n".join(lines) + rest.split(end, 1)[1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m distill.bench.scale", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    bench = sub.add_parser("run", help="measure every size; write JSON, Markdown and a plot")
+    bench.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
+    bench.add_argument("--work", type=Path, default=Path("/tmp/cis-distill-scale"), help="synthetic data, caches")
+    bench.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/scale-cpu")
+    bench.add_argument("--batches", type=int, default=200, help="loader batches timed (at most)")
+    bench.add_argument("--seconds", type=float, default=20.0, help="loader seconds timed (at most)")
+    bench.add_argument("--keep-caches", action="store_true")
+    measure = sub.add_parser("measure", help="one measurement, in this process (the runner's child)")
+    measure.add_argument("what", choices=["setup", "loader"])
+    measure.add_argument("options", help="JSON keyword arguments")
+    args = parser.parse_args(argv)
+    if args.command == "measure":
+        options = json.loads(args.options)
+        folder, cache = Path(options.pop("folder")), Path(options.pop("cache_dir"))
+        result = measure_setup(folder, cache) if args.what == "setup" else measure_loader(folder, cache, **options)
+        print(json.dumps(result))
+        return 0
+    args.out.mkdir(parents=True, exist_ok=True)
+    result = run(args.sizes, args.work, args.batches, args.seconds, args.keep_caches)
+    given = argv if argv is not None else sys.argv[1:]
+    result["command"] = "python benchmarks/scale.py " + shlex.join(given[1:])
+    (args.out / "scale.json").write_text(json.dumps(result, indent=2) + "\n")
+    (args.out / "scale.md").write_text(table(result) + "\n")
+    write_readme(result, args.out)
+    plot(result, args.out / "scale.png")
+    print(table(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
