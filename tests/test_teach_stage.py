@@ -238,7 +238,7 @@ def test_an_output_that_cannot_be_written_is_one_line_before_the_teacher_loads(
             regular / "x" / "out",
             f"teach: output: {regular / 'x' / 'out'}: {regular} is a file, not a folder",
         ),
-        ("--output", regular, f"teach: output: {regular}: {regular} is a file, not a folder"),
+        ("--output", regular, f"teach: output: {regular}: is a file, not a folder"),
         (
             "--output",
             tmp_path / "dangling" / "out",

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from distill.core.files import read_json_object
 from distill.core.runs import run_from_columns, write_trec_run
 from distill.core.schema import InputError, MissingFileError
 
@@ -144,7 +145,7 @@ def _legacy(folder: Path) -> dict[str, Any] | None:
     info = folder / DATASET_INFO
     if not info.is_file():
         return None
-    description = json.loads(info.read_text()).get("description") or ""
+    description = read_json_object(info).get("description") or ""
     try:
         values = json.loads(description)
     except json.JSONDecodeError:

@@ -19,7 +19,6 @@ import json
 import logging
 import os
 import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,7 +29,9 @@ import pyarrow.parquet as pq
 from tqdm.auto import tqdm
 
 from distill.core.loaders import OnBadInput, load_candidates
+from distill.core.loaders.irds import is_irds
 from distill.core.models import cache_home
+from distill.core.paths import input_path, output_folder
 from distill.core.schema import ExistingOutputError, InputError, RerankingData
 from distill.core.teacher_data import TeacherDataset, TeacherMetadata
 from teachers.causal_lm import ScorerOptions
@@ -215,8 +216,14 @@ def teach(cfg: TeachConfig) -> TeachReport:
     options = cfg.scorer_options(state.device)
     output = Path(cfg.output)
     cache_root = Path(cfg.cache_dir) if cfg.cache_dir else cache_home() / "pk"
-    _check_writable(output, "output")  # before anything is loaded or scored: a bad path loses nothing
-    _check_writable(cache_root, "cache_dir")
+    # Before anything is loaded or scored, a bad path loses nothing.
+    for path in cfg.input:
+        if not is_irds(path):
+            input_path(path, "teach", "input")
+    inputs = [("queries", cfg.queries), ("corpus", cfg.corpus), ("run", cfg.run)]
+    inputs += [("input", path) for path in cfg.input if not is_irds(path)]
+    output_folder(output, "teach", "output", inputs, replaced=True)
+    output_folder(cache_root, "teach", "cache_dir", inputs)
     data = RerankingData.union(
         [
             load_candidates(
@@ -280,26 +287,6 @@ def teach(cfg: TeachConfig) -> TeachReport:
         _merge(work, output, pairs, cfg, fingerprint)
     state.wait_for_everyone()
     return dataclasses.replace(report, up_to_date=False)
-
-
-def _check_writable(path: Path, key: str) -> None:
-    """Check, creating nothing, that the folder ``path`` can be made (or is there) and written in: where it
-    exists it is a folder, and its nearest existing folder (itself or a parent) takes a new file.
-
-    Raises:
-        InputError: ``teach: <key>: <path>: ...`` naming the path that is no folder, or the folder that cannot be
-            written in.
-    """
-    existing = next((p for p in (path, *path.parents) if p.exists() or p.is_symlink()), Path("."))
-    if not existing.is_dir():
-        what = "a broken link" if existing.is_symlink() and not existing.exists() else "a file"
-        raise InputError(f"teach: {key}: {path}: {existing} is {what}, not a folder")
-    try:
-        fd, probe = tempfile.mkstemp(dir=existing, prefix=".distill-teach-probe-")
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as e:
-        raise InputError(f"teach: {key}: {path}: cannot write in {existing}: {e.strerror}") from None
 
 
 def _is_complete(output: Path, fingerprint: dict[str, Any], overwrite: bool) -> bool:
