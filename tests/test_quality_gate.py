@@ -8,6 +8,7 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from distill.backend import quality_gate
@@ -16,8 +17,15 @@ from distill.backend.quality_gate import (
     GATE_BACKENDS,
     NO_BF16,
     NO_OPENVINO,
+    PASSING,
+    RULE,
+    VERDICTS,
     BackendQuality,
+    GateRule,
+    QualityGate,
+    delta_interval,
     gate_candidates,
+    judge,
     measure_quality_gate,
     validation_set,
 )
@@ -94,7 +102,8 @@ def test_the_gate_is_recorded_in_card_json_as_the_serving_side_reads_it(exported
     """Every backend the export can run here: the int8 graph for its own runtime (static int8: onnxruntime), the
     fp32 ones (within the bound, as the parity check holds them to 1e-4), bf16 where the CPU has it."""
     gate = json.loads((exported / "card.json").read_text())["quality_gate"]
-    assert set(gate) == {"pairs", "bound", "reference", "backends"} and gate["bound"] == NDCG_BOUND
+    assert set(gate) == {"pairs", "reference", "backends", *RULE.to_dict()} and gate["bound"] == NDCG_BOUND
+    assert {key: gate[key] for key in RULE.to_dict()} == RULE.to_dict()
     queries = {p.qid for p in parity.ranking}
     assert gate["pairs"].startswith(f"{len(queries)} judged queries of ")
     assert gate["reference"]["backend"] == "torch-fp32"
@@ -104,8 +113,11 @@ def test_the_gate_is_recorded_in_card_json_as_the_serving_side_reads_it(exported
     assert set(gate["backends"]) == names and names <= set(GATE_BACKENDS)
     for name in ("onnx-fp32", "torchscript", "onnx-int8"):
         record = gate["backends"][name]
-        assert set(record) == {"ndcg10", "delta", "spearman", "passed"} and record["passed"] is True
+        assert set(record) == {"ndcg10", "delta", "interval", "spearman", "verdict", "passed"}
+        assert record["passed"] is True and record["verdict"] in PASSING
         assert record["ndcg10"] == pytest.approx(gate["reference"]["ndcg10"] + record["delta"], abs=1e-3)
+        low, high = record["interval"]
+        assert low <= record["delta"] <= high
     assert gate["backends"]["onnx-fp32"]["spearman"] > 0.999 and abs(gate["backends"]["onnx-fp32"]["delta"]) < 1e-6
     assert gate["backends"]["onnx-int8"]["spearman"] > 0.9
 
@@ -140,10 +152,124 @@ def test_a_backend_outside_the_bound_is_recorded_as_failed(exported: Path, parit
     gate = measure_quality_gate(folder, parity)
     failed = gate.backends["onnx-fp32"]
     assert not failed.passed and failed.delta < -NDCG_BOUND and failed.spearman < 0
+    assert failed.verdict == "beyond" and failed.interval[1] < -NDCG_BOUND  # both queries' nDCG@10 fell
     assert failed.to_dict() == {
         "ndcg10": round(failed.ndcg10, 4),
         "delta": round(failed.delta, 4),
+        "interval": [round(failed.interval[0], 4), round(failed.interval[1], 4)],
         "spearman": round(failed.spearman, 5),
+        "verdict": "beyond",
         "passed": False,
     }
+    assert "onnx-fp32" in gate.format() and "no (beyond)" in gate.format()
     assert measure_quality_gate(folder, ParitySet([Pair("1", "d", "q", "p")])) is None  # nothing judged to rank
+
+
+# The verdict itself, on constructed runs: 8 queries (as the demo student's validation set) of 100 candidates,
+# the reference's scores 100, 99, ..., 1 (d00 first), judged so that the reference ranks well.
+QUERIES, CANDIDATES = 8, 100
+GRADES = {"d00": 2, "d01": 1, "d02": 2, "d05": 1, "d12": 2}
+"""Each query's judged candidates (every other candidate judged 0)."""
+
+
+def reference_run(queries: int = QUERIES) -> dict[str, dict[str, float]]:
+    return {f"q{q}": {f"d{i:02d}": float(CANDIDATES - i) for i in range(CANDIDATES)} for q in range(queries)}
+
+
+def judged(queries: int = QUERIES, grades: dict[str, int] = GRADES) -> dict[str, dict[str, int]]:
+    return {f"q{q}": {f"d{i:02d}": grades.get(f"d{i:02d}", 0) for i in range(CANDIDATES)} for q in range(queries)}
+
+
+def perturbed(run: dict[str, dict[str, float]], scale: float, seed: int = 0) -> dict[str, dict[str, float]]:
+    """``run`` with Gaussian noise of standard deviation ``scale`` on every score."""
+    rng = np.random.default_rng(seed)
+    return {qid: {d: s + float(rng.normal(scale=scale)) for d, s in docs.items()} for qid, docs in run.items()}
+
+
+def top10_reversed(run: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
+    """``run`` with each query's top 10 in reverse order (ranks 1-10 swapped end for end)."""
+    out = {}
+    for qid, docs in run.items():
+        top = sorted(docs, key=lambda d: -docs[d])[:10]
+        out[qid] = {**docs, **{d: docs[e] for d, e in zip(top, reversed(top), strict=True)}}
+    return out
+
+
+def test_one_near_tie_swapped_at_the_top_of_one_query_passes() -> None:
+    """OpenVINO bf16 on the demo student: -1.08 nDCG@10 on 8 queries at a Spearman of 0.99977, one near-tie
+    swapped. Here the reference's first two candidates of one query are 1e-4 apart and the backend swaps them
+    (and rounds every score a little): the mean nDCG@10 moves by about -1 point, beyond the bound, but the interval
+    says 8 queries cannot tell that from nothing, and the backend orders the candidates as the reference does."""
+    reference = reference_run()
+    reference["q0"]["d01"] = reference["q0"]["d00"] - 1e-4
+    backend = perturbed(reference, 1e-5)
+    backend["q0"]["d00"], backend["q0"]["d01"] = reference["q0"]["d01"], reference["q0"]["d00"]
+    quality = judge(reference, backend, judged())
+    assert -1.2 < quality.delta < -0.8 and abs(quality.delta) > NDCG_BOUND  # the old gate (|Δ| <= 0.5) rejected it
+    low, high = quality.interval
+    assert low < -NDCG_BOUND and high == pytest.approx(0.0, abs=1e-9)  # 7 of the 8 queries did not move
+    assert quality.spearman > 0.99999 and quality.verdict == "same_order" and quality.passed
+    assert quality.to_dict()["passed"] is True and quality.to_dict()["verdict"] == "same_order"
+
+
+def test_a_backend_that_reorders_candidates_is_rejected() -> None:
+    """Noise that drops each query's Spearman to about 0.8 moves nDCG@10 beyond the bound on every query."""
+    reference = reference_run()
+    backend = perturbed(reference, 22.0)
+    quality = judge(reference, backend, judged())
+    assert 0.7 < quality.spearman < 0.85
+    assert quality.interval[1] < -NDCG_BOUND and quality.verdict == "beyond" and not quality.passed
+
+
+def test_reversing_every_querys_top_10_is_rejected_even_where_the_qrels_barely_see_it() -> None:
+    """Ranks 1-10 swapped end for end on every query: beyond the bound where the qrels judge every query's top; and
+    where only one query has a relevant candidate (the interval straddles the bound), by its rank agreement:
+    reversing a top 10 of 100 leaves a Spearman of 0.998, below the floor."""
+    reference = reference_run()
+    backend = top10_reversed(reference)
+    everywhere = judge(reference, backend, judged())
+    assert everywhere.verdict == "beyond" and not everywhere.passed
+    sparse = {**judged(), **{qid: dict.fromkeys(grades, 0) for qid, grades in judged().items() if qid != "q0"}}
+    barely = judge(reference, backend, sparse)
+    assert barely.interval[0] < -NDCG_BOUND <= barely.interval[1] and barely.delta < -NDCG_BOUND
+    assert barely.spearman == pytest.approx(1 - 6 * 330 / (CANDIDATES * (CANDIDATES**2 - 1)))  # Σd² = 330
+    assert barely.spearman < RULE.spearman_floor and barely.verdict == "reordered" and not barely.passed
+
+
+def test_an_interval_within_the_bound_passes_and_identical_scores_are_within() -> None:
+    """Enough queries make the interval tight: near-ties swapped at the top of 2 of 200 queries leave it within
+    the bound, whatever the floor; identical scores give the interval [0, 0]."""
+    reference = reference_run(200)
+    qrels = judged(200)
+    same = judge(reference, reference, qrels)
+    assert same.interval == (0.0, 0.0) and same.delta == 0.0 and same.verdict == "within" and same.passed
+    backend = {qid: dict(docs) for qid, docs in reference.items()}
+    for qid in ("q0", "q1"):
+        backend[qid]["d00"], backend[qid]["d01"] = reference[qid]["d01"], reference[qid]["d00"]
+    strict = GateRule(spearman_floor=1.0)  # no Spearman below 1 would pass the straddling case
+    quality = judge(reference, backend, qrels, strict)
+    assert -NDCG_BOUND <= quality.interval[0] < quality.delta < 0 and quality.verdict == "within" and quality.passed
+
+
+def test_the_interval_is_a_seeded_paired_bootstrap() -> None:
+    """One query of 8 moved by -8 points: the mean's resamples are -k points for k ~ Binomial(8, 1/8) draws of it,
+    so the 95% interval is [-3, 0] (P(k >= 3) = 6.7%, P(k >= 4) = 1.1%); the same seed gives the same interval."""
+    deltas = np.array([-8.0] + [0.0] * 7)
+    assert delta_interval(deltas) == (-3.0, 0.0) == delta_interval(deltas)
+    assert delta_interval(np.array([-1.0] * 8)) == (-1.0, -1.0)
+    low, high = delta_interval(np.random.default_rng(1).normal(size=10_000), GateRule(resamples=2_000))
+    assert low < 0 < high and high - low == pytest.approx(2 * 1.96 / 100, rel=0.1)  # the mean's 95% interval
+
+
+def test_the_gates_table_says_what_decided() -> None:
+    reference = reference_run()
+    gate = QualityGate("8 constructed queries", QUERIES, 50.0)
+    gate.backends["openvino-bf16"] = judge(reference, reference, judged())
+    gate.backends["openvino-int8"] = judge(reference, top10_reversed(reference), judged())
+    gate.backends["onnx-int8"] = BackendQuality(not_checked="no int8 graph")
+    table = gate.format()
+    assert "fails when the 95% interval of its ΔnDCG@10 (paired bootstrap over the queries) lies beyond ±0.5" in table
+    assert "or straddles it at a Spearman below 0.999" in table
+    assert "[+0.00, +0.00]" in table and "yes (within)" in table and "no (beyond)" in table
+    assert "no (not checked: no int8 graph)" in table
+    assert set(VERDICTS) == {"within", "beyond", "same_order", "reordered"} and {"within", "same_order"} == PASSING
