@@ -10,13 +10,19 @@ block) and writes two files:
 Categories are read from kernel (on CUDA) or operator (on a CPU) names: ``gemm`` (matmuls), ``attention``,
 ``memory`` (copies, gathers, scatters, casts' copies) and ``other`` (elementwise, norms, reductions). The profiler
 slows what it records: figures from a profiled run are no timings, and the benchmarks record them apart.
+
+On CUDA the figures come from the device's timeline (:func:`device_kernels`): its kernels, copies and sets, without
+the ranges annotated over them (``record_function`` and the optimizer's step, which the profiler also puts on the
+device's timeline, spanning the kernels they launched). The busy share is the union of those intervals over the
+span (:func:`busy_seconds`), so kernels that overlap (on several streams) count once; the categories sum each
+kernel's own time.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -90,34 +96,83 @@ def profiled(path: Path | None, device: torch.device) -> Iterator[StageProfile |
         recording.stop()
 
 
+Kernel = tuple[float, float, str]
+"""A device activity: start and end (µs, on the profiler's clock) and name."""
+
+
 def summarise(profiler: Any, span_s: float, cuda: bool) -> dict[str, Any]:
-    """The span's seconds by category: the kernels' self device time on CUDA (and the device's busy share of the
-    span), the operators' self CPU time elsewhere."""
+    """The span's seconds by category: the device's kernels on CUDA (and the device's busy share of the span), the
+    operators' self CPU time elsewhere."""
+    if cuda:
+        return kernel_summary(device_kernels(profiler.events()), span_s)
     by_category: dict[str, float] = {}
     for event in profiler.key_averages():
-        if cuda:
-            seconds = event.self_device_time_total / 1e6 if _is_kernel(event) else 0.0
-        else:
-            seconds = event.self_cpu_time_total / 1e6
+        seconds = event.self_cpu_time_total / 1e6
         if seconds > 0:
             label = category(event.key)
             by_category[label] = by_category.get(label, 0.0) + seconds
+    return _summary(span_s, "operators' self CPU time", by_category)
+
+
+NOT_WORK = frozenset({"gpu_user_annotation", "cuda_sync", "cuda_profiler_range"})
+"""Activity types (``FunctionEvent.activity_type``, as kineto names them) that the profiler puts on the device's
+timeline without being work there: annotated ranges (around the kernels they launched), synchronisations (the
+device waiting on the host) and profiler ranges."""
+
+
+def device_kernels(events: Iterable[Any]) -> list[Kernel]:
+    """The device activities of a profile's events (``profiler.events()``): kernels, copies and sets, without the
+    ranges of :data:`NOT_WORK` (``is_user_annotation``: ``record_function`` ranges and ``Optimizer.step#...``,
+    which span the kernels they launched, gaps included: counted with them, a compiled training step read 197%
+    busy)."""
+    return [
+        (event.time_range.start, event.time_range.end, event.name)
+        for event in events
+        if getattr(event, "device_type", None) == torch.autograd.DeviceType.CUDA
+        and not getattr(event, "is_user_annotation", False)
+        and getattr(event, "activity_type", None) not in NOT_WORK
+    ]
+
+
+def kernel_summary(kernels: Sequence[Kernel], span_s: float) -> dict[str, Any]:
+    """The summary of the device activities ``kernels`` over a span of ``span_s`` seconds: each category's kernel
+    time (every kernel's own duration), and the busy share: the union of the intervals (:func:`busy_seconds`)
+    over the span."""
+    by_category: dict[str, float] = {}
+    for start, end, name in kernels:
+        seconds = (end - start) / 1e6
+        if seconds > 0:
+            label = category(name)
+            by_category[label] = by_category.get(label, 0.0) + seconds
+    busy = busy_seconds((start, end) for start, end, _ in kernels)
+    summary = _summary(span_s, "kernels' device time", by_category)
+    return {**summary, "busy_s": busy, "busy_fraction": busy / span_s if span_s > 0 else None}
+
+
+def busy_seconds(intervals: Iterable[tuple[float, float]]) -> float:
+    """Seconds covered by at least one of the ``intervals`` (start, end in µs): their union, so that overlapping
+    or nested intervals count once."""
+    busy, reach = 0.0, float("-inf")
+    for start, end in sorted(intervals):
+        if end <= reach:
+            continue
+        busy += end - max(start, reach)
+        reach = end
+    return busy / 1e6
+
+
+def _summary(span_s: float, measured: str, by_category: dict[str, float]) -> dict[str, Any]:
     total = sum(by_category.values())
+    ranked = dict(sorted(by_category.items(), key=lambda kv: -kv[1]))
     return {
         "span_s": span_s,
-        "measured": "kernels' self device time" if cuda else "operators' self CPU time",
+        "measured": measured,
         "total_s": total,
-        "busy_fraction": total / span_s if cuda and span_s > 0 else None,
-        "by_category_s": dict(sorted(by_category.items(), key=lambda kv: -kv[1])),
-        "by_category_share": {k: v / total for k, v in sorted(by_category.items(), key=lambda kv: -kv[1])}
-        if total
-        else {},
+        "busy_s": None,
+        "busy_fraction": None,
+        "by_category_s": ranked,
+        "by_category_share": {k: v / total for k, v in ranked.items()} if total else {},
     }
-
-
-def _is_kernel(event: Any) -> bool:
-    """Whether a key-averages row is a device kernel (or copy), not a CPU operator."""
-    return getattr(event, "device_type", None) == torch.autograd.DeviceType.CUDA
 
 
 def format_summary(summary: dict[str, Any]) -> str:
@@ -125,7 +180,7 @@ def format_summary(summary: dict[str, Any]) -> str:
     busy = summary["busy_fraction"]
     lines = [f"span {summary['span_s']:.3f} s; {summary['measured']} {summary['total_s']:.3f} s"]
     if busy is not None:
-        lines[0] += f" (device busy {busy:.1%} of the span)"
+        lines[0] += f"; device busy {summary['busy_s']:.3f} s, {busy:.1%} of the span"
     for label, seconds in summary["by_category_s"].items():
         lines.append(f"  {label:<10} {seconds:9.4f} s  {summary['by_category_share'][label]:6.1%}")
     return "\n".join(lines)
