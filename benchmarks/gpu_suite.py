@@ -15,9 +15,6 @@ It runs, in one process and in this order:
    on a GPU torch fp32 without and with TF32 (``+tf32``), against
    sentence-transformers' ``CrossEncoder.predict`` (no teacher; ``--rerank-backends`` replaces the list, e.g. to add
    ``torch-fp16+compile``), its own ``bench.json``, ``bench.csv`` and ``bench.png``;
-4. the teacher in fp8: ``benchmarks/teacher.py --fp8`` on the first 10 queries (tiny: 1, in bf16), against the fp8
-   matmul ceiling, its CIS ranked against the plain loop's bf16 within each query, its own ``teacher-fp8.json``
-   (that ranking means little on random weights, so the suite reports it without a verdict);
 
 then writes ``summary.json``: every figure with its target and whether it is met (targets are for the full shapes
 on an H100: a tiny run leaves ``met`` null). With ``--profile``, each stage then runs again, short, under
@@ -99,19 +96,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 # ----------------------------------------------------------------------------- the stages
 
 
-def teacher_argv(args: argparse.Namespace, out: Path, result: str = "teacher.json") -> list[str]:
+def teacher_argv(args: argparse.Namespace, out: Path) -> list[str]:
     shapes = ["--random-config", "tiny", "--max-queries", "1", "--naive-pairs", "2"] if args.tiny else []
     shapes += ["--plain-pairs", "8", "--plain-batch-size", "4"] if args.tiny else []
     shapes = shapes or ["--random-config", "llama3-8b"]
     small = ["--matmul-size", "128", "--matmul-reps", "2"] if args.tiny else []
-    return [*shapes, *small, "--device", args.device, "--no-progress", "--out", str(out / result)]
-
-
-def teacher_fp8_argv(args: argparse.Namespace, out: Path) -> list[str]:
-    """The teacher's arguments with ``--fp8``, on the first 10 queries (tiny: its 1 query, in bf16)."""
-    argv = teacher_argv(args, out, "teacher-fp8.json")
-    extra = ["--dtype", "bfloat16"] if args.tiny else ["--max-queries", "10"]
-    return [*argv, *extra, "--fp8"]
+    return [*shapes, *small, "--device", args.device, "--no-progress", "--out", str(out / "teacher.json")]
 
 
 def train_argv(args: argparse.Namespace, out: Path) -> list[str]:
@@ -164,11 +154,6 @@ def run_teacher(args: argparse.Namespace, out: Path, extra: Sequence[str] = ()) 
     return ["python", "benchmarks/teacher.py", *argv], teacher_bench.main(argv)
 
 
-def run_teacher_fp8(args: argparse.Namespace, out: Path, extra: Sequence[str] = ()) -> tuple[list[str], int]:
-    argv = [*teacher_fp8_argv(args, out), *extra]
-    return ["python", "benchmarks/teacher.py", *argv], teacher_bench.main(argv)
-
-
 def run_train(args: argparse.Namespace, out: Path, extra: Sequence[str] = ()) -> tuple[list[str], int]:
     argv = [*train_argv(args, out), *extra]
     return ["python", "benchmarks/student_train.py", *argv], student_train.main(argv)
@@ -185,7 +170,6 @@ STAGES: dict[str, Callable[[argparse.Namespace, Path, Sequence[str]], tuple[list
     "teacher": run_teacher,
     "train": run_train,
     "rerank": run_rerank,
-    "teacher-fp8": run_teacher_fp8,
 }
 
 
@@ -195,7 +179,6 @@ PROFILE_ARGV: dict[str, list[str]] = {
     "teacher": ["--max-queries", "1", "--naive-pairs", "1", "--plain-pairs", "0", "--matmul-reps", "1"],
     "train": ["--warmup-steps", "3", "--steps", "5", "--matmul-reps", "1"],
     "rerank": ["--token_counts", "[]", "--rerank_queries", "1", "--warmup", "1", "--repeats", "3"],
-    "teacher-fp8": ["--max-queries", "1", "--naive-pairs", "1", "--plain-pairs", "4", "--matmul-reps", "1"],
 }
 """Each stage's arguments for its profile run, after its own (the later flag wins): a few batches or steps of the
 same shapes and levers, the baselines cut to the least each benchmark takes."""
@@ -295,40 +278,6 @@ def teacher_figures(result: dict[str, Any], tiny: bool) -> list[dict[str, Any]]:
     ]
 
 
-def teacher_fp8_figures(result: dict[str, Any], tiny: bool) -> list[dict[str, Any]]:
-    ranking = result["fp8_ranking"]
-    return [
-        figure(
-            "teacher-fp8",
-            "fp8_ceiling_fraction",
-            result["teacher"]["flop_ceiling_fraction"],
-            None,
-            "min",
-            True,
-            "of the fp8 matmul ceiling (torch._scaled_mm, e4m3) measured in the same run",
-        ),
-        figure("teacher-fp8", "pairs_per_s", result["teacher"]["pairs_per_s"], None, "min", True),
-        figure(
-            "teacher-fp8",
-            "speedup_over_plain_batched_loop",
-            result["speedup_over_plain_pairs_per_s"],
-            None,
-            "min",
-            True,
-            "pairs/s; the plain loop in bf16",
-        ),
-        figure(
-            "teacher-fp8",
-            "mean_per_query_spearman_vs_bf16",
-            ranking["mean_spearman"],
-            ranking["target"],
-            "min",
-            result["model"]["weights"] == "random init" or tiny,
-            "CIS against the plain loop's bf16 CIS; no verdict on random weights, where CIS barely varies",
-        ),
-    ]
-
-
 def train_figures(result: dict[str, Any], tiny: bool) -> list[dict[str, Any]]:
     stage = result["stage"]
     return [
@@ -401,8 +350,6 @@ def figures_of(stage: str, out: Path, args: argparse.Namespace) -> list[dict[str
     """The figures of a stage that ran, from the JSON it wrote."""
     if stage == "teacher":
         return teacher_figures(json.loads((out / "teacher.json").read_text()), args.tiny)
-    if stage == "teacher-fp8":
-        return teacher_fp8_figures(json.loads((out / "teacher-fp8.json").read_text()), args.tiny)
     if stage == "train":
         return train_figures(json.loads((out / "student-train.json").read_text()), args.tiny)
     return rerank_figures(json.loads((out / "bench" / "bench.json").read_text()), rerank_backend(args), args.tiny)

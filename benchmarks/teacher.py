@@ -15,9 +15,9 @@ Three scorers run on it, in the same process, on the same model:
 (b) teacher: ``CausalLMTeacher.passage_logprobs`` on the distinct passages and
     ``CausalLMTeacher.pair_terms(..., ["logp_cond"])`` on all pairs (token-budget batches, LM head
     at target positions only, chunked logsumexp), with the scorer's levers as given: ``--bucket``,
-    ``--packing``, ``--compile``, ``--cudnn-attention`` and ``--fp8`` (see ``teachers.causal_lm.ScorerOptions``).
-    ``--compile`` and ``--fp8`` change the model in place, so they are applied after (a) and (c) have run: those
-    stay the uncompiled model in the run dtype.
+    ``--packing``, ``--compile`` and ``--cudnn-attention`` (see ``teachers.causal_lm.ScorerOptions``).
+    ``--compile`` changes the model in place, so it is applied after (a) and (c) have run: those stay the
+    uncompiled model.
 (c) plain: the plain batched PyTorch loop, the issue's reference: ``--plain-batch-size`` sequences a batch,
     right-padded, ``model(input_ids, attention_mask).logits`` at every position, a log-softmax over the full
     vocabulary in fp32, gather the target tokens, sum, ``.cpu()``. Its sequences are sorted by length, longest
@@ -34,11 +34,6 @@ log-probabilities are checked against each other on the pairs both scored: (a) i
 with ``--packing`` this is the check of packed against unpadded scores, within the same tolerance; (c) is checked
 against (b) the same way. The issue's targets: (b) at >= 75% of the ceiling and >= 1.2x (c)'s pairs/s
 (``speedup_over_plain_pairs_per_s``), on the Llama-3-8B shapes on an H100.
-
-With ``--fp8`` (a bf16 model), (b)'s ceiling is the fp8 matmul's (``torch._scaled_mm``, e4m3, measured in the same
-run), and its scores are checked by their ranking rather than their values: the mean per-query Spearman of (b)'s
-CIS against (c)'s bf16 CIS over the pairs (c) scored, which must reach 0.999 (``fp8_ranking``). On random weights
-CIS barely varies within a query, so that check is only meaningful on a real model (``--teacher NAME``).
 
 Run ``python benchmarks/teacher.py --help``; results go to ``benchmarks/results/`` as JSON.
 """
@@ -71,7 +66,6 @@ from distill.bench.measure import (
     MemoryProbe,
     dtype_name,
     environment,
-    fp8_matmul_flops_per_s,
     matmul_flops_per_s,
     synchronize,
 )
@@ -94,8 +88,6 @@ TARGET_FLOP_FRACTION = 0.75
 TARGET_SPEEDUP = 6.0
 TARGET_OVER_PLAIN = 1.2
 """(b)'s pairs/s over (c)'s."""
-TARGET_FP8_SPEARMAN = 0.999
-"""With ``--fp8``: the mean per-query Spearman of (b)'s CIS against (c)'s bf16 CIS."""
 
 
 @dataclass
@@ -208,7 +200,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         ("packing", None, "pack sequences in rows behind a block-diagonal causal mask (default: on cuda)"),
         ("compile", None, "torch.compile each decoder layer, compiled during the warm-up (default: on cuda)"),
         ("cudnn-attention", ScorerOptions.cudnn_attention, "on cuda, let attention use cuDNN's SDPA kernels"),
-        ("fp8", ScorerOptions.fp8, "the decoder layers' matmuls in fp8 (a bf16 model), ranked against (c)'s bf16"),
     ):
         levers.add_argument(f"--{name}", type=flag, nargs="?", const=True, default=default, help=text)
     p.add_argument(
@@ -227,8 +218,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
     if args.plain_batch_size < 1 or (args.plain_pairs is not None and args.plain_pairs < 0):
         p.error("--plain-batch-size must be at least 1 and --plain-pairs at least 0")
-    if args.fp8 and args.plain_pairs == 0:
-        p.error("--fp8 is checked against the plain loop's bf16 scores: --plain-pairs must not be 0")
     return args
 
 
@@ -242,7 +231,7 @@ def build_teacher(args: argparse.Namespace, device: torch.device, dtype: torch.d
         "max_batch_tokens": args.max_batch_tokens,
         "logit_chunk_rows": args.logit_chunk_rows,
         "max_passage_tokens": args.max_passage_tokens,
-        "options": dataclasses.replace(scorer_options(args, device), compile=False, fp8=False),
+        "options": dataclasses.replace(scorer_options(args, device), compile=False),
     }
     if args.random_config is None:
         teacher = CausalLMTeacher.load(args.teacher, device=device, dtype=dtype_name(dtype), **options)
@@ -254,12 +243,12 @@ def build_teacher(args: argparse.Namespace, device: torch.device, dtype: torch.d
 
 def scorer_options(args: argparse.Namespace, device: torch.device) -> ScorerOptions:
     """The levers given, else the device's defaults (as ``distill teach`` takes them)."""
-    levers = ("bucket", "packing", "compile", "cudnn_attention", "fp8")
+    levers = ("bucket", "packing", "compile", "cudnn_attention")
     return ScorerOptions.for_device(device, **{name: getattr(args, name) for name in levers})
 
 
 def with_model_levers(teacher: CausalLMTeacher, options: ScorerOptions) -> None:
-    """Give ``teacher`` every lever of ``options``, those that change its model in place (``compile``, ``fp8``)
+    """Give ``teacher`` every lever of ``options``, the one that changes its model in place (``compile``)
     included: after (a) and (c), which run the model as loaded."""
     if options == teacher.scorer.options:
         return
@@ -470,38 +459,6 @@ def run_teacher(
     return phase, cond, uncond
 
 
-def fp8_ranking(
-    cond: np.ndarray,
-    uncond: np.ndarray,
-    plain_cond: np.ndarray,
-    plain_uncond: np.ndarray,
-    work: Workload,
-    verdict: bool,
-) -> dict[str, Any]:
-    """(b)'s CIS ranked against (c)'s within each query, over the pairs (c) scored: the per-query Spearman's mean
-    and minimum (queries whose pairs (c) scored in full, at least three of them); ``met`` is null without a
-    ``verdict`` (random weights) or a query."""
-    from scipy.stats import spearmanr
-
-    n = len(plain_cond)
-    stage = cond[:n] - uncond[np.asarray(work.distinct_index[:n])]
-    reference = plain_cond - plain_uncond
-    by_query: dict[str, list[int]] = {}
-    for i, query in enumerate(work.queries):
-        by_query.setdefault(query, []).append(i)
-    whole = [rows for rows in by_query.values() if rows[-1] < n and len(rows) >= 3]
-    values = [float(spearmanr(stage[rows], reference[rows]).statistic) for rows in whole]
-    mean = float(np.mean(values)) if values else None
-    return {
-        "queries": len(values),
-        "pairs": sum(map(len, whole)),
-        "mean_spearman": mean,
-        "min_spearman": min(values) if values else None,
-        "target": TARGET_FP8_SPEARMAN,
-        "met": None if mean is None or not verdict else mean >= TARGET_FP8_SPEARMAN,
-    }
-
-
 def agreement(
     naive_cond: np.ndarray, naive_uncond: np.ndarray, cond: np.ndarray, uncond: np.ndarray, work: Workload
 ) -> dict[str, float]:
@@ -573,16 +530,6 @@ def print_report(result: dict[str, Any], phases: list[Phase]) -> None:
             f"(relative {agree['max_rel_diff_terms']:.2g}, tolerance {agree['tolerance']:.0e}), "
             f"{agree['max_abs_diff_cis']:.3g} on CIS: {'ok' if agree['ok'] else 'MISMATCH'}"
         )
-    if ranking := result["fp8_ranking"]:
-        spearman = (
-            f"mean {ranking['mean_spearman']:.4f}, min {ranking['min_spearman']:.4f}" if ranking["queries"] else "none"
-        )
-        verdict = "no verdict" if ranking["met"] is None else yes(ranking["met"])
-        print(
-            f"fp8 ranking: per-query Spearman of (b)'s CIS against (c)'s bf16 CIS over {ranking['queries']} whole "
-            f"queries: {spearman} (target mean >= {ranking['target']}: {verdict}); (b)'s ceiling is the fp8 "
-            f"matmul's, {mm['fp8_flops_per_s'] / 1e12:.3f} TFLOP/s"
-        )
     targets = result["targets"]
     over_plain = (
         ""
@@ -603,10 +550,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     device = resolve_device(args.device)
     dtype = resolve_dtype(args.dtype, device)
-    if args.fp8 and dtype != torch.bfloat16:
-        raise SystemExit(
-            f"benchmarks/teacher.py: --fp8 needs a bf16 model: add --dtype bfloat16 (not {dtype_name(dtype)})"
-        )
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     if args.max_batch_tokens is None:
@@ -636,18 +579,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         taught, cond, uncond = run_teacher(teacher, work, device, show)
     after = matmul_flops_per_s(device, dtype, size, args.matmul_reps)
     rate = max(before, after)  # the higher ceiling: the conservative fraction
-    fp8_rate = fp8_matmul_flops_per_s(device, size, args.matmul_reps) if options.fp8 else None
     phases = [naive, taught] + ([plain] if plain else [])
     for phase in phases:
-        phase.finish(n_params, fp8_rate if phase is taught and fp8_rate else rate)
+        phase.finish(n_params, rate)
 
     def checked(agree: dict[str, Any]) -> dict[str, Any]:
         return {**agree, "tolerance": TOLERANCE[dtype], "ok": agree["max_rel_diff_terms"] <= TOLERANCE[dtype]}
 
     agree = checked(agreement(naive_cond, naive_uncond, cond, uncond, work))
     plain_agree = checked(agreement(plain_cond, plain_uncond, cond, uncond, work)) if plain else None
-    random = args.random_config is not None
-    ranking = fp8_ranking(cond, uncond, plain_cond, plain_uncond, work, not random) if options.fp8 else None
     speedup = taught.pairs_per_s / naive.pairs_per_s
     over_plain = taught.pairs_per_s / plain.pairs_per_s if plain else None
     result = {
@@ -678,8 +618,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             "flops_per_s": rate,
             "before_flops_per_s": before,
             "after_flops_per_s": after,
-            "fp8_flops_per_s": fp8_rate,
-            "teacher_ceiling": "fp8" if fp8_rate else dtype_name(dtype),
         },
         "naive": naive.to_json(),
         "teacher": taught.to_json(),
@@ -689,7 +627,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         "speedup_over_plain_pairs_per_s": over_plain,
         "agreement": agree,
         "plain_agreement": plain_agree,
-        "fp8_ranking": ranking,
         "targets": {
             "flop_ceiling_fraction": TARGET_FLOP_FRACTION,
             "speedup": TARGET_SPEEDUP,
@@ -704,8 +641,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"\nwrote {display_path(out)}")
-    if ranking is not None:  # fp8 is checked by its ranking, not its values
-        return 0 if ranking["met"] is not False else 1
     return 0 if agree["ok"] and (plain_agree is None or plain_agree["ok"]) else 1
 
 

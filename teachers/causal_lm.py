@@ -23,7 +23,6 @@ from torch import nn
 
 from distill.core.devices import attention_backends
 from distill.core.schema import InputError
-from teachers.fp8 import quantize_layers
 from teachers.layout import PADDING_SEGMENT, BatchPlan, HostBatch, build_batch, plan_batches
 
 
@@ -44,8 +43,7 @@ class ScoringSequence:
 class ScorerOptions:
     """The scorer's speed levers. The defaults are the exact path, whose CPU scores never change (a CUDA device's
     defaults are :meth:`for_device`'s);
-    ``bucket``, ``packing`` and ``compile`` change the scores within rounding, ``cudnn_attention`` too on CUDA;
-    ``fp8`` changes them more."""
+    ``bucket``, ``packing`` and ``compile`` change the scores within rounding, ``cudnn_attention`` too on CUDA."""
 
     bucket: int = 1
     """Pad each batch's width up to a multiple of this many tokens, so that batch shapes repeat (1: the longest
@@ -61,10 +59,6 @@ class ScorerOptions:
     cudnn_attention: bool = False
     """On CUDA, let attention use cuDNN's SDPA kernels, which build a plan on the host for every new batch shape
     (off: flash, memory-efficient or math kernels). No effect on the CPU."""
-    fp8: bool = False
-    """The decoder layers' linear layers in fp8 (:mod:`teachers.fp8`: e4m3 weights and inputs, per-row scales,
-    fp32 accumulation), for a bf16 model. It changes the scores beyond rounding: check their ranking against bf16's
-    (``benchmarks/teacher.py --fp8`` reports the per-query Spearman)."""
 
     def __post_init__(self) -> None:
         if self.bucket < 1:
@@ -182,8 +176,8 @@ class CausalLMScorer:
 
     Args:
         model: a ``*ForCausalLM`` model (its ``base_model`` gives hidden states, its output
-            embeddings the LM head), already on its device(s) and in eval mode. ``options.fp8`` and
-            ``options.compile`` change its decoder layers in place.
+            embeddings the LM head), already on its device(s) and in eval mode. ``options.compile``
+            changes its decoder layers in place.
         max_batch_tokens: padded tokens per forward pass (rows x width).
         logit_chunk_rows: target positions per LM-head chunk.
         pad_token_id: any valid id; padded positions are masked out.
@@ -208,8 +202,6 @@ class CausalLMScorer:
         self.pad_token_id = pad_token_id
         self.options = options or ScorerOptions()
         self.reduce = row_logprobs
-        if self.options.fp8:
-            quantize_layers(_decoder_layers(self.body, "fp8"))
         if self.options.compile:
             for layer in _decoder_layers(self.body, "compile"):
                 layer.compile()

@@ -33,12 +33,12 @@ def test_the_tiny_suite_runs_each_benchmark_and_summarises_every_figure(tmp_path
     done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=1200)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["tiny"] and list(summary["stages"]) == ["teacher", "train", "rerank", "teacher-fp8"]
-    assert [s["error"] for s in summary["stages"].values()] == [None, None, None, None]
+    assert summary["tiny"] and list(summary["stages"]) == ["teacher", "train", "rerank"]
+    assert [s["error"] for s in summary["stages"].values()] == [None, None, None]
     # Then each stage again, short, under torch.profiler: a table and the time by category per stage.
     profiles = summary["profiles"]
     assert list(profiles) == list(summary["stages"]) and all(p["error"] is None for p in profiles.values())
-    for stage in ("teacher", "train", "teacher-fp8"):
+    for stage in ("teacher", "train"):
         table = (tmp_path / "profile" / f"profile-{stage}.txt").read_text()
         assert "aten::" in table and "Self CPU" in table
         (only,) = profiles[stage]["profiles"].values()
@@ -83,11 +83,8 @@ def test_the_tiny_suite_runs_each_benchmark_and_summarises_every_figure(tmp_path
     over_plain = figures["teacher", "speedup_over_plain_batched_loop"]
     assert over_plain["value"] == teacher["speedup_over_plain_pairs_per_s"] > 0 and over_plain["target"] == 1.2
     assert figures["teacher", "plain_scores_agree"]["met"]
-    # The teacher in fp8 (bf16 model), on the fp8 ceiling, ranked against the plain loop's bf16 without a verdict.
-    fp8 = json.loads((tmp_path / "teacher-fp8.json").read_text())
-    assert fp8["scorer_options"]["fp8"] and fp8["environment"]["dtype"] == "bfloat16"
-    assert figures["teacher-fp8", "fp8_ceiling_fraction"]["value"] == fp8["teacher"]["flop_ceiling_fraction"] > 0
-    assert fp8["matmul"]["teacher_ceiling"] == "fp8" and fp8["fp8_ranking"]["met"] is None
+    # The fp8 lever is gone (issue 28): no stage, no file, no lever in the teacher's options.
+    assert not (tmp_path / "teacher-fp8.json").exists() and "fp8" not in teacher["scorer_options"]
 
 
 def test_the_gpu_run_trains_with_the_gpu_config_and_its_arguments_parse(suite) -> None:
@@ -107,10 +104,7 @@ def test_the_gpu_run_trains_with_the_gpu_config_and_its_arguments_parse(suite) -
     argv = suite.teacher_argv(full, Path("out"))
     parsed = teacher.parse_args([*argv[: argv.index("--device")], "--device", "cpu"])
     assert parsed.random_config == "llama3-8b" and parsed.plain_pairs is None  # the plain loop on every pair
-    argv = suite.teacher_fp8_argv(full, Path("out"))
-    parsed = teacher.parse_args([*argv[: argv.index("--device")], "--device", "cpu", *argv[argv.index("--out") :]])
-    assert (parsed.random_config, parsed.max_queries, parsed.fp8, parsed.dtype) == ("llama3-8b", 10, True, "auto")
-    assert parsed.out == Path("out/teacher-fp8.json")
+    assert argv[argv.index("--out") + 1] == str(Path("out/teacher.json")) and "teacher-fp8" not in suite.STAGES
     argv = suite.rerank_argv(full, Path("out"))
     backends = "torch-fp16,torch-fp16+overlap50,torch-fp16+unpad,torch-fp16+unpad+overlap50,torch-fp32,torch-fp32+tf32"
     backends += ",st-crossencoder"

@@ -3,6 +3,7 @@ layers, no host sync per batch, and the exact default path; and the benchmark's 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -339,6 +340,30 @@ def test_the_teacher_levers_are_on_by_default_on_cuda_and_off_on_a_cpu() -> None
     assert off.scorer_options("cuda") == ScorerOptions()  # what is given is kept, on either device
     on = TeachConfig(input=["x.json"], output="out", packing=True, bucket=64)
     assert on.scorer_options("cpu") == ScorerOptions(bucket=64, packing=True)
+
+
+def test_the_removed_fp8_lever_is_an_unknown_option_everywhere(
+    tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 28: fp8 lost on speed and ranking and was removed; a command line or config that still names it gets
+    the usual one-line error, and the benchmark no longer takes ``--fp8``."""
+    import importlib
+
+    from distill.cli import main
+
+    assert "fp8" not in {f.name for f in dataclasses.fields(ScorerOptions)}
+    assert main(["teach", "--fp8", "true", "--input", "x.json", "--output", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err == "distill teach: error: unrecognized arguments: --fp8 true\n"
+    config = tmp_path / "teach.yaml"
+    config.write_text(f"input: [x.json]\noutput: {tmp_path / 'out'}\nfp8: true\n")
+    assert main(["teach", "--config", str(config)]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"distill teach: error: {config}: fp8: unknown option")
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    with pytest.raises(SystemExit):
+        importlib.import_module("teacher").parse_args(["--fp8"])
+    assert "unrecognized arguments: --fp8" in capsys.readouterr().err
 
 
 @pytest.fixture

@@ -97,18 +97,6 @@ def matmul_flops_per_s(device: torch.device, dtype: torch.dtype, size: int, reps
     return _square_matmul_rate(lambda: torch.matmul(a, b, out=c), device, size, reps)
 
 
-def fp8_matmul_flops_per_s(device: torch.device, size: int, reps: int) -> float:
-    """FLOP/s of a ``size``-square e4m3 x e4m3 matmul with fp32 scales and a bf16 result (``torch._scaled_mm``, the
-    kernel of :mod:`teachers.fp8`; ``2 * size**3`` FLOP each), averaged over ``reps``."""
-    fp8 = torch.float8_e4m3fn
-    a = torch.randn(size, size, device=device).to(fp8)
-    b = torch.randn(size, size, device=device).to(fp8).t()  # column-major, as the kernel wants its second operand
-    scale = torch.ones((), device=device)
-    return _square_matmul_rate(
-        lambda: torch._scaled_mm(a, b, scale_a=scale, scale_b=scale, out_dtype=torch.bfloat16), device, size, reps
-    )
-
-
 def int8_matmul_ops_per_s(size: int, reps: int, threads: int = 0) -> float:
     """Integer ops/s (``2 * size**3`` a call: a multiply and an add per product) of a ``size``-square uint8 x int8
     matmul with int32 results on onnxruntime's CPU kernels (``MatMulInteger``, the kernel of the int8 graphs),

@@ -91,10 +91,6 @@ class TeachConfig:
     for CUDA, off for a CPU)."""
     cudnn_attention: bool = ScorerOptions.cudnn_attention
     """On CUDA, let attention use cuDNN's kernels, which build a plan on the host for every new batch shape."""
-    fp8: bool = ScorerOptions.fp8
-    """The decoder layers' matmuls in fp8 (e4m3, per-row scales; needs ``dtype: bfloat16``), for Hopper's fp8
-    tensor cores (speed not yet measured). It changes the scores beyond rounding: on Gemma-3-270m their per-query
-    Spearman with bf16's is 0.945 (``benchmarks/teacher.py --fp8``), so keep it off for labels."""
     chunk_size: int = 256
     """Pairs (or passages) per unit of work, the granularity of sharding and resuming."""
     cache_dir: str | None = None
@@ -137,7 +133,6 @@ class TeachConfig:
             packing=self.packing,
             compile=self.compile,
             cudnn_attention=self.cudnn_attention,
-            fp8=self.fp8,
         )
 
 
