@@ -153,10 +153,13 @@ def _env() -> dict[str, str]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kill_after", ["seg-*.jsonl", "chunks/*.parquet"])
+@pytest.mark.parametrize(("kill_after", "lines"), [("seg-*.jsonl", False), ("chunks/*.parquet", True)])
 def test_resume_after_kill_9_gives_the_same_dataset(
-    tiny_llama: Path, sample_file: Path, tmp_path: Path, kill_after: str
+    tiny_llama: Path, sample_file: Path, tmp_path: Path, kill_after: str, lines: bool
 ) -> None:
+    """Killed after its first p(K) segment, or its first chunk of pairs (then from a streamed JSON-lines input)."""
+    if lines:
+        sample_file = as_json_lines(sample_file, tmp_path / "sample.jsonl")
     reference = tmp_path / "reference"
     subprocess.run(
         [sys.executable, *_cli(tiny_llama, sample_file, reference, tmp_path / "c1")], check=True, env=_env(), cwd=REPO
@@ -300,6 +303,46 @@ def test_config_file_and_flag_overrides(tiny_llama: Path, sample_file: Path, tmp
     cfg.write_text("input: x\nbogus: 1\n")
     assert main(["teach", "--nonsense"]) == 2
     assert main(["teach", "--config", str(cfg)]) == 2
+
+
+def as_json_lines(path: Path, out: Path) -> Path:
+    """The rank_llm list at ``path`` as JSON lines, one ``{query, hits}`` entry a line."""
+    out.write_text("".join(json.dumps(entry) + "\n" for entry in json.loads(path.read_text())))
+    return out
+
+
+def test_a_json_lines_input_is_streamed_to_the_same_dataset(
+    tiny_llama: Path, sample_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rank_llm JSON-lines input is read a line at a time (never loaded whole), into the dataset its JSON list
+    gives: the same rows, the same fingerprint (so either one's output is up to date for the other)."""
+    from distill.core import loaders
+
+    listed = run_teach(config(tiny_llama, sample_file, tmp_path, output=str(tmp_path / "listed")))
+
+    def whole(*args, **kwargs):
+        raise AssertionError("a JSON-lines rank_llm input was loaded whole")
+
+    monkeypatch.setattr("distill.stages.teach_input.load_candidates", whole)
+    monkeypatch.setattr(loaders, "load_candidates", whole)
+    lines = as_json_lines(sample_file, tmp_path / "sample.jsonl")
+    streamed = run_teach(config(tiny_llama, lines, tmp_path, output=str(tmp_path / "streamed")))
+    assert rows(streamed) == rows(listed)
+    assert metadata(streamed).fingerprint == metadata(listed).fingerprint
+    assert not list(tmp_path.glob(".*pairs*"))  # the row files are removed once the dataset is written
+    # at most the first N queries, read no further than needed
+    first = run_teach(config(tiny_llama, lines, tmp_path, output=str(tmp_path / "first"), max_queries=2))
+    assert rows(first) == rows(listed)[:24]
+
+
+def test_a_query_that_comes_back_in_a_stream_is_named(tiny_llama: Path, sample_file: Path, tmp_path: Path) -> None:
+    entries = json.loads(sample_file.read_text())
+    lines = tmp_path / "again.jsonl"
+    lines.write_text("".join(json.dumps(e) + "\n" for e in [*entries, entries[0]]))
+    with pytest.raises(InputError, match=rf"{lines}:4: qid \S+ already had its candidates on line 1"):
+        run_teach(config(tiny_llama, lines, tmp_path))
+    skipped = teach(config(tiny_llama, lines, tmp_path, output=str(tmp_path / "skip"), on_bad_input="skip"))
+    assert skipped.pairs == 36 and sum(skipped.skipped.values()) == 1
 
 
 def test_several_inputs_are_joined_and_each_pair_scored_once(

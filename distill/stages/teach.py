@@ -14,7 +14,6 @@ The output is a :class:`~distill.core.teacher_data.TeacherDataset` folder.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import logging
 import os
@@ -28,12 +27,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from tqdm.auto import tqdm
 
-from distill.core.loaders import OnBadInput, load_candidates
+from distill.core.loaders import OnBadInput
 from distill.core.loaders.irds import is_irds
 from distill.core.models import cache_home
 from distill.core.paths import input_path, output_folder
-from distill.core.schema import ExistingOutputError, InputError, RerankingData
+from distill.core.schema import ExistingOutputError, InputError
 from distill.core.teacher_data import TeacherDataset, TeacherMetadata
+from distill.stages.teach_input import InputOptions, PairRows, candidate_stream, write_pair_rows
 from teachers.causal_lm import ScorerOptions
 from teachers.passage_cache import PassageLogProbCache, passage_key
 from teachers.scores import DEFAULT_PROMPT, PAIR_TERMS, QUERY_TERMS, SCORES, required_terms
@@ -122,6 +122,11 @@ class TeachConfig:
                 raise InputError(f"teach: {name} must be positive, got {getattr(self, name)}")
 
     @property
+    def input_options(self) -> dict[str, Any]:
+        """The fields that say how the inputs are read (:class:`~distill.stages.teach_input.InputOptions`)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(InputOptions)}
+
+    @property
     def score_columns(self) -> list[str]:
         return list(dict.fromkeys(["cis", *self.scores]))
 
@@ -134,40 +139,6 @@ class TeachConfig:
             compile=self.compile,
             cudnn_attention=self.cudnn_attention,
         )
-
-
-@dataclass
-class Pairs:
-    """The flat list of (query, candidate) pairs, in input order."""
-
-    qid: list[str]
-    docid: list[str]
-    query: list[str]
-    passage: list[str]
-    rank: list[int]
-    first_stage_score: list[float]
-
-    @classmethod
-    def from_data(cls, data: RerankingData) -> Pairs:
-        pairs = cls([], [], [], [], [], [])
-        for cands in data.candidates:
-            for rank, (passage, score) in enumerate(zip(cands.passages, cands.scores, strict=True), start=1):
-                pairs.qid.append(cands.query.qid)
-                pairs.docid.append(passage.docid)
-                pairs.query.append(cands.query.text)
-                pairs.passage.append(passage.text)
-                pairs.rank.append(rank)
-                pairs.first_stage_score.append(score)
-        return pairs
-
-    def __len__(self) -> int:
-        return len(self.qid)
-
-    def digest(self) -> str:
-        h = hashlib.sha256()
-        for row in zip(self.qid, self.docid, self.query, self.passage, strict=True):
-            h.update(json.dumps(row).encode())
-        return h.hexdigest()[:16]
 
 
 def _chunks(n: int, size: int) -> list[range]:
@@ -219,23 +190,12 @@ def teach(cfg: TeachConfig) -> TeachReport:
     inputs += [("input", path) for path in cfg.input if not is_irds(path)]
     output_folder(output, "teach", "output", inputs, replaced=True)
     output_folder(cache_root, "teach", "cache_dir", inputs)
-    data = RerankingData.union(
-        [
-            load_candidates(
-                path,
-                queries=cfg.queries,
-                corpus=cfg.corpus,
-                run=cfg.run,
-                qrels=cfg.qrels,
-                on_bad_input=cfg.on_bad_input,
-                repair_mojibake=cfg.repair_mojibake,
-            )
-            for path in cfg.input
-        ]
-    )
-    if cfg.max_queries is not None:
-        data.candidates = data.candidates[: cfg.max_queries]
-    pairs = Pairs.from_data(data)
+    # Each process reads the inputs into rows of its own, so that a bad record stops every process alike.
+    rows_folder = output.with_name(f".{output.name}.pairs-{state.process_index}")
+    candidates, skipped = candidate_stream(InputOptions(**cfg.input_options))
+    write_pair_rows(candidates, skipped, rows_folder, cfg.max_queries, ", ".join(cfg.input))
+    pairs = PairRows(rows_folder)
+    summary = pairs.summary
 
     teacher = CausalLMTeacher.load(
         cfg.teacher,
@@ -252,15 +212,16 @@ def teach(cfg: TeachConfig) -> TeachReport:
     setting = teacher.describe()
     fingerprint = {
         **setting,
-        "input": pairs.digest(),
+        "input": summary.digest,
         "scores": cfg.score_columns,
         "chunk_size": cfg.chunk_size,
         "max_batch_tokens": cfg.max_batch_tokens,
         # Only the levers away from the exact path (the CPU's defaults): a CPU run keeps its earlier fingerprints.
         **options.changed(),
     }
-    report = TeachReport(output, len(pairs), len(data.candidates), cfg.score_columns, True, dict(data.skipped))
+    report = TeachReport(output, len(pairs), summary.queries, cfg.score_columns, True, summary.skipped)
     if _is_complete(output, fingerprint, cfg.overwrite):
+        _remove_rows(pairs, rows_folder)
         return report
 
     work = output.with_name(output.name + ".partial")
@@ -268,20 +229,34 @@ def teach(cfg: TeachConfig) -> TeachReport:
         _prepare_work_dir(work, fingerprint, cfg.overwrite)
     state.wait_for_everyone()
 
-    passage_ids = teacher.encode_passages(pairs.passage)
-    keys = [passage_key(ids) for ids in passage_ids]
+    keys = _passage_keys(teacher, pairs, cfg.chunk_size)
     cache_setting = {k: setting[k] for k in ("teacher", "dtype", "start_token_id")}
     cache = PassageLogProbCache(cache_root, cache_setting)
-    _score_passages(teacher, keys, passage_ids, cache, cfg, state)
+    _score_passages(teacher, keys, pairs, cache, cfg, state)
     state.wait_for_everyone()
     cache.reload()
     query_values = _score_queries(teacher, pairs, cfg, state)
-    _score_pairs(teacher, pairs, passage_ids, keys, cache, query_values, work, cfg, state)
+    _score_pairs(teacher, pairs, keys, cache, query_values, work, cfg, state)
     state.wait_for_everyone()
     if state.is_main_process:
-        _merge(work, output, pairs, cfg, fingerprint)
-    state.wait_for_everyone()
+        _merge(work, output, len(pairs), cfg, fingerprint)
+    _remove_rows(pairs, rows_folder)
     return dataclasses.replace(report, up_to_date=False)
+
+
+def _remove_rows(pairs: PairRows, folder: Path) -> None:
+    """Close and remove this process's row file."""
+    pairs.close()
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def _passage_keys(teacher: Any, pairs: PairRows, chunk_size: int) -> np.ndarray:
+    """``[n]`` each pair's passage key (:func:`passage_key` of its ids, as bytes), tokenised a chunk at a time."""
+    keys = np.empty(len(pairs), dtype="S32")
+    for chunk in _chunks(len(pairs), max(chunk_size, 4096)):
+        passages = pairs.rows(chunk, ["passage"])["passage"]
+        keys[chunk.start : chunk.stop] = [passage_key(ids) for ids in teacher.encode_passages(passages)]
+    return keys
 
 
 def _is_complete(output: Path, fingerprint: dict[str, Any], overwrite: bool) -> bool:
@@ -329,37 +304,37 @@ def _progress(cfg: TeachConfig, state: Any, total: int, desc: str, unit: str, pe
 
 def _score_passages(
     teacher: Any,
-    keys: list[str],
-    passage_ids: list[list[int]],
+    keys: np.ndarray,
+    pairs: PairRows,
     cache: PassageLogProbCache,
     cfg: TeachConfig,
     state: Any,
 ) -> None:
-    """log p(K) for this process's share of the distinct passages not yet in the cache."""
-    first = {}
-    for i, key in enumerate(keys):
-        first.setdefault(key, i)
-    distinct = list(first.items())
+    """log p(K) for this process's share of the distinct passages not yet in the cache (distinct passages in order
+    of first appearance, cut into chunks, chunk ``i`` to process ``i mod world_size``)."""
+    _, first = np.unique(keys, return_index=True)
+    distinct = np.sort(first)  # the pair where each distinct passage first appears
     mine = [
         c
         for j, c in enumerate(_chunks(len(distinct), cfg.chunk_size))
         if j % state.num_processes == state.process_index
     ]
-    todo = [[distinct[i] for i in chunk if distinct[i][0] not in cache] for chunk in mine]
+    todo = [[int(distinct[i]) for i in chunk if keys[distinct[i]].decode() not in cache] for chunk in mine]
     with _progress(cfg, state, sum(map(len, todo)), "log p(K)", "passage") as bar:
         for chunk in todo:
             if chunk:
-                values = teacher.passage_logprobs([passage_ids[i] for _, i in chunk], on_batch=bar.update)
-                cache.add([key for key, _ in chunk], values)
+                ids = teacher.encode_passages(pairs.rows(chunk, ["passage"])["passage"])
+                values = teacher.passage_logprobs(ids, on_batch=bar.update)
+                cache.add([keys[i].decode() for i in chunk], values)
 
 
-def _score_queries(teacher: Any, pairs: Pairs, cfg: TeachConfig, state: Any) -> dict[str, dict[str, Any]]:
+def _score_queries(teacher: Any, pairs: PairRows, cfg: TeachConfig, state: Any) -> dict[str, dict[str, Any]]:
     """The query-only terms and ``n_query_tokens`` of every distinct query text: term -> {query: value}.
 
     Every process scores all distinct queries in the same batches (one short sequence each), so all
     processes and all chunks see the same value for a query.
     """
-    queries = list(dict.fromkeys(pairs.query))
+    queries = list(dict.fromkeys(q for batch in pairs.column("query") for q in batch))
     values: dict[str, Any] = {"n_query_tokens": [len(ids) for ids in teacher.encode_queries(queries)]}
     wanted = [t for t in QUERY_TERMS if t in required_terms(cfg.score_columns)]
     if wanted:
@@ -370,9 +345,8 @@ def _score_queries(teacher: Any, pairs: Pairs, cfg: TeachConfig, state: Any) -> 
 
 def _score_pairs(
     teacher: Any,
-    pairs: Pairs,
-    passage_ids: list[list[int]],
-    keys: list[str],
+    pairs: PairRows,
+    keys: np.ndarray,
     cache: PassageLogProbCache,
     query_values: dict[str, dict[str, Any]],
     work: Path,
@@ -390,23 +364,20 @@ def _score_pairs(
     ]
     with _progress(cfg, state, sum(len(c) for _, c in mine), "pairs", "pair", len(pair_terms)) as bar:
         for j, chunk in mine:
-            values = teacher.pair_terms(
-                [pairs.query[i] for i in chunk],
-                [passage_ids[i] for i in chunk],
-                pair_terms,
-                on_batch=bar.update,
-            )
-            values["logp_uncond"] = np.array([cache[keys[i]] for i in chunk])
+            rows = pairs.rows(chunk)
+            passage_ids = teacher.encode_passages(rows["passage"])
+            values = teacher.pair_terms(rows["query"], passage_ids, pair_terms, on_batch=bar.update)
+            values["logp_uncond"] = np.array([cache[keys[i].decode()] for i in chunk])
             for name, by_query in query_values.items():
-                values[name] = np.array([by_query[pairs.query[i]] for i in chunk])
-            values["n_passage_tokens"] = np.array([len(passage_ids[i]) for i in chunk])
+                values[name] = np.array([by_query[query] for query in rows["query"]])
+            values["n_passage_tokens"] = np.array([len(ids) for ids in passage_ids])
             columns: dict[str, Any] = {
-                "qid": [pairs.qid[i] for i in chunk],
-                "docid": [pairs.docid[i] for i in chunk],
-                "query": [pairs.query[i] for i in chunk],
-                "passage": [pairs.passage[i] for i in chunk],
-                "first_stage_rank": pa.array([pairs.rank[i] for i in chunk], pa.int32()),
-                "first_stage_score": [pairs.first_stage_score[i] for i in chunk],
+                "qid": rows["qid"],
+                "docid": rows["docid"],
+                "query": rows["query"],
+                "passage": rows["passage"],
+                "first_stage_rank": pa.array(rows["first_stage_rank"], pa.int32()),
+                "first_stage_score": rows["first_stage_score"],
                 "n_passage_tokens": pa.array(values["n_passage_tokens"], pa.int32()),
                 "n_query_tokens": pa.array(values["n_query_tokens"], pa.int32()),
             }
@@ -415,12 +386,12 @@ def _score_pairs(
             _atomic_write_parquet(pa.table(columns), work / "chunks" / f"{j:06d}.parquet")
 
 
-def _merge(work: Path, output: Path, pairs: Pairs, cfg: TeachConfig, fingerprint: dict[str, Any]) -> None:
+def _merge(work: Path, output: Path, n_pairs: int, cfg: TeachConfig, fingerprint: dict[str, Any]) -> None:
     """Join the chunks into the final dataset folder, then swap it into place."""
-    n_chunks = len(_chunks(len(pairs), cfg.chunk_size))
+    n_chunks = len(_chunks(n_pairs, cfg.chunk_size))
     table = pa.concat_tables([pq.read_table(work / "chunks" / f"{j:06d}.parquet") for j in range(n_chunks)])
-    if table.num_rows != len(pairs):
-        raise RuntimeError(f"merged {table.num_rows} rows for {len(pairs)} pairs")
+    if table.num_rows != n_pairs:
+        raise RuntimeError(f"merged {table.num_rows} rows for {n_pairs} pairs")
     staging = work / "dataset"
     if staging.exists():
         shutil.rmtree(staging)

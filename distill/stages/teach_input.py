@@ -1,0 +1,176 @@
+"""The teacher stage's input: every (query, candidate) pair, read a query at a time into a row file on disk.
+
+The inputs are read once, as a stream of candidate lists (a rank_llm JSON-lines file a line at a time; any other
+input through its loader, whole), and their pairs written in input order to an Arrow file of fixed-size record
+batches, while the digest of the rows (the fingerprint's ``input``) is computed. The stage then reads the rows it
+needs a batch at a time, with plain reads: no list of every pair is ever held, and memory stays flat in the number
+of queries (but for the ids of the queries seen, which a stream needs to refuse a query that comes back).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from distill.core.loaders import OnBadInput, load_candidates
+from distill.core.loaders._common import BadInput
+from distill.core.loaders.rank_llm import is_rank_llm_jsonl, stream_rank_llm
+from distill.core.schema import Candidates, InputError, RerankingData
+
+ROWS_PER_BATCH = 1024
+"""Pairs per record batch of the row file: the unit it is read in."""
+SCHEMA = pa.schema(
+    [
+        ("qid", pa.string()),
+        ("docid", pa.string()),
+        ("query", pa.string()),
+        ("passage", pa.string()),
+        ("first_stage_rank", pa.int32()),
+        ("first_stage_score", pa.float64()),
+    ]
+)
+ROWS_FILE, SUMMARY_FILE = "pairs.arrow", "pairs.json"
+
+
+@dataclass(frozen=True)
+class InputOptions:
+    """How the inputs are read (the teach config's fields of the same names)."""
+
+    input: list[str]
+    queries: str | None = None
+    corpus: str | None = None
+    run: str | None = None
+    qrels: str | None = None
+    on_bad_input: OnBadInput = "error"
+    repair_mojibake: bool = True
+
+
+def candidate_stream(options: InputOptions) -> tuple[Iterator[Candidates], Counter[str]]:
+    """The candidate lists of the inputs, a query at a time, and the counter of bad records skipped (filled as the
+    stream is read). One rank_llm JSON-lines input is streamed; otherwise the inputs are loaded (whole) and joined,
+    each (qid, docid) pair once."""
+    if len(options.input) == 1 and is_rank_llm_jsonl(Path(options.input[0])):
+        bad = BadInput(options.on_bad_input)
+        return stream_rank_llm(Path(options.input[0]), bad, options.repair_mojibake), bad.skipped
+    data = RerankingData.union(
+        [
+            load_candidates(
+                path,
+                queries=options.queries,
+                corpus=options.corpus,
+                run=options.run,
+                qrels=options.qrels,
+                on_bad_input=options.on_bad_input,
+                repair_mojibake=options.repair_mojibake,
+            )
+            for path in options.input
+        ]
+    )
+    return iter(data.candidates), data.skipped
+
+
+@dataclass(frozen=True)
+class InputSummary:
+    """What the row file holds."""
+
+    pairs: int
+    queries: int
+    digest: str
+    """A digest of every row's (qid, docid, query, passage): the teacher fingerprint's ``input``."""
+    skipped: dict[str, int]
+
+
+def write_pair_rows(
+    candidates: Iterable[Candidates], skipped: Counter[str], folder: Path, max_queries: int | None, source: str
+) -> InputSummary:
+    """Write the pairs of ``candidates`` (the first ``max_queries`` queries; read from ``source``) into ``folder``
+    (made anew), a query at a time; their :class:`InputSummary` is written beside them and returned.
+
+    Raises:
+        InputError: no pair to score.
+    """
+    if folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+    digest = hashlib.sha256()
+    pairs = queries = 0
+    columns: dict[str, list[Any]] = {name: [] for name in SCHEMA.names}
+    with pa.OSFile(str(folder / ROWS_FILE), "wb") as sink, pa.ipc.new_file(sink, SCHEMA) as writer:
+
+        def flush(final: bool) -> None:
+            while len(columns["qid"]) >= ROWS_PER_BATCH or (final and columns["qid"]):
+                batch = {name: values[:ROWS_PER_BATCH] for name, values in columns.items()}
+                writer.write_batch(pa.record_batch(batch, schema=SCHEMA))
+                for values in columns.values():
+                    del values[:ROWS_PER_BATCH]
+
+        for cands in candidates:
+            if max_queries is not None and queries >= max_queries:
+                break
+            queries += 1
+            query = cands.query
+            for rank, (passage, score) in enumerate(zip(cands.passages, cands.scores, strict=True), start=1):
+                digest.update(json.dumps([query.qid, passage.docid, query.text, passage.text]).encode())
+                for name, value in zip(
+                    SCHEMA.names, (query.qid, passage.docid, query.text, passage.text, rank, score), strict=True
+                ):
+                    columns[name].append(value)
+                pairs += 1
+            flush(final=False)
+        flush(final=True)
+    if pairs == 0:
+        raise InputError(f"{source}: no candidates left to score")
+    summary = InputSummary(pairs, queries, digest.hexdigest()[:16], dict(skipped))
+    (folder / SUMMARY_FILE).write_text(json.dumps(summary.__dict__))
+    return summary
+
+
+class PairRows:
+    """The row file of :func:`write_pair_rows`, read a record batch at a time (the last one kept)."""
+
+    def __init__(self, folder: Path) -> None:
+        values = json.loads((folder / SUMMARY_FILE).read_text())
+        self.summary = InputSummary(**values)
+        self._file = pa.OSFile(str(folder / ROWS_FILE))
+        self._reader = pa.ipc.open_file(self._file)
+        self._cached: tuple[int, pa.RecordBatch] | None = None
+
+    def __len__(self) -> int:
+        return self.summary.pairs
+
+    def close(self) -> None:
+        self._file.close()
+
+    def _batch(self, index: int) -> pa.RecordBatch:
+        if self._cached is None or self._cached[0] != index:
+            self._cached = (index, self._reader.get_batch(index))
+        return self._cached[1]
+
+    def rows(self, indices: Iterable[int], columns: Iterable[str] = SCHEMA.names) -> dict[str, list[Any]]:
+        """The values of ``columns`` at pair ``indices`` (in that order), as Python lists."""
+        indices = np.asarray(list(indices), dtype=np.int64)
+        out: dict[str, list[Any]] = {name: [] for name in columns}
+        if not len(indices):
+            return out
+        batches = indices // ROWS_PER_BATCH
+        starts = np.flatnonzero(np.diff(batches, prepend=-1))
+        for start, end in zip(starts, [*starts[1:], len(indices)], strict=True):
+            batch = self._batch(int(batches[start]))
+            taken = batch.take(pa.array(indices[start:end] % ROWS_PER_BATCH))
+            for name in out:
+                out[name] += taken.column(name).to_pylist()
+        return out
+
+    def column(self, name: str) -> Iterator[list[Any]]:
+        """Column ``name``, a record batch at a time."""
+        for index in range(self._reader.num_record_batches):
+            yield self._batch(index).column(name).to_pylist()
