@@ -58,6 +58,46 @@ def test_packing_finds_the_real_tokens_on_either_padding_side() -> None:
         assert packed.key_mask.shape == (3, 1, 1, 4) and packed.key_mask.sum().item() == 8
 
 
+@pytest.mark.parametrize("left", [False, True])
+def test_the_packing_of_a_batch_comes_from_its_rows_lengths_as_from_its_mask(left: bool) -> None:
+    lengths = np.array([3, 1, 4, 0, 7, 2])
+    columns = np.arange(7)
+    mask = columns >= 7 - lengths[:, None] if left else columns < lengths[:, None]
+    ours, theirs = unpadding.lengths_packing(lengths, 7, left), unpadding.host_packing(mask.astype(np.int64))
+    assert ours.keys() == theirs.keys() and ours["max_length"] == theirs["max_length"] == 7
+    for name in ("indices", "cu_seqlens"):
+        assert ours[name].dtype == theirs[name].dtype and torch.equal(ours[name], theirs[name]), name
+    empty = unpadding.lengths_packing(np.zeros(0, np.int64), 5)
+    assert empty["indices"].numel() == 0 and empty["cu_seqlens"].tolist() == [0] and empty["max_length"] == 0
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_the_reranker_packs_from_the_lengths_without_reading_the_padded_mask(
+    spread_bert: Path, call, side: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The unpadded scorer of a reranker's batch (which carries its rows' lengths) never computes the packing from
+    the attention mask, and scores as with it; on the right, as the padded model (on the left the [CLS] head reads a
+    pad, whose state only the padded model computes), in several batches (the CPU budget)."""
+    query, passages = call
+    unpadded = Reranker.load(spread_bert, backend="torch", options=TorchOptions(unpad=True))
+    unpadded.tokenizer.padding_side = side
+    batch = encode_pairs(unpadded.tokenizer, [query] * 30, passages[:30], 128).batch(unpadded.tokenizer)
+    from_mask = unpadded.scorer(dict(batch))
+    plain = Reranker.load(spread_bert, backend="torch").score(query, passages)
+
+    def no_mask(*args, **kwargs):
+        raise AssertionError("the packing was computed from the padded attention mask")
+
+    monkeypatch.setattr(unpadding, "host_packing", no_mask)
+    np.testing.assert_array_equal(unpadded.scorer(batch), from_mask)
+    got = unpadded.score(query, passages)
+    if side == "right":
+        np.testing.assert_allclose(got, plain, **TIGHT)
+    with pytest.raises(AssertionError, match="from the padded attention mask"):  # a plain dict still can
+        unpadded.scorer(dict(batch))
+    unpadded.tokenizer.padding_side = "right"
+
+
 @pytest.mark.parametrize(
     ("head", "side"),
     # left padding puts a pad where the [CLS] head reads, padded or not: only the segment means take it

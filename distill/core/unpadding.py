@@ -18,8 +18,9 @@ under the padding mask and gathered again, which computes the padded model's att
 scores are the padded model's within rounding (other matmul shapes). No dropout is applied to the attention
 probabilities (the hidden states' dropout stays): training unpadded is a lever that changes the regularisation.
 
-The packing is computed on the host from the batch's attention mask (:func:`host_packing`, in the reranker or the
-training collator), so nothing waits on the device.
+The packing is computed on the host, so nothing waits on the device: in the reranker from the rows' lengths
+(:func:`lengths_packing`, numpy, without reading the padded attention mask), in the training collator from the
+batch's attention mask (:func:`host_packing`).
 """
 
 from __future__ import annotations
@@ -78,6 +79,27 @@ def host_packing(attention_mask: np.ndarray | torch.Tensor) -> dict[str, Any]:
     }
 
 
+def lengths_packing(lengths: np.ndarray, width: int, left: bool = False) -> dict[str, Any]:
+    """:func:`host_packing`'s fields for a batch ``[B, width]`` whose row ``i`` holds ``lengths[i]`` real tokens,
+    padded on the right (or the ``left``), computed from the lengths with numpy: the mask is never read."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    ends = np.cumsum(lengths)
+    first = np.arange(len(lengths), dtype=np.int64) * width + (width - lengths if left else 0)
+    indices = np.arange(int(ends[-1]) if len(ends) else 0, dtype=np.int64) - np.repeat(ends - lengths - first, lengths)
+    return {
+        "indices": torch.from_numpy(indices),
+        "cu_seqlens": torch.from_numpy(np.concatenate([[0], ends]).astype(np.int32)),
+        "max_length": int(lengths.max(initial=0)),
+    }
+
+
+def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on ``device`` without a wait (a pinned, non-blocking copy on CUDA)."""
+    if device.type == "cuda":
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor.to(device)
+
+
 def device_packing(fields: dict[str, Any], attention_mask: torch.Tensor) -> Packing:
     """The :class:`Packing` of a batch from its :func:`host_packing` fields and its attention mask ``[B, T]``, all
     on the model's device (nothing is read back)."""
@@ -94,13 +116,14 @@ def packing(attention_mask: np.ndarray, device: torch.device) -> Packing:
     """The :class:`Packing` of a padded batch from its host attention mask ``[B, T]``; the tensors go to
     ``device`` without a wait (pinned, non-blocking copies on CUDA)."""
 
-    def to_device(tensor: torch.Tensor) -> torch.Tensor:
-        if device.type == "cuda":
-            return tensor.pin_memory().to(device, non_blocking=True)
-        return tensor.to(device)
+    mask = to_device(torch.from_numpy(np.ascontiguousarray(attention_mask)), device)
+    return device_packing(fields_on(host_packing(attention_mask), device), mask)
 
-    fields = {k: to_device(v) if isinstance(v, torch.Tensor) else v for k, v in host_packing(attention_mask).items()}
-    return device_packing(fields, to_device(torch.from_numpy(np.ascontiguousarray(attention_mask))))
+
+def fields_on(fields: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    """:func:`host_packing`'s (or :func:`lengths_packing`'s) fields with their tensors on ``device``
+    (:func:`to_device`)."""
+    return {k: to_device(v, device) if isinstance(v, torch.Tensor) else v for k, v in fields.items()}
 
 
 def varlen_kernel(query: torch.Tensor) -> Any | None:

@@ -4,13 +4,18 @@ Pairs are encoded once without padding (``[CLS] Q [SEP] K [SEP]``, the passage t
 length, as in training), then padded batch by batch. Every backend (PyTorch, ONNX, TorchScript) reads
 the same int64 arrays.
 
-A reranking call pairs one query with many passages, so a fast tokenizer's Rust backend encodes each distinct
-query once and each passage once, and the tokenizer's own post-processor joins them: the ids are those of
-``tokenizer(query, passage, truncation="only_second")``, without encoding every passage twice or Python padding.
+A reranking call pairs one query with many passages, so a fast tokenizer's Rust backend encodes the passages in one
+parallel call and each distinct query once, and the pairs are joined with numpy by the template that the tokenizer's
+own post-processor gives (read off once per query): the ids are those of
+``tokenizer(query, passage, truncation="only_second")``, held back to back in flat arrays (:class:`Encoded`), without
+encoding every passage twice, per-pair Python lists or Python padding. A batch's padded arrays are built from them
+with numpy (:meth:`Encoded.batch`), and carry the rows' lengths (:class:`Padded`), from which the unpadded encoder
+packs the real tokens without reading the attention mask.
 """
 
 from __future__ import annotations
 
+import itertools
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -52,18 +57,142 @@ def model_max_length(folder: str | Path, tokenizer: Any) -> int:
     return int(min(tokenizer.model_max_length, config.get("max_position_embeddings", tokenizer.model_max_length)))
 
 
-@dataclass
+@dataclass(eq=False)
 class Encoded:
-    """Pairs as unpadded token ids."""
+    """Pairs as unpadded token ids, back to back in flat arrays: pair ``i`` is ``ids[offsets[i] : offsets[i] +
+    pair_lengths[i]]`` (its attention mask is all ones)."""
 
-    features: list[dict[str, list[int]]]
-    """One dict per pair: input name -> ids (``len`` = the pair's length in tokens)."""
+    ids: np.ndarray
+    """``[N]`` int64: every pair's token ids, pair after pair."""
+    type_ids: np.ndarray
+    """``[N]`` int64: their token type ids (zeros where the tokenizer gives none)."""
+    pair_lengths: np.ndarray
+    """``[pairs]`` int64: each pair's length in tokens."""
     truncated: int
     """How many pairs were longer than the max length and cut."""
+    names: tuple[str, ...] = INPUT_NAMES
+    """The inputs the tokenizer gives (:func:`input_names`)."""
 
     @property
     def lengths(self) -> list[int]:
-        return [len(f["input_ids"]) for f in self.features]
+        return self.pair_lengths.tolist()
+
+    @property
+    def offsets(self) -> np.ndarray:
+        """``[pairs]`` int64: where each pair starts in :attr:`ids`."""
+        return np.cumsum(self.pair_lengths) - self.pair_lengths
+
+    @property
+    def features(self) -> list[dict[str, list[int]]]:
+        """One dict per pair: input name -> ids (``tokenizer(query, passage)``'s lists, for :func:`pad_batch`)."""
+        bounds = np.cumsum(self.pair_lengths)[:-1]
+        values = {
+            "input_ids": [row.tolist() for row in np.split(self.ids, bounds)],
+            "token_type_ids": [row.tolist() for row in np.split(self.type_ids, bounds)],
+            "attention_mask": [[1] * n for n in self.lengths],
+        }
+        return [{name: values[name][i] for name in self.names} for i in range(len(self.pair_lengths))]
+
+    @classmethod
+    def from_features(
+        cls, features: Sequence[dict[str, list[int]]], truncated: int = 0, names: tuple[str, ...] | None = None
+    ) -> Encoded:
+        """The flat arrays of per-pair id lists (by default with the inputs the first dict has; an attention mask is
+        all ones, as an unpadded encoding's is)."""
+        if names is None:
+            names = tuple(name for name in INPUT_NAMES if name in features[0]) if features else INPUT_NAMES
+        lengths = np.fromiter((len(f["input_ids"]) for f in features), np.int64, len(features))
+        ids = _flat([f["input_ids"] for f in features], int(lengths.sum()))
+        types = [f.get("token_type_ids") for f in features]
+        type_ids = _flat(types, len(ids)) if all(t is not None for t in types) else np.zeros_like(ids)
+        return cls(ids, type_ids, lengths, truncated, names)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Encoded):
+            return NotImplemented
+        return (
+            self.truncated == other.truncated
+            and self.names == other.names
+            and all(np.array_equal(getattr(self, f), getattr(other, f)) for f in ("ids", "type_ids", "pair_lengths"))
+        )
+
+    def batch(
+        self, tokenizer: Any, rows: Sequence[int] | np.ndarray | None = None, length: int | None = None
+    ) -> Padded:
+        """The pairs ``rows`` (all by default), in that order, padded to their longest (or to ``length``, if longer) on
+        the tokenizer's padding side: :func:`pad_batch`'s arrays, built with numpy from the flat ids."""
+        rows = np.arange(len(self.pair_lengths)) if rows is None else np.asarray(rows, dtype=np.int64)
+        lengths = self.pair_lengths[rows]
+        width = int(max(length or 0, lengths.max(initial=0)))
+        left = tokenizer.padding_side == "left"
+        columns = np.arange(width)
+        real = columns >= width - lengths[:, None] if left else columns < lengths[:, None]
+        tokens = segments(self.offsets[rows], lengths)  # the rows' tokens, row after row, as the mask's True cells
+        fill = {"input_ids": tokenizer.pad_token_id, "token_type_ids": tokenizer.pad_token_type_id}
+        source = {"input_ids": self.ids, "token_type_ids": self.type_ids}
+        batch = Padded(lengths, left)
+        for name in self.names:
+            if name == "attention_mask":
+                batch[name] = real.astype(np.int64)
+                continue
+            array = np.full((len(rows), width), fill[name], dtype=np.int64)
+            array[real] = source[name][tokens]
+            batch[name] = array
+        return batch
+
+
+class Padded(dict):
+    """A padded :data:`Batch` (input name -> int64 array ``[rows, width]``) that also knows where its real tokens
+    are, without reading its attention mask: ``lengths`` ``[rows]`` and the padding side (``left``)."""
+
+    def __init__(self, lengths: np.ndarray, left: bool = False) -> None:
+        super().__init__()
+        self.lengths = lengths
+        self.left = left
+
+
+def segments(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """The indices ``starts[0] .. starts[0] + lengths[0] - 1``, then those of the next segment, ...: ``[sum(lengths)]``
+    int64 (numpy, no Python loop)."""
+    starts, lengths = np.asarray(starts, dtype=np.int64), np.asarray(lengths, dtype=np.int64)
+    ends = np.cumsum(lengths)
+    return np.arange(int(ends[-1]) if len(ends) else 0, dtype=np.int64) - np.repeat(ends - lengths - starts, lengths)
+
+
+def _flat(rows: Sequence[Sequence[int]], total: int) -> np.ndarray:
+    """Lists of ints, back to back, as one int64 array of ``total`` values."""
+    return np.fromiter(itertools.chain.from_iterable(rows), np.int64, total)
+
+
+@dataclass(frozen=True)
+class _Template:
+    """How a fast tokenizer's post-processor joins a query with any passage: ``prefix + passage + suffix``."""
+
+    prefix: tuple[list[int], list[int]]
+    """Ids and type ids before the passage (the query and the special tokens around it)."""
+    suffix: tuple[list[int], list[int]]
+    """Ids and type ids after it."""
+    passage_type: int
+    """The passage tokens' type id."""
+
+
+def _template(backend: Any, query: Any, special: int) -> _Template | None:
+    """The template of ``query``'s pairs, read off the post-processor's output for the query paired with itself; None
+    where that output is not ``prefix + passage + suffix`` (the passage's ids unchanged, one type id, every attention
+    mask 1, ``special`` tokens added), or the query is empty: those pairs are joined one by one."""
+    if len(query) == 0:
+        return None
+    pair = backend.post_process(query, query, add_special_tokens=True)
+    second = [i for i, s in enumerate(pair.sequence_ids) if s == 1]
+    if not second or second != list(range(second[0], second[0] + len(query))):
+        return None
+    start, stop = second[0], second[0] + len(query)
+    ids, types = pair.ids, pair.type_ids
+    if ids[start:stop] != query.ids or len(set(types[start:stop])) != 1 or not all(pair.attention_mask):
+        return None
+    if len(ids) != 2 * len(query) + special:
+        return None
+    return _Template((ids[:start], types[:start]), (ids[stop:], types[stop:]), types[start])
 
 
 def encode_pairs(tokenizer: Any, queries: Sequence[str], passages: Sequence[str], max_length: int) -> Encoded:
@@ -71,38 +200,105 @@ def encode_pairs(tokenizer: Any, queries: Sequence[str], passages: Sequence[str]
 
     The passage is truncated (``only_second``, as in training). A query too long to leave room for one
     passage token is truncated together with its passage (``longest_first``) instead of raising.
+
+    With a fast tokenizer, the passages are encoded in one parallel call of its Rust backend (without offsets), each
+    distinct query once, and the pairs are joined by the post-processor's template with numpy: no per-pair Python
+    lists.
     """
     if len(queries) != len(passages):
         raise ValueError(f"{len(queries)} queries for {len(passages)} passages")
     names = input_names(tokenizer)
     special = tokenizer.num_special_tokens_to_add(pair=True)
     backend = _plain_backend(tokenizer)
+    count = len(queries)
     if backend is None:  # a slow tokenizer: the same ids, from its Python code
         query_ids = tokenizer(list(queries), add_special_tokens=False, verbose=False)["input_ids"]
         passage_ids = tokenizer(list(passages), add_special_tokens=False, verbose=False)["input_ids"]
-        lengths = [(len(q), len(p)) for q, p in zip(query_ids, passage_ids, strict=True)]
-        fits = [len(q) + special < max_length for q in query_ids]
-        features: list[dict[str, list[int]] | None] = [None] * len(queries)
-        _encode_with_python(tokenizer, queries, passages, max_length, [i for i, f in enumerate(fits) if f], features)
-    else:
-        distinct = list(dict.fromkeys(queries))
-        by_query = dict(zip(distinct, backend.encode_batch(distinct, add_special_tokens=False), strict=True))
-        encoded = backend.encode_batch(list(passages), add_special_tokens=False)
-        lengths = [(len(by_query[q]), len(p)) for q, p in zip(queries, encoded, strict=True)]
-        features = [None] * len(queries)
-        for i, (query, passage) in enumerate(zip(queries, encoded, strict=True)):
-            room = max_length - special - len(by_query[query])
-            if room < 1:
-                continue
-            if len(passage) > room:
-                passage.truncate(room, direction=tokenizer.truncation_side)
-            pair = backend.post_process(by_query[query], passage, add_special_tokens=True)
-            row = {"input_ids": pair.ids, "attention_mask": pair.attention_mask, "token_type_ids": pair.type_ids}
-            features[i] = {name: row[name] for name in names}
-    long_queries = [i for i, f in enumerate(features) if f is None]
-    _encode_with_python(tokenizer, queries, passages, max_length, long_queries, features, "longest_first")
-    truncated = sum(q + p + special > max_length for q, p in lengths)
-    return Encoded(features, truncated)  # type: ignore[arg-type]  (every row is set)
+        query_lengths = np.fromiter(map(len, query_ids), np.int64, count)
+        passage_lengths = np.fromiter(map(len, passage_ids), np.int64, count)
+        features: list[dict[str, list[int]] | None] = [None] * count
+        fits = np.flatnonzero(query_lengths + special < max_length).tolist()
+        _encode_with_python(tokenizer, queries, passages, max_length, fits, features)
+        long_queries = np.flatnonzero(query_lengths + special >= max_length).tolist()
+        _encode_with_python(tokenizer, queries, passages, max_length, long_queries, features, "longest_first")
+        truncated = int(np.sum(query_lengths + passage_lengths + special > max_length))
+        return Encoded.from_features(features, truncated, names)  # type: ignore[arg-type]  (every row is set)
+    if not queries:
+        return Encoded.from_features([], 0, names)
+    return _encode_fast(tokenizer, backend, queries, passages, max_length, names, special)
+
+
+def _encode_fast(
+    tokenizer: Any,
+    backend: Any,
+    queries: Sequence[str],
+    passages: Sequence[str],
+    max_length: int,
+    names: tuple[str, ...],
+    special: int,
+) -> Encoded:
+    """:func:`encode_pairs` with a fast tokenizer's Rust ``backend``."""
+    count = len(queries)
+    position = {query: i for i, query in enumerate(dict.fromkeys(queries))}
+    distinct = list(position)
+    which = np.zeros(count, np.int64) if len(distinct) == 1 else np.array([position[q] for q in queries], np.int64)
+    query_encodings = _encode_batch(backend, distinct)
+    templates = [_template(backend, q, special) for q in query_encodings]
+    encodings = _encode_batch(backend, passages)
+    passage_rows = [e.ids for e in encodings]
+    passage_lengths = np.fromiter(map(len, passage_rows), np.int64, count)
+    flat = _flat(passage_rows, int(passage_lengths.sum()))
+    query_lengths = np.array([len(q) for q in query_encodings], np.int64)[which]
+    room = max_length - special - query_lengths
+    truncated = int(np.sum(passage_lengths > room))
+    kept = np.clip(passage_lengths, 0, np.maximum(room, 0))
+    skip = passage_lengths - kept if tokenizer.truncation_side == "left" else np.zeros_like(kept)
+    passage_starts = np.cumsum(passage_lengths) - passage_lengths + skip
+    # Every pair as three segments of a source array: its prefix, its passage's kept tokens, its suffix.
+    ids: list[Any] = [flat]
+    passage_types = np.array([t.passage_type if t else 0 for t in templates], np.int64)
+    types: list[Any] = [passage_types[which].repeat(passage_lengths)]
+    size = len(flat)
+    prefix = np.zeros((len(distinct), 2), np.int64)  # (start in the source, length) of each query's prefix
+    suffix = np.zeros((len(distinct), 2), np.int64)
+    for q, template in enumerate(templates):
+        if template is None:
+            continue
+        for bounds, (part_ids, part_types) in ((prefix, template.prefix), (suffix, template.suffix)):
+            bounds[q] = size, len(part_ids)
+            ids.append(np.asarray(part_ids, np.int64))
+            types.append(np.asarray(part_types, np.int64))
+            size += len(part_ids)
+    starts = np.stack([prefix[which, 0], passage_starts, suffix[which, 0]], axis=1)
+    lengths = np.stack([prefix[which, 1], kept, suffix[which, 1]], axis=1)
+    # The pairs the template does not join: a query too long for one passage token (longest_first, as the tokenizer
+    # truncates it), or a post-processor that is not prefix + passage + suffix (joined one by one).
+    no_template = np.array([templates[q] is None for q in which], bool)
+    others: list[dict[str, list[int]] | None] = [None] * count
+    long_queries = np.flatnonzero(room < 1).tolist()
+    _encode_with_python(tokenizer, queries, passages, max_length, long_queries, others, "longest_first")
+    for i in np.flatnonzero(no_template & (room >= 1)).tolist():
+        encoding = encodings[i]
+        if len(encoding) > room[i]:
+            encoding.truncate(int(room[i]), direction=tokenizer.truncation_side)
+        pair = backend.post_process(query_encodings[which[i]], encoding, add_special_tokens=True)
+        others[i] = {"input_ids": pair.ids, "token_type_ids": pair.type_ids}
+    for i, row in enumerate(others):
+        if row is not None:
+            starts[i], lengths[i] = (size, 0, 0), (len(row["input_ids"]), 0, 0)
+            ids.append(np.asarray(row["input_ids"], np.int64))
+            row_types = row.get("token_type_ids")
+            types.append(np.asarray(row_types if row_types is not None else [0] * len(row["input_ids"]), np.int64))
+            size += len(row["input_ids"])
+    tokens = segments(starts.ravel(), lengths.ravel())
+    return Encoded(np.concatenate(ids)[tokens], np.concatenate(types)[tokens], lengths.sum(1), truncated, names)
+
+
+def _encode_batch(backend: Any, texts: Sequence[str]) -> list[Any]:
+    """``texts`` encoded without special tokens in one call of the Rust backend, in parallel (its
+    ``TOKENIZERS_PARALLELISM``); without offsets where the backend can skip them (``encode_batch_fast``)."""
+    encode = getattr(backend, "encode_batch_fast", backend.encode_batch)
+    return encode(list(texts), add_special_tokens=False)
 
 
 _PLAIN_BACKENDS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
@@ -145,18 +341,5 @@ def _encode_with_python(
 def pad_batch(tokenizer: Any, features: Sequence[dict[str, list[int]]], length: int | None = None) -> Batch:
     """Pad ``features`` to their longest (or to ``length``, if longer), on the tokenizer's padding side: int64
     arrays ``[len(features), longest]`` (``tokenizer.pad``'s values: the pad token, attention mask 0, the pad
-    token type)."""
-    longest = max(length or 0, *(len(f["input_ids"]) for f in features))
-    fill = {"input_ids": tokenizer.pad_token_id, "attention_mask": 0, "token_type_ids": tokenizer.pad_token_type_id}
-    left = tokenizer.padding_side == "left"
-    batch = {}
-    for name in features[0]:
-        array = np.full((len(features), longest), fill[name], dtype=np.int64)
-        for row, feature in enumerate(features):
-            values = feature[name]
-            if left:
-                array[row, longest - len(values) :] = values
-            else:
-                array[row, : len(values)] = values
-        batch[name] = array
-    return batch
+    token type). :meth:`Encoded.batch` pads an encoding's rows without the lists."""
+    return Encoded.from_features(features).batch(tokenizer, None, length)

@@ -23,7 +23,7 @@ from distill.core.schema import InputError, MissingFileError
 from distill.core.student_card import StudentCard
 from distill.serving.auto import choose_backend
 from distill.serving.backends import BACKENDS, ONNX_DTYPES, OPENVINO_DTYPES, backend_name
-from distill.serving.encoding import Batch, encode_pairs, load_tokenizer, model_max_length, pad_batch
+from distill.serving.encoding import Batch, encode_pairs, load_tokenizer, model_max_length
 from distill.serving.scorers import Scorer, TorchOptions, load_scorer, require_file
 
 log = logging.getLogger(__name__)
@@ -221,10 +221,11 @@ class Reranker:
             yield pending.result()
 
     def _prepare(self, query: str, passages: Sequence[str], start: int, stop: int) -> Prepared:
-        """Encode ``passages[start:stop]``, sort them into token-budget batches and pad each batch."""
+        """Encode ``passages[start:stop]``, sort them into token-budget batches and pad each batch (numpy, from the
+        flat ids; each batch carries its rows' lengths, which the unpadded encoder packs from)."""
         encoded = encode_pairs(self.tokenizer, [query] * (stop - start), list(passages[start:stop]), self.max_length)
         batches = [
-            (np.asarray(rows) + start, pad_batch(self.tokenizer, [encoded.features[i] for i in rows]))
+            (np.asarray(rows) + start, encoded.batch(self.tokenizer, rows))
             for rows in token_budget_batches(encoded.lengths, self.max_batch_tokens)
         ]
         return encoded.truncated, batches

@@ -144,12 +144,18 @@ class TorchScorer:
     def __call__(self, batch: Batch) -> np.ndarray:
         import torch
 
-        from distill.core.unpadding import packing
+        from distill.core.unpadding import device_packing, fields_on, host_packing, lengths_packing, to_device
 
         inputs = {k: torch.from_numpy(v).to(self.device) for k, v in batch.items() if k in self.input_names}
         unpadded = nullcontext()
         if self.unpadder is not None:
-            unpadded = self.unpadder.batch(packing(batch["attention_mask"], self.device))
+            mask = batch["attention_mask"]
+            lengths = getattr(batch, "lengths", None)  # a reranker's batch (Padded) knows them: the mask is not read
+            fields = host_packing(mask) if lengths is None else lengths_packing(lengths, mask.shape[1], batch.left)
+            on_device = inputs.get("attention_mask")
+            if on_device is None:
+                on_device = to_device(torch.from_numpy(mask), self.device)
+            unpadded = self.unpadder.batch(device_packing(fields_on(fields, self.device), on_device))
         with (
             torch.inference_mode(),
             fp32_matmul_precision(self.options.tf32),
