@@ -98,9 +98,9 @@ def test_a_full_card_names_its_teacher_data_and_figures_without_absolute_paths()
     assert "gemma-3-270m-q4_k_m.gguf" in card and "`labels/dl22-gemma`" in card
     assert "| label (teacher score learnt) | `cis_q+0.25*first_stage` |" in card
     assert "| nDCG@10 of the student | 48.32 |" in card and "On the 16 held-out validation queries" in card
-    assert "| openvino-int8 | 48.10 | -0.22 | 0.9980 | yes |" in card
-    assert "| openvino-bf16 | 47.50 | -0.82 | 0.9910 | **no** |" in card
-    assert "| onnx-fp32 | - | - | - | not checked: this CPU has no bf16" in card
+    assert "| openvino-int8 | 48.10 | -0.22 | - | 0.9980 | yes |" in card  # a card from before the interval
+    assert "| openvino-bf16 | 47.50 | -0.82 | - | 0.9910 | **no** |" in card
+    assert "| onnx-fp32 | - | - | - | - | not checked: this CPU has no bf16" in card
     assert 'CrossEncoder("someone/minilm-cis", trust_remote_code=True)' in card
     assert 'AutoTokenizer.from_pretrained("someone/minilm-cis", trust_remote_code=True)' in card
     assert 'Reranker.load(snapshot_download("someone/minilm-cis"))' in card and "first_stage_scores=" in card
@@ -110,3 +110,39 @@ def test_a_full_card_names_its_teacher_data_and_figures_without_absolute_paths()
     assert len(snippets) == 4
     for snippet in snippets:
         compile(snippet, "snippet", "exec")  # each usage snippet is valid Python
+
+
+def test_the_precisions_table_shows_the_gates_interval_verdict_and_rule() -> None:
+    from distill.backend.model_card import _precisions
+
+    gate = {
+        "pairs": "16 validation queries",
+        "bound": 0.5,
+        "spearman_floor": 0.999,
+        "confidence": 0.95,
+        "resamples": 10000,
+        "seed": 0,
+        "reference": {"backend": "torch-fp32", "ndcg10": 48.32},
+        "backends": {
+            "openvino-bf16": {
+                "ndcg10": 47.24,
+                "delta": -1.08,
+                "interval": [-3.24, 0.0],
+                "spearman": 0.99977,
+                "verdict": "same_order",
+                "passed": True,
+            },
+            "onnx-int8": {
+                "ndcg10": 44.0,
+                "delta": -4.32,
+                "interval": [-6.1, -2.5],
+                "spearman": 0.95,
+                "verdict": "beyond",
+                "passed": False,
+            },
+        },
+    }
+    table = _precisions(gate, {"onnx": "model.onnx"})
+    assert "| openvino-bf16 | 47.24 | -1.08 | [-3.24, +0.00] | 0.9998 | yes (same order) |" in table
+    assert "| onnx-int8 | 44.00 | -4.32 | [-6.10, -2.50] | 0.9500 | **no** (beyond) |" in table
+    assert "95% interval of its mean ΔnDCG@10" in table and "at least 0.999" in table

@@ -87,8 +87,8 @@ class ExportReport:
         lines = [f"{header}  nDCG@10 (PyTorch -> format)"]
         for p in self.parity:
             ndcg = f"{p.ndcg10['pytorch']:.2f} -> {p.ndcg10[p.format]:.2f}" if p.ndcg10 else ""
-            if p.ndcg10 and not abs(p.ndcg10["delta"]) <= p.ndcg10["bound"]:
-                ndcg += " outside the bound: kept, never chosen by backend='auto'"
+            if p.ndcg10 and not p.ndcg10["passed"]:
+                ndcg += " failed the quality gate: kept, never chosen by backend='auto'"
             diff = "-" if p.max_abs_diff is None else f"{p.max_abs_diff:.3g}"
             bound = "-" if p.bound is None else f"{p.bound:g}"
             file = self.formats[p.format]

@@ -168,17 +168,31 @@ def _precisions(gate: dict[str, Any] | None, formats: dict[str, str]) -> str:
     rows = []
     for name, record in gate["backends"].items():
         if "not_checked" in record:
-            rows.append(f"| {name} | - | - | - | not checked: {record['not_checked']} |")
+            rows.append(f"| {name} | - | - | - | - | not checked: {record['not_checked']} |")
         else:
             passed = "yes" if record["passed"] else "**no**"
+            verdict = f" ({record['verdict'].replace('_', ' ')})" if record.get("verdict") else ""
+            interval = record.get("interval")
+            shown = f"[{interval[0]:+.2f}, {interval[1]:+.2f}]" if interval else "-"
             rows.append(
-                f"| {name} | {record['ndcg10']:.2f} | {record['delta']:+.2f} | {record['spearman']:.4f} | {passed} |"
+                f"| {name} | {record['ndcg10']:.2f} | {record['delta']:+.2f} | {shown} | {record['spearman']:.4f} "
+                f"| {passed}{verdict} |"
             )
+    if "spearman_floor" in gate:
+        rule = (
+            f"a backend fails when the {gate['confidence']:.0%} interval of its mean ΔnDCG@10 (a paired bootstrap "
+            f"over the queries) lies beyond ±{gate['bound']:g} points, passes when it lies within, and otherwise "
+            f"passes only if its mean per-query Spearman with {reference['backend']}'s scores is at least "
+            f"{gate['spearman_floor']:g} (it orders the candidates as fp32 does; only near-ties moved)."
+        )
+    else:  # a card written before the gate judged by its interval
+        rule = f"a backend passes within {gate['bound']:g} nDCG@10 points."
     return (
         f"{head} Each backend's ranking was measured against {reference['backend']} (nDCG@10 "
-        f"{reference['ndcg10']:.2f}) on {gate['pairs']}; a backend passes within {gate['bound']:g} nDCG@10 points. "
+        f"{reference['ndcg10']:.2f}) on {gate['pairs']}; {rule} "
         "cis-distill's `Reranker.load(folder)` chooses the fastest backend for the CPU among those that passed.\n\n"
-        "| backend | nDCG@10 | Δ | Spearman with fp32 | passed |\n|---|---|---|---|---|\n" + "\n".join(rows)
+        "| backend | nDCG@10 | Δ | 95% interval of Δ | Spearman with fp32 | passed |\n|---|---|---|---|---|---|\n"
+        + "\n".join(rows)
     )
 
 

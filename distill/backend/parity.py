@@ -263,4 +263,5 @@ def _record_ranking(result: FormatParity, gate: QualityGate | None) -> None:
         "delta": quality.delta,
         "bound": NDCG_BOUND,
         "queries": gate.queries,
+        "passed": quality.passed,
     }
