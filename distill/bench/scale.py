@@ -8,7 +8,9 @@ has N/100 distinct queries as a real distillation set would. Each measurement th
 - ``student_cold``: :class:`students.data.StudentDataModule` ``setup`` with an empty token cache (tokenising);
 - ``student_cached``: the same setup again, reopening the cache;
 - ``loader``: the first batch's latency and the training loader's batches a second at the GPU config's
-  budget (65,536 padded tokens, padded to a multiple of 64), with 0 and 2 workers.
+  budget (65,536 padded tokens, padded to a multiple of 64), with 0 and 2 workers;
+- ``teacher_input``: the teacher stage's input pass over the same pairs as a rank_llm JSON-lines file (one query a
+  line), read a query at a time into its row file: seconds and the process's peak RSS.
 
 Peak RSS is the process's ``VmHWM`` (reset after the imports and the tokenizer, so "above baseline" is what the
 phase itself adds). Every result records the CPU and its flags.
@@ -17,6 +19,7 @@ phase itself adds). Every result records the CPU and its flags.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -79,6 +82,54 @@ def _block(base: Any, start: int, end: int) -> Any:
     repeat = rows // base.num_rows
     qids = [f"{q}-{k}" for q, k in zip(table.column("qid").to_pylist(), repeat.tolist(), strict=True)]
     return table.set_column(0, "qid", pa.array(qids, pa.string()))
+
+
+def rank_llm_lines(teacher_data: Path, path: Path) -> Path:
+    """The pairs of a (synthetic) teacher dataset as a rank_llm JSON-lines file, one query a line (kept if there)."""
+    if path.is_file():
+        return path
+    from distill.core.teacher_data import TeacherDataset
+
+    table = TeacherDataset.open(teacher_data).table().select(["qid", "docid", "query", "passage", "first_stage_score"])
+    partial = path.with_name(path.name + ".partial")
+    with partial.open("w") as out:
+        entry: dict[str, Any] | None = None
+        for batch in table.to_batches(max_chunksize=10_000):
+            for qid, docid, query, passage, score in zip(*(c.to_pylist() for c in batch.columns), strict=True):
+                if entry is None or entry["hits"][0]["qid"] != qid:
+                    if entry is not None:
+                        out.write(json.dumps(entry) + "\n")
+                    entry = {"query": query, "hits": []}
+                hit = {"qid": qid, "docid": docid, "content": passage, "score": score}
+                entry["hits"].append({**hit, "rank": len(entry["hits"]) + 1})
+        if entry is not None:
+            out.write(json.dumps(entry) + "\n")
+    partial.rename(path)
+    return path
+
+
+def measure_teacher_input(lines: Path, rows: Path) -> dict[str, Any]:
+    """The teacher stage's input pass over a rank_llm JSON-lines file: read a query at a time into its row file
+    (:mod:`distill.stages.teach_input`): seconds and the process's peak RSS (the stage's imports included)."""
+    from distill.stages.teach_input import InputOptions, candidate_stream, write_pair_rows
+
+    baseline = _rss_bytes()
+    _reset_vm_hwm()
+    start = time.perf_counter()
+    candidates, skipped = candidate_stream(InputOptions([str(lines)]))
+    summary = write_pair_rows(candidates, skipped, rows, None, str(lines))
+    seconds = time.perf_counter() - start
+    peak = _vm_hwm_bytes() or 0
+    shutil.rmtree(rows, ignore_errors=True)
+    return {
+        "seconds": seconds,
+        "pairs": summary.pairs,
+        "queries": summary.queries,
+        "baseline_rss_bytes": baseline,
+        "peak_rss_bytes": peak,
+        "peak_above_baseline_bytes": peak - baseline,
+        "input_bytes": lines.stat().st_size,
+    }
 
 
 def _rss_bytes() -> int:
@@ -182,6 +233,8 @@ def run(sizes: list[int], work: Path, batches: int, seconds: float, keep: bool) 
         row: dict[str, Any] = {"pairs": n, "teacher_data_bytes": _folder_bytes(folder)}
         row["student_cold"] = _measure_in_process("setup", folder=folder, cache_dir=cache)
         row["student_cached"] = _measure_in_process("setup", folder=folder, cache_dir=cache)
+        lines = rank_llm_lines(folder, work / f"rank-llm-{n}.jsonl")
+        row["teacher_input"] = _measure_in_process("teacher_input", lines=lines, rows=work / f"rows-{n}")
         row["loader"] = [
             _measure_in_process("loader", folder=folder, cache_dir=cache, workers=w, batches=batches, seconds=seconds)
             for w in (0, 2)
@@ -205,21 +258,29 @@ def run(sizes: list[int], work: Path, batches: int, seconds: float, keep: bool) 
     }
 
 
-def growth(rows: list[dict[str, Any]]) -> dict[str, float]:
-    """Per-pair costs between the two largest sizes: peak RSS (bytes a pair), cold seconds a pair, disk a pair."""
-    if len(rows) < 2:
-        return {}
-    a, b = sorted(rows, key=lambda r: r["pairs"])[-2:]
-    pairs = b["pairs"] - a["pairs"]
-    cold_a, cold_b = a["student_cold"], b["student_cold"]
-    return {
-        "from_pairs": a["pairs"],
-        "to_pairs": b["pairs"],
-        "peak_rss_bytes_per_pair": (cold_b["peak_above_baseline_bytes"] - cold_a["peak_above_baseline_bytes"]) / pairs,
-        "cold_seconds_per_pair": (cold_b["seconds"] - cold_a["seconds"]) / pairs,
-        "cache_bytes_per_pair": (cold_b["cache_bytes"] - cold_a["cache_bytes"]) / pairs,
-        "teacher_data_bytes_per_pair": (b["teacher_data_bytes"] - a["teacher_data_bytes"]) / pairs,
-    }
+def growth(rows: list[dict[str, Any]]) -> list[dict[str, float]]:
+    """Per-pair costs between each two consecutive sizes: peak RSS of the cold setup (bytes a pair), its seconds a
+    pair, the token cache's and the teacher data's bytes a pair, and the teacher input pass's peak RSS growth."""
+    ordered = sorted(rows, key=lambda r: r["pairs"])
+    steps = []
+    for a, b in itertools.pairwise(ordered):
+        pairs = b["pairs"] - a["pairs"]
+        cold_a, cold_b = a["student_cold"], b["student_cold"]
+        steps.append(
+            {
+                "from_pairs": a["pairs"],
+                "to_pairs": b["pairs"],
+                "peak_rss_bytes_per_pair": (cold_b["peak_above_baseline_bytes"] - cold_a["peak_above_baseline_bytes"])
+                / pairs,
+                "cold_seconds_per_pair": (cold_b["seconds"] - cold_a["seconds"]) / pairs,
+                "cache_bytes_per_pair": (cold_b["cache_bytes"] - cold_a["cache_bytes"]) / pairs,
+                "teacher_data_bytes_per_pair": (b["teacher_data_bytes"] - a["teacher_data_bytes"]) / pairs,
+                "teacher_input_peak_rss_growth": b["teacher_input"]["peak_rss_bytes"]
+                / a["teacher_input"]["peak_rss_bytes"]
+                - 1,
+            }
+        )
+    return steps
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
@@ -238,7 +299,9 @@ def plot(result: dict[str, Any], path: Path) -> None:
     right.loglog(n, [r["student_cold"]["peak_above_baseline_bytes"] / 2**20 for r in rows], "o-", label="cold")
     right.loglog(n, [r["student_cached"]["peak_above_baseline_bytes"] / 2**20 for r in rows], "s-", label="cached")
     right.loglog(n, [r["student_cold"]["cache_bytes"] / 2**20 for r in rows], "^--", label="token cache on disk")
-    right.set(xlabel="pairs", ylabel="MiB", title="peak RSS above baseline; disk")
+    teacher = [r["teacher_input"]["peak_rss_bytes"] / 2**20 for r in rows]
+    right.loglog(n, teacher, "d-", label="teacher input pass: peak RSS (whole process)")
+    right.set(xlabel="pairs", ylabel="MiB", title="peak RSS (student setup: above baseline); disk")
     for axis in (left, right):
         axis.grid(True, which="both", alpha=0.3)
         axis.legend()
@@ -251,39 +314,47 @@ def table(result: dict[str, Any]) -> str:
     """The results as a Markdown table."""
     lines = [
         "| pairs | setup cold | setup cached | peak RSS above baseline (cold / cached) | token cache | first batch "
-        "| batches/s, 0 / 2 workers |",
-        "|---|---|---|---|---|---|---|",
+        "| batches/s, 0 / 2 workers | teacher input: time, peak RSS |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in result["rows"]:
-        cold, cached, loaders = r["student_cold"], r["student_cached"], r["loader"]
+        cold, cached, loaders, teacher = r["student_cold"], r["student_cached"], r["loader"], r["teacher_input"]
         peaks = " / ".join(f"{x['peak_above_baseline_bytes'] / 2**20:.0f}" for x in (cold, cached))
         rates = " / ".join(f"{x['batches_per_s']:.1f}" for x in loaders)
         lines.append(
             f"| {r['pairs']:,} | {cold['seconds']:.1f} s | {cached['seconds']:.2f} s | {peaks} MiB "
-            f"| {cold['cache_bytes'] / 2**20:.0f} MiB | {loaders[0]['first_batch_s'] * 1000:.0f} ms | {rates} |"
+            f"| {cold['cache_bytes'] / 2**20:.0f} MiB | {loaders[0]['first_batch_s'] * 1000:.0f} ms | {rates} "
+            f"| {teacher['seconds']:.1f} s, {teacher['peak_rss_bytes'] / 2**20:.0f} MiB |"
         )
     return "\n".join(lines)
 
 
-def write_readme(result: dict[str, Any], out: Path) -> None:
-    """Put the table, its CPU and the growth figures between the README's ``scale`` markers."""
+def write_readme() -> None:
+    """Put every committed run's table (``benchmarks/results/scale-cpu*/scale.json``), its CPU and its growth
+    figures between the README's ``scale`` markers."""
     readme = ROOT / "README.md"
     text = readme.read_text()
     begin, end = "<!-- scale:begin -->", "<!-- scale:end -->"
     if begin not in text or end not in text:
         return
-    g = result["growth"]
-    lines = [
-        begin,
-        table(result),
-        "",
-        f"CPU: {result['cpu']}, {result['cores']} cores, {result['cpu_features']}; commit {result['git_commit']}. "
-        f"From {g['from_pairs']:,} to {g['to_pairs']:,} pairs, a pair costs {g['peak_rss_bytes_per_pair']:.0f} bytes "
-        f"of peak RSS, {g['cold_seconds_per_pair'] * 1e6:.0f} µs of cold setup, {g['cache_bytes_per_pair']:.0f} bytes "
-        f"of token cache and {g['teacher_data_bytes_per_pair']:.0f} bytes of teacher data on disk. "
-        f"Files: `{out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}/`.",
-        end,
-    ]
+    lines = [begin]
+    for path in sorted((ROOT / "benchmarks" / "results").glob("scale-cpu*/scale.json")):
+        result = json.loads(path.read_text())
+        lines += [f"`{result['command']}` (`{path.parent.relative_to(ROOT)}/`):", "", table(result), ""]
+        lines.append(
+            f"CPU: {result['cpu']}, {result['cores']} cores, {result['cpu_features']}; commit "
+            f"{result['git_commit'][:7]}."
+        )
+        for g in result["growth"]:
+            lines.append(
+                f"From {g['from_pairs']:,} to {g['to_pairs']:,} pairs, a pair costs {g['peak_rss_bytes_per_pair']:.0f} "
+                f"bytes of peak RSS, {g['cold_seconds_per_pair'] * 1e6:.0f} µs of cold setup, "
+                f"{g['cache_bytes_per_pair']:.0f} bytes of token cache and "
+                f"{g['teacher_data_bytes_per_pair']:.0f} bytes of teacher data on disk; the teacher's input pass "
+                f"peaks {g['teacher_input_peak_rss_growth']:+.1%} higher."
+            )
+        lines.append("")
+    lines.append(end)
     head, rest = text.split(begin, 1)
     readme.write_text(head + "\n".join(lines) + rest.split(end, 1)[1])
 
@@ -298,15 +369,22 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--batches", type=int, default=200, help="loader batches timed (at most)")
     bench.add_argument("--seconds", type=float, default=20.0, help="loader seconds timed (at most)")
     bench.add_argument("--keep-caches", action="store_true")
+    sub.add_parser("readme", help="rewrite the README's table from the committed results")
     measure = sub.add_parser("measure", help="one measurement, in this process (the runner's child)")
-    measure.add_argument("what", choices=["setup", "loader"])
+    measure.add_argument("what", choices=["setup", "loader", "teacher_input"])
     measure.add_argument("options", help="JSON keyword arguments")
     args = parser.parse_args(argv)
     if args.command == "measure":
         options = json.loads(args.options)
-        folder, cache = Path(options.pop("folder")), Path(options.pop("cache_dir"))
-        result = measure_setup(folder, cache) if args.what == "setup" else measure_loader(folder, cache, **options)
+        if args.what == "teacher_input":
+            result = measure_teacher_input(Path(options["lines"]), Path(options["rows"]))
+        else:
+            folder, cache = Path(options.pop("folder")), Path(options.pop("cache_dir"))
+            result = measure_setup(folder, cache) if args.what == "setup" else measure_loader(folder, cache, **options)
         print(json.dumps(result))
+        return 0
+    if args.command == "readme":
+        write_readme()
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
     result = run(args.sizes, args.work, args.batches, args.seconds, args.keep_caches)
@@ -314,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
     result["command"] = "python benchmarks/scale.py " + shlex.join(given[1:])
     (args.out / "scale.json").write_text(json.dumps(result, indent=2) + "\n")
     (args.out / "scale.md").write_text(table(result) + "\n")
-    write_readme(result, args.out)
+    write_readme()
     plot(result, args.out / "scale.png")
     print(table(result))
     return 0
