@@ -176,8 +176,6 @@ def teach(cfg: TeachConfig) -> TeachReport:
     """Run the teacher stage (in every process of an ``accelerate launch``)."""
     from accelerate import PartialState
 
-    from teachers.teacher import CausalLMTeacher
-
     state = PartialState()
     options = cfg.scorer_options(state.device)
     output = Path(cfg.output)
@@ -195,6 +193,19 @@ def teach(cfg: TeachConfig) -> TeachReport:
     candidates, skipped = candidate_stream(InputOptions(**cfg.input_options))
     write_pair_rows(candidates, skipped, rows_folder, cfg.max_queries, ", ".join(cfg.input))
     pairs = PairRows(rows_folder)
+    try:
+        return _teach(cfg, state, options, output, cache_root, pairs)
+    finally:  # done, up to date or failed: the rows go (a rerun reads the inputs again)
+        pairs.close()
+        shutil.rmtree(rows_folder, ignore_errors=True)
+
+
+def _teach(
+    cfg: TeachConfig, state: Any, options: ScorerOptions, output: Path, cache_root: Path, pairs: PairRows
+) -> TeachReport:
+    """The stage once its inputs are in ``pairs``: load the teacher, then score what is not done yet."""
+    from teachers.teacher import CausalLMTeacher
+
     summary = pairs.summary
 
     teacher = CausalLMTeacher.load(
@@ -221,7 +232,6 @@ def teach(cfg: TeachConfig) -> TeachReport:
     }
     report = TeachReport(output, len(pairs), summary.queries, cfg.score_columns, True, summary.skipped)
     if _is_complete(output, fingerprint, cfg.overwrite):
-        _remove_rows(pairs, rows_folder)
         return report
 
     work = output.with_name(output.name + ".partial")
@@ -240,14 +250,7 @@ def teach(cfg: TeachConfig) -> TeachReport:
     state.wait_for_everyone()
     if state.is_main_process:
         _merge(work, output, len(pairs), cfg, fingerprint)
-    _remove_rows(pairs, rows_folder)
     return dataclasses.replace(report, up_to_date=False)
-
-
-def _remove_rows(pairs: PairRows, folder: Path) -> None:
-    """Close and remove this process's row file."""
-    pairs.close()
-    shutil.rmtree(folder, ignore_errors=True)
 
 
 def _passage_keys(teacher: Any, pairs: PairRows, chunk_size: int) -> np.ndarray:

@@ -101,6 +101,16 @@ def write_pair_rows(
     if folder.exists():
         shutil.rmtree(folder)
     folder.mkdir(parents=True)
+    try:
+        return _write_pair_rows(candidates, skipped, folder, max_queries, source)
+    except BaseException:  # bad input, or interrupted: no partial rows are left behind
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+
+
+def _write_pair_rows(
+    candidates: Iterable[Candidates], skipped: Counter[str], folder: Path, max_queries: int | None, source: str
+) -> InputSummary:
     digest = hashlib.sha256()
     pairs = queries = 0
     columns: dict[str, list[Any]] = {name: [] for name in SCHEMA.names}
