@@ -229,6 +229,28 @@ def test_cli_rerank_defaults_to_auto_and_names_the_backend(
     assert len(read_trec_run(out)) == 3 and f"-{expected}" in out.read_text().split()[-1]
 
 
+def test_auto_with_a_torch_lever_chooses_torch_on_a_cpu(
+    exported: Path, tmp_path: Path, sample_file: Path, candidates, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    """``--unpad`` (or any torch lever) with the default backend: auto passes over the backends that cannot run it,
+    where it used to pick ONNX and then refuse the lever."""
+    from distill.cli import main
+    from distill.serving.scorers import TorchOptions
+
+    monkeypatch.setattr(CpuFeatures, "read", classmethod(lambda cls, path=None: cls.parse(ZEN2)))
+    choice = choose_backend(exported, torch_levers=["unpad"])
+    assert choice.backend == "torch-fp32" and "onnx-fp32: unpad run(s) on torch only" in choice.reason
+    query, passages = candidates
+    unpadded = Reranker.load(exported, options=TorchOptions(unpad=True))
+    assert unpadded.backend == "torch-fp32"
+    reference = Reranker.load(exported, backend="torch").score(query, passages)
+    np.testing.assert_allclose(unpadded.score(query, passages), reference, atol=1e-5, rtol=0)
+    out = tmp_path / "unpadded.trec"
+    args = ["rerank", "--model", str(exported), "--input", str(sample_file), "--output", str(out), "--unpad", "true"]
+    assert main(args) == 0
+    assert "backend torch-fp32 (auto: fp32 CPU (avx2); passed over: " in capsys.readouterr().out
+
+
 def truncated_copy(exported: Path, tmp_path: Path) -> Path:
     folder = tmp_path / "truncated"
     shutil.copytree(exported, folder)

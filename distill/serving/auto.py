@@ -131,6 +131,7 @@ def choose_backend(
     device: str = "cpu",
     features: CpuFeatures | None = None,
     runtimes: Collection[Runtime] | None = None,
+    torch_levers: Collection[str] = (),
 ) -> Choice:
     """The fastest named backend that can serve the student in ``folder`` on ``device``.
 
@@ -139,6 +140,8 @@ def choose_backend(
         device: ``cpu`` or ``cuda[:N]``.
         features: the CPU's features (default: this machine's, :meth:`CpuFeatures.read`).
         runtimes: the installed runtimes (default: those found here, :func:`installed_runtimes`).
+        torch_levers: the torch backend's levers asked for (``unpad``, ``tf32``, ...): only torch runs them, so
+            the other backends are passed over.
 
     Raises:
         MissingFileError: no backend of the list can run (no runtime, or no file, for any of them).
@@ -151,7 +154,9 @@ def choose_backend(
     machine = "GPU" if cuda else f"{features.tier} CPU ({features.describe()})"
     passed_over = []
     for name in PREFERENCES["cuda" if cuda else features.tier]:
-        if runtime(name) not in runtimes:
+        if torch_levers and runtime(name) != "torch":
+            why = f"{', '.join(torch_levers)} run(s) on torch only"
+        elif runtime(name) not in runtimes:
             why = f"{runtime(name)} is not installed"
         elif not has_files(folder, name):
             why = f"no {' or '.join(backend_files(name))}"

@@ -24,7 +24,7 @@ from distill.core.student_card import StudentCard
 from distill.serving.auto import choose_backend
 from distill.serving.backends import BACKENDS, ONNX_DTYPES, OPENVINO_DTYPES, backend_name
 from distill.serving.encoding import Batch, encode_pairs, load_tokenizer, model_max_length
-from distill.serving.scorers import Scorer, TorchOptions, load_scorer, require_file
+from distill.serving.scorers import Scorer, TorchOptions, changed_levers, load_scorer, require_file
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +142,8 @@ class Reranker:
         if backend == "auto":
             if dtype is not None:
                 raise InputError(f"backend 'auto' chooses the dtype itself; dtype={dtype!r} needs a named backend")
-            choice = choose_backend(path, device)
+            levers = changed_levers(options) if options is not None else []
+            choice = choose_backend(path, device, torch_levers=levers)
             (backend, dtype), reason = choice.load_args, choice.reason
             log.info("%s: backend auto chose %s (%s)", path, choice.backend, reason)
         dtypes = OPENVINO_DTYPES if backend == "openvino" else ONNX_DTYPES

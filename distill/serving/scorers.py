@@ -165,7 +165,7 @@ class TorchScorer:
             return self.model(**inputs).logits[:, 0].float().cpu().numpy()
 
 
-def _changed(options: TorchOptions) -> list[str]:
+def changed_levers(options: TorchOptions) -> list[str]:
     """The names of the levers ``options`` sets away from their defaults."""
     return [name for name, value in asdict(options).items() if value != getattr(TorchOptions(), name)]
 
@@ -356,7 +356,7 @@ def load_scorer(
     if fmt == "torch":
         return TorchScorer(folder, device, dtype, options)
     if options is not None and options != TorchOptions():
-        raise InputError(f"{folder}: {', '.join(_changed(options))}: options of the torch backend, not of {fmt}")
+        raise InputError(f"{folder}: {', '.join(changed_levers(options))}: options of the torch backend, not of {fmt}")
     if fmt not in FORMAT_FILES:
         raise InputError(f"unknown format {fmt!r}: expected 'torch' or one of {sorted(FORMAT_FILES)}")
     path = folder / FORMAT_FILES[fmt]
