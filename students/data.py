@@ -18,7 +18,7 @@ from distill.core.devices import TRAIN_PAD_MULTIPLE, DeviceType, device_type
 from distill.core.label_table import QUERY, SOURCE, SOURCE_ROW, LabelTable, load_label_table
 from distill.core.loaders import load_qrels
 from distill.core.schema import InputError, Qrels
-from distill.core.unpadding import host_packing
+from distill.core.unpadding import lengths_packing
 from students.sampling import (
     LengthGroupedBatches,
     QueryGroupedBatches,
@@ -109,7 +109,7 @@ class Collator:
     ``attention_mask`` and (for models that take them) ``token_type_ids``, ``[B, T]`` int64. Adds ``target`` [B]
     float, ``group`` [B] long (batch-local query index), ``index`` [B] long (position in the split),
     ``group_sizes``, the host's ``(queries, most candidates of one)`` (see :mod:`students.losses`), and
-    ``packing``, where the real tokens are (:func:`distill.core.unpadding.host_packing`: for ``model.unpad``)."""
+    ``packing``, where the real tokens are (:func:`distill.core.unpadding.lengths_packing`: for ``model.unpad``)."""
 
     def __init__(self, split: Split, padding: Padding) -> None:
         self.split, self.padding = split, padding
@@ -137,7 +137,7 @@ class Collator:
         batch["group"] = torch.tensor([local[g] for g in groups])
         batch["index"] = torch.from_numpy(positions)
         batch["group_sizes"] = (len(local), max(Counter(groups).values()))
-        batch["packing"] = host_packing(mask)
+        batch["packing"] = lengths_packing(lengths, width, left=self.padding.side == "left")
         return batch
 
 

@@ -43,6 +43,7 @@ from typing import Any
 
 import numpy as np
 
+from distill.core.batching import segments
 from distill.core.schema import InputError
 from distill.core.teacher_data import METADATA_FILE, TeacherDataset
 
@@ -157,9 +158,7 @@ class TokenStore:
         """The token ids of pairs ``rows`` (``[m]``) back to back (``[sum of lengths]`` int64), their lengths and
         first-segment lengths (``[m]`` int64 each)."""
         lengths = np.asarray(self.lengths[rows], dtype=np.int64)
-        starts = np.asarray(self.offsets[rows], dtype=np.int64)
-        ends = np.cumsum(lengths)
-        positions = np.repeat(starts - (ends - lengths), lengths) + np.arange(ends[-1] if len(ends) else 0)
+        positions = segments(self.offsets[rows], lengths)
         return self.tokens[positions].astype(np.int64), lengths, np.asarray(self.query_lengths[rows], dtype=np.int64)
 
 

@@ -1,8 +1,10 @@
-"""Token-budget batching over length-sorted sequences."""
+"""Token-budget batching over length-sorted sequences, and gathering flat segments."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+
+import numpy as np
 
 
 def token_budget_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
@@ -34,3 +36,11 @@ def token_budget_batches(lengths: Sequence[int], max_tokens: int) -> list[list[i
     if current:
         batches.append(current)
     return batches
+
+
+def segments(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """The indices ``starts[0] .. starts[0] + lengths[0] - 1``, then those of the next segment, ...: ``[sum(lengths)]``
+    int64 (numpy, no Python loop)."""
+    starts, lengths = np.asarray(starts, dtype=np.int64), np.asarray(lengths, dtype=np.int64)
+    ends = np.cumsum(lengths)
+    return np.arange(int(ends[-1]) if len(ends) else 0, dtype=np.int64) - np.repeat(ends - lengths - starts, lengths)

@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
+from distill.core.batching import segments
 from distill.core.schema import InputError
 from distill.core.segment_cosine import MODEL_TYPE as SEGMENT_COSINE
 
@@ -83,12 +84,10 @@ def lengths_packing(lengths: np.ndarray, width: int, left: bool = False) -> dict
     """:func:`host_packing`'s fields for a batch ``[B, width]`` whose row ``i`` holds ``lengths[i]`` real tokens,
     padded on the right (or the ``left``), computed from the lengths with numpy: the mask is never read."""
     lengths = np.asarray(lengths, dtype=np.int64)
-    ends = np.cumsum(lengths)
     first = np.arange(len(lengths), dtype=np.int64) * width + (width - lengths if left else 0)
-    indices = np.arange(int(ends[-1]) if len(ends) else 0, dtype=np.int64) - np.repeat(ends - lengths - first, lengths)
     return {
-        "indices": torch.from_numpy(indices),
-        "cu_seqlens": torch.from_numpy(np.concatenate([[0], ends]).astype(np.int32)),
+        "indices": torch.from_numpy(segments(first, lengths)),
+        "cu_seqlens": torch.from_numpy(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)),
         "max_length": int(lengths.max(initial=0)),
     }
 

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from distill.core.batching import segments
 from distill.core.files import read_json_object
 
 INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
@@ -149,14 +150,6 @@ class Padded(dict):
         super().__init__()
         self.lengths = lengths
         self.left = left
-
-
-def segments(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """The indices ``starts[0] .. starts[0] + lengths[0] - 1``, then those of the next segment, ...: ``[sum(lengths)]``
-    int64 (numpy, no Python loop)."""
-    starts, lengths = np.asarray(starts, dtype=np.int64), np.asarray(lengths, dtype=np.int64)
-    ends = np.cumsum(lengths)
-    return np.arange(int(ends[-1]) if len(ends) else 0, dtype=np.int64) - np.repeat(ends - lengths - starts, lengths)
 
 
 def _flat(rows: Sequence[Sequence[int]], total: int) -> np.ndarray:
