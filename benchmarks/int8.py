@@ -35,15 +35,15 @@ from typing import Any
 import numpy as np
 from _common import RESULTS, invocation, slug
 
-from distill.backend.quantize import CALIBRATION_METHODS, QUANTISED_OPS, Calibration, quantize_int8
 from distill.bench.measure import environment
 from distill.core.batching import token_budget_batches
 from distill.core.devices import STUDENT_BATCH_TOKENS
 from distill.core.fidelity import fidelity_per_query, mean_fidelity
-from distill.core.layout import student_folder
 from distill.core.loaders import load_candidates
 from distill.core.metrics import evaluate
+from distill.core.run_folder import student_folder
 from distill.core.runs import run_from_columns
+from distill.export.quantize import CALIBRATION_METHODS, QUANTISED_OPS, Calibration, quantize_int8
 from distill.serving.encoding import encode_pairs, load_tokenizer, model_max_length, pad_batch
 from distill.serving.scorers import OnnxScorer, OpenVinoScorer, Scorer, SessionSettings
 

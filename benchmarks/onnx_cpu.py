@@ -53,16 +53,16 @@ from typing import Any
 import numpy as np
 from _common import RESULTS, display_path, invocation, slug
 
-from distill.backend.cls_tail import run_tail_on_first_token
-from distill.backend.export import EXAMPLE_PAIRS
-from distill.backend.onnx_export import Logits, export_onnx, fuse_transformer
-from distill.backend.parity import dl19_parity_set, ranking_ndcg10
-from distill.backend.quantize import Calibration, quantize_int8
 from distill.bench.measure import environment, int8_matmul_ops_per_s, matmul_flops_per_s
 from distill.core.batching import token_budget_batches
 from distill.core.devices import STUDENT_BATCH_TOKENS
-from distill.core.layout import student_folder
 from distill.core.loaders import load_candidates
+from distill.core.run_folder import student_folder
+from distill.export.cls_tail import run_tail_on_first_token
+from distill.export.folder import EXAMPLE_PAIRS
+from distill.export.onnx_graphs import Logits, export_onnx, fuse_transformer
+from distill.export.parity_set import dl19_parity_set, ranking_ndcg10
+from distill.export.quantize import Calibration, quantize_int8
 from distill.serving.encoding import encode_pairs, load_tokenizer, model_max_length, pad_batch
 from distill.serving.reranker import Reranker
 from distill.serving.scorers import (
@@ -161,7 +161,7 @@ def build_graphs(hf: Path, out: Path) -> dict[str, Path]:
     for name, const_b_only in (("int8-static-no-attention", False), ("int8-static-no-attention-weights", True)):
         paths[name] = out / f"{name}.onnx"
         shaped = SymbolicShapeInference.infer_shapes(onnx.load(str(no_attention)), auto_merge=True)
-        quantize_static(  # as distill.backend.quantize does, with the attention matmuls unfused
+        quantize_static(  # as distill.export.quantize does, with the attention matmuls unfused
             shaped,
             str(paths[name]),
             _Feeds(batches, [i.name for i in shaped.graph.input]),

@@ -40,7 +40,7 @@ from typing import Any, Literal
 import yaml
 
 from distill.core.config import check_keys, load_section, read_yaml_mapping
-from distill.core.layout import RunLayout
+from distill.core.run_folder import RunLayout
 from distill.core.schema import InputError
 
 STAGES = ("teach", "train", "export", "bench", "rerank", "eval")

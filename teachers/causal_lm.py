@@ -4,7 +4,7 @@ The scorer runs the transformer body once per batch and applies the LM head only
 positions that predict target tokens, a chunk of rows at a time: the full-vocabulary
 log-softmax of a whole batch is never held in memory (128k vocabularies included).
 
-Batches are laid out by :mod:`teachers.layout` (padded rows, or packed ones) and run without waiting for
+Batches are laid out by :mod:`teachers.batch_plan` (padded rows, or packed ones) and run without waiting for
 the device: inputs go over in pinned, non-blocking copies, the attention mask is built on the device, and
 each sequence's sum stays there until the end of :meth:`CausalLMScorer.logprobs`, which copies all of them
 to the host at once. The host thus lays out the next batch while the device runs the previous one.
@@ -23,7 +23,7 @@ from torch import nn
 
 from distill.core.devices import attention_backends
 from distill.core.schema import InputError
-from teachers.layout import PADDING_SEGMENT, BatchPlan, HostBatch, build_batch, plan_batches
+from teachers.batch_plan import PADDING_SEGMENT, BatchPlan, HostBatch, build_batch, plan_batches
 
 
 @dataclass(frozen=True)

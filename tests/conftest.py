@@ -120,8 +120,8 @@ def teacher_dataset(tmp_path_factory: pytest.TempPathFactory, tiny_llama: Path, 
 @pytest.fixture(scope="session")
 def parity():
     """Two real DL19 queries, 24 BM25 candidates each (and the long pair), also the int8 evaluation set."""
-    from distill.backend.parity import ParitySet
     from distill.core.loaders import load_candidates
+    from distill.export.parity_set import ParitySet
 
     data = load_candidates(DL19, qrels=DL19_QRELS)
     return ParitySet.from_data(data, queries=2, depth=24, ranking_queries=2, ranking_depth=24)
@@ -171,7 +171,7 @@ def student(tmp_path_factory: pytest.TempPathFactory, tiny_bert: Path, parity) -
 @pytest.fixture(scope="session")
 def exported(tmp_path_factory: pytest.TempPathFactory, student: Path, parity) -> Path:
     """The fitted student exported to every format (ONNX fp32/fp16/static int8, TorchScript)."""
-    from distill.backend.export import export_student
+    from distill.export.folder import export_student
 
     out = tmp_path_factory.mktemp("exports") / "student"
     export_student(student, out, fp16=True, int8="static", parity=parity)

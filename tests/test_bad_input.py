@@ -240,9 +240,9 @@ def test_a_run_that_ranks_a_pair_twice_is_refused_or_skipped(tmp_path: Path) -> 
 
 
 def test_a_string_input_in_teacher_json_is_one_input_and_migrates(teacher_dataset: Path, tmp_path: Path) -> None:
-    from distill.backend.quality_gate import _teacher_inputs
     from distill.core.student_card import StudentCard
     from distill.core.teacher_data import TeacherDataset
+    from distill.export.quality_gate import _teacher_inputs
 
     old = Path(shutil.copytree(teacher_dataset, tmp_path / "old"))
     metadata = json.loads((old / "teacher.json").read_text())
@@ -324,7 +324,7 @@ def test_an_unknown_hub_id_fails_at_once(monkeypatch: pytest.MonkeyPatch) -> Non
 
 
 def test_stale_staging_folders_are_removed_and_live_ones_kept(tmp_path: Path) -> None:
-    from distill.backend.export import remove_stale_staging
+    from distill.export.folder import remove_stale_staging
 
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     stale, live = tmp_path / f".export.tmp{dead.stdout.strip()}", tmp_path / f".export.tmp{os.getppid()}"
@@ -341,7 +341,7 @@ def test_sigterm_during_an_export_runs_its_clean_up() -> None:
     SIGTERM sent to it could reach first): the signal runs the export's clean-up, then exits with 128 + 15."""
     script = """
 import os, signal, time
-from distill.backend.export import _terminate_as_exit
+from distill.export.folder import _terminate_as_exit
 try:
     with _terminate_as_exit():
         try:

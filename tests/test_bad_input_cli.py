@@ -25,9 +25,9 @@ from .conftest import DL19, DL19_QRELS
 @pytest.fixture(scope="module")
 def export_dir(tmp_path_factory: pytest.TempPathFactory, tiny_bert: Path) -> Path:
     """The tiny BERT exported to ONNX (fp32 only), checked on one DL19 query."""
-    from distill.backend.export import export_student
-    from distill.backend.parity import ParitySet
     from distill.core.loaders import load_candidates
+    from distill.export.folder import export_student
+    from distill.export.parity_set import ParitySet
 
     data = load_candidates(DL19, qrels=DL19_QRELS)
     parity = ParitySet.from_data(data, queries=1, depth=4, ranking_queries=1, ranking_depth=8)

@@ -14,20 +14,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from distill.backend.export import export_student
-from distill.backend.parity import (
-    BATCH_SIZES,
-    NDCG_BOUND,
-    SCORE_BOUNDS,
-    SHORT_MAX_LENGTH,
-    FormatParity,
-    ParityError,
-    ParitySet,
-    verify_export,
-)
-from distill.backend.quality_gate import measure_quality_gate
 from distill.core.loaders import load_candidates
 from distill.core.schema import InputError
+from distill.export.folder import export_student
+from distill.export.parity import BATCH_SIZES, SCORE_BOUNDS, SHORT_MAX_LENGTH, FormatParity, ParityError, verify_export
+from distill.export.parity_set import NDCG_BOUND, ParitySet
+from distill.export.quality_gate import measure_quality_gate
 from distill.serving.auto import choose_backend
 from distill.serving.encoding import encode_pairs, pad_batch
 from distill.serving.hardware import CpuFeatures
@@ -136,15 +128,15 @@ def test_a_broken_graph_fails_the_parity_check(exported: Path, parity: ParitySet
 def test_a_failed_export_writes_nothing(
     student: Path, parity: ParitySet, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from distill.backend import onnx_export
+    from distill.export import onnx_graphs
 
-    real = onnx_export.export_onnx
+    real = onnx_graphs.export_onnx
 
     def planted(model, example, path):
         real(model, example, path)
         break_classifier_bias(path)
 
-    monkeypatch.setattr(onnx_export, "export_onnx", planted)
+    monkeypatch.setattr(onnx_graphs, "export_onnx", planted)
     with pytest.raises(ParityError, match=r"out \(nothing written\): parity check failed:\n  onnx: max \|Δscore"):
         export_student(student, tmp_path / "out", formats=("onnx",), parity=parity)
     assert list(tmp_path.iterdir()) == []
@@ -185,7 +177,7 @@ def test_fp16_the_cpu_cannot_run_is_recorded_as_not_checked(
     import onnxruntime
     from onnxruntime.capi import onnxruntime_pybind11_state as ort_errors
 
-    from distill.backend import parity as parity_module
+    from distill.export import parity as parity_module
 
     real = parity_module.OnnxScorer
 
@@ -380,7 +372,7 @@ def test_the_last_layer_tail_runs_on_the_first_token(exported: Path, tmp_path: P
     import onnx
     from onnx import TensorProto, helper
 
-    from distill.backend.cls_tail import run_tail_on_first_token
+    from distill.export.cls_tail import run_tail_on_first_token
 
     graph = onnx.load(str(exported / "model.onnx")).graph
     cuts = [n for n in graph.node if n.op_type == "Gather" and n.output[0].endswith("/first_token")]
@@ -423,7 +415,7 @@ def test_a_bad_static_calibration_fails_the_int8_bound(
 def test_histogram_calibrations_quantise_on_batches_of_one_shape(exported: Path, tmp_path: Path, method: str) -> None:
     """The histogram calibrations stack every batch's activations, so their batches share one shape (pairs of
     different lengths padded to the longest); the graph they give scores real pairs close to fp32."""
-    from distill.backend.quantize import Calibration, quantize_int8
+    from distill.export.quantize import Calibration, quantize_int8
     from distill.serving.scorers import OnnxScorer
 
     folder = tmp_path / "student"

@@ -11,8 +11,8 @@ import huggingface_hub
 import pytest
 from huggingface_hub.errors import HFValidationError, LocalTokenNotFoundError
 
-from distill.backend.hub import HubUploadError, push_to_hub
 from distill.core.schema import UserError
+from distill.export.hub import HubUploadError, push_to_hub
 
 from .conftest import DL19_QRELS
 

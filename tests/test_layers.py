@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import pkgutil
 import subprocess
@@ -23,7 +24,7 @@ ABOVE_GROUND = (
     "teachers",
     "students",
     "distill.serving",
-    "distill.backend",
+    "distill.export",
     "distill.stages",
     "distill.bench",
     "distill.retrieval",
@@ -40,7 +41,7 @@ RULES = {
         "datasets",
         "teachers",
         "students",
-        "distill.backend",
+        "distill.export",
         "distill.stages",
         "distill.bench",
         "distill.cli",
@@ -118,4 +119,75 @@ def test_rerank_on_onnx_never_loads_torch(tmp_path: Path, exported: Path, sample
         str(output),
     )
     assert output.is_file()
-    assert not offending(modules, ("torch", "pytorch_lightning", "datasets", "teachers", "students", "distill.backend"))
+    assert not offending(modules, ("torch", "pytorch_lightning", "datasets", "teachers", "students", "distill.export"))
+
+
+PACKAGES = ("distill", "teachers", "students")
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the project modules it imports anywhere in its source (top level, in functions, under
+    ``TYPE_CHECKING``), read with ``ast`` without importing anything. ``from pkg import name`` counts as importing
+    ``pkg.name`` when that is a module, else ``pkg``; a package is its ``__init__``."""
+    sources = {}
+    for package in PACKAGES:
+        for source in (REPO / package).rglob("*.py"):
+            parts = source.relative_to(REPO).with_suffix("").parts
+            sources[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = source
+    graph: dict[str, set[str]] = {}
+    for module, source in sources.items():
+        targets: set[str] = set()
+        for node in ast.walk(ast.parse(source.read_text())):
+            if isinstance(node, ast.Import):
+                targets |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                targets |= {
+                    f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in sources else node.module
+                    for a in node.names
+                }
+        graph[module] = {t for t in targets if t in sources and t != module}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm): each is an import circle."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in graph.get(node, ()):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_cycles_finds_a_planted_circle() -> None:
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_module_imports_a_module_that_imports_it_back() -> None:
+    """No import circle among the project's modules, lazy imports and ``TYPE_CHECKING`` imports included."""
+    graph = import_graph()
+    assert {"distill.export.parity", "distill.export.quality_gate", "students.module"} <= graph.keys()
+    assert cycles(graph) == []

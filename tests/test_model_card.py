@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from distill.backend.model_card import render_model_card
+from distill.export.model_card import render_model_card
 
 from .conftest import REPO
 
@@ -113,7 +113,7 @@ def test_a_full_card_names_its_teacher_data_and_figures_without_absolute_paths()
 
 
 def test_the_precisions_table_shows_the_gates_interval_verdict_and_rule() -> None:
-    from distill.backend.model_card import _precisions
+    from distill.export.model_card import _precisions
 
     gate = {
         "pairs": "16 validation queries",

@@ -11,9 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from distill.backend import quality_gate
-from distill.backend.parity import NDCG_BOUND, Pair, ParitySet
-from distill.backend.quality_gate import (
+from distill.core.loaders import load_candidates, load_qrels
+from distill.core.schema import InputError, MissingFileError
+from distill.export import quality_gate
+from distill.export.parity_set import NDCG_BOUND, Pair, ParitySet
+from distill.export.quality_gate import (
     GATE_BACKENDS,
     NO_BF16,
     NO_OPENVINO,
@@ -29,8 +31,6 @@ from distill.backend.quality_gate import (
     measure_quality_gate,
     validation_set,
 )
-from distill.core.loaders import load_candidates, load_qrels
-from distill.core.schema import InputError, MissingFileError
 
 from .conftest import DL19, REPO
 

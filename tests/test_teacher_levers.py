@@ -14,6 +14,7 @@ import torch
 from distill.core.batching import token_budget_batches
 from distill.core.schema import InputError
 from teachers import CausalLMTeacher
+from teachers.batch_plan import PADDING_SEGMENT, build_batch, plan_batches
 from teachers.causal_lm import (
     CausalLMScorer,
     ScorerOptions,
@@ -24,7 +25,6 @@ from teachers.causal_lm import (
     sequence_sums,
     target_logprobs,
 )
-from teachers.layout import PADDING_SEGMENT, build_batch, plan_batches
 
 from .test_teacher import naive_logprob
 

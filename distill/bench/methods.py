@@ -143,7 +143,7 @@ def count_parameters(folder: Path) -> int:
 @dataclass(frozen=True)
 class EncoderFlops:
     """The matmul FLOPs a BERT-style cross-encoder's score needs: every layer at every position, but the last layer
-    beyond its keys and values only at the ``[CLS]`` position the score reads (see :mod:`distill.backend.cls_tail`),
+    beyond its keys and values only at the ``[CLS]`` position the score reads (see :mod:`distill.export.cls_tail`),
     then the pooler and the classifier once per pair."""
 
     layers: int

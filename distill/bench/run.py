@@ -40,9 +40,9 @@ from distill.bench.quality import REFERENCE, QualitySet
 from distill.bench.timing import time_method
 from distill.bench.workload import TOKEN_COUNTS, Workload, rerank_workload, token_count_workloads
 from distill.core.devices import MATMUL_SIZE, TEACHER_BATCH_TOKENS, compute_dtype, resolve_device
-from distill.core.layout import RunLayout, student_folder
 from distill.core.loaders import load_candidates
 from distill.core.paths import output_folder
+from distill.core.run_folder import RunLayout, student_folder
 from distill.core.schema import InputError, MissingFileError, RerankingData
 from distill.serving.encoding import load_tokenizer
 

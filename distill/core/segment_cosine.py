@@ -13,7 +13,7 @@ Importing this module registers the architecture with ``AutoConfig`` and ``AutoM
 ``CrossEncoder``, once this module is imported) loads such a student like any other.
 
 ``distill export`` copies this very file into the export folder as Hugging Face remote code
-(``modeling_segment_cosine.py``, see :mod:`distill.backend.remote_code`), so that a Python without cis-distill
+(``modeling_segment_cosine.py``, see :mod:`distill.export.remote_code`), so that a Python without cis-distill
 loads the student with ``trust_remote_code=True``: it must import nothing but torch and transformers.
 """
 

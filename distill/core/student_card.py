@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from distill.core.files import read_json_object
-from distill.core.layout import MODEL_CONFIG
+from distill.core.run_folder import MODEL_CONFIG
 from distill.core.schema import InputError, MissingFileError
 
 CONFIG_KEY = "cis_distill"

@@ -251,7 +251,7 @@ faster and closer to fp32 (``benchmarks/onnx_cpu.py --stages openvino`` on an AV
 channels: 472 ms against 497 ms, nDCG@10 -0.13 against -0.30 on DL19)."""
 OPENVINO_INT8_GROUP_SIZE = 128
 """Channels of a token's activations that OpenVINO quantises with one int8 scale, at run time, before a matmul whose
-weights are int8 (the graph of ``int8_mode: weights``, see :mod:`distill.backend.quantize`). Chosen on DL21 by
+weights are int8 (the graph of ``int8_mode: weights``, see :mod:`distill.export.quantize`). Chosen on DL21 by
 ``benchmarks/int8.py`` on the final student: its ranking keeps Spearman 0.998 with fp32's (0.997 with one scale per
 384 channels, 0.999 with none, which runs no int8 matmul), and it was the fastest group size timed there (443 ms,
 against 452 for 64 and 670 for 384)."""

@@ -260,7 +260,7 @@ def teacher_fidelity(
 
 def held_out_queries(student: str | Path) -> set[str]:
     """The query ids a student was validated on, from its card; ``student`` is a training run or model folder."""
-    from distill.core.layout import student_folder
+    from distill.core.run_folder import student_folder
     from distill.core.student_card import StudentCard
 
     return set(StudentCard.read(student_folder(student, exported=False)).val_queries)

@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from distill.backend.export import ExportReport
-from distill.backend.quantize import Calibration, Int8Mode
+from distill.export.folder import ExportReport
+from distill.export.quantize import Calibration, Int8Mode
 
 
 @dataclass
@@ -26,7 +26,7 @@ class ExportConfig:
     int8_mode: Int8Mode = "static"
     """``static`` (activation scales calibrated on ``calibration``), ``dynamic`` (one scale per tensor computed at
     run time; both for onnxruntime) or ``weights`` (int8 weights only; OpenVINO quantises each token's activations
-    at run time, far more finely; needs ``cis-distill[openvino]``). See :mod:`distill.backend.quantize`."""
+    at run time, far more finely; needs ``cis-distill[openvino]``). See :mod:`distill.export.quantize`."""
     calibration: Calibration = field(default_factory=Calibration)
     """The pairs static int8 is calibrated on (default: DL21 and DL22 BM25 candidates, 4 per query)."""
     parity_input: str | None = None
@@ -53,14 +53,14 @@ class ExportConfig:
 
 def export(cfg: ExportConfig) -> ExportReport:
     """Export the student of ``cfg.checkpoint``; nothing is written if a format breaks its parity bound."""
-    from distill.backend.export import export_student
-    from distill.backend.parity import ParitySet, dl19_parity_set
-    from distill.backend.quality_gate import validation_set
     from distill.core.files import check_model_folder
-    from distill.core.layout import RunLayout, student_folder
     from distill.core.loaders import load_candidates
     from distill.core.paths import output_folder
+    from distill.core.run_folder import RunLayout, student_folder
     from distill.core.schema import InputError
+    from distill.export.folder import export_student
+    from distill.export.parity_set import ParitySet, dl19_parity_set
+    from distill.export.quality_gate import validation_set
 
     if cfg.checkpoint is None:
         raise InputError("export: checkpoint is required (a training run or an HF folder)")
@@ -79,7 +79,7 @@ def export(cfg: ExportConfig) -> ExportReport:
         model, output, tuple(cfg.formats), cfg.fp16, int8, parity, cfg.calibration, cfg.push_to_hub, cfg.license
     )
     if cfg.push_to_hub:
-        from distill.backend.hub import push_to_hub
+        from distill.export.hub import push_to_hub
 
         report.hub_url = push_to_hub(report.out_dir, cfg.push_to_hub, cfg.private)
     return report

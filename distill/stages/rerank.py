@@ -117,8 +117,8 @@ def rerank_run(reranker: Reranker, candidates: list[Candidates]) -> Run:
 
 def rerank(cfg: RerankConfig) -> RerankReport:
     """Rerank ``cfg.input`` with the student ``cfg.model`` and write ``cfg.output``."""
-    from distill.core.layout import student_folder
     from distill.core.loaders import load_candidates
+    from distill.core.run_folder import student_folder
     from distill.core.runs import write_trec_run
     from distill.serving.reranker import Reranker
     from distill.stages.evaluate import held_out_queries

@@ -2,7 +2,7 @@
 
     distill train --config configs/train/minilm-dl19.yaml [--trainer.devices 4 --trainer.strategy ddp]
 
-Every run writes to ``<checkpoint_root>/<run_name>/`` (see :class:`~distill.core.layout.RunLayout`):
+Every run writes to ``<checkpoint_root>/<run_name>/`` (see :class:`~distill.core.run_folder.RunLayout`):
 ``checkpoints/`` (``best.ckpt`` by validation nDCG@10, ``last.ckpt``, the newest state: see
 :mod:`students.checkpointing`), ``hf/`` (the best student as a plain Hugging Face folder), ``logs/`` (CSV and
 the resolved config) and ``wandb/`` (offline by default). ``--ckpt_path last`` resumes a run at the batch after
@@ -29,7 +29,7 @@ from pytorch_lightning.cli import LightningCLI
 from pytorch_lightning.loggers import WandbLogger
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
-from distill.core.layout import RunLayout
+from distill.core.run_folder import RunLayout
 from distill.core.schema import InputError
 from students.checkpointing import (
     EVERY_MINUTES,
@@ -41,7 +41,7 @@ from students.checkpointing import (
 )
 from students.csv_logger import ResumableCSVLogger
 from students.data import StudentDataModule
-from students.export import ExportBestToHF
+from students.hf_folder import ExportBestToHF
 from students.module import CrossEncoderModule
 from students.progress import LogProgress
 

@@ -10,7 +10,7 @@ ranking set, each query's candidates scored once per backend through :class:`~di
 
 The ranking set holds few queries (the student's 8 to 16 validation queries), on which one near-tie swapped at the
 top of one query moves the mean nDCG@10 by a point. So the delta decides only where its interval does: a backend
-fails when the interval lies wholly beyond ±:data:`~distill.backend.parity.NDCG_BOUND` (quality moved) and passes
+fails when the interval lies wholly beyond ±:data:`~distill.export.parity_set.NDCG_BOUND` (quality moved) and passes
 when it lies within; where the interval straddles the bound (too few queries to tell), the backend passes if it
 orders the candidates as PyTorch fp32 does (Spearman at least :attr:`GateRule.spearman_floor`: what moved nDCG@10
 was near-ties), and fails if it reorders them. card.json keeps the figures as ``quality_gate`` (see
@@ -31,12 +31,12 @@ from typing import Any
 
 import numpy as np
 
-from distill.backend.parity import NDCG_BOUND, Pair, ParitySet
-from distill.backend.paths import REPO, resolve_path, shown_path
 from distill.core.runs import Run
 from distill.core.schema import Candidates, InputError, MissingFileError, Qrels, RerankingData
 from distill.core.student_card import StudentCard
 from distill.core.teacher_data import TeacherDataset
+from distill.export.parity_set import NDCG_BOUND, Pair, ParitySet
+from distill.export.paths import REPO, resolve_path, shown_path
 from distill.serving.backends import NAMED_BACKENDS
 from distill.serving.hardware import CpuFeatures
 from distill.serving.scorers import FORMAT_FILES
@@ -48,7 +48,7 @@ precisions, and the fp32 ones (held to 1e-4 by the parity check) so that the ser
 BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
 """The CPU flags (``/proc/cpuinfo``) of bf16 arithmetic, without which OpenVINO computes bf16 graphs in fp32."""
 INT8_BACKENDS = {"openvino": "openvino-int8", "onnxruntime": "onnx-int8"}
-"""The runtime an int8 graph was made for (:data:`~distill.backend.quantize.INT8_RUNTIMES`) -> its gate backend."""
+"""The runtime an int8 graph was made for (:data:`~distill.export.quantize.INT8_RUNTIMES`) -> its gate backend."""
 DL21 = REPO / "data" / "trec-dl21"
 """The shipped TREC DL21 BM25 candidates and qrels: the ranking set of a student without a card."""
 QRELS_FILE = "qrels.txt"

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from distill.backend.onnx_export import Logits
+from distill.export.onnx_graphs import Logits
 
 
 class Scores(Logits):
@@ -24,7 +24,7 @@ def export_torchscript(model: torch.nn.Module, example: dict[str, torch.Tensor],
 
     A trace records the operations of one input, so ``example`` must have batch >= 2 and padding (an
     attention mask with zeros). Its TracerWarnings (shape-dependent branches treated as constants) are
-    silenced: the parity check at several batch sizes and lengths (:mod:`distill.backend.parity`) is what
+    silenced: the parity check at several batch sizes and lengths (:mod:`distill.export.parity`) is what
     proves the file valid for any batch and any length up to the max.
     """
     with warnings.catch_warnings():

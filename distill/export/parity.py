@@ -5,7 +5,7 @@ batches are padded) and at two max lengths: :data:`SHORT_MAX_LENGTH` (most pairs
 model's max (up to 512; a long pair reaches it). Bounds: max |Δscore| against PyTorch fp32 of
 :data:`SCORE_BOUNDS`, which an export must hold. The int8 graph, whose scores move more, is held to the
 nDCG@10 difference of :data:`NDCG_BOUND` on the ranking set instead: that is the quality gate's verdict
-(:mod:`distill.backend.quality_gate`, by default on every candidate of the student's held-out validation queries,
+(:mod:`distill.export.quality_gate`, by default on every candidate of the student's held-out validation queries,
 never DL19, the test set), recorded here and in card.json. A graph outside it is kept, marked as failed, and so
 never chosen by ``backend="auto"``; an explicit ``dtype="int8"`` still runs it.
 """
@@ -13,30 +13,22 @@ never chosen by ``backend="auto"``; an explicit ``dtype="int8"`` still runs it.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from distill.backend.paths import shown_path
-from distill.core.runs import run_from_columns
-from distill.core.schema import InputError, Qrels, RerankingData, UserError
+from distill.core.schema import UserError
+from distill.export.parity_set import NDCG_BOUND, Pair, ParitySet, dl19_parity_set
+from distill.export.quality_gate import QualityGate, int8_backend
 from distill.serving.encoding import encode_pairs, load_tokenizer, model_max_length, pad_batch
 from distill.serving.scorers import FORMAT_FILES, OnnxScorer, Scorer, TorchScorer, load_scorer
-
-if TYPE_CHECKING:
-    from distill.backend.quality_gate import QualityGate
 
 BATCH_SIZES = (1, 7, 32)
 SHORT_MAX_LENGTH = 32
 SCORE_BOUNDS = {"onnx": 1e-4, "torchscript": 1e-4, "onnx-fp16": 2e-2}
 """Max |Δscore| of each format against PyTorch fp32."""
-NDCG_BOUND = 0.5
-"""Max |ΔnDCG@10| (points, x100) of the int8 graph against PyTorch fp32."""
-
-DL19 = Path(__file__).resolve().parents[2] / "data" / "trec-dl19"
-"""The shipped TREC DL19 BM25 candidates and qrels: the default parity pairs."""
 
 
 class ParityError(UserError):
@@ -46,66 +38,6 @@ class ParityError(UserError):
         super().__init__(f"{where}: parity check failed:\n  " + "\n  ".join(failures))
         self.failures = failures
         self.results = results
-
-
-@dataclass(frozen=True)
-class Pair:
-    qid: str
-    docid: str | None
-    """None for the long pair, which is no candidate (and is left out of rankings)."""
-    query: str
-    passage: str
-
-
-@dataclass(frozen=True)
-class ParitySet:
-    """Real (query, passage) pairs to compare the formats on, with qrels for the int8 ranking check."""
-
-    pairs: list[Pair]
-    """Pairs for the score bounds."""
-    ranking: list[Pair] = field(default_factory=list)
-    """The ranking set of the quality gate and the int8 nDCG@10 bound: candidate lists of judged queries, each
-    query's pairs consecutive."""
-    qrels: Qrels = field(default_factory=dict)
-    ranking_source: str = ""
-    """One line: which queries and candidates ``ranking`` holds."""
-
-    @classmethod
-    def from_data(
-        cls,
-        data: RerankingData,
-        queries: int = 3,
-        depth: int = 32,
-        ranking_queries: int | None = None,
-        ranking_depth: int | None = None,
-    ) -> ParitySet:
-        """Score pairs: the first ``depth`` candidates of the first ``queries`` queries, and a long pair (the
-        first query with those candidates' passages joined) that reaches the max length. Evaluation set: the
-        first ``ranking_depth`` candidates of the first ``ranking_queries`` judged queries (default all)."""
-        lists = data.candidates[:queries]
-        if not lists:
-            raise InputError(f"{data.source}: no candidates for the parity check")
-        pairs = [Pair(c.query.qid, p.docid, c.query.text, p.text) for c in lists for p in c.passages[:depth]]
-        first = lists[0]
-        long_passage = " ".join(p.text for p in first.passages[:depth])
-        judged = [c for c in data.candidates if c.query.qid in data.qrels][:ranking_queries]
-        ranking = [Pair(c.query.qid, p.docid, c.query.text, p.text) for c in judged for p in c.passages[:ranking_depth]]
-        depth = "all" if ranking_depth is None else f"the first {ranking_depth}"
-        source = f"{len(judged)} judged queries of {shown_path(data.source)}, {depth} of their candidates"
-        return cls([*pairs, Pair(first.query.qid, None, first.query.text, long_passage)], ranking, data.qrels, source)
-
-    def with_ranking(self, other: ParitySet) -> ParitySet:
-        """These score pairs with ``other``'s ranking set (its ``ranking``, ``qrels`` and ``ranking_source``)."""
-        return replace(self, ranking=other.ranking, qrels=other.qrels, ranking_source=other.ranking_source)
-
-
-def dl19_parity_set() -> ParitySet:
-    """The first 3 DL19 queries, 32 BM25 candidates each (the export's default score pairs), and a ranking set of
-    all 43 judged DL19 queries (``benchmarks/onnx_cpu.py`` measures on it; the export replaces it with the student's
-    validation queries, :func:`~distill.backend.quality_gate.validation_set`)."""
-    from distill.core.loaders import load_candidates
-
-    return ParitySet.from_data(load_candidates(DL19 / "bm25_top100.json", qrels=DL19 / "qrels.txt"))
 
 
 @dataclass
@@ -174,7 +106,7 @@ def verify_export(
     Everything runs on the CPU, on onnxruntime, but the int8 graph runs on ``int8_runtime`` (``openvino`` for the
     graph of ``int8_mode: weights``), and the fp16 graph, where onnxruntime cannot run it on the CPU, runs on CUDA
     where there is one, and is otherwise recorded as not checked. The int8 graph's nDCG@10 bound reads its entry
-    in ``gate`` (:func:`~distill.backend.quality_gate.measure_quality_gate` on ``parity``'s ranking set; without
+    in ``gate`` (:func:`~distill.export.quality_gate.measure_quality_gate` on ``parity``'s ranking set; without
     one, the bound is recorded as not checked).
 
     Raises:
@@ -240,18 +172,8 @@ def _score(
     return scores
 
 
-def ranking_ndcg10(pairs: list[Pair], scores: np.ndarray, qrels: Qrels) -> float:
-    """nDCG@10 (x100) of the candidate lists ``pairs`` ranked by ``scores`` (``[len(pairs)]``)."""
-    from distill.core.metrics import evaluate
-
-    run = run_from_columns([p.qid for p in pairs], [p.docid for p in pairs], scores.tolist())
-    return evaluate(run, qrels, ["nDCG@10"])["nDCG@10"]
-
-
 def _record_ranking(result: FormatParity, gate: QualityGate | None) -> None:
     """The int8 graph's nDCG@10 and PyTorch's on the ranking set, from the quality gate's entry for its runtime."""
-    from distill.backend.quality_gate import int8_backend
-
     quality = gate.backends.get(int8_backend(result.runtime or "onnxruntime")) if gate else None
     if gate is None or quality is None or quality.ndcg10 is None:
         reason = quality.not_checked if quality else "no judged validation queries to rank"

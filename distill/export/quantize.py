@@ -1,4 +1,4 @@
-"""int8 graphs of a student for CPUs, quantised from its fused fp32 graph (:mod:`distill.backend.onnx_export`).
+"""int8 graphs of a student for CPUs, quantised from its fused fp32 graph (:mod:`distill.export.onnx_graphs`).
 
 - ``dynamic``: int8 weights with one scale per output channel; activations quantised at run time, one scale per
   tensor from its min and max (``quantize_dynamic``: ``QAttention``, ``DynamicQuantizeMatMul``). Needs no data.
@@ -13,7 +13,7 @@
   It is a graph for OpenVINO: onnxruntime folds the weights back to fp32 when it loads it.
 
 Whichever the mode, the parity check bounds the int8 graph's nDCG@10 change on the runtime that runs it
-(:mod:`distill.backend.parity`).
+(:mod:`distill.export.parity`).
 """
 
 from __future__ import annotations

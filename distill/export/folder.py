@@ -2,10 +2,10 @@
 
 The export folder holds the HF folder's files (it loads with ``AutoModelForSequenceClassification`` and
 sentence-transformers' ``CrossEncoder``; a head ``transformers`` does not know also gets its modeling code as
-remote code, :mod:`distill.backend.remote_code`), the tokenizer (``tokenizer.json`` included, for runtimes
+remote code, :mod:`distill.export.remote_code`), the tokenizer (``tokenizer.json`` included, for runtimes
 without transformers), the exported files of :data:`~distill.serving.scorers.FORMAT_FILES`, ``card.json`` (with
-the quality gate of every lower precision, :mod:`distill.backend.quality_gate`) and ``README.md``, its model card
-in the Hugging Face Hub's format (:mod:`distill.backend.model_card`). It is written to a staging folder and moved
+the quality gate of every lower precision, :mod:`distill.export.quality_gate`) and ``README.md``, its model card
+in the Hugging Face Hub's format (:mod:`distill.export.model_card`). It is written to a staging folder and moved
 into place only when every file passes the parity check, so a failed export leaves nothing behind.
 """
 
@@ -27,16 +27,17 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
-from distill.backend.model_card import render_model_card
-from distill.backend.parity import FormatParity, ParityError, ParitySet, dl19_parity_set, verify_export
-from distill.backend.paths import resolve_path
-from distill.backend.quality_gate import QualityGate, measure_quality_gate, validation_set
-from distill.backend.quantize import INT8_RUNTIMES, Calibration, Int8Mode
-from distill.backend.remote_code import write_remote_code
 from distill.core.files import check_model_folder
 from distill.core.schema import ExistingOutputError, InputError
 from distill.core.student_card import StudentCard
 from distill.core.teacher_data import TeacherDataset
+from distill.export.model_card import render_model_card
+from distill.export.parity import FormatParity, ParityError, verify_export
+from distill.export.parity_set import ParitySet, dl19_parity_set
+from distill.export.paths import resolve_path
+from distill.export.quality_gate import QualityGate, measure_quality_gate, validation_set
+from distill.export.quantize import INT8_RUNTIMES, Calibration, Int8Mode
+from distill.export.remote_code import write_remote_code
 from distill.serving.auto import EXPORT_CARD
 from distill.serving.encoding import encode_pairs, input_names, load_tokenizer, model_max_length, pad_batch
 from distill.serving.scorers import FORMAT_FILES, WEIGHT_FILES, require_file
@@ -62,7 +63,7 @@ class ExportReport:
     """Format -> file name in ``out_dir``."""
     optimizations: dict[str, dict[str, Any]]
     """ONNX format -> what was done to its graph: for ``onnx``, the exporter, the fused op counts and how many ops
-    run on the first token only (:mod:`distill.backend.cls_tail`); for ``onnx-int8`` and ``onnx-fp16``, the graph
+    run on the first token only (:mod:`distill.export.cls_tail`); for ``onnx-int8`` and ``onnx-fp16``, the graph
     they come from and, for int8, the quantisation (mode, types, calibration)."""
     parity: list[FormatParity]
     quality_gate: QualityGate | None = None
@@ -121,16 +122,16 @@ def export_student(
         hf_dir: a student's Hugging Face folder (``AutoModelForSequenceClassification``, one label).
         out_dir: the export folder; an existing one is replaced only if it is an export folder (has ``card.json``).
         formats: ``onnx`` (``model.onnx``: dynamic batch and sequence axes, fused by onnxruntime's transformer
-            optimiser for the BERT family, see :mod:`distill.backend.onnx_export`) and/or ``torchscript``
+            optimiser for the BERT family, see :mod:`distill.export.onnx_graphs`) and/or ``torchscript``
             (``model.torchscript.pt``, a trace returning ``[batch]`` scores).
         fp16: also write ``model.fp16.onnx`` (fp16 weights, for GPUs); needs ``onnx``.
         int8: also write ``model.int8.onnx`` (int8, for CPUs), quantised ``static``, ``dynamic`` (for
-            onnxruntime) or ``weights`` (for OpenVINO; see :mod:`distill.backend.quantize`); needs ``onnx``.
+            onnxruntime) or ``weights`` (for OpenVINO; see :mod:`distill.export.quantize`); needs ``onnx``.
         parity: the score pairs of the parity check and the ranking set of the quality gate (and the int8
-            nDCG@10 bound); default: the score pairs of :func:`~distill.backend.parity.dl19_parity_set` and the
-            student's validation pairs, :func:`~distill.backend.quality_gate.validation_set`.
+            nDCG@10 bound); default: the score pairs of :func:`~distill.export.parity_set.dl19_parity_set` and the
+            student's validation pairs, :func:`~distill.export.quality_gate.validation_set`.
         calibration: the pairs static int8 is calibrated on; default
-            :class:`~distill.backend.quantize.Calibration` (DL21 and DL22 candidates).
+            :class:`~distill.export.quantize.Calibration` (DL21 and DL22 candidates).
         hub_id: the Hugging Face Hub id the model card's usage snippets load (default: a placeholder path).
         license: the model card's licence (a Hub licence identifier).
 
@@ -256,8 +257,8 @@ def _write_formats(
     written: dict[str, str] = {}
     optimizations: dict[str, dict[str, Any]] = {}
     if "onnx" in formats:
-        from distill.backend.cls_tail import run_tail_on_first_token
-        from distill.backend.onnx_export import OPSET, convert_fp16, export_onnx, fuse_transformer
+        from distill.export.cls_tail import run_tail_on_first_token
+        from distill.export.onnx_graphs import OPSET, convert_fp16, export_onnx, fuse_transformer
 
         path = folder / FORMAT_FILES["onnx"]
         eager = AutoModelForSequenceClassification.from_pretrained(
@@ -278,13 +279,13 @@ def _write_formats(
             written["onnx-fp16"] = FORMAT_FILES["onnx-fp16"]
             optimizations["onnx-fp16"] = {"from": FORMAT_FILES["onnx"]}
         if int8:
-            from distill.backend.quantize import quantize_int8
+            from distill.export.quantize import quantize_int8
 
             quantised = quantize_int8(path, folder / FORMAT_FILES["onnx-int8"], int8, calibration)
             written["onnx-int8"] = FORMAT_FILES["onnx-int8"]
             optimizations["onnx-int8"] = {"from": FORMAT_FILES["onnx"], **quantised}
     if "torchscript" in formats:
-        from distill.backend.torchscript_export import export_torchscript
+        from distill.export.torchscript_file import export_torchscript
 
         model = AutoModelForSequenceClassification.from_pretrained(folder, dtype=torch.float32).eval()
         export_torchscript(model, example, folder / FORMAT_FILES["torchscript"])
@@ -299,7 +300,7 @@ def _card(hf_dir: Path, out_dir: Path, folder: Path, report: ExportReport) -> di
     command gave them (its teacher data)."""
     from transformers import AutoConfig
 
-    from distill.backend.onnx_export import OPSET
+    from distill.export.onnx_graphs import OPSET
 
     config = AutoConfig.from_pretrained(folder)
     tokenizer = load_tokenizer(folder)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from distill.core.files import read_json_object
-from distill.core.layout import MODEL_CONFIG
+from distill.core.run_folder import MODEL_CONFIG
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,88 @@
+"""The pairs an export is checked on: score pairs for the parity bounds and a ranking set (judged queries' candidate
+lists) for nDCG@10, read by the parity check (:mod:`distill.export.parity`) and the quality gate
+(:mod:`distill.export.quality_gate`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+
+from distill.core.runs import run_from_columns
+from distill.core.schema import InputError, Qrels, RerankingData
+from distill.export.paths import shown_path
+
+NDCG_BOUND = 0.5
+"""Max |ΔnDCG@10| (points, x100) of the int8 graph against PyTorch fp32."""
+
+DL19 = Path(__file__).resolve().parents[2] / "data" / "trec-dl19"
+"""The shipped TREC DL19 BM25 candidates and qrels: the default parity pairs."""
+
+
+@dataclass(frozen=True)
+class Pair:
+    qid: str
+    docid: str | None
+    """None for the long pair, which is no candidate (and is left out of rankings)."""
+    query: str
+    passage: str
+
+
+@dataclass(frozen=True)
+class ParitySet:
+    """Real (query, passage) pairs to compare the formats on, with qrels for the int8 ranking check."""
+
+    pairs: list[Pair]
+    """Pairs for the score bounds."""
+    ranking: list[Pair] = field(default_factory=list)
+    """The ranking set of the quality gate and the int8 nDCG@10 bound: candidate lists of judged queries, each
+    query's pairs consecutive."""
+    qrels: Qrels = field(default_factory=dict)
+    ranking_source: str = ""
+    """One line: which queries and candidates ``ranking`` holds."""
+
+    @classmethod
+    def from_data(
+        cls,
+        data: RerankingData,
+        queries: int = 3,
+        depth: int = 32,
+        ranking_queries: int | None = None,
+        ranking_depth: int | None = None,
+    ) -> ParitySet:
+        """Score pairs: the first ``depth`` candidates of the first ``queries`` queries, and a long pair (the
+        first query with those candidates' passages joined) that reaches the max length. Evaluation set: the
+        first ``ranking_depth`` candidates of the first ``ranking_queries`` judged queries (default all)."""
+        lists = data.candidates[:queries]
+        if not lists:
+            raise InputError(f"{data.source}: no candidates for the parity check")
+        pairs = [Pair(c.query.qid, p.docid, c.query.text, p.text) for c in lists for p in c.passages[:depth]]
+        first = lists[0]
+        long_passage = " ".join(p.text for p in first.passages[:depth])
+        judged = [c for c in data.candidates if c.query.qid in data.qrels][:ranking_queries]
+        ranking = [Pair(c.query.qid, p.docid, c.query.text, p.text) for c in judged for p in c.passages[:ranking_depth]]
+        depth = "all" if ranking_depth is None else f"the first {ranking_depth}"
+        source = f"{len(judged)} judged queries of {shown_path(data.source)}, {depth} of their candidates"
+        return cls([*pairs, Pair(first.query.qid, None, first.query.text, long_passage)], ranking, data.qrels, source)
+
+    def with_ranking(self, other: ParitySet) -> ParitySet:
+        """These score pairs with ``other``'s ranking set (its ``ranking``, ``qrels`` and ``ranking_source``)."""
+        return replace(self, ranking=other.ranking, qrels=other.qrels, ranking_source=other.ranking_source)
+
+
+def dl19_parity_set() -> ParitySet:
+    """The first 3 DL19 queries, 32 BM25 candidates each (the export's default score pairs), and a ranking set of
+    all 43 judged DL19 queries (``benchmarks/onnx_cpu.py`` measures on it; the export replaces it with the student's
+    validation queries, :func:`~distill.export.quality_gate.validation_set`)."""
+    from distill.core.loaders import load_candidates
+
+    return ParitySet.from_data(load_candidates(DL19 / "bm25_top100.json", qrels=DL19 / "qrels.txt"))
+
+
+def ranking_ndcg10(pairs: list[Pair], scores: np.ndarray, qrels: Qrels) -> float:
+    """nDCG@10 (x100) of the candidate lists ``pairs`` ranked by ``scores`` (``[len(pairs)]``)."""
+    from distill.core.metrics import evaluate
+
+    run = run_from_columns([p.qid for p in pairs], [p.docid for p in pairs], scores.tolist())
+    return evaluate(run, qrels, ["nDCG@10"])["nDCG@10"]
