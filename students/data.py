@@ -14,6 +14,7 @@ import torch
 from pytorch_lightning import LightningDataModule
 from torch.utils.data import DataLoader, Dataset
 
+from distill.core.batching import round_up
 from distill.core.devices import TRAIN_PAD_MULTIPLE, DeviceType, device_type
 from distill.core.label_table import QUERY, SOURCE, SOURCE_ROW, LabelTable, load_label_table
 from distill.core.loaders import load_qrels
@@ -24,7 +25,6 @@ from students.sampling import (
     QueryGroupedBatches,
     ResumableLoader,
     TokenBudgetBatches,
-    padded_length,
 )
 from students.scaling import ScalingKind, TargetScaling
 from students.token_store import TokenStore, open_store
@@ -117,7 +117,7 @@ class Collator:
     def __call__(self, index: list[int]) -> dict[str, Any]:
         positions = np.asarray(index, dtype=np.int64)
         tokens, lengths, query_lengths = self.split.store.pairs(self.split.rows[positions])
-        width = padded_length(int(lengths.max()), self.padding.multiple)
+        width = round_up(int(lengths.max()), self.padding.multiple)
         columns = np.arange(width)
         start = np.zeros_like(lengths) if self.padding.side == "right" else width - lengths
         mask = (columns >= start[:, None]) & (columns < (start + lengths)[:, None])

@@ -19,6 +19,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Sampler
 
+from distill.core.batching import round_up, token_budget_batches
+
 
 class ShardedBatches(Sampler[list[int]]):
     """The batches of one rank, an epoch at a time: ``batches_of_epoch[rank::world_size]``."""
@@ -153,12 +155,6 @@ def query_chunks(members: dict[object, list[int]], group_size: int, rng: random.
     return chunks
 
 
-def padded_length(length: Any, multiple: int) -> Any:
-    """``length`` (an int, or an integer array element-wise) rounded up to a multiple of ``multiple`` (what the
-    collator pads a batch's longest pair to)."""
-    return -(-length // multiple) * multiple
-
-
 class TokenBudgetBatches(ShardedBatches):
     """Batches of at most ``max_tokens`` padded tokens, each padded to a multiple of ``pad_to_multiple_of``.
 
@@ -207,7 +203,7 @@ class TokenBudgetBatches(ShardedBatches):
         if group_size is not None and group_size < 2:
             raise ValueError(f"group_size must be at least 2, got {group_size}")
         lengths = np.asarray(lengths, dtype=np.int64)
-        self.padded = padded_length(lengths, pad_to_multiple_of)
+        self.padded = round_up(lengths, pad_to_multiple_of)
         self.max_tokens, self.window, self.group_size = max_tokens, window, group_size
         self.by_query = None if groups is None else by_query(groups)
 
@@ -229,35 +225,15 @@ class TokenBudgetBatches(ShardedBatches):
         return batches
 
     def _pack_examples(self, examples: np.ndarray) -> list[list[int]]:
-        """:meth:`_pack` of single examples, a batch at a time: sorted by padded length, longest first (stably),
-        each batch the next ``max(1, max_tokens // its first example's padded length)`` examples."""
-        examples = examples[np.argsort(-self.padded[examples], kind="stable")]
-        widths = self.padded[examples]
-        batches = []
-        start = 0
-        while start < len(examples):
-            size = max(1, self.max_tokens // int(widths[start]))
-            batches.append(examples[start : start + size].tolist())
-            start += size
-        return batches
+        """Single examples packed by :func:`~distill.core.batching.token_budget_batches` on their padded lengths."""
+        return [examples[batch].tolist() for batch in token_budget_batches(self.padded[examples], self.max_tokens)]
 
     def _pack(self, units: list[list[int]]) -> list[list[int]]:
-        """Sort ``units`` by padded length, longest first, and pack them in order within the budget."""
-        cost = {id(unit): int(self.padded[unit].max()) for unit in units}
-        units = sorted(units, key=lambda unit: -cost[id(unit)])
-        batches: list[list[int]] = []
-        current: list[int] = []
-        width = 0  # the current batch's padded length: that of its first unit
-        for unit in units:
-            if current and (len(current) + len(unit)) * width > self.max_tokens:
-                batches.append(current)
-                current = []
-            if not current:
-                width = cost[id(unit)]
-            current += unit
-        if current:
-            batches.append(current)
-        return batches
+        """Query chunks packed by :func:`~distill.core.batching.token_budget_batches`, each chunk as long as its
+        longest member and taking a row per member."""
+        widths = [int(self.padded[unit].max()) for unit in units]
+        batches = token_budget_batches(widths, self.max_tokens, sizes=[len(unit) for unit in units])
+        return [[i for u in batch for i in units[u]] for batch in batches]
 
 
 class ResumableLoader(DataLoader):

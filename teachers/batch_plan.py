@@ -17,17 +17,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from distill.core.batching import token_budget_batches
+from distill.core.batching import round_up, token_budget_batches
 
 PADDING_SEGMENT = -1
 """The segment id of a row's padding tail (it attends only to itself, so no attention row is empty)."""
-
-
-def bucket_width(length: int, bucket: int) -> int:
-    """``length`` rounded up to a multiple of ``bucket`` (``bucket`` 1: ``length`` itself)."""
-    if bucket < 1:
-        raise ValueError(f"bucket must be positive, got {bucket}")
-    return -(-length // bucket) * bucket
 
 
 @dataclass(frozen=True)
@@ -63,7 +56,7 @@ def plan_batches(lengths: Sequence[int], max_tokens: int, bucket: int = 1, packi
     longest sequence rounded up to ``bucket``; with ``bucket`` 1 these are exactly the batches of the plain
     token budget. A sequence longer than the budget gets a batch of its own.
 
-    Packed: every row is ``bucket_width(longest, bucket)`` wide; rows are filled longest sequence first,
+    Packed: every row is ``round_up(longest, bucket)`` wide; rows are filled longest sequence first,
     then with the longest remaining sequence that still fits, until none does; ``max_tokens // width`` rows
     (at least one) make a batch. All batches but the last have the same shape.
 
@@ -75,12 +68,12 @@ def plan_batches(lengths: Sequence[int], max_tokens: int, bucket: int = 1, packi
     if not lengths:
         return []
     if not packing:
-        bucketed = [bucket_width(n, bucket) for n in lengths]
+        bucketed = [round_up(n, bucket) for n in lengths]
         return [
             BatchPlan([[i] for i in batch], max(bucketed[i] for i in batch))
             for batch in token_budget_batches(bucketed, max_tokens)
         ]
-    width = bucket_width(max(lengths), bucket)
+    width = round_up(max(lengths), bucket)
     rows = _pack_rows(lengths, width)
     per_batch = max(1, max_tokens // width)
     return [BatchPlan(rows[start : start + per_batch], width) for start in range(0, len(rows), per_batch)]

@@ -17,12 +17,13 @@ from pytorch_lightning import Callback, Trainer
 from pytorch_lightning.loggers import CSVLogger
 
 from distill.cli import main
+from distill.core.batching import round_up
 from distill.core.schema import InputError
 from students.data import StudentDataModule
 from students.losses import LOSSES, build_loss
 from students.module import CrossEncoderModule
 from students.optim import adamw, scaled_lr
-from students.sampling import TokenBudgetBatches, padded_length
+from students.sampling import TokenBudgetBatches
 
 from .test_train import write_config
 
@@ -63,7 +64,7 @@ def test_token_budget_batches_cover_every_example_within_the_budget_in_few_shape
     sampler = TokenBudgetBatches(lengths, 4096, MULTIPLE, seed=1)
     epoch_0 = list(sampler)
     assert sorted(i for b in epoch_0 for i in b) == list(range(500))
-    shapes = [(len(b), max(padded_length(lengths[i], MULTIPLE) for i in b)) for b in epoch_0]
+    shapes = [(len(b), max(round_up(lengths[i], MULTIPLE) for i in b)) for b in epoch_0]
     assert all(n * width <= 4096 and width % MULTIPLE == 0 for n, width in shapes)
     full = [(4096 // width, width) for width in range(MULTIPLE, 321, MULTIPLE)]
     assert sum(shape not in full for shape in shapes) <= 1  # the window's last batch
@@ -79,7 +80,7 @@ def test_token_budget_batches_cover_every_example_within_the_budget_in_few_shape
 
     windowed = list(TokenBudgetBatches(lengths, 4096, MULTIPLE, window=100, seed=1))
     assert sorted(i for b in windowed for i in b) == list(range(500))
-    assert sum((len(b), max(padded_length(lengths[i], MULTIPLE) for i in b)) not in full for b in windowed) <= 5
+    assert sum((len(b), max(round_up(lengths[i], MULTIPLE) for i in b)) not in full for b in windowed) <= 5
     ranks = [list(TokenBudgetBatches(lengths, 4096, MULTIPLE, seed=1, rank=r, world_size=3)) for r in range(3)]
     assert len({len(r) for r in ranks}) == 1
     assert [0] in list(TokenBudgetBatches([700, 20, 20], 512, MULTIPLE))  # longer than the budget: alone
@@ -96,7 +97,7 @@ def test_token_budget_batches_hold_whole_query_groups() -> None:
     for batch in batches:
         counts = Counter(qids[i] for i in batch)
         assert all(n % 4 == 0 for n in counts.values()), counts
-        assert len(batch) * max(padded_length(lengths[i], MULTIPLE) for i in batch) <= 2048
+        assert len(batch) * max(round_up(lengths[i], MULTIPLE) for i in batch) <= 2048
     with pytest.raises(ValueError, match="group_size"):
         TokenBudgetBatches(lengths, 2048, MULTIPLE, qids, 1)
 
@@ -107,7 +108,7 @@ def test_bucketed_batches_have_bucket_shapes_and_the_loss_of_unpadded_pairs(
     dm = data_module(teacher_dataset, tiny_bert)
     batches = list(dm.train_dataloader())
     assert sum(len(b["target"]) for b in batches) == len(dm.train)
-    buckets = {(BUDGET // width, width) for width in range(MULTIPLE, padded_length(128, MULTIPLE) + 1, MULTIPLE)}
+    buckets = {(BUDGET // width, width) for width in range(MULTIPLE, round_up(128, MULTIPLE) + 1, MULTIPLE)}
     shapes = [tuple(b["input_ids"].shape) for b in batches]
     assert sum(shape not in buckets for shape in shapes) <= 1, shapes  # the epoch's last batch may be short
     assert all(width % MULTIPLE == 0 and n * width <= BUDGET for n, width in shapes)

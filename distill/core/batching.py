@@ -3,36 +3,62 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 
-def token_budget_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
-    """Group sequence indices into batches whose padded size stays within a token budget.
+def round_up(length: Any, multiple: int) -> Any:
+    """``length`` (an int, or an integer array element-wise) rounded up to a multiple of ``multiple`` (1: itself):
+    the padded width of a batch whose longest sequence has ``length`` tokens, or a bucketed width."""
+    if multiple < 1:
+        raise ValueError(f"the padding multiple must be positive, got {multiple}")
+    return -(-length // multiple) * multiple
 
-    Sequences are taken longest first, so each batch holds sequences of similar length and
-    padding is small. A batch's padded size is ``len(batch) * max(lengths in batch)``; it is
-    at most ``max_tokens``, except for a single sequence longer than the budget, which gets a
-    batch of its own. The result is deterministic for given ``lengths`` (ties keep input order).
+
+def token_budget_batches(
+    lengths: Sequence[int] | np.ndarray, max_tokens: int, sizes: Sequence[int] | np.ndarray | None = None
+) -> list[list[int]]:
+    """Group units into batches whose padded size stays within a token budget.
+
+    Units are taken longest first (stably: ties keep input order), so each batch holds units of similar length and
+    padding is small. A batch's padded size is ``rows x the length of its first (longest) unit``, where each unit
+    takes ``sizes[i]`` rows (default 1: a unit is one sequence; a query's chunk of candidates takes one row per
+    candidate); a batch closes when one more unit would take it past ``max_tokens``. A unit over the budget gets a
+    batch of its own. The result is deterministic for given inputs.
 
     Args:
-        lengths: token count of each sequence.
+        lengths: ``[units]`` the (padded) token count of each unit's longest sequence.
         max_tokens: the budget of padded tokens per batch.
+        sizes: ``[units]`` rows of each unit (None: 1 each).
 
     Returns:
         Batches of indices into ``lengths``; every index appears exactly once.
     """
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be positive, got {max_tokens}")
-    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    lengths = np.asarray(lengths, dtype=np.int64)
+    order = np.argsort(-lengths, kind="stable")
+    widths = lengths[order].tolist()
     batches: list[list[int]] = []
+    if sizes is None:  # a batch is the next max_tokens // width units: one step per batch, not per unit
+        start = 0
+        while start < len(order):
+            count = max(1, max_tokens // widths[start]) if widths[start] else len(order)
+            batches.append(order[start : start + count].tolist())
+            start += count
+        return batches
+    rows = np.asarray(sizes, dtype=np.int64)[order].tolist()
     current: list[int] = []
-    for i in order:
-        # Longest first: the batch's first sequence sets its padded length.
-        if current and lengths[current[0]] * (len(current) + 1) > max_tokens:
+    taken = width = 0
+    for unit, unit_width, unit_rows in zip(order.tolist(), widths, rows, strict=True):
+        if current and (taken + unit_rows) * width > max_tokens:
             batches.append(current)
-            current = []
-        current.append(i)
+            current, taken = [], 0
+        if not current:
+            width = unit_width
+        current.append(unit)
+        taken += unit_rows
     if current:
         batches.append(current)
     return batches
