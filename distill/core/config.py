@@ -135,26 +135,66 @@ def _field_of(cls: type, dotted: str) -> Any:
     return hint
 
 
-def _one_line(error: Exception, cls: type, origin: Callable[[str], tuple[str, Any]]) -> InputError:
-    """jsonargparse's (multi-line) error as one line naming where the key was set and the key.
+def argument_error(
+    error: Exception | str,
+    where: str = "",
+    origin: Callable[[str], tuple[str, Any]] | None = None,
+    expected: Callable[[str], str | None] | None = None,
+) -> InputError:
+    """jsonargparse's (multi-line) error as one line naming where the key was set, the key, what it expects and the
+    value given: the one translator of parse errors, for this module's configs and for ``distill train``'s
+    LightningCLI.
 
-    ``origin(key)`` gives where a (dotted) key was set (a file, or ``flags``) and the value given there.
+    Args:
+        error: the parser's error (or its text).
+        where: the file or command the arguments came from ("" when the message needs no place).
+        origin: ``origin(key)`` -> where a (dotted) key was set (a file, or its flag) and the value given there;
+            None: ``where``, and the value the message quotes.
+        expected: ``expected(key)`` -> the key's type as a reader writes it (``int | None``); None, or None for a
+            key: the types the message lists.
     """
     text = str(error)
+
+    def at(place: str) -> str:
+        return f"{place}: " if place else ""
+
     if match := re.search(r'Parser key "([^"]+)"', text):
         key = match.group(1)
-        where, value = origin(key)
-        hint = _field_of(cls, key)
-        expected = _type_name(hint) if hint is not None else "another type"
-        named = where if where == f"--{key}" else f"{where}: {key}"
-        return InputError(f"{named}: expected {expected}, got {value!r}")
-    where, _ = origin("")
+        if origin is not None:
+            place, value = origin(key)
+            given: str | None = repr(value)
+        else:
+            place, quoted = where, re.search(r"(?:Given value|Got value): (.*)", text)
+            given = repr(quoted.group(1).strip()) if quoted else None
+        listed = re.search(r"Subtypes: \[(.*)\]", text) or re.search(r"Expected an? (.*?)\.? Got", text)
+        what = (expected and expected(key)) or (_type_names(listed.group(1)) if listed else "another type")
+        named = place if place == f"--{key}" else f"{at(place)}{key}"
+        return InputError(f"{named}: expected {what}" + (f", got {given}" if given else ""))
     if match := re.search(r"arguments are required: (.+)", text):
         keys = ", ".join(k.strip().lstrip("-") for k in match.group(1).split(","))
-        return InputError(f"{where}: missing required option(s): {keys}")
+        return InputError(f"{at(where)}missing required option(s): {keys}")
     if match := re.search(r"Option '([^']+)' is not accepted", text):
-        return InputError(f"{where}: {match.group(1)}: unknown option")
-    return InputError(f"{where}: {' '.join(text.split())}")
+        return InputError(f"{at(where)}{match.group(1)}: unknown option")
+    if match := re.search(r"Group '([^']+)' does not accept option '([^']+)'", text):
+        return InputError(f"{at(where)}{match.group(1)}.{match.group(2)}: unknown option")
+    return InputError(f"{at(where)}{' '.join(text.split())}")
+
+
+def _type_names(text: str) -> str:
+    """``<class 'int'>, <class 'NoneType'>`` -> ``int | None``."""
+    names = re.findall(r"<class '([^']+)'>|(typing\.Literal\[[^\]]*\])", text)
+    parts = [cls.rsplit(".", 1)[-1] or literal.removeprefix("typing.") for cls, literal in names]
+    return " | ".join("None" if p == "NoneType" else p for p in parts) or text
+
+
+def _expected_of(cls: type) -> Callable[[str], str | None]:
+    """A key's type name in ``cls`` (None for a key it does not have)."""
+
+    def expected(key: str) -> str | None:
+        hint = _field_of(cls, key)
+        return _type_name(hint) if hint is not None else None
+
+    return expected
 
 
 def _lookup(mapping: dict[str, Any], dotted: str) -> tuple[bool, Any]:
@@ -199,7 +239,7 @@ def _validated(cls: type, mapping: dict[str, Any], where: str) -> dict[str, Any]
     try:
         _parser(cls, where).parse_object(mapping)
     except Exception as e:  # jsonargparse raises ArgumentError (and, for nested types, ValueError)
-        raise _one_line(e, cls, lambda key: (where, _lookup(mapping, key)[1])) from None
+        raise argument_error(e, where, lambda key: (where, _lookup(mapping, key)[1]), _expected_of(cls)) from None
     return mapping
 
 
@@ -288,7 +328,7 @@ def parse_config(cls: type[C], argv: Sequence[str], prog: str) -> C:
                 return flag, flags[flags.index(flag) + 1]
             return prog, None
 
-        raise _one_line(e, cls, origin) from None
+        raise argument_error(e, prog, origin, _expected_of(cls)) from None
     return _instantiate(cls, _fields_only(cls, namespace.as_dict()))
 
 

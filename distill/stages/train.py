@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import re
 import sys
 import warnings
 from collections.abc import Iterator
@@ -29,6 +28,7 @@ from pytorch_lightning.cli import LightningCLI
 from pytorch_lightning.loggers import WandbLogger
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
+from distill.core.config import argument_error
 from distill.core.run_folder import RunLayout
 from distill.core.schema import InputError
 from students.checkpointing import (
@@ -172,7 +172,7 @@ def train(argv: list[str]) -> TrainReport | None:
                 parser_kwargs={"prog": "distill train", "exit_on_error": False},
             )
     except ArgumentError as e:
-        raise InputError(_one_line(str(e))) from None
+        raise argument_error(e) from None
     checkpoints = RunLayout(cli.run_dir).checkpoints
     ckpt_path = resume_checkpoint(cli.config.ckpt_path, checkpoints)
     try:
@@ -340,23 +340,4 @@ def check_train_args(argv: list[str], where: str) -> None:
                 parser_kwargs={"prog": "distill train", "exit_on_error": False},
             )
     except ArgumentError as e:
-        raise InputError(f"{where}: {_one_line(str(e))}") from None
-
-
-def _one_line(message: str) -> str:
-    """jsonargparse's error as one line: the key at fault and what is wrong with it."""
-    if match := re.search(r'Parser key "([^"]+)"', message):
-        given = re.search(r"(?:Given value|Got value): (.*)", message)
-        expected = re.search(r"Subtypes: \[(.*)\]", message) or re.search(r"Expected an? (.*?)\.? Got", message)
-        what = f"expected {_type_names(expected.group(1))}" if expected else "invalid value"
-        return f"{match.group(1)}: {what}, got {given.group(1).strip()!r}" if given else f"{match.group(1)}: {what}"
-    if match := re.search(r"Group '([^']+)' does not accept option '([^']+)'", message):
-        return f"{match.group(1)}.{match.group(2)}: unknown option"
-    return " ".join(message.split())
-
-
-def _type_names(text: str) -> str:
-    """``<class 'int'>, <class 'NoneType'>`` -> ``int | None``."""
-    names = re.findall(r"<class '([^']+)'>|(typing\.Literal\[[^\]]*\])", text)
-    parts = [cls.rsplit(".", 1)[-1] or literal.removeprefix("typing.") for cls, literal in names]
-    return " | ".join("None" if p == "NoneType" else p for p in parts) or text
+        raise argument_error(e, where) from None
