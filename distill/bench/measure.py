@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
+from distill.core.package_paths import PROJECT
 
 
 def synchronize(device: torch.device) -> None:
@@ -167,7 +167,7 @@ def cpu_name() -> str:
 def git_commit() -> str | None:
     try:
         out = subprocess.run(
-            ["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, check=False
+            ["git", "-C", str(PROJECT), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, check=False
         )
     except (OSError, subprocess.TimeoutExpired):
         return None

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from distill.bench import report
-from distill.bench.measure import ROOT, dtype_name, environment, int8_matmul_ops_per_s, matmul_flops_per_s
+from distill.bench.measure import dtype_name, environment, int8_matmul_ops_per_s, matmul_flops_per_s
 from distill.bench.methods import (
     AUTO,
     BASELINE,
@@ -41,6 +41,7 @@ from distill.bench.timing import time_method
 from distill.bench.workload import TOKEN_COUNTS, Workload, rerank_workload, token_count_workloads
 from distill.core.devices import MATMUL_SIZE, TEACHER_BATCH_TOKENS, compute_dtype, resolve_device
 from distill.core.loaders import load_candidates
+from distill.core.package_paths import CANDIDATES, DL19, PROJECT, QRELS
 from distill.core.paths import output_folder
 from distill.core.run_folder import RunLayout, student_folder
 from distill.core.schema import InputError, MissingFileError, RerankingData
@@ -48,8 +49,8 @@ from distill.serving.encoding import load_tokenizer
 
 log = logging.getLogger(__name__)
 
-DEFAULT_INPUT = str(ROOT / "data" / "trec-dl19" / "bm25_top100.json")
-DEFAULT_QRELS = str(ROOT / "data" / "trec-dl19" / "qrels.txt")
+DEFAULT_INPUT = str(DL19 / CANDIDATES)
+DEFAULT_QRELS = str(DL19 / QRELS)
 DEFAULT_TEACHER = "smollm2-135m"
 RANDOM_STUDENT = "bert-large-uncased"
 RANDOM_TEACHER = "meta-llama/Meta-Llama-3-8B"
@@ -161,7 +162,7 @@ def default_output(config: BenchConfig, folder: Path | None, device: torch.devic
     if config.output:
         return Path(config.output)
     if folder is None:
-        return ROOT / "checkpoints" / f"bench-random-{device.type}"
+        return PROJECT / "checkpoints" / f"bench-random-{device.type}"
     return RunLayout.of(folder).bench
 
 

@@ -33,7 +33,8 @@ from typing import Any
 
 import numpy as np
 
-from distill.bench.measure import ROOT, _reset_vm_hwm, _vm_hwm_bytes, cpu_name, git_commit
+from distill.bench.measure import _reset_vm_hwm, _vm_hwm_bytes, cpu_name, git_commit
+from distill.core.package_paths import PROJECT
 
 BASE = ("data/teacher/dl21-bm25-smollm2", "data/teacher/dl22-bm25-smollm2")
 """The real teacher rows every synthetic dataset repeats."""
@@ -56,7 +57,7 @@ def synthetic_teacher_data(n: int, folder: Path) -> Path:
 
     if TeacherDataset.is_complete(folder) and TeacherDataset.open(folder).metadata.fingerprint.get("pairs") == n:
         return folder
-    base = pa.concat_tables([TeacherDataset.open(ROOT / f).table().select(list(COLUMNS)) for f in BASE])
+    base = pa.concat_tables([TeacherDataset.open(PROJECT / f).table().select(list(COLUMNS)) for f in BASE])
     base = base.combine_chunks()
     if folder.exists():
         shutil.rmtree(folder)
@@ -215,7 +216,7 @@ def measure_loader(folder: Path, cache_dir: Path, workers: int, batches: int, se
 def _measure_in_process(what: str, **options: Any) -> dict[str, Any]:
     """Run one measurement in a fresh interpreter; its JSON result."""
     command = [sys.executable, "-m", "distill.bench.scale", "measure", what, json.dumps(options, default=str)]
-    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, check=False)
+    done = subprocess.run(command, capture_output=True, text=True, cwd=PROJECT, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"{what} failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -332,15 +333,15 @@ def table(result: dict[str, Any]) -> str:
 def write_readme() -> None:
     """Put every committed run's table (``benchmarks/results/scale-cpu*/scale.json``), its CPU and its growth
     figures between the README's ``scale`` markers."""
-    readme = ROOT / "README.md"
+    readme = PROJECT / "README.md"
     text = readme.read_text()
     begin, end = "<!-- scale:begin -->", "<!-- scale:end -->"
     if begin not in text or end not in text:
         return
     lines = [begin]
-    for path in sorted((ROOT / "benchmarks" / "results").glob("scale-cpu*/scale.json")):
+    for path in sorted((PROJECT / "benchmarks" / "results").glob("scale-cpu*/scale.json")):
         result = json.loads(path.read_text())
-        lines += [f"`{result['command']}` (`{path.parent.relative_to(ROOT)}/`):", "", table(result), ""]
+        lines += [f"`{result['command']}` (`{path.parent.relative_to(PROJECT)}/`):", "", table(result), ""]
         lines.append(
             f"CPU: {result['cpu']}, {result['cores']} cores, {result['cpu_features']}; commit "
             f"{result['git_commit'][:7]}."
@@ -365,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
     bench = sub.add_parser("run", help="measure every size; write JSON, Markdown and a plot")
     bench.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
     bench.add_argument("--work", type=Path, default=Path("/tmp/cis-distill-scale"), help="synthetic data, caches")
-    bench.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/scale-cpu")
+    bench.add_argument("--out", type=Path, default=PROJECT / "benchmarks/results/scale-cpu")
     bench.add_argument("--batches", type=int, default=200, help="loader batches timed (at most)")
     bench.add_argument("--seconds", type=float, default=20.0, help="loader seconds timed (at most)")
     bench.add_argument("--keep-caches", action="store_true")

@@ -5,19 +5,16 @@ lists) for nDCG@10, read by the parity check (:mod:`distill.export.parity`) and 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 import numpy as np
 
+from distill.core.package_paths import CANDIDATES, DL19, QRELS
 from distill.core.runs import run_from_columns
 from distill.core.schema import InputError, Qrels, RerankingData
 from distill.export.paths import shown_path
 
 NDCG_BOUND = 0.5
 """Max |ΔnDCG@10| (points, x100) of the int8 graph against PyTorch fp32."""
-
-DL19 = Path(__file__).resolve().parents[2] / "data" / "trec-dl19"
-"""The shipped TREC DL19 BM25 candidates and qrels: the default parity pairs."""
 
 
 @dataclass(frozen=True)
@@ -77,7 +74,7 @@ def dl19_parity_set() -> ParitySet:
     validation queries, :func:`~distill.export.quality_gate.validation_set`)."""
     from distill.core.loaders import load_candidates
 
-    return ParitySet.from_data(load_candidates(DL19 / "bm25_top100.json", qrels=DL19 / "qrels.txt"))
+    return ParitySet.from_data(load_candidates(DL19 / CANDIDATES, qrels=DL19 / QRELS))
 
 
 def ranking_ndcg10(pairs: list[Pair], scores: np.ndarray, qrels: Qrels) -> float:

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-"""The project's folder (``data/`` holds the shipped candidates, qrels and teacher datasets)."""
+from distill.core.package_paths import PROJECT
 
 
 def resolve_path(path: str) -> Path | None:
     """``path`` from the working folder, else (a relative one) from the project's folder; None if in neither."""
     given = Path(path)
-    for candidate in (given,) if given.is_absolute() else (given, REPO / given):
+    for candidate in (given,) if given.is_absolute() else (given, PROJECT / given):
         if candidate.exists():
             return candidate
     return None
@@ -24,6 +23,6 @@ def shown_path(path: str) -> str:
     given = Path(path)
     if not given.is_absolute():
         return path
-    if given.is_relative_to(REPO):
-        return str(given.relative_to(REPO))
+    if given.is_relative_to(PROJECT):
+        return str(given.relative_to(PROJECT))
     return str(Path(given.parent.name) / given.name)

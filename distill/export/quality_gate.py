@@ -31,12 +31,13 @@ from typing import Any
 
 import numpy as np
 
+from distill.core.package_paths import CANDIDATES, DL21
 from distill.core.runs import Run
 from distill.core.schema import Candidates, InputError, MissingFileError, Qrels, RerankingData
 from distill.core.student_card import StudentCard
 from distill.core.teacher_data import TeacherDataset
 from distill.export.parity_set import NDCG_BOUND, Pair, ParitySet
-from distill.export.paths import REPO, resolve_path, shown_path
+from distill.export.paths import resolve_path, shown_path
 from distill.serving.backends import NAMED_BACKENDS
 from distill.serving.hardware import CpuFeatures
 from distill.serving.scorers import FORMAT_FILES
@@ -49,8 +50,6 @@ BF16_FLAGS = frozenset({"avx512_bf16", "amx_bf16"})
 """The CPU flags (``/proc/cpuinfo``) of bf16 arithmetic, without which OpenVINO computes bf16 graphs in fp32."""
 INT8_BACKENDS = {"openvino": "openvino-int8", "onnxruntime": "onnx-int8"}
 """The runtime an int8 graph was made for (:data:`~distill.export.quantize.INT8_RUNTIMES`) -> its gate backend."""
-DL21 = REPO / "data" / "trec-dl21"
-"""The shipped TREC DL21 BM25 candidates and qrels: the ranking set of a student without a card."""
 QRELS_FILE = "qrels.txt"
 """The qrels beside a candidates file, as the shipped data keep them (``data/trec-dl21/qrels.txt``)."""
 NO_OPENVINO = "OpenVINO is not installed (pip install 'cis-distill[openvino]')"
@@ -337,7 +336,7 @@ def validation_set(folder: Path, input: str | None = None, qrels: str | None = N
         judged = [c for c in data.candidates if c.query.qid in data.qrels]
         where = f"judged queries of {shown_path(input)}"
     elif card is None:
-        data = _load(str(DL21 / "bm25_top100.json"), None)
+        data = _load(str(DL21 / CANDIDATES), None)
         judged = [c for c in data.candidates if c.query.qid in data.qrels]
         where = "judged TREC DL21 queries (data/trec-dl21, the student has no card)"
     else:

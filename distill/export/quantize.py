@@ -24,16 +24,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 from distill.core.batching import token_budget_batches
+from distill.core.package_paths import CALIBRATION_INPUTS
 from distill.core.schema import InputError
+from distill.export.paths import shown_path
 from distill.serving.encoding import Batch, encode_pairs, load_tokenizer, model_max_length, pad_batch
 
 Int8Mode = Literal["dynamic", "static", "weights"]
 INT8_RUNTIMES: dict[str, str] = {"dynamic": "onnxruntime", "static": "onnxruntime", "weights": "openvino"}
 """The runtime each mode's graph is made for, and checked on."""
-REPO = Path(__file__).resolve().parents[2]
-DATA = REPO / "data"
-CALIBRATION_INPUTS = (str(DATA / "trec-dl21" / "bm25_top100.json"), str(DATA / "trec-dl22" / "bm25_top100.json"))
-"""The default calibration candidates: TREC DL21 (53 queries) and DL22 (76), BM25 top-100."""
 CALIBRATION_METHODS = ("MinMax", "Entropy", "Percentile")
 QUANTISED_OPS = ("MatMul", "Attention")
 """The ops given int8 weights: the encoder's matmuls (the fused ``Attention`` holds Q, K and V). The embeddings
@@ -96,7 +94,7 @@ class Calibration:
         pairs and batches used."""
         shown = [Path(p).resolve() for p in self.inputs]
         return {
-            "inputs": [str(p.relative_to(REPO)) if p.is_relative_to(REPO) else str(p) for p in shown],
+            "inputs": [shown_path(str(p)) for p in shown],
             "per_query": self.per_query,
             "method": self.method,
             "pairs": sum(len(b["input_ids"]) for b in batches),
