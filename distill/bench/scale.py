@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from distill.bench.measure import _reset_vm_hwm, _vm_hwm_bytes, cpu_name, git_commit
+from distill.bench.results_pages import scale_table, write_readme
 from distill.core.package_paths import PROJECT
 
 BASE = ("data/teacher/dl21-bm25-smollm2", "data/teacher/dl22-bm25-smollm2")
@@ -311,55 +312,6 @@ def plot(result: dict[str, Any], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def table(result: dict[str, Any]) -> str:
-    """The results as a Markdown table."""
-    lines = [
-        "| pairs | setup cold | setup cached | peak RSS above baseline (cold / cached) | token cache | first batch "
-        "| batches/s, 0 / 2 workers | teacher input: time, peak RSS |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for r in result["rows"]:
-        cold, cached, loaders, teacher = r["student_cold"], r["student_cached"], r["loader"], r["teacher_input"]
-        peaks = " / ".join(f"{x['peak_above_baseline_bytes'] / 2**20:.0f}" for x in (cold, cached))
-        rates = " / ".join(f"{x['batches_per_s']:.1f}" for x in loaders)
-        lines.append(
-            f"| {r['pairs']:,} | {cold['seconds']:.1f} s | {cached['seconds']:.2f} s | {peaks} MiB "
-            f"| {cold['cache_bytes'] / 2**20:.0f} MiB | {loaders[0]['first_batch_s'] * 1000:.0f} ms | {rates} "
-            f"| {teacher['seconds']:.1f} s, {teacher['peak_rss_bytes'] / 2**20:.0f} MiB |"
-        )
-    return "\n".join(lines)
-
-
-def write_readme() -> None:
-    """Put every committed run's table (``benchmarks/results/scale-cpu*/scale.json``), its CPU and its growth
-    figures between the README's ``scale`` markers."""
-    readme = PROJECT / "README.md"
-    text = readme.read_text()
-    begin, end = "<!-- scale:begin -->", "<!-- scale:end -->"
-    if begin not in text or end not in text:
-        return
-    lines = [begin]
-    for path in sorted((PROJECT / "benchmarks" / "results").glob("scale-cpu*/scale.json")):
-        result = json.loads(path.read_text())
-        lines += [f"`{result['command']}` (`{path.parent.relative_to(PROJECT)}/`):", "", table(result), ""]
-        lines.append(
-            f"CPU: {result['cpu']}, {result['cores']} cores, {result['cpu_features']}; commit "
-            f"{result['git_commit'][:7]}."
-        )
-        for g in result["growth"]:
-            lines.append(
-                f"From {g['from_pairs']:,} to {g['to_pairs']:,} pairs, a pair costs {g['peak_rss_bytes_per_pair']:.0f} "
-                f"bytes of peak RSS, {g['cold_seconds_per_pair'] * 1e6:.0f} µs of cold setup, "
-                f"{g['cache_bytes_per_pair']:.0f} bytes of token cache and "
-                f"{g['teacher_data_bytes_per_pair']:.0f} bytes of teacher data on disk; the teacher's input pass "
-                f"peaks {g['teacher_input_peak_rss_growth']:+.1%} higher."
-            )
-        lines.append("")
-    lines.append(end)
-    head, rest = text.split(begin, 1)
-    readme.write_text(head + "\n".join(lines) + rest.split(end, 1)[1])
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m distill.bench.scale", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -370,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--batches", type=int, default=200, help="loader batches timed (at most)")
     bench.add_argument("--seconds", type=float, default=20.0, help="loader seconds timed (at most)")
     bench.add_argument("--keep-caches", action="store_true")
-    sub.add_parser("readme", help="rewrite the README's table from the committed results")
+    sub.add_parser("readme", help="rewrite the README's results table from the committed results")
     measure = sub.add_parser("measure", help="one measurement, in this process (the runner's child)")
     measure.add_argument("what", choices=["setup", "loader", "teacher_input"])
     measure.add_argument("options", help="JSON keyword arguments")
@@ -392,10 +344,10 @@ def main(argv: list[str] | None = None) -> int:
     given = argv if argv is not None else sys.argv[1:]
     result["command"] = "python benchmarks/scale.py " + shlex.join(given[1:])
     (args.out / "scale.json").write_text(json.dumps(result, indent=2) + "\n")
-    (args.out / "scale.md").write_text(table(result) + "\n")
+    (args.out / "scale.md").write_text(scale_table(result) + "\n")
     write_readme()
     plot(result, args.out / "scale.png")
-    print(table(result))
+    print(scale_table(result))
     return 0
 
 

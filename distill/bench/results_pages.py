@@ -1,0 +1,931 @@
+"""The results pages and the README's headline table, generated from the committed files in ``benchmarks/results/``.
+
+No figure on a results page, nor in the README's headline block, is typed by hand: every table reads its results
+file, and every row links to the file it came from. A new run is committed as its results file; the pages follow.
+
+- The README's block between ``<!-- results:begin -->`` and ``<!-- results:end -->``:
+  ``python -m distill.bench.results_pages readme`` rewrites it, ``python -m distill.bench.results_pages check`` exits
+  with 1 when it is out of date (``tests/test_results_pages.py`` checks it).
+- The docs' results pages (``results/*.md`` in the site): :func:`pages`, written at build time by ``docs/gen_pages.py``
+  (mkdocs-gen-files), which also copies :func:`result_files` into the site so that the links resolve there.
+
+Only the standard library is used: the pages build without torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from distill.core.package_paths import PROJECT
+
+RESULTS = PROJECT / "benchmarks" / "results"
+"""The committed results (read from the checkout)."""
+README = PROJECT / "README.md"
+BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
+FIX = "python -m distill.bench.results_pages readme"
+"""The command that rewrites the README's block."""
+
+
+class Links:
+    """Markdown links to results files (paths relative to ``benchmarks/results/``) from one page.
+
+    The README links into the repository (``prefix="benchmarks/results/"``); a docs results page links to the
+    copy of the file in the site (``prefix="files/"``).
+    """
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix
+
+    def __call__(self, path: str, text: str | None = None) -> str:
+        if not (RESULTS / path).exists():
+            raise FileNotFoundError(f"results page: benchmarks/results/{path}: no such file")
+        return f"[{text or f'`{path}`'}]({self.prefix}{path})"
+
+
+def load(path: str) -> Any:
+    """The JSON results file ``benchmarks/results/<path>``."""
+    file = RESULTS / path
+    if not file.is_file():
+        raise FileNotFoundError(f"results page: benchmarks/results/{path}: no such file")
+    return json.loads(file.read_text())
+
+
+def result_files() -> list[str]:
+    """Every file under ``benchmarks/results/`` (relative paths), which the site carries for the pages' links."""
+    return sorted(p.relative_to(RESULTS).as_posix() for p in RESULTS.rglob("*") if p.is_file() and "/." not in f"/{p}")
+
+
+def _f(value: float, digits: int = 2) -> str:
+    return f"{value:.{digits}f}"
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.0f} ms" if seconds >= 0.1 else f"{seconds * 1e3:.1f} ms"
+
+
+def _pct(value: float) -> str:
+    return f"{value * 100:.1f}%"
+
+
+def _x(value: float) -> str:
+    return f"{value:.2f}×"
+
+
+def _table(header: Iterable[str], rows: Iterable[Iterable[Any]]) -> str:
+    header = list(header)
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _command(text: str) -> str:
+    return f"```\n{text}\n```"
+
+
+# --- evaluation files (``distill eval --json``) -----------------------------------------------------------------
+
+
+def run_key(result: dict[str, Any], suffix: str) -> str:
+    """The one run of an eval result whose name ends with ``suffix``."""
+    keys = [k for k in result["results"] if k.endswith(suffix)]
+    if len(keys) != 1:
+        raise KeyError(f"results page: {result.get('command', '?')[:80]}: {len(keys)} runs end with {suffix!r}")
+    return keys[0]
+
+
+def ndcg10(result: dict[str, Any], suffix: str) -> float:
+    return result["results"][run_key(result, suffix)]["nDCG@10"]
+
+
+def versus_first(result: dict[str, Any], suffix: str, metric: str = "nDCG@10") -> str:
+    """``+4.01, p = 0.35``: a run's difference from the file's first run, with its test's p-value."""
+    test = (result.get("significance") or {}).get("results", {}).get(run_key(result, suffix))
+    if not test or metric not in test:
+        return ""
+    t = test[metric]
+    p = t["p_value"]
+    return f"{t['difference']:+.2f}, p {'< 0.001' if p < 0.001 else f'= {p:.3f}'}"
+
+
+def fidelity(result: dict[str, Any], suffix: str) -> float | None:
+    """The mean per-query Spearman of a run with the file's teacher label, where the file has one."""
+    found = (result.get("fidelity") or {}).get("results", {}).get(run_key(result, suffix))
+    return None if found is None else found["spearman"]
+
+
+def label_rows(path: str) -> dict[str, float]:
+    """``benchmarks/quality.py teacher``'s file: label -> nDCG@10."""
+    return {r["label"]: r["nDCG@10"] for r in load(path)["rows"]}
+
+
+# --- the demo (``make demo``'s output) ----------------------------------------------------------------------------
+
+DEMO = "demo-cpu.txt"
+
+
+def demo() -> dict[str, Any]:
+    """``benchmarks/results/demo-cpu.txt``: its first line, the nDCG@10 table (run -> value) and its query count."""
+    text = (RESULTS / DEMO).read_text()
+    queries = re.search(r"nDCG@10 on (\d+) evaluation queries", text)
+    ndcg: dict[str, float] = {}
+    block = text.split("nDCG@10 on", 1)[1].split("==", 2)[1] if queries else ""
+    for line in block.splitlines():
+        match = re.match(r"\s+(\S.*?)\s+(-?\d+\.\d+)\s*$", line)
+        if match:
+            ndcg[match.group(1)] = float(match.group(2))
+    if not queries or "student (auto)" not in ndcg:
+        raise ValueError(f"results page: benchmarks/results/{DEMO}: no 'student (auto)' nDCG@10 table")
+    return {"title": text.splitlines()[0].lstrip("# "), "queries": int(queries.group(1)), "ndcg": ndcg, "text": text}
+
+
+# --- latency benchmarks (``distill bench``'s bench.json) ----------------------------------------------------------
+
+
+def bench_cell(result: dict[str, Any], method: str, workload: str) -> dict[str, Any] | None:
+    return next((c for c in result["cells"] if c["method"] == method and c["workload"] == workload), None)
+
+
+def bench_method(result: dict[str, Any], prefix: str) -> str | None:
+    """The first method whose name starts with ``prefix`` (``student auto`` -> ``student auto (openvino-bf16)``)."""
+    return next((c["method"] for c in result["cells"] if c["method"].startswith(prefix)), None)
+
+
+def bench_table(result: dict[str, Any]) -> str:
+    """p50 per call of every method on every workload; speed-ups on the last workload; nDCG@10 where measured."""
+    workloads = [w["name"] for w in result["workloads"]]
+    methods = list(dict.fromkeys(c["method"] for c in result["cells"]))
+    last = workloads[-1]
+    references = [m for m in ("student torch-fp32", "st-crossencoder", "teacher cis") if bench_cell(result, m, last)]
+    quality = (result.get("quality") or {}).get("ndcg10", {})
+    header = ["method", *(f"{w} (p50)" for w in workloads), *(f"vs {r} ({last})" for r in references)]
+    header.append(f"of FLOP floor ({last})")
+    if quality:
+        header.append(f"nDCG@10 ({(result.get('quality') or {}).get('queries', '?')} queries)")
+    rows = []
+    for method in methods:
+        row: list[str] = []
+        for w in workloads:
+            c = bench_cell(result, method, w)
+            row.append(_ms(c["p50_s"]) if c else "")
+        mine = bench_cell(result, method, last)
+        for r in references:
+            ref = bench_cell(result, r, last)
+            row.append(_x(ref["p50_s"] / mine["p50_s"]) if mine and ref else "")
+        row.append(_pct(mine["flop_floor_s"] / mine["p50_s"]) if mine and mine.get("flop_floor_s") else "")
+        if quality:
+            row.append(_f(quality[method]) if method in quality else "")
+        rows.append([f"`{method}`", *row])
+    return _table(header, rows)
+
+
+def environment(env: dict[str, Any]) -> str:
+    """One line: the device, its features, threads, torch, and the commit measured."""
+    parts = [env.get("device_name") or env.get("device", "?")]
+    if env.get("cpu_features"):
+        parts.append(env["cpu_features"])
+    if env.get("torch_threads") and env.get("device") == "cpu":
+        parts.append(f"{env['torch_threads']} threads")
+    parts.append(f"torch {env.get('torch', '?')}")
+    if env.get("git_commit"):
+        parts.append(f"commit {env['git_commit'][:7]}")
+    if env.get("utc"):
+        parts.append(env["utc"][:10])
+    return ", ".join(parts)
+
+
+# --- GPU suite ------------------------------------------------------------------------------------------------------
+
+GPU = "gpu-suite-h200"
+
+
+def gpu_figure(summary: dict[str, Any], stage: str, figure: str) -> dict[str, Any]:
+    return next(f for f in summary["figures"] if f["stage"] == stage and f["figure"] == figure)
+
+
+def _value(figure: dict[str, Any], value: Any) -> str:
+    name = figure["figure"]
+    if isinstance(value, bool) or value is None:
+        return "" if value is None else ("yes" if value else "no")
+    if name.endswith("_s") and not name.endswith("per_s"):
+        return _ms(value)
+    if "fraction" in name or name == "mfu":
+        return _pct(value)
+    if "speedup" in name:
+        return _x(value)
+    if name == "seconds":
+        return f"{value:.0f} s"
+    if isinstance(value, float):
+        return f"{value:.3g}" if value < 10 else f"{value:,.0f}"
+    return str(value)
+
+
+def gpu_summary_table(summary: dict[str, Any]) -> str:
+    rows = []
+    for f in summary["figures"]:
+        target = (
+            ""
+            if f["target"] is None
+            else ("≥ " if f["kind"] == "min" else "≤ " if f["kind"] == "max" else "") + _value(f, f["target"])
+        )
+        met = {True: "met", False: "**not met**", None: ""}[f["met"]]
+        rows.append([f["stage"], f"`{f['figure']}`", _value(f, f["value"]), target, met])
+    return _table(["stage", "figure", "measured", "target", ""], rows)
+
+
+def teacher_bench_row(links: Links, path: str) -> list[str]:
+    """A ``benchmarks/teacher.py`` result: workload, % of the ceiling, speed-ups over the plain and naive loops."""
+    r = load(path)
+    row = [
+        links(path),
+        f"{r['workload']['queries']} queries, {r['teacher']['pairs']:,} pairs",
+        _pct(r["teacher"]["flop_ceiling_fraction"]),
+        f"{r['teacher']['pairs_per_s']:.1f}",
+        _x(r["speedup_over_plain_pairs_per_s"]) if r.get("speedup_over_plain_pairs_per_s") else "",
+        _x(r["speedup_pairs_per_s"]),
+    ]
+    return row
+
+
+# --- the headline table -----------------------------------------------------------------------------------------
+
+EVAL_DL19 = "eval-dl19-bm25-smollm2.json"
+TEACHERS_DL19 = "quality-dl19-teacher.json"
+ENSEMBLE = "z(gemma.cis) + z(gemma.cis_q) + z(smollm2.upr)"
+"""The three-teacher ensemble label, as the DL19 file spells it (SmolLM2's DL19 labels carry ``upr``, which ranks
+as ``cis_q`` within a query)."""
+STUDENT_GEMMA = "quality-dl19-dl2122-gemma-seg-zcis-listwise_kl-lr3e-5.json"
+STUDENT_BEST = "quality-dl19-dl2122-ens3-seg-listwise_kl.json"
+STUDENT_SMOLLM2 = "quality-dl19-dl2122-seg-cis_q+0.25fs-listwise_kl-lr3e-5.json"
+BENCH_AUTO = "bench-cpu-auto-dl2122-final/bench.json"
+SCALE = "scale-cpu/scale.json"
+
+
+def headline(links: Links) -> str:
+    """The README's table (and the results index's): one row a finding, each linking to its results file."""
+    base = load(EVAL_DL19)
+    teachers = label_rows(TEACHERS_DL19)
+    gemma, best = load(STUDENT_GEMMA), load(STUDENT_BEST)
+    bm25 = ndcg10(base, "/first_stage")
+    d = demo()
+    bm25_demo = next(v for k, v in d["ndcg"].items() if k.endswith("first_stage"))
+    bench = load(BENCH_AUTO)
+    auto = bench_method(bench, "student auto")
+    workload = bench["workloads"][-1]["name"]
+    p50 = {m: bench_cell(bench, m, workload)["p50_s"] for m in (auto, "student torch-fp32", "st-crossencoder")}
+    summary = load(f"{GPU}/summary.json")
+    levers = load(f"{GPU}/teacher-levers-dl19.json")
+    train_mfu = gpu_figure(summary, "train", "mfu")["value"]
+    train_speed = gpu_figure(summary, "train", "speedup_over_plain_loop")["value"]
+    rerank = gpu_figure(summary, "rerank", "torch-fp16_100_candidates_p50_s")["value"]
+    rerank_st = gpu_figure(summary, "rerank", "speedup_over_st_crossencoder")["value"]
+    scale = load(SCALE)
+    million = next(r for r in scale["rows"] if r["pairs"] == 1_000_000)
+    rows = [
+        ["nDCG@10, TREC DL19 (43 queries, BM25 top-100): BM25", _f(bm25), links(EVAL_DL19)],
+        [
+            "SmolLM2-135M teacher: `cis` (the paper's score) / `upr` (query likelihood)",
+            f"{_f(ndcg10(base, '/cis'))} / {_f(ndcg10(base, '/upr'))}",
+            links(EVAL_DL19),
+        ],
+        [
+            "Gemma-3-270m teacher: `cis` / `cis_q`",
+            f"{_f(teachers['gemma.cis'])} / {_f(teachers['gemma.cis_q'])}",
+            links(TEACHERS_DL19),
+        ],
+        [
+            "Three-teacher label `z(gemma.cis) + z(gemma.cis_q) + z(smollm2.cis_q)`",
+            _f(teachers[ENSEMBLE]),
+            links(TEACHERS_DL19),
+        ],
+        [
+            "MiniLM-L6 student of Gemma's CIS alone: alone / + first stage",
+            f"{_f(ndcg10(gemma, '/dl19-bm25.trec'))} / {_f(ndcg10(gemma, '/dl19-bm25-interp.trec'))}",
+            links(STUDENT_GEMMA),
+        ],
+        [
+            "MiniLM-L6 student of the three-teacher label (best on validation)",
+            _f(ndcg10(best, "/dl19-bm25.trec")),
+            links(STUDENT_BEST),
+        ],
+        [
+            f"`make demo` on a 2-core CPU: the student against BM25 ({d['queries']} held-out DL19 queries)",
+            f"{_f(d['ndcg']['student (auto)'])} against {_f(bm25_demo)}",
+            links(DEMO),
+        ],
+        [
+            f'CPU reranking, {workload} (2 threads): `backend="auto"` ({auto.split("(")[-1].rstrip(")")})',
+            f"{_ms(p50[auto])}: {_x(p50['student torch-fp32'] / p50[auto])} PyTorch fp32, "
+            f"{_x(p50['st-crossencoder'] / p50[auto])} `CrossEncoder.predict`",
+            links(BENCH_AUTO),
+        ],
+        [
+            "H200 teacher (Llama-3-8B shapes, all DL19, GPU levers): of the bf16 ceiling, over the plain loop",
+            f"{_pct(levers['teacher']['flop_ceiling_fraction'])}, {_x(levers['speedup_over_plain_pairs_per_s'])}",
+            links(f"{GPU}/teacher-levers-dl19.json"),
+        ],
+        [
+            "H200 student training (bert-large, the GPU config): MFU, over the plain loop",
+            f"{_pct(train_mfu)}, {_x(train_speed)}",
+            links(f"{GPU}/summary.json"),
+        ],
+        [
+            "H200 reranking, bert-large fp16, 100 candidates: p50, over `CrossEncoder.predict`",
+            f"{_ms(rerank)}, {_x(rerank_st)}",
+            links(f"{GPU}/summary.json"),
+        ],
+        [
+            "1M training pairs on a 2-core CPU: data setup cold / cached, peak RSS above baseline",
+            f"{million['student_cold']['seconds']:.0f} s / {million['student_cached']['seconds']:.2f} s, "
+            f"{million['student_cold']['peak_above_baseline_bytes'] / 2**20:.0f} MiB",
+            links(SCALE),
+        ],
+    ]
+    return _table(["result", "figure", "results file"], rows)
+
+
+def readme_block() -> str:
+    """The README's generated block, markers included."""
+    return "\n".join(
+        [
+            BEGIN,
+            f"<!-- generated from benchmarks/results/ by `{FIX}`: do not edit -->",
+            headline(Links("benchmarks/results/")),
+            END,
+        ]
+    )
+
+
+def replace_block(text: str, block: str) -> str:
+    """``text`` with its ``results`` block replaced by ``block``."""
+    if BEGIN not in text or END not in text:
+        raise ValueError(f"README.md has no {BEGIN} ... {END} block")
+    head, rest = text.split(BEGIN, 1)
+    return head + block + rest.split(END, 1)[1]
+
+
+def write_readme(readme: Path | None = None) -> bool:
+    """Rewrite the README's block from the committed results; True if it changed."""
+    readme = readme or README
+    text = readme.read_text()
+    new = replace_block(text, readme_block())
+    if new != text:
+        readme.write_text(new)
+    return new != text
+
+
+def readme_is_current(readme: Path | None = None) -> bool:
+    """Whether the README's block is what the committed results give."""
+    text = (readme or README).read_text()
+    return replace_block(text, readme_block()) == text
+
+
+# --- the pages ------------------------------------------------------------------------------------------------------
+
+
+def _generated() -> str:
+    return (
+        "<!-- generated by distill/bench/results_pages.py from benchmarks/results/ at build time -->\n\n"
+        '!!! note "Generated"\n    Every figure on this page is read from a committed file in `benchmarks/results/`, '
+        "linked from its row.\n\n"
+    )
+
+
+def page_index(links: Links) -> str:
+    return "\n".join(
+        [
+            "# Results",
+            "",
+            _generated(),
+            "The headline figures, each from the results file its row links to (the README's table is the same,",
+            "generated by the same code). Every measurement names its machine: compare figures within one file,",
+            "where they were measured in one run.",
+            "",
+            headline(links),
+            "",
+            "- [Teachers](teachers.md): the teacher scores on DL19 and on the validation queries, behind other first",
+            "  stages, and the teacher stage's throughput.",
+            "- [Students](students.md): every student variant on validation, the chosen ones tested once on DL19.",
+            "- [CPU latency](latency-cpu.md): `distill bench` on a CPU, every backend.",
+            "- [GPU (H200)](gpu-h200.md): the GPU suite on an H200.",
+            "- [Scale](scale.md): the data layer from 10k to 10M pairs.",
+            "- [The demo](demo.md): `make demo`'s output.",
+            "- [Every results file](files.md), with the command that wrote it.",
+            "",
+            "To add a result: run its command (it writes its file into `benchmarks/results/`), commit the file, and",
+            "rerun `python -m distill.bench.results_pages readme` if it changes a headline figure. No figure is",
+            "typed by hand.",
+            "",
+        ]
+    )
+
+
+SCORES = {
+    "first_stage": "BM25 (the input order)",
+    "cis": "`cis` (the paper's score)",
+    "cond": "`cond` (without log p(K))",
+    "noprompt": "`noprompt` (without the prompt)",
+    "upr": "`upr` (query likelihood)",
+}
+
+
+def page_teachers(links: Links) -> str:
+    base = load(EVAL_DL19)
+    rows = []
+    for key, name in SCORES.items():
+        r = base["results"][run_key(base, f"/{key}")]
+        rows.append([name, _f(r["nDCG@1"]), _f(r["nDCG@5"]), f"**{_f(r['nDCG@10'])}**", versus_first(base, f"/{key}")])
+    first = [
+        "# Results: teachers",
+        "",
+        _generated(),
+        "## SmolLM2-135M-Instruct on TREC DL19 (BM25 top-100, 43 queries, fp32)",
+        "",
+        f"From {links(EVAL_DL19)}:",
+        "",
+        _command(base["command"]),
+        "",
+        "trec_eval's convention (unjudged passages are irrelevant); the last column is the change in nDCG@10 from",
+        "BM25 with its paired t-test's p-value.",
+        "",
+        _table(["ranking", "nDCG@1", "nDCG@5", "nDCG@10", "Δ nDCG@10 vs BM25"], rows),
+        "",
+        "## The same teacher behind dense and learned-sparse first stages (DL19 top-100)",
+        "",
+    ]
+    rows = []
+    for name, path in (("TAS-B", "eval-dl19-tasb-smollm2.json"), ("SPLADE", "eval-dl19-splade-smollm2.json")):
+        r = load(path)
+        rows.append([name, *(_f(ndcg10(r, f"/{k}")) for k in ("first_stage", "cis", "upr")), links(path)])
+    first += [_table(["candidates", "first stage", "`cis`", "`upr`", "file"], rows), ""]
+
+    val, test = label_rows("quality-dl21-val-teacher.json"), label_rows(TEACHERS_DL19)
+    rows = []
+    for label, value in val.items():
+        dl19 = test.get(label, test.get(label.replace("smollm2.cis_q", "smollm2.upr")))
+        rows.append([f"`{label}`", _f(value), "" if dl19 is None else _f(dl19)])
+    first += [
+        "## Two teachers and their ensembles: validation (16 DL21 queries) and DL19 (43 queries)",
+        "",
+        f"From {links('quality-dl21-val-teacher.json')} and {links(TEACHERS_DL19)} (`z(...)` standardises a score",
+        "within each query; SmolLM2's DL19 labels carry `upr`, which ranks as its `cis_q` within a query). Labels",
+        "are chosen on validation; DL19 is the test.",
+        "",
+        _table(["label", "validation nDCG@10", "DL19 nDCG@10"], rows),
+        "",
+        "## Multi-hop QA: the HotpotQA sample's given paragraph order",
+        "",
+    ]
+    hotpot = load("eval-hotpotqa-first-stage.json")
+    [(run, figures)] = hotpot["results"].items()
+    first += [
+        f"From {links('eval-hotpotqa-first-stage.json')}: supporting-paragraph recall R@k and precision P@k.",
+        "",
+        _table(["run", *figures], [[f"`{run}`", *(_f(v) for v in figures.values())]]),
+        "",
+        "## Teacher-stage throughput",
+        "",
+        "`benchmarks/teacher.py`: the stage's scorer against a plain batched loop (padded batches, full-vocabulary",
+        "log-softmax) and a naive one-pair-at-a-time loop, on the same model in the same run.",
+        "",
+    ]
+    rows = [
+        teacher_bench_row(links, p)
+        for p in (
+            "teacher-cpu-smollm2-135m.json",
+            f"{GPU}/teacher.json",
+            f"{GPU}/teacher-levers.json",
+            f"{GPU}/teacher-levers-dl19.json",
+        )
+    ]
+    first += [
+        _table(
+            ["file", "workload", "of the matmul ceiling", "pairs/s", "over the plain loop", "over the naive loop"], rows
+        ),
+        "",
+        "Labelling logs of the Gemma-3-270m teacher on this project's 2-core CPU, with their commands and times: "
+        + ", ".join(links(p) for p in result_files() if p.startswith("teach-cpu-"))
+        + ".",
+        "",
+    ]
+    return "\n".join(first)
+
+
+def _students_test_rows(links: Links) -> list[list[str]]:
+    rows = []
+    for path in sorted(p for p in result_files() if re.fullmatch(r"quality-dl19-(?!teacher|tasb-|splade-).*\.json", p)):
+        r = load(path)
+        name = path.removeprefix("quality-dl19-").removesuffix(".json")
+        alone, interp = "/dl19-bm25.trec", "/dl19-bm25-interp.trec"
+        spearman = fidelity(r, alone)
+        label = (r.get("fidelity") or {}).get("label", "")
+        rows.append(
+            [
+                links(path, f"`{name}`"),
+                f"`{label}`" if label else "",
+                f"{_f(ndcg10(r, alone))} ({versus_first(r, alone)})",
+                f"{_f(ndcg10(r, interp))} ({versus_first(r, interp)})",
+                "" if spearman is None else f"{spearman:.3f}",
+            ]
+        )
+    return rows
+
+
+def page_students(links: Links) -> str:
+    val = load("quality-dl21-val.json")
+    rows = []
+    for v in val["rows"]:
+        b = v["best"]
+        own = f"quality/val-{v['name']}.json"
+        rows.append(
+            [
+                links(own, f"`{v['name']}`") if (RESULTS / own).exists() else f"`{v['name']}`",
+                f"{b['epoch'] + 1:.0f}",
+                _f(b["val/nDCG@10"]),
+                f"{_f(b['val/interp_nDCG@10'])} ({b['val/interp_alpha']:.2f})",
+                f"{b['val/fidelity_spearman']:.3f}",
+                _f(b["val/teacher_nDCG@10"]),
+                _f(b["val/first_stage_nDCG@10"]),
+            ]
+        )
+    parts = [
+        "# Results: students",
+        "",
+        _generated(),
+        "all-MiniLM-L6-v2 students (22M parameters) trained on CPU from the teachers' labels of TREC DL21 and DL22",
+        "(BM25 top-100). Every choice is made on one seeded split of 16 judged DL21 queries; DL19 is the test, run",
+        "once for each chosen variant. `python benchmarks/quality.py` holds every variant as a command (see",
+        "[Train](../stages/train.md)).",
+        "",
+        "## Validation: 16 DL21 queries",
+        "",
+        f"From {links('quality-dl21-val.json')} (each variant's command is in the file, and in",
+        '`quality-dl21-val.md`). The best epoch is kept; "+ first stage" interpolates with BM25 at the weight α',
+        "chosen on these queries; Spearman is the per-query agreement with the teacher's label.",
+        "",
+        _table(
+            ["variant", "epoch", "nDCG@10", "+ first stage (α)", "Spearman with the label", "teacher", "BM25"], rows
+        ),
+        "",
+        "## Test: TREC DL19, 43 queries, BM25 top-100",
+        "",
+        "Each file holds the `distill eval` command, t-tests against BM25 and the per-query agreement with the",
+        "student's label (Spearman, last column).",
+        "",
+        _table(
+            ["student (results file)", "label", "nDCG@10 alone (Δ vs BM25)", "+ first stage (Δ vs BM25)", "Spearman"],
+            _students_test_rows(links),
+        ),
+        "",
+        "## Behind a dense or learned-sparse first stage (DL19 TAS-B and SPLADE top-100)",
+        "",
+    ]
+    rows = []
+    for path in sorted(p for p in result_files() if re.fullmatch(r"quality-dl19-(tasb|splade)-.*\.json", p)):
+        r = load(path)
+        stage, name = path.removeprefix("quality-dl19-").removesuffix(".json").split("-", 1)
+        rows.append(
+            [
+                links(path, f"`{name}`"),
+                stage,
+                _f(ndcg10(r, "/first_stage")),
+                f"{_f(ndcg10(r, f'/dl19-{stage}.trec'))} ({versus_first(r, f'/dl19-{stage}.trec')})",
+                f"{_f(ndcg10(r, f'/dl19-{stage}-interp.trec'))} ({versus_first(r, f'/dl19-{stage}-interp.trec')})",
+            ]
+        )
+    parts += [
+        _table(["student", "first stage", "first stage nDCG@10", "student alone (Δ)", "+ first stage (Δ)"], rows),
+        "",
+        "## The first students: DL19 training queries, 9 held-out DL19 queries",
+        "",
+    ]
+    early = "eval-dl19-heldout-minilm-students.json"
+    r = load(early)
+    rows = [
+        [f"`{k}`", _f(v["nDCG@10"]), versus_first(r, k) if k != next(iter(r["results"])) else ""]
+        for k, v in r["results"].items()
+    ]
+    parts += [
+        f"From {links(early)}, students trained on 34 DL19 queries (configs of commit 3c01ed6):",
+        "",
+        _command(r["command"]),
+        "",
+        _table(["run", "nDCG@10", "Δ vs BM25"], rows),
+        "",
+        "Validation curves: "
+        + ", ".join(links(p) for p in result_files() if p.startswith("train-") and p.endswith(".csv"))
+        + ".",
+        "",
+        "## int8 and the ranking (the first CIS student, all 43 DL19 queries)",
+        "",
+    ]
+    i8 = load("int8-minilm-dl19-all-cis.json")
+    rows = [
+        [
+            f"`{name}`",
+            _f(v["nDCG@10"]),
+            f"{v['delta_nDCG@10']:+.2f}" if "delta_nDCG@10" in v else "",
+            f"{v['max_abs_diff']:.3f}" if "max_abs_diff" in v else "",
+        ]
+        for name, v in i8["results"].items()
+    ]
+    parts += [
+        f"From {links('int8-minilm-dl19-all-cis.json')}:",
+        "",
+        _command(i8["command"]),
+        "",
+        _table(["graph", "nDCG@10", "Δ", "max abs Δscore"], rows),
+        "",
+        "## Training throughput",
+        "",
+        "`benchmarks/student_train.py`: the student stage's training step against a plain loop that pads every pair",
+        "to `max_length`, on the same pairs.",
+        "",
+    ]
+    rows = []
+    trained = re.compile(r"(gpu-suite-h200/)?student-train(-cpu-.*)?\.json")
+    for path in sorted(p for p in result_files() if trained.fullmatch(p)):
+        t = load(path)
+        plain, stage = t["plain"], t["stage"]
+        rows.append(
+            [
+                links(path),
+                t["environment"].get("device_name", "?"),
+                f"{stage['samples'] / stage['seconds']:.1f}",
+                f"{plain['samples'] / plain['seconds']:.1f}",
+                _x(t["speedup_samples_per_s"]),
+                _pct(1 - stage["real_tokens"] / stage["padded_tokens"]),
+                _pct(1 - plain["real_tokens"] / plain["padded_tokens"]),
+            ]
+        )
+    parts += [
+        _table(
+            [
+                "file",
+                "device",
+                "stage samples/s",
+                "plain samples/s",
+                "speed-up",
+                "stage padding",
+                "plain padding",
+            ],
+            rows,
+        ),
+        "",
+    ]
+    return "\n".join(parts)
+
+
+BENCH_TITLES = {
+    "bench-cpu-auto-dl2122-final": '`backend="auto"` and every backend: the final SmolLM2 student',
+    "bench-cpu-dl2122-seg-hybrid-lr3e-5": "The final SmolLM2 student's backends on an Intel Xeon (AVX-512, no AMX)",
+    "bench-cpu-minilm-dl19-all-cis": "The first CIS student against the teacher, the paper's protocol",
+    "bench-cpu-minilm-dl19-all-cis-batch16384": "The same at a 16,384-token batch budget",
+    "bench-cpu-minilm-dl21-cis": "A DL21-only student",
+    "bench-cpu-unpad-minilm-budget1024": "Unpadded layers (`+unpad`) at the CPU's 1,024-token budget",
+    "bench-cpu-unpad-minilm-budget32768": "Unpadded layers (`+unpad`) in the GPU's one-batch layout (32,768 tokens)",
+}
+
+
+def _bench_section(links: Links, path: str, title: str) -> list[str]:
+    r = load(path)
+    folder = path.rsplit("/", 1)[0]
+    lines = [
+        f"## {title}",
+        "",
+        f"{links(path)}: {environment(r['environment'])}.",
+        "",
+        _command(r["command"]),
+        "",
+        bench_table(r),
+        "",
+    ]
+    if (RESULTS / folder / "bench.png").exists():
+        lines += [f"![{folder}]({links.prefix}{folder}/bench.png)", ""]
+    return lines
+
+
+def page_latency_cpu(links: Links) -> str:
+    parts = [
+        "# Results: CPU latency",
+        "",
+        _generated(),
+        "`distill bench` runs: p50 per call, tokenisation included; a DL19 query's 100 BM25 candidates (`100",
+        "candidates`) or one query's candidates cut at N passage tokens (the paper's protocol). The speed-up columns",
+        "are on the last workload. Each `bench.json` holds every call's time, p95, pairs/s, peak memory, the FLOP",
+        "floor and the environment; timings on these shared VMs move by 10–40% between runs, so compare within one",
+        "run. The FLOP floor is a call's matmul FLOPs at the matmul rate measured in the same run (fp32; int8 weight",
+        "matmuls at the int8 rate), so a bf16 backend can pass 100% of it.",
+        "",
+    ]
+    for path in sorted(p for p in result_files() if re.fullmatch(r"bench-cpu-[^/]+/bench\.json", p)):
+        folder = path.split("/")[0]
+        parts += _bench_section(links, path, BENCH_TITLES.get(folder, f"`{folder}`"))
+    parts += [
+        "## Explorations",
+        "",
+        "Graph variants, session settings and OpenVINO streams (`benchmarks/onnx_cpu.py`), and int8 settings",
+        "(`benchmarks/int8.py`): "
+        + ", ".join(links(p) for p in result_files() if re.fullmatch(r"(onnx-cpu|int8-q)-.*\.json", p))
+        + ". Exports that the int8 bound refused, with their commands: "
+        + ", ".join(links(p) for p in result_files() if p.startswith("export-") and p.endswith(".log"))
+        + ".",
+        "",
+    ]
+    return "\n".join(parts)
+
+
+def page_gpu(links: Links) -> str:
+    summary = load(f"{GPU}/summary.json")
+    parts = [
+        "# Results: the GPU suite on an H200",
+        "",
+        _generated(),
+        f"`{summary['command']}` on one {summary['device_name']}: random weights in the real shapes (a Llama-3-8B",
+        "teacher, a bert-large student). The run's own account, with its machine and software, is",
+        f"{links(f'{GPU}/PROVENANCE.md')}. Targets are issue 19's, set for an H100.",
+        "",
+        f"## Every figure ({links(f'{GPU}/summary.json')})",
+        "",
+        gpu_summary_table(summary),
+        "",
+        "## The teacher with the GPU levers (packing, 64-token buckets, compile)",
+        "",
+        "Now the CUDA defaults (see [Teach](../stages/teach.md)); the suite's `teacher.json` ran before they were.",
+        "",
+        _table(
+            ["file", "workload", "of the bf16 ceiling", "pairs/s", "over the plain loop", "over the naive loop"],
+            [
+                teacher_bench_row(links, p)
+                for p in (f"{GPU}/teacher.json", f"{GPU}/teacher-levers.json", f"{GPU}/teacher-levers-dl19.json")
+            ],
+        ),
+        "",
+    ]
+    parts += _bench_section(links, f"{GPU}/bench/bench.json", "Reranking: bert-large, 100 candidates")
+    profiles = [p for p in result_files() if p.startswith(f"{GPU}/profile/") and p.endswith(".txt")]
+    parts += [
+        "## Profiles",
+        "",
+        "`python benchmarks/gpu_suite.py --profile`: each stage again, short, under `torch.profiler`: "
+        + ", ".join(links(p) for p in profiles)
+        + ".",
+        "",
+    ]
+    return "\n".join(parts)
+
+
+def scale_table(result: dict[str, Any]) -> str:
+    """A scale run (``scale.json``) as a Markdown table: one row a size."""
+    rows = []
+    for r in result["rows"]:
+        cold, cached, loaders, teacher = r["student_cold"], r["student_cached"], r["loader"], r["teacher_input"]
+        peaks = " / ".join(f"{x['peak_above_baseline_bytes'] / 2**20:.0f}" for x in (cold, cached))
+        rates = " / ".join(f"{x['batches_per_s']:.1f}" for x in loaders)
+        rows.append(
+            [
+                f"{r['pairs']:,}",
+                f"{cold['seconds']:.1f} s",
+                f"{cached['seconds']:.2f} s",
+                f"{peaks} MiB",
+                f"{cold['cache_bytes'] / 2**20:.0f} MiB",
+                f"{loaders[0]['first_batch_s'] * 1000:.0f} ms",
+                rates,
+                f"{teacher['seconds']:.1f} s, {teacher['peak_rss_bytes'] / 2**20:.0f} MiB",
+            ]
+        )
+    header = [
+        "pairs",
+        "setup cold",
+        "setup cached",
+        "peak RSS above baseline (cold / cached)",
+        "token cache",
+        "first batch",
+        "batches/s, 0 / 2 workers",
+        "teacher input: time, peak RSS",
+    ]
+    return _table(header, rows)
+
+
+def page_scale(links: Links) -> str:
+    parts = [
+        "# Results: scale",
+        "",
+        _generated(),
+        "The student's data layer against the number of training pairs (synthetic teacher data made of the DL21",
+        "and DL22 rows under new query ids), each measurement in a fresh process: setup cold (tokenising) and",
+        "cached, peak RSS above the process's baseline, the token cache on disk, the training loader's batches/s",
+        "at the GPU config's 65,536-token budget, and the teacher stage's input pass. See",
+        "[Train](../stages/train.md#scale-millions-of-pairs).",
+        "",
+    ]
+    for path in sorted(p for p in result_files() if re.fullmatch(r"scale-cpu[^/]*/scale\.json", p)):
+        r = load(path)
+        folder = path.rsplit("/", 1)[0]
+        parts += [
+            f"## {links(path)}",
+            "",
+            f"CPU: {r['cpu']}, {r['cores']} cores, {r['cpu_features']}; commit {r['git_commit'][:7]}.",
+            "",
+            _command(r["command"]),
+            "",
+            scale_table(r),
+            "",
+        ]
+        for g in r["growth"]:
+            parts.append(
+                f"- From {g['from_pairs']:,} to {g['to_pairs']:,} pairs, a pair costs "
+                f"{g['peak_rss_bytes_per_pair']:.0f} bytes of peak RSS, {g['cold_seconds_per_pair'] * 1e6:.0f} µs of "
+                f"cold setup, {g['cache_bytes_per_pair']:.0f} bytes of token cache and "
+                f"{g['teacher_data_bytes_per_pair']:.0f} bytes of teacher data on disk; the teacher's input pass "
+                f"peaks {g['teacher_input_peak_rss_growth']:+.1%} higher."
+            )
+        parts.append("")
+        if (RESULTS / folder / "scale.png").exists():
+            parts += [f"![scale]({links.prefix}{folder}/scale.png)", ""]
+    return "\n".join(parts)
+
+
+def page_demo(links: Links) -> str:
+    d = demo()
+    return "\n".join(
+        [
+            "# Results: the demo",
+            "",
+            _generated(),
+            f"`make demo`'s output, as committed in {links(DEMO)}: {d['title']}.",
+            "",
+            "```",
+            "\n".join(d["text"].splitlines()[1:]),
+            "```",
+            "",
+        ]
+    )
+
+
+def _describe(path: str) -> str:
+    """A results file's command: its JSON ``command``, or a text file's first line."""
+    file = RESULTS / path
+    if file.suffix == ".json":
+        try:
+            command = json.loads(file.read_text()).get("command")
+        except (ValueError, AttributeError):
+            return ""
+        return f"`{command}`" if isinstance(command, str) else ""
+    if file.suffix in (".txt", ".log", ".md"):
+        first = file.read_text(errors="replace").splitlines()[:1]
+        return f"`{first[0].lstrip('#$ ')[:200]}`" if first else ""
+    return ""
+
+
+def page_files(links: Links) -> str:
+    rows = [[links(p), _describe(p).replace("|", "\\|")] for p in result_files()]
+    return "\n".join(["# Every results file", "", _generated(), _table(["file", "command"], rows), ""])
+
+
+PAGES: dict[str, Callable[[Links], str]] = {
+    "index.md": page_index,
+    "teachers.md": page_teachers,
+    "students.md": page_students,
+    "latency-cpu.md": page_latency_cpu,
+    "gpu-h200.md": page_gpu,
+    "scale.md": page_scale,
+    "demo.md": page_demo,
+    "files.md": page_files,
+}
+
+
+def pages() -> dict[str, str]:
+    """Every results page (file name -> Markdown), linking to the copies of the results files under ``files/``."""
+    links = Links("files/")
+    return {name: render(links) for name, render in PAGES.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m distill.bench.results_pages", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("readme", help="rewrite the README's headline table from the committed results")
+    sub.add_parser("check", help="exit 1 if the README's headline table is not what the results give")
+    write = sub.add_parser("pages", help="write the results pages into a folder (the docs build does this itself)")
+    write.add_argument("out", type=Path)
+    args = parser.parse_args(argv)
+    if args.command == "readme":
+        print("README.md: results table " + ("rewritten" if write_readme() else "already up to date"))
+    elif args.command == "check":
+        if not readme_is_current():
+            print(f"README.md: the results table is out of date: {FIX}", file=sys.stderr)
+            return 1
+    else:
+        args.out.mkdir(parents=True, exist_ok=True)
+        for name, text in pages().items():
+            (args.out / name).write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
