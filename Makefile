@@ -1,12 +1,14 @@
 # make demo: set up .venv and run the quickstart on the embedded defaults (CPU, minutes).
 # make test: set up .venv and run the test suite.
+# make docs: build the docs site into site/ with warnings as errors (mkdocs build --strict).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 STAMP := $(VENV)/.installed
+DOCS_STAMP := $(VENV)/.docs-installed
 
-.PHONY: setup demo test lint clean
+.PHONY: setup demo test lint docs clean
 
 setup: $(STAMP)
 
@@ -33,5 +35,14 @@ test: setup
 lint: setup
 	$(VENV)/bin/ruff check .
 
+# The site's tools (the docs extra); the results pages and the API reference are generated during the build
+# (docs/gen_pages.py). The two variables silence the MkDocs-2 notices that Material and a plugin print.
+$(DOCS_STAMP): $(STAMP) pyproject.toml
+	$(PIP) install -e '.[docs]'
+	touch $(DOCS_STAMP)
+
+docs: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 DISABLE_MKDOCS_2_WARNING=true $(VENV)/bin/mkdocs build --strict --site-dir site
+
 clean:
-	rm -rf $(VENV) checkpoints/*/ .pytest_cache
+	rm -rf $(VENV) checkpoints/*/ .pytest_cache site

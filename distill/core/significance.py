@@ -43,7 +43,8 @@ def paired_t_test(a: np.ndarray, b: np.ndarray) -> float:
     """Two-sided p-value of the paired t-test (:func:`scipy.stats.ttest_rel`) of ``a`` against ``b``.
 
     Args:
-        a, b: per-query values, shape ``(n_queries,)``, paired by position.
+        a: per-query values, shape ``(n_queries,)``.
+        b: the other run's values, paired with ``a`` by position.
 
     Returns 1.0 where all differences are zero (the t statistic is 0/0 there) and NaN for fewer than two queries.
     """
@@ -72,7 +73,8 @@ def randomization_test(
     Deterministic for a given ``seed``.
 
     Args:
-        a, b: per-query values, shape ``(n_queries,)``, paired by position.
+        a: per-query values, shape ``(n_queries,)``.
+        b: the other run's values, paired with ``a`` by position.
         permutations: random sign assignments drawn.
         seed: seed of the numpy generator.
         chunk_elements: signs drawn at once (permutations × queries), bounding memory to 8 bytes each.
