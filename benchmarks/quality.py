@@ -150,7 +150,7 @@ TEST: list[str] = [
     "seg-cis_q-listwise_kl",
     "seg-cis-listwise_kl",
 ]
-"""The variants tested on DL19, chosen on the validation table (see the README): the best student on validation (the
+"""The variants tested on DL19, chosen on the validation table (docs: Results): the best student on validation (the
 ensemble label at 1e-4, two epochs), the two Gemma students of one epoch (the paper's claim, CIS alone; the label
 that ranks best on validation), the best validation settings
 trained on DL21 + DL22 (the final student, at the learning rate that won the screening; before it, at 1e-4), and

@@ -48,7 +48,7 @@ PREFERENCES: dict[Tier | str, tuple[str, ...]] = {
 }
 """CPU tier (:data:`~distill.serving.hardware.Tier`) or ``cuda`` -> the named backends (keys of
 :data:`~distill.serving.backends.NAMED_BACKENDS`), fastest first. What backs the order (``distill bench``, 2 threads,
-a DL19 query's 100 BM25 candidates; README, "Reranking latency on this 2-core CPU"):
+a DL19 query's 100 BM25 candidates; the docs' results page "CPU latency"):
 
 - ``amx``: on an AMX Xeon the quickstart's bench timed OpenVINO bf16 at 3.1x PyTorch fp32 (26.9 against 83.9 ms,
   issue 21); int8 is next, as on VNNI.
