@@ -434,6 +434,41 @@ SCORES = {
 }
 
 
+TEACHER_FINDINGS = """## What the tables show
+
+- At 135M parameters the paper's CIS ranks below BM25, while query likelihood (`upr`) from the same model
+  beats it; the paper needed GPT-2 1.5B for CIS to pay off. The stage computes every score from the same
+  forward passes, so which to distil is measured, not assumed.
+- A twice larger teacher (Gemma-3-270m) lifts CIS by several points on validation and on DL19, while query
+  likelihood barely moves. CIS alone is still below BM25 at 270M parameters.
+- The two directions and the two models disagree usefully: the three-way ensemble
+  `z(gemma.cis) + z(gemma.cis_q) + z(smollm2.cis_q)` is the best label on validation, and it holds on DL19;
+  adding the first stage no longer helps it much.
+- Behind TAS-B or SPLADE candidates, the small teacher ranks far below those first stages.
+
+"""
+"""What the teachers' tables show, in words (no figure: the tables hold them)."""
+
+STUDENT_FINDINGS = """## What the tables show
+
+- **The head decides it.** The paper's [CLS] head starts at random, and a few thousand pairs of CPU training
+  leave it near chance on validation; the segment-cosine head starts from the backbone's own similarity and
+  learns the teacher's ordering far more faithfully.
+- **Listwise beats pointwise.** The within-query losses (listwise KL, margin MSE, RankNet) sit close together,
+  and MSE, with either scaling, loses far more.
+- **The paper's claim holds at 270M parameters.** A student distilled from Gemma's CIS alone, with no first-stage
+  term in its label, beats BM25 on DL19 and beats its own teacher, on validation and on DL19.
+- **Ensembles teach best.** The student of the three-teacher label is the best on validation and agrees with its
+  label most; a higher listwise-KL temperature lowered that agreement, more training raised it.
+- **Only behind BM25.** The students lift BM25's list, but rank TAS-B's and SPLADE's lists far worse than those
+  lists arrived; interpolation only halves the damage. A student can only be as useful as its teacher is
+  against the candidates' first stage.
+- With 16 validation queries, students close to each other are within noise; nothing is chosen on DL19.
+
+"""
+"""What the students' tables show, in words."""
+
+
 def page_teachers(links: Links) -> str:
     base = load(EVAL_DL19)
     rows = []
@@ -444,6 +479,7 @@ def page_teachers(links: Links) -> str:
         "# Results: teachers",
         "",
         _generated(),
+        TEACHER_FINDINGS,
         "## SmolLM2-135M-Instruct on TREC DL19 (BM25 top-100, 43 queries, fp32)",
         "",
         f"From {links(EVAL_DL19)}:",
@@ -562,6 +598,7 @@ def page_students(links: Links) -> str:
         "once for each chosen variant. `python benchmarks/quality.py` holds every variant as a command (see",
         "[Train](../stages/train.md)).",
         "",
+        STUDENT_FINDINGS,
         "## Validation: 16 DL21 queries",
         "",
         f"From {links('quality-dl21-val.json')} (each variant's command is in the file, and in",
