@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from distill.bench.measure import ROOT
+from distill.core.package_paths import PROJECT as ROOT
 
 RESULTS = ROOT / "benchmarks" / "results"
 
