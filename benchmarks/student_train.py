@@ -23,7 +23,9 @@ the end of its last timed step, with the device synchronised at both ends (compi
 warm-up steps, and at most once more on a new shape). The window holds everything a training step
 costs: data (tokenising in (a), collating in (b)), the host-to-device copy, forward, backward and the
 optimiser step, and in (b) Lightning's loop. On a GPU, the host synchronisations in each window are
-counted (``torch.cuda.set_sync_debug_mode``): the stage's steps should have none.
+counted, each with the ``file:line`` it came from (``torch.cuda.set_sync_debug_mode``'s warnings, not its
+once-a-process notice that it "does not yet detect all synchronizing operations"): the stage's steps
+should have none.
 
 With ``--checkpoint-every-steps K``, (c) repeats (b), from the same weights on the same batches, with
 :class:`students.checkpointing.LastCheckpoint` writing ``last.ckpt`` (to a temporary name, fsynced,
@@ -54,6 +56,7 @@ import sys
 import tempfile
 import time
 import warnings
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -128,6 +131,8 @@ class Phase:
     """Host time of parts of the timed window (not synchronised, so they may overlap device work)."""
     host_syncs: int | None = None
     """Host synchronisations in the timed window, as CUDA's sync debug mode reports them (None on a CPU)."""
+    host_sync_sites: list[str] = field(default_factory=list)
+    """``file:line`` of the Python call behind each of ``host_syncs``."""
     batch_shapes: list[tuple[int, int]] = field(default_factory=list)
     """The distinct ``(pairs, padded length)`` shapes of the timed steps' batches."""
 
@@ -279,13 +284,21 @@ def plain_batch_size(args: argparse.Namespace) -> int:
     return args.batch_size if args.max_batch_tokens is None else args.max_batch_tokens // args.max_length
 
 
+SYNC_WARNING = "called a synchronizing CUDA operation"
+"""The start of the warning that CUDA's sync debug mode gives for each host synchronisation. Setting the mode also
+warns, once a process, that it "does not yet detect all synchronizing operations": that notice is no sync."""
+
+
 class HostSyncs:
     """Counts the host synchronisations between :meth:`start` and :meth:`stop` on a CUDA device, with
-    ``torch.cuda.set_sync_debug_mode("warn")``; on a CPU, counts nothing (:attr:`count` stays None)."""
+    ``torch.cuda.set_sync_debug_mode("warn")``, and records where each came from; on a CPU, counts nothing
+    (:attr:`count` stays None)."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self.count: int | None = None
+        self.sites: list[str] = []
+        """``file:line`` of the Python call that synchronised, one per sync."""
         self._stack: contextlib.ExitStack | None = None
         self._records: list[warnings.WarningMessage] = []
 
@@ -303,7 +316,9 @@ class HostSyncs:
         torch.cuda.set_sync_debug_mode("default")
         self._stack.close()
         self._stack = None
-        self.count = sum("synchroniz" in str(w.message) for w in self._records)
+        syncs = [w for w in self._records if str(w.message).startswith(SYNC_WARNING)]
+        self.count = len(syncs)
+        self.sites = [f"{display_path(w.filename)}:{w.lineno}" for w in syncs]
 
 
 # ----------------------------------------------------------------------------- (b) the student stage
@@ -418,6 +433,7 @@ def run_stage(
         memory_kind=timer.probe.kind,
         last_loss=float(timer.last_loss) if timer.last_loss is not None else math.nan,
         host_syncs=timer.syncs.count,
+        host_sync_sites=timer.syncs.sites,
         batch_shapes=sorted(set(timer.shapes[timed])),
     )
     dm.trainer = None  # the datamodule would keep the trainer, and through it the model and AdamW state, alive
@@ -536,6 +552,7 @@ def run_plain(
         last_loss=float(loss),
         breakdown_seconds={"tokenize": tokenize_seconds},
         host_syncs=syncs.count,
+        host_sync_sites=syncs.sites,
         batch_shapes=sorted({tuple(m.shape) for m in masks}),
     )
     return phase
@@ -583,6 +600,9 @@ def print_report(result: dict[str, Any], phases: list[Phase]) -> None:
     print("batch shapes: " + "; ".join(f"{ph.name} {len(ph.batch_shapes)}: {ph.batch_shapes}" for ph in phases))
     if phases[0].host_syncs is not None:
         print("host syncs in the timed window: " + ", ".join(f"{ph.name} {ph.host_syncs}" for ph in phases))
+        for ph in phases:
+            for site, n in Counter(ph.host_sync_sites).most_common():
+                print(f"  {ph.name} {n} x {site}")
     print(f"\nspeed-up (b)/(a): {result['speedup_samples_per_s']:.2f}x samples/s")
     if cost := result["checkpointing"]:
         print(
