@@ -184,7 +184,8 @@ class StudentDataModule(LightningDataModule):
         group_size: candidates per query in a batch, for the within-query losses (None: pointwise batches).
         max_length: tokens per pair; longer pairs lose the end of the passage (counted).
         eval_batch_size: pairs per validation batch.
-        num_workers: data loader worker processes (batches are pinned in memory on a GPU).
+        num_workers: worker processes of each data loader, kept for the whole fit (batches are pinned in memory on a
+            GPU).
         cache_dir: where the tokenised pairs are cached (:mod:`students.token_store`; default
             ``$CIS_DISTILL_CACHE/student-tokens``): built once, then memory-mapped by every run and rank that
             tokenises the same pairs the same way.
@@ -334,15 +335,18 @@ class StudentDataModule(LightningDataModule):
         given = self.hparams.pad_to_multiple_of
         return given if given is not None else TRAIN_PAD_MULTIPLE[self._device_type()]
 
-    def _loader(self, split: Split, sampler: Any, **kwargs: Any) -> DataLoader:
+    def _loader(self, split: Split, sampler: Any) -> DataLoader:
+        """The loader of ``split``'s batches that ``sampler`` draws. Its worker processes, if any, persist for the
+        whole fit: neither an epoch's start nor a validation forks new ones or waits for old ones to exit (Lightning
+        shuts them down when the fit ends)."""
         workers = self.hparams.num_workers
         return ResumableLoader(
             _Positions(len(split)),
             batch_sampler=sampler,
             collate_fn=Collator(split, Padding.of(self.tokenizer, self.pad_multiple)),
             num_workers=workers,
+            persistent_workers=workers > 0,
             pin_memory=self._device_type() == "cuda",
-            **kwargs,
         )
 
     def train_dataloader(self) -> DataLoader:
@@ -366,7 +370,7 @@ class StudentDataModule(LightningDataModule):
         else:
             per_batch = max(1, h.batch_size // h.group_size)
             sampler = QueryGroupedBatches(self.train.query.tolist(), h.group_size, per_batch, h.seed, rank, world)
-        return self._loader(self.train, sampler, persistent_workers=h.num_workers > 0)
+        return self._loader(self.train, sampler)
 
     def val_dataloader(self) -> DataLoader:
         """Every rank sees the whole (small) validation split, longest first, so metrics need no gathering."""

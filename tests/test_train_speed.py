@@ -215,6 +215,53 @@ def test_the_benchmark_counts_host_syncs_and_not_the_sync_debug_modes_notice(mon
     assert syncs.count == 1 and syncs.sites[0].startswith("tests/test_train_speed.py:")
 
 
+# ----------------------------------------------------------------------------- the epoch boundary
+
+
+def worker_pids(loader: torch.utils.data.DataLoader) -> tuple[int, ...] | None:
+    """The process ids of the workers of ``loader``'s kept iterator (None: it keeps none)."""
+    iterator = loader._iterator
+    return None if iterator is None else tuple(w.pid for w in iterator._workers)
+
+
+def test_loader_workers_persist_across_epochs_and_validations_and_end_with_the_fit(
+    teacher_dataset: Path, tiny_bert: Path
+) -> None:
+    """With workers, neither an epoch's start nor a validation forks new ones and waits for the old ones to exit: the
+    training and the validation loader each keep theirs from their first batch to the end of the fit, which ends
+    them."""
+    seen: dict[str, set] = {"train": set(), "val": set()}
+    loaders = {}
+
+    class Pids(Callback):
+        def on_train_batch_start(self, trainer: Trainer, *args) -> None:
+            loaders["train"] = trainer.train_dataloader
+            seen["train"].add(worker_pids(trainer.train_dataloader))
+
+        def on_validation_batch_start(self, trainer: Trainer, *args) -> None:
+            loaders["val"] = trainer.val_dataloaders
+            seen["val"].add(worker_pids(trainer.val_dataloaders))
+
+    dm = data_module(teacher_dataset, tiny_bert, num_workers=1)
+    trainer = Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_epochs=2,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        use_distributed_sampler=False,
+        logger=False,
+        callbacks=[Pids()],
+    )
+    trainer.fit(CrossEncoderModule(backbone=str(tiny_bert)), datamodule=dm)
+    assert trainer.current_epoch == 2
+    assert all(len(pids) == 1 and None not in pids and len(next(iter(pids))) == 1 for pids in seen.values()), seen
+    assert all(loader._iterator is None for loader in loaders.values())  # shut down with the fit
+    ended = [pid for pids in seen.values() for pid in next(iter(pids))]
+    assert not any(Path(f"/proc/{pid}").exists() for pid in ended)
+
+
 # ----------------------------------------------------------------------------- optimiser and learning rate
 
 
@@ -297,6 +344,63 @@ def test_compiled_blocks_compile_a_handful_of_times_and_train_like_eager(
     for key in weights[0]:
         torch.testing.assert_close(weights[1][key], weights[0][key], atol=1e-5, rtol=1e-4)
     assert 1 <= len(graphs) <= 4, f"{len(graphs)} graphs for {len(shapes)} shapes"
+    torch._dynamo.reset()
+
+
+class CountGraphs(Callback):
+    """The graphs captured so far (``graphs``), at the start of each training epoch and at the end of training
+    (:attr:`at_epochs`), and before and after each validation (:attr:`validations`)."""
+
+    def __init__(self, graphs: list[torch.fx.GraphModule]) -> None:
+        self.graphs = graphs
+        self.at_epochs: list[int] = []
+        self.validations: list[tuple[int, int]] = []
+
+    def on_train_epoch_start(self, *args) -> None:
+        self.at_epochs.append(len(self.graphs))
+
+    def on_train_end(self, *args) -> None:
+        self.at_epochs.append(len(self.graphs))
+
+    def on_validation_start(self, *args) -> None:
+        self.validations.append((len(self.graphs), -1))
+
+    def on_validation_end(self, *args) -> None:
+        self.validations[-1] = (self.validations[-1][0], len(self.graphs))
+
+
+@pytest.mark.parametrize("unpad", [False, True])
+def test_compiled_training_compiles_in_its_first_epoch_only(
+    teacher_dataset: Path, tiny_bert: Path, monkeypatch: pytest.MonkeyPatch, unpad: bool
+) -> None:
+    """What comes between epochs (the validation, eager in eval mode under inference mode, with its batches of other
+    shapes; the switch back to training; the loader's restart) compiles nothing, and every epoch after the first
+    reuses the first one's graphs: its batches have the same shapes in another order."""
+    graphs: list[torch.fx.GraphModule] = []
+
+    def capture(gm: torch.fx.GraphModule, example_inputs: list) -> object:
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend=capture))
+    dm = data_module(teacher_dataset, tiny_bert, pad_to_multiple_of=16)  # many shapes
+    counter = CountGraphs(graphs)
+    trainer = Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_epochs=3,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        use_distributed_sampler=False,
+        logger=False,
+        callbacks=[counter],
+    )
+    trainer.fit(CrossEncoderModule(backbone=str(tiny_bert), compile=True, unpad=unpad), datamodule=dm)
+    first_epoch = counter.at_epochs[1]
+    assert first_epoch >= 1 and counter.at_epochs == [0, first_epoch, first_epoch, first_epoch]
+    assert len(counter.validations) == 4 and all(before == after for before, after in counter.validations)
     torch._dynamo.reset()
 
 
