@@ -98,6 +98,20 @@ def test_saves_fall_on_optimiser_steps_when_gradients_accumulate(
     assert last["global_step"] == 6 and last[RESUME_KEY]["position"] == (0, 12)
 
 
+def test_a_validation_saves_last_ckpt_only_when_a_save_is_due(
+    tmp_path: Path, tiny_bert: Path, teacher_dataset: Path, caplog
+) -> None:
+    """3 epochs of 3 steps, a save due every 2 steps: the one due at step 6, which a validation follows, waits for the
+    validation's end; the validations after steps 3 and 9 save nothing (a checkpoint of BERT-large and its AdamW state
+    is 4 GB); training's end saves step 9."""
+    path = write_config(tmp_path, tiny_bert, teacher_dataset, max_epochs=3)
+    assert main(["train", "--config", str(path), "--checkpointing.every_n_steps", "2"]) == 0
+    saved = [r.getMessage() for r in caplog.records if r.getMessage().startswith("saved")]
+    assert [s.split("step ")[1].split(")")[0] for s in saved] == ["2", "4", "6", "8", "9"]
+    last = torch.load(tmp_path / "runs" / "tiny" / "checkpoints" / "last.ckpt", weights_only=False)
+    assert last["global_step"] == 9
+
+
 @pytest.mark.parametrize(
     ("flag", "value", "expected"),
     [
