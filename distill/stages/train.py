@@ -183,8 +183,19 @@ def train(argv: list[str]) -> TrainReport | None:
         raise SystemExit(EXIT_PREEMPTED) from None
     if not cli.trainer.is_global_zero:
         return None
+    finish_wandb(cli.trainer)
     metrics = {k: float(v) for k, v in cli.trainer.callback_metrics.items() if k.startswith("val/")}
     return TrainReport(cli.run_dir, metrics)
+
+
+def finish_wandb(trainer: Trainer) -> None:
+    """End the W&B run of the trainer's :class:`WandbLogger`, if it has one. Lightning leaves it open: wandb would
+    finish it (an offline run writes its last records and its service process stops) at the interpreter's exit, after
+    the summary, and a later ``WandbLogger`` of the same process (``distill run``) would log into it."""
+    if any(isinstance(logger, WandbLogger) for logger in trainer.loggers):
+        import wandb
+
+        wandb.finish()
 
 
 def resume_checkpoint(given: str | None, checkpoints: Path) -> str | Path | None:
