@@ -411,9 +411,11 @@ def test_the_gpu_config_parses_and_says_how_the_lr_scales() -> None:
 
     path = Path(__file__).resolve().parents[1] / "configs" / "train" / "bert-large-gpu.yaml"
     check_train_args(["--config", str(path)], str(path))
-    model = yaml.safe_load(path.read_text())["model"]
+    config = yaml.safe_load(path.read_text())
+    model = config["model"]
     assert model["lr_scaling"] == "sqrt" and model["lr_reference_tokens"] > 0 and model["compile"] is True
     assert model["unpad"] is True
+    assert config["data"]["num_workers"] > 0  # kept for the whole run: see the epoch boundary's tests
 
 
 # ----------------------------------------------------------------------------- the unpadded encoder
