@@ -8,7 +8,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from distill.core.loaders import load_candidates
-from distill.serving.encoding import encode_pairs, pad_batch
+from distill.serving.encoding import Packed, encode_pairs, pad_batch
 
 from .conftest import DL19
 
@@ -123,6 +123,15 @@ def test_a_batch_of_rows_is_built_from_the_flat_ids_as_tokenizer_pad_builds_it(t
         assert (pad == (tokenizer.pad_token_id if name == "input_ids" else 0)).all()
     assert ours.lengths.tolist() == [encoded.lengths[i] for i in rows] and ours.left == (side == "left")
     assert np.array_equal(ours["attention_mask"].sum(1), ours.lengths)
+    # Packed, the same rows are their tokens back to back, whether gathered from the flat ids or from the padding.
+    packed = encoded.pack(rows)
+    assert packed.lengths.tolist() == ours.lengths.tolist()
+    assert packed.input_ids.tolist() == [t for i in rows for t in encoded.features[i]["input_ids"]]
+    assert packed.token_type_ids.tolist() == [t for i in rows for t in encoded.features[i]["token_type_ids"]]
+    for batch in (ours, wider, dict(wider)):
+        again = Packed.of_padded(batch)
+        for name in ("input_ids", "token_type_ids", "lengths"):
+            assert np.array_equal(getattr(again, name), getattr(packed, name)), name
 
 
 def test_the_passages_are_encoded_in_one_parallel_call_and_joined_without_per_pair_calls(

@@ -18,9 +18,14 @@ under the padding mask and gathered again, which computes the padded model's att
 scores are the padded model's within rounding (other matmul shapes). No dropout is applied to the attention
 probabilities (the hidden states' dropout stays): training unpadded is a lever that changes the regularisation.
 
-The packing is computed on the host, so nothing waits on the device: in the reranker from the rows' lengths
-(:func:`lengths_packing`, numpy, without reading the padded attention mask), in the training collator from the
-batch's attention mask (:func:`host_packing`).
+The packing is computed on the host, so nothing waits on the device: in the training collator from the rows'
+lengths (:func:`lengths_packing`, numpy, without reading the padded attention mask) or a batch's attention mask
+(:func:`host_packing`).
+
+Serving needs no padded tensor at all: :class:`PackedEncoder` takes the pairs back to back (:func:`packed_inputs`:
+ids, type ids and places ``[3, N]``, ``cu_seqlens``), runs the embeddings, the layers and the head on them, and
+returns one score per pair. Its inputs are fixed-size tensors, so that a CUDA graph can replay it
+(:mod:`distill.serving.cuda_graphs`).
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from transformers.masking_utils import AttentionMaskInterface
 from distill.core.batching import segments
 from distill.core.schema import InputError
 from distill.core.segment_cosine import MODEL_TYPE as SEGMENT_COSINE
+from distill.core.segment_cosine import BertForSegmentCosine
 
 ATTENTION = "cis_unpadded"
 """The attention implementation's name in transformers' :class:`AttentionInterface` while a model is unpadded."""
@@ -180,6 +186,30 @@ AttentionInterface.register(ATTENTION, unpadded_attention)
 AttentionMaskInterface.register(ATTENTION, _no_mask)
 
 
+def unpaddable(model: torch.nn.Module) -> bool:
+    """Whether ``model``'s encoder can run unpadded (a BERT encoder, :data:`MODEL_TYPES`)."""
+    return getattr(model.config, "model_type", None) in MODEL_TYPES
+
+
+def kernel_name(model: torch.nn.Module) -> str:
+    """The kernel an unpadded ``model``'s attention runs on in inference: ``varlen_attn`` or ``sdpa (re-padded)``
+    (where gradients flow, always the latter)."""
+    probe = next(model.parameters())
+    return "varlen_attn" if varlen_kernel(probe) is not None else "sdpa (re-padded)"
+
+
+def take_over_attention(model: torch.nn.Module) -> None:
+    """Make ``model``'s attention :data:`ATTENTION` (in place), which keeps each token within its pair of a packed row.
+
+    Raises:
+        InputError: the model is not a BERT encoder (:data:`MODEL_TYPES`).
+    """
+    if not unpaddable(model):
+        model_type = getattr(model.config, "model_type", None)
+        raise InputError(f"unpad: runs BERT encoders ({', '.join(MODEL_TYPES)}), not {model_type!r}")
+    model.base_model.set_attn_implementation(ATTENTION)
+
+
 class Unpadder:
     """Runs ``model``'s encoder on its batches' real tokens (the model is changed in place: its attention becomes
     :data:`ATTENTION`, and every forward must run inside :meth:`batch`).
@@ -189,21 +219,16 @@ class Unpadder:
     """
 
     def __init__(self, model: torch.nn.Module) -> None:
-        model_type = getattr(model.config, "model_type", None)
-        if model_type not in MODEL_TYPES:
-            raise InputError(f"unpad: runs BERT encoders ({', '.join(MODEL_TYPES)}), not {model_type!r}")
+        take_over_attention(model)
         self.model = model
         self.current: Packing | None = None
-        model.base_model.set_attn_implementation(ATTENTION)
         encoder = model.base_model.encoder
         encoder.register_forward_pre_hook(self._pack, with_kwargs=True)
         encoder.register_forward_hook(self._unpack)
 
     def kernel_name(self) -> str:
-        """The kernel the model's attention runs on in inference: ``varlen_attn`` or ``sdpa (re-padded)`` (where
-        gradients flow, always the latter)."""
-        probe = next(self.model.parameters())
-        return "varlen_attn" if varlen_kernel(probe) is not None else "sdpa (re-padded)"
+        """:func:`kernel_name` of the model."""
+        return kernel_name(self.model)
 
     @contextmanager
     def batch(self, packed: Packing) -> Iterator[Packing]:
@@ -231,3 +256,76 @@ class Unpadder:
         grid = hidden.new_zeros(rows * width, hidden.shape[-1]).index_copy_(0, packed.indices, hidden)
         output.last_hidden_state = grid.view(rows, width, -1)
         return output
+
+
+def packed_inputs(
+    input_ids: np.ndarray, token_type_ids: np.ndarray, lengths: np.ndarray, width: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """:class:`PackedEncoder`'s inputs of pairs back to back (host tensors, computed with numpy): ``tokens`` ``[3, N]``
+    int64 (each token's id, type id and place ``pair · width + position``), ``cu_seqlens`` ``[pairs + 1]`` int32, and
+    ``width``, at least the longest pair's length (default: that length)."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    width = int(lengths.max(initial=1)) if width is None else width
+    fields = lengths_packing(lengths, width)
+    tokens = np.stack([np.asarray(input_ids), np.asarray(token_type_ids), fields["indices"].numpy()])
+    return torch.from_numpy(tokens.astype(np.int64, copy=False)), fields["cu_seqlens"], width
+
+
+class PackedEncoder(torch.nn.Module):
+    """A BERT cross-encoder (:data:`MODEL_TYPES`, one label) that scores packed pairs: its embeddings, layers and head
+    run on the pairs' tokens back to back, with no padded tensor in or out. The model is changed in place (its
+    attention becomes :data:`ATTENTION`); inference only (no dropout is applied).
+
+    Its inputs are two tensors and an int (:func:`packed_inputs`), so that the same call can be captured in a CUDA
+    graph over static buffers (:mod:`distill.serving.cuda_graphs`): ``tokens`` ``[3, N]`` int64 (each token's id, type
+    id and place ``pair · width + position``), ``cu_seqlens`` ``[S + 1]`` int32 (pair ``i``'s tokens are
+    ``cu_seqlens[i] : cu_seqlens[i + 1]``; an empty pair's score is meaningless) and ``width``, at least the
+    longest pair's length: the variable-length kernel's longest sequence, and the rows of the re-padded attention
+    elsewhere (:func:`unpadded_attention`).
+
+    The heads read what the padded model's read: the [CLS] head (``BertForSequenceClassification``: pooler, then
+    classifier) each pair's first token; the segment-cosine head the means of each pair's type-0 and type-1 tokens,
+    summed in fp32.
+
+    Raises:
+        InputError: the model is not a BERT encoder.
+    """
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        take_over_attention(model)
+        self.model = model
+
+    def forward(self, tokens: torch.Tensor, cu_seqlens: torch.Tensor, width: int) -> torch.Tensor:
+        """``[S]`` float32 scores of the ``S`` pairs that ``cu_seqlens`` delimits in ``tokens``."""
+        ids, types, places = tokens
+        pairs = cu_seqlens.shape[0] - 1
+        lengths = cu_seqlens[1:] - cu_seqlens[:-1]
+        columns = torch.arange(width, device=tokens.device)
+        packed = Packing(
+            indices=places,
+            cu_seqlens=cu_seqlens,
+            key_mask=(columns < lengths[:, None])[:, None, None, :],
+            max_length=width,
+            shape=(pairs, width),
+        )
+        base = self.model.base_model
+        hidden = base.embeddings(input_ids=ids[None], token_type_ids=types[None], position_ids=(places % width)[None])
+        hidden = base.encoder(hidden, attention_mask=None, **{PACKING: packed}).last_hidden_state[0]  # [N, H]
+        if isinstance(self.model, BertForSegmentCosine):
+            return self._segment_cosine(hidden, types, places // width, pairs)
+        first = cu_seqlens[:-1].long().clamp(max=hidden.shape[0] - 1)  # an empty pair at the end reads a neighbour
+        pooled = base.pooler(hidden.index_select(0, first)[:, None])
+        return self.model.classifier(pooled)[:, 0].float()
+
+    def _segment_cosine(
+        self, hidden: torch.Tensor, types: torch.Tensor, pair: torch.Tensor, pairs: int
+    ) -> torch.Tensor:
+        """``scale · cos(mean of type-0 tokens, mean of type-1 tokens) + bias`` per pair (:mod:`~distill.core.
+        segment_cosine`), from the packed states ``[N, H]`` and each token's type and pair ``[N]``."""
+        segment = pair * 2 + types
+        sums = hidden.new_zeros(2 * pairs, hidden.shape[1], dtype=torch.float32).index_add_(0, segment, hidden.float())
+        counts = sums.new_zeros(2 * pairs).index_add_(0, segment, sums.new_ones(segment.shape[0]))
+        means = (sums / counts.clamp(min=1.0)[:, None]).view(pairs, 2, -1)
+        cosine = F.cosine_similarity(means[:, 0], means[:, 1], dim=-1)
+        return (self.model.scale.float() * cosine + self.model.bias.float()).float()

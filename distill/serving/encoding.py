@@ -9,8 +9,8 @@ parallel call and each distinct query once, and the pairs are joined with numpy 
 own post-processor gives (read off once per query): the ids are those of
 ``tokenizer(query, passage, truncation="only_second")``, held back to back in flat arrays (:class:`Encoded`), without
 encoding every passage twice, per-pair Python lists or Python padding. A batch's padded arrays are built from them
-with numpy (:meth:`Encoded.batch`), and carry the rows' lengths (:class:`Padded`), from which the unpadded encoder
-packs the real tokens without reading the attention mask.
+with numpy (:meth:`Encoded.batch`), and carry the rows' lengths (:class:`Padded`); for the unpadded encoder a batch's
+pairs are gathered back to back instead (:meth:`Encoded.pack`, :class:`Packed`), and no padded array is built.
 """
 
 from __future__ import annotations
@@ -141,6 +141,14 @@ class Encoded:
             batch[name] = array
         return batch
 
+    def pack(self, rows: Sequence[int] | np.ndarray | None = None) -> Packed:
+        """The pairs ``rows`` (all by default), in that order, back to back (:class:`Packed`): one gather of the flat
+        ids, no padding."""
+        rows = np.arange(len(self.pair_lengths)) if rows is None else np.asarray(rows, dtype=np.int64)
+        lengths = self.pair_lengths[rows]
+        tokens = segments(self.offsets[rows], lengths)
+        return Packed(self.ids[tokens], self.type_ids[tokens], lengths)
+
 
 class Padded(dict):
     """A padded :data:`Batch` (input name -> int64 array ``[rows, width]``) that also knows where its real tokens
@@ -150,6 +158,33 @@ class Padded(dict):
         super().__init__()
         self.lengths = lengths
         self.left = left
+
+
+@dataclass(frozen=True, eq=False)
+class Packed:
+    """A batch's pairs back to back, as the unpadded encoder reads them: no padded array is built. Pair ``i`` is
+    ``input_ids[offsets[i] : offsets[i] + lengths[i]]``, its positions counted from 0 (as a right-padded row's)."""
+
+    input_ids: np.ndarray
+    """``[N]`` int64: the pairs' token ids, pair after pair."""
+    token_type_ids: np.ndarray
+    """``[N]`` int64: their token type ids (zeros where the tokenizer gives none)."""
+    lengths: np.ndarray
+    """``[pairs]`` int64: each pair's length in tokens (``N`` in all)."""
+
+    @classmethod
+    def of_padded(cls, batch: Batch) -> Packed:
+        """The real tokens of a padded batch (on either side): where its attention mask is 1, row by row; the
+        lengths are a :class:`Padded` batch's own, else the mask's row sums."""
+        mask = batch["attention_mask"].astype(bool)
+        lengths = getattr(batch, "lengths", None)
+        lengths = mask.sum(1) if lengths is None else lengths
+        types = batch.get("token_type_ids")
+        return cls(
+            batch["input_ids"][mask],
+            np.zeros(int(mask.sum()), np.int64) if types is None else types[mask],
+            np.asarray(lengths, dtype=np.int64),
+        )
 
 
 def _flat(rows: Sequence[Sequence[int]], total: int) -> np.ndarray:
