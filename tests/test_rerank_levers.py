@@ -247,6 +247,9 @@ def test_bench_method_names_carry_the_levers() -> None:
     assert variant("torch-fp16+overlap50+compile", "cuda") == Variant("torch-fp16", 50, options, "+overlap50+compile")
     assert variant("torch-fp32+tf32", "cuda:1").options == TorchOptions(tf32=True)
     assert variant("torch-bf16+cudnn", "cuda").options == TorchOptions(cudnn_attention=True)
+    assert variant("torch-fp16+padded", "cuda").options == TorchOptions(unpad=False)
+    assert variant("torch-fp16+nographs", "cuda").options == TorchOptions(cuda_graphs=False)
+    assert variant("torch-fp32+unpad+graphs", "cuda").options == TorchOptions(unpad=True, cuda_graphs=True)
     assert variant("onnx-int8+overlap8") == Variant("onnx-int8", 8, None, "+overlap8")
     assert variant("auto+overlap4").overlap == 4 and variant("torch-fp32") == Variant("torch-fp32")
     for name, device, message in (
@@ -254,6 +257,7 @@ def test_bench_method_names_carry_the_levers() -> None:
         ("torch-fp16+tf32", "cuda", "give it torch-fp32 on a GPU"),
         ("onnx-fp32+compile", "cpu", "levers of the torch backends"),
         ("auto+compile", "cuda", "levers of the torch backends"),
+        ("onnx-fp16+padded", "cuda", "levers of the torch backends"),
         ("torch-fp32+overlap0", "cpu", "unknown lever 'overlap0'"),
         ("torch-fp32+fast", "cpu", "unknown lever 'fast'"),
         ("st-crossencoder+overlap8", "cpu", "go after a student backend"),

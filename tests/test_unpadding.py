@@ -19,8 +19,8 @@ from distill.core import unpadding
 from distill.core.devices import STUDENT_BATCH_TOKENS
 from distill.core.schema import InputError
 from distill.core.segment_cosine import BertForSegmentCosine, BertSegmentCosineConfig
-from distill.core.unpadding import ATTENTION, Unpadder, packing
-from distill.serving.encoding import encode_pairs, pad_batch
+from distill.core.unpadding import ATTENTION, PackedEncoder, Unpadder, packed_inputs, packing
+from distill.serving.encoding import Encoded, encode_pairs, pad_batch
 from distill.serving.reranker import Reranker
 from distill.serving.scorers import TorchOptions
 
@@ -72,30 +72,31 @@ def test_the_packing_of_a_batch_comes_from_its_rows_lengths_as_from_its_mask(lef
 
 
 @pytest.mark.parametrize("side", ["right", "left"])
-def test_the_reranker_packs_from_the_lengths_without_reading_the_padded_mask(
+def test_the_reranker_packs_its_batches_without_padding_them_and_scores_as_the_padded_model(
     spread_bert: Path, call, side: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The unpadded scorer of a reranker's batch (which carries its rows' lengths) never computes the packing from
-    the attention mask, and scores as with it; on the right, as the padded model (on the left the [CLS] head reads a
-    pad, whose state only the padded model computes), in several batches (the CPU budget)."""
+    """An unpadded reranker hands its scorer packed batches (the pairs back to back, gathered from the flat ids) and
+    builds no padded array; its scores are the right-padded model's whatever the tokenizer's padding side (positions
+    count from 0 in every pair), in several batches (the CPU budget). The scorer takes a padded batch too, on either
+    side, and scores its real tokens the same."""
     query, passages = call
-    unpadded = Reranker.load(spread_bert, backend="torch", options=TorchOptions(unpad=True))
-    unpadded.tokenizer.padding_side = side
-    batch = encode_pairs(unpadded.tokenizer, [query] * 30, passages[:30], 128).batch(unpadded.tokenizer)
-    from_mask = unpadded.scorer(dict(batch))
     plain = Reranker.load(spread_bert, backend="torch").score(query, passages)
-
-    def no_mask(*args, **kwargs):
-        raise AssertionError("the packing was computed from the padded attention mask")
-
-    monkeypatch.setattr(unpadding, "host_packing", no_mask)
-    np.testing.assert_array_equal(unpadded.scorer(batch), from_mask)
-    got = unpadded.score(query, passages)
-    if side == "right":
-        np.testing.assert_allclose(got, plain, **TIGHT)
-    with pytest.raises(AssertionError, match="from the padded attention mask"):  # a plain dict still can
-        unpadded.scorer(dict(batch))
-    unpadded.tokenizer.padding_side = "right"
+    unpadded = Reranker.load(spread_bert, backend="torch", options=TorchOptions(unpad=True))
+    tokenizer = unpadded.tokenizer
+    encoded = encode_pairs(tokenizer, [query] * 30, passages[:30], 512)
+    tokenizer.padding_side = side
+    try:
+        padded = encoded.batch(tokenizer)
+        with monkeypatch.context() as patch:
+            patch.setattr(Encoded, "batch", lambda *args, **kwargs: pytest.fail("a padded batch was built"))
+            got = unpadded.score(query, passages)
+    finally:
+        tokenizer.padding_side = "right"
+    assert unpadded.scorer.takes_packed and not Reranker.load(spread_bert, backend="torch").scorer.takes_packed
+    np.testing.assert_allclose(got, plain, **TIGHT)
+    assert np.median(np.abs(np.diff(plain))) > 100 * TIGHT["atol"]  # a score in another pair's place would fail
+    for batch in (padded, dict(padded)):  # a Padded batch reads its lengths, a plain dict its mask
+        np.testing.assert_allclose(unpadded.scorer(batch), plain[:30], **TIGHT)
 
 
 @pytest.mark.parametrize(
@@ -129,10 +130,11 @@ def test_the_layers_see_only_real_tokens_and_score_as_the_padded_model(
 
 def reference_varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, scale=None):
     """torch's ``varlen_attn`` contract, computed one sequence at a time: ``[N, heads, d]`` in and out, each
-    sequence's tokens attending to its own only, its bounds in ``cu_seq_q`` (equal to ``cu_seq_k`` here)."""
+    sequence's tokens attending to its own only, its bounds in ``cu_seq_q`` (equal to ``cu_seq_k`` here), ``max_q``
+    at least its longest."""
     assert torch.equal(cu_seq_q, cu_seq_k) and cu_seq_q.dtype == torch.int32 and max_q == max_k
     bounds = cu_seq_q.tolist()
-    assert max_q == max(b - a for a, b in itertools.pairwise(bounds))
+    assert max_q >= max(b - a for a, b in itertools.pairwise(bounds))
     out = torch.empty_like(query)
     for a, b in itertools.pairwise(bounds):
         q, k, v = (t[a:b].transpose(0, 1) for t in (query, key, value))  # [heads, n, d]
@@ -163,6 +165,62 @@ def test_the_variable_length_kernel_path_keeps_the_scores(
     assert calls == [(1, model.config.num_attention_heads, int(batch["attention_mask"].sum()), 8)] * 2
     assert unpadder.kernel_name() == "varlen_attn"
     np.testing.assert_allclose(got, padded, **TIGHT)
+
+
+@pytest.mark.parametrize("head", ["cls", "segment-cosine"])
+def test_the_packed_encoder_reads_the_pairs_back_to_back_and_scores_as_the_padded_model(
+    spread_bert: Path, segment_cosine: torch.nn.Module, call, head: str
+) -> None:
+    """The embeddings and every layer see the pairs' real tokens only, one packed row of them, and the heads read
+    each pair's [CLS] or segment means from it: the right-padded model's scores, with no padded tensor in or out."""
+    query, passages = call
+    tokenizer = AutoTokenizer.from_pretrained(spread_bert)
+    encoded = encode_pairs(tokenizer, [query] * 30, passages[:30], 128)
+    model = AutoModelForSequenceClassification.from_pretrained(spread_bert).eval() if head == "cls" else segment_cosine
+    padded = scores(model, encoded.batch(tokenizer))
+    packed_model = PackedEncoder(copy.deepcopy(model))
+    rows = []
+    inner = packed_model.model.base_model
+    inner.embeddings.register_forward_hook(lambda module, args, out: rows.append(tuple(out.shape)))
+    for layer in inner.encoder.layer:
+        layer.intermediate.dense.register_forward_hook(lambda module, args, out: rows.append(tuple(args[0].shape)))
+    packed = encoded.pack()
+    with torch.inference_mode():
+        got = packed_model(*packed_inputs(packed.input_ids, packed.token_type_ids, packed.lengths)).numpy()
+    real = int(packed.lengths.sum())
+    assert real < 0.9 * 30 * packed.lengths.max()  # a padded batch would carry padding
+    assert rows == [(1, real, model.config.hidden_size)] * (1 + len(inner.encoder.layer))
+    assert got.dtype == np.float32 and got.shape == (30,)
+    np.testing.assert_allclose(got, padded, **TIGHT)
+    assert np.median(np.abs(np.diff(padded))) > 100 * TIGHT["atol"]
+
+
+def test_the_packed_encoder_hands_the_variable_length_kernel_its_width_as_the_longest_pair(
+    spread_bert: Path, call, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a GPU the packed encoder's attention is torch's ``varlen_attn``, its longest sequence the width it is
+    given (a CUDA graph's static width, longer than the batch's pairs): the reference of its contract keeps the
+    scores."""
+    query, passages = call
+    tokenizer = AutoTokenizer.from_pretrained(spread_bert)
+    encoded = encode_pairs(tokenizer, [query] * 20, passages[:20], 128)
+    model = AutoModelForSequenceClassification.from_pretrained(spread_bert).eval()
+    padded = scores(model, encoded.batch(tokenizer))
+    widths = []
+
+    def kernel(query: torch.Tensor):
+        def recorded(*args, **kwargs):
+            widths.append(args[5])
+            return reference_varlen_attn(*args, **kwargs)
+
+        return recorded
+
+    monkeypatch.setattr(unpadding, "varlen_kernel", kernel)
+    packed = encoded.pack()
+    with torch.inference_mode():
+        got = PackedEncoder(model)(*packed_inputs(packed.input_ids, packed.token_type_ids, packed.lengths, 256))
+    assert widths == [256] * model.config.num_hidden_layers and packed.lengths.max() <= 128
+    np.testing.assert_allclose(got.numpy(), padded, **TIGHT)
 
 
 def test_varlen_is_chosen_only_on_cuda_in_half_precision() -> None:

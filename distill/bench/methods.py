@@ -6,7 +6,8 @@
   ``openvino-bf16`` (``model.onnx`` in bf16 where the CPU has it) and ``openvino-int8`` (the same ONNX files on
   OpenVINO, an optional extra), and ``auto`` (the backend ``Reranker.load`` chooses for this machine, named in
   the method: ``student auto (openvino-int8)``); each with the reranker's levers as suffixes (:func:`variant`):
-  ``torch-fp16+overlap50``, ``torch-fp32+tf32``, ``torch-fp16+compile``, ``torch-fp16+unpad``, ...;
+  ``torch-fp16+overlap50``, ``torch-fp32+tf32``, ``torch-fp16+compile``, ``torch-fp32+unpad``,
+  ``torch-fp16+padded``, ``torch-fp16+nographs``, ...;
 - the teacher: CIS with the teacher stage's scorer (:class:`teachers.teacher.CausalLMTeacher`), both terms
   computed per call (log p(K|Q) and log p(K); no p(K) cache);
 - the peer baseline: sentence-transformers' ``CrossEncoder.predict`` on the same student folder
@@ -60,8 +61,17 @@ DEFAULT_BACKENDS = {
 peers where their optimum package is)."""
 FLOAT, INT8 = "float", "int8"
 """The arithmetic of matmul FLOPs: the device's float compute dtype (fp32 on a CPU), or int8."""
-TORCH_LEVERS = {"tf32": "tf32", "compile": "compile", "cudnn": "cudnn_attention", "unpad": "unpad"}
-"""A student method's suffix -> the :class:`~distill.serving.scorers.TorchOptions` field it sets (torch backends)."""
+TORCH_LEVERS: dict[str, tuple[str, bool]] = {
+    "tf32": ("tf32", True),
+    "compile": ("compile", True),
+    "cudnn": ("cudnn_attention", True),
+    "unpad": ("unpad", True),
+    "padded": ("unpad", False),
+    "graphs": ("cuda_graphs", True),
+    "nographs": ("cuda_graphs", False),
+}
+"""A student method's suffix -> the :class:`~distill.serving.scorers.TorchOptions` field it sets, and its value
+(torch backends). Without them, ``unpad`` and ``cuda_graphs`` take the device's defaults (on for CUDA)."""
 
 
 @dataclass(frozen=True)
@@ -80,8 +90,8 @@ class Variant:
 
 def variant(name: str, device: str = "cpu") -> Variant:
     """The backend and levers of a student method's name: ``<backend>[+<lever>...]``, the levers ``overlapN``
-    (tokenise ``N`` pairs ahead, any backend), ``tf32`` (fp32 on CUDA), ``compile``, ``cudnn`` and ``unpad`` (torch
-    backends).
+    (tokenise ``N`` pairs ahead, any backend), ``tf32`` (fp32 on CUDA), ``compile``, ``cudnn``, ``unpad`` or
+    ``padded`` and ``graphs`` or ``nographs`` (torch backends: :data:`TORCH_LEVERS`).
 
     Raises:
         InputError: an unknown backend or lever, or a lever the backend or the device does not take.
@@ -94,7 +104,8 @@ def variant(name: str, device: str = "cpu") -> Variant:
         if lever.startswith("overlap") and lever[len("overlap") :].isdigit() and int(lever[len("overlap") :]) > 0:
             overlap = int(lever[len("overlap") :])
         elif lever in TORCH_LEVERS:
-            flags[TORCH_LEVERS[lever]] = True
+            field_name, value = TORCH_LEVERS[lever]
+            flags[field_name] = value
         else:
             raise InputError(f"{name}: unknown lever {lever!r}; levers: overlapN (N >= 1), {', '.join(TORCH_LEVERS)}")
     if flags and STUDENT_BACKENDS.get(backend, ("",))[0] != "torch":

@@ -23,14 +23,14 @@ from distill.core.schema import InputError, MissingFileError
 from distill.core.student_card import StudentCard
 from distill.serving.auto import choose_backend
 from distill.serving.backends import BACKENDS, ONNX_DTYPES, OPENVINO_DTYPES, backend_name
-from distill.serving.encoding import Batch, encode_pairs, load_tokenizer, model_max_length
+from distill.serving.encoding import Batch, Packed, encode_pairs, load_tokenizer, model_max_length
 from distill.serving.scorers import Scorer, TorchOptions, changed_levers, load_scorer, require_file
 
 log = logging.getLogger(__name__)
 
-Prepared = tuple[int, list[tuple[np.ndarray, Batch]]]
-"""A span of a call's pairs, ready to score: how many of them were truncated, and its padded batches, each with the
-indices (into the call's passages) of its rows."""
+Prepared = tuple[int, list[tuple[np.ndarray, Batch | Packed]]]
+"""A span of a call's pairs, ready to score: how many of them were truncated, and its batches (padded, or packed for
+a scorer that ``takes_packed``), each with the indices (into the call's passages) of its rows."""
 
 
 class Reranker:
@@ -121,7 +121,8 @@ class Reranker:
             overlap: tokenise in spans of this many pairs, the next span on a background thread while the current
                 one's batches run (0, the default: every pair first); any backend.
             options: the ``torch`` backend's levers (:class:`~distill.serving.scorers.TorchOptions`: TF32 for fp32
-                on CUDA, ``torch.compile``, cuDNN attention), each recorded in :attr:`settings`.
+                on CUDA, ``torch.compile``, cuDNN attention, the unpadded encoder and its CUDA graphs, those two by
+                default on CUDA), each recorded in :attr:`settings`.
 
         Raises:
             MissingFileError: a file the backend needs is missing (``tokenizer.json`` of an export, the model's
@@ -142,7 +143,7 @@ class Reranker:
         if backend == "auto":
             if dtype is not None:
                 raise InputError(f"backend 'auto' chooses the dtype itself; dtype={dtype!r} needs a named backend")
-            levers = changed_levers(options) if options is not None else []
+            levers = changed_levers(options, device) if options is not None else []
             choice = choose_backend(path, device, torch_levers=levers)
             (backend, dtype), reason = choice.load_args, choice.reason
             log.info("%s: backend auto chose %s (%s)", path, choice.backend, reason)
@@ -222,11 +223,12 @@ class Reranker:
             yield pending.result()
 
     def _prepare(self, query: str, passages: Sequence[str], start: int, stop: int) -> Prepared:
-        """Encode ``passages[start:stop]``, sort them into token-budget batches and pad each batch (numpy, from the
-        flat ids; each batch carries its rows' lengths, which the unpadded encoder packs from)."""
+        """Encode ``passages[start:stop]``, sort them into token-budget batches and pad each batch, or pack it for a
+        scorer that takes packed batches (the unpadded encoder): numpy, from the flat ids."""
         encoded = encode_pairs(self.tokenizer, [query] * (stop - start), list(passages[start:stop]), self.max_length)
+        packed = getattr(self.scorer, "takes_packed", False)
         batches = [
-            (np.asarray(rows) + start, encoded.batch(self.tokenizer, rows))
+            (np.asarray(rows) + start, encoded.pack(rows) if packed else encoded.batch(self.tokenizer, rows))
             for rows in token_budget_batches(encoded.lengths, self.max_batch_tokens)
         ]
         return encoded.truncated, batches

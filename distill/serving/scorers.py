@@ -7,16 +7,16 @@ torch and onnxruntime are imported by the scorer that needs them, not by this mo
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
-from dataclasses import asdict, dataclass
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
 import numpy as np
 
-from distill.core.devices import attention_backends
+from distill.core.devices import RERANKER_LEVERS, attention_backends, device_type
 from distill.core.schema import InputError, MissingFileError
-from distill.serving.encoding import INPUT_NAMES, Batch
+from distill.serving.encoding import INPUT_NAMES, Batch, Packed
 
 FORMAT_FILES = {
     "onnx": "model.onnx",
@@ -76,11 +76,26 @@ class TorchOptions:
     """On CUDA, let SDPA use cuDNN's kernels, which build a plan on the host for every new (batch, length) shape,
     and a reranking call's shape is new almost every time (off: flash, memory-efficient or math kernels). No effect
     on a CPU."""
-    unpad: bool = False
-    """Opt-in: run the encoder's layers on the batch's real tokens only, packed into one row, attention kept within
-    each pair (:mod:`distill.core.unpadding`: flash variable-length attention on CUDA in fp16/bf16, SDPA on the
-    re-padded heads elsewhere). The padding a batch carries is computed no more; BERT encoders only. Scores change
-    within rounding."""
+    unpad: bool | None = None
+    """Run the encoder on the batch's real tokens only, the pairs back to back (:class:`~distill.core.unpadding.
+    PackedEncoder`: flash variable-length attention on CUDA in fp16/bf16, SDPA on the re-padded heads elsewhere); a
+    reranker then packs its batches without padding them (:meth:`Encoded.pack <distill.serving.encoding.Encoded.
+    pack>`). BERT encoders only. Scores change within rounding; positions count from 0 in every pair, as in a
+    right-padded batch. None: the device's default (:data:`~distill.core.devices.RERANKER_LEVERS`: on CUDA for a
+    BERT encoder, off on a CPU)."""
+    cuda_graphs: bool | None = None
+    """With ``unpad`` on CUDA: replay each batch from a CUDA graph captured once per bucketed shape
+    (:mod:`distill.serving.cuda_graphs`) instead of launching its kernels one by one; each new shape waits for its
+    capture. None: the device's default (on CUDA with ``unpad``, off on a CPU, where it cannot run)."""
+
+    def on(self, device: str | Any, unpaddable: bool = True) -> TorchOptions:
+        """These levers with each one not given (None) at ``device``'s default
+        (:data:`~distill.core.devices.RERANKER_LEVERS`); ``unpad``, and the graphs with it, only for a model that
+        can run unpadded (``unpaddable``)."""
+        defaults = RERANKER_LEVERS[device_type(device)]
+        unpad = defaults["unpad"] and unpaddable if self.unpad is None else self.unpad
+        graphs = defaults["cuda_graphs"] and unpad if self.cuda_graphs is None else self.cuda_graphs
+        return replace(self, unpad=unpad, cuda_graphs=graphs)
 
 
 @contextmanager
@@ -105,7 +120,10 @@ def fp32_matmul_precision(tf32: bool) -> Iterator[None]:
 
 class TorchScorer:
     """The Hugging Face weights of ``folder`` (``AutoModelForSequenceClassification``, one label), with the levers
-    of :class:`TorchOptions`."""
+    of :class:`TorchOptions` (each one not given at the device's default).
+
+    It takes padded batches and, unpadded (``self.packed``), :class:`~distill.serving.encoding.Packed` ones too
+    (``takes_packed``), which a reranker then gives it."""
 
     def __init__(
         self, folder: Path, device: str = "cpu", dtype: str | None = None, options: TorchOptions | None = None
@@ -115,7 +133,8 @@ class TorchScorer:
         import torch
 
         import distill.core.segment_cosine  # noqa: F401  (registers the segment-cosine head)
-        from distill.core.unpadding import Unpadder
+        from distill.core.unpadding import PackedEncoder, unpaddable
+        from distill.serving.cuda_graphs import CudaGraphs
 
         if dtype not in (None, *TORCH_DTYPES):
             raise InputError(f"the torch backend's dtype is one of {list(TORCH_DTYPES)}, not {dtype!r}")
@@ -125,49 +144,62 @@ class TorchScorer:
         require_file(folder, *WEIGHT_FILES)
         self.device = torch.device(device)
         self.dtype = dtype or "float32"
-        self.options = options
         self.model = _load_model(folder, getattr(torch, self.dtype)).to(self.device).eval()
-        self.unpadder = Unpadder(self.model) if options.unpad else None
+        self.options = options = options.on(self.device, unpaddable(self.model))
+        if options.cuda_graphs and self.device.type != "cuda":
+            raise InputError(f"cuda_graphs: CUDA graphs run on a CUDA device, not {device!r}")
+        if options.cuda_graphs and not options.unpad:
+            raise InputError("cuda_graphs replays the unpadded encoder: not with unpad off")
+        self.packed = PackedEncoder(self.model) if options.unpad else None
+        self.takes_packed = self.packed is not None
         if options.compile:
-            self.model.compile()
+            (self.packed or self.model).compile()
+        config = self.model.config
+        self.graphs = (
+            CudaGraphs(self.packed, self.device, config.max_position_embeddings, config.pad_token_id or 0)
+            if options.cuda_graphs
+            else None
+        )
         accepted = inspect.signature(self.model.forward).parameters
         self.input_names = tuple(name for name in INPUT_NAMES if name in accepted)
 
     def settings(self) -> dict[str, object]:
         """What the scorer computes with: dtype, device, the attention implementation the model loaded with, and the
         levers of :class:`TorchOptions`."""
+        from distill.core.unpadding import kernel_name
+
         attention = getattr(self.model.config, "_attn_implementation", None)
-        if self.unpadder is not None:
-            attention = f"{attention} ({self.unpadder.kernel_name()})"
+        if self.packed is not None:
+            attention = f"{attention} ({kernel_name(self.model)})"
         return {"dtype": self.dtype, "device": str(self.device), "attention": attention, **asdict(self.options)}
 
-    def __call__(self, batch: Batch) -> np.ndarray:
+    def __call__(self, batch: Batch | Packed) -> np.ndarray:
         import torch
 
-        from distill.core.unpadding import device_packing, fields_on, host_packing, lengths_packing, to_device
-
-        inputs = {k: torch.from_numpy(v).to(self.device) for k, v in batch.items() if k in self.input_names}
-        unpadded = nullcontext()
-        if self.unpadder is not None:
-            mask = batch["attention_mask"]
-            lengths = getattr(batch, "lengths", None)  # a reranker's batch (Padded) knows them: the mask is not read
-            fields = host_packing(mask) if lengths is None else lengths_packing(lengths, mask.shape[1], batch.left)
-            on_device = inputs.get("attention_mask")
-            if on_device is None:
-                on_device = to_device(torch.from_numpy(mask), self.device)
-            unpadded = self.unpadder.batch(device_packing(fields_on(fields, self.device), on_device))
         with (
             torch.inference_mode(),
             fp32_matmul_precision(self.options.tf32),
             attention_backends(self.device, self.options.cudnn_attention),
-            unpadded,
         ):
-            return self.model(**inputs).logits[:, 0].float().cpu().numpy()
+            if self.packed is None:
+                inputs = {k: torch.from_numpy(v).to(self.device) for k, v in batch.items() if k in self.input_names}
+                return self.model(**inputs).logits[:, 0].float().cpu().numpy()
+            return self._packed(batch if isinstance(batch, Packed) else Packed.of_padded(batch))
+
+    def _packed(self, packed: Packed) -> np.ndarray:
+        """The unpadded encoder's scores of ``packed``: from a CUDA graph, or eager."""
+        from distill.core.unpadding import packed_inputs, to_device
+
+        if self.graphs is not None:
+            return self.graphs(packed)
+        tokens, cu_seqlens, width = packed_inputs(packed.input_ids, packed.token_type_ids, packed.lengths)
+        return self.packed(to_device(tokens, self.device), to_device(cu_seqlens, self.device), width).cpu().numpy()
 
 
-def changed_levers(options: TorchOptions) -> list[str]:
-    """The names of the levers ``options`` sets away from their defaults."""
-    return [name for name, value in asdict(options).items() if value != getattr(TorchOptions(), name)]
+def changed_levers(options: TorchOptions, device: str | Any) -> list[str]:
+    """The names of the levers ``options`` sets away from their defaults on ``device``."""
+    defaults = TorchOptions().on(device)
+    return [name for name, value in asdict(options).items() if value is not None and value != getattr(defaults, name)]
 
 
 def _load_model(folder: Path, dtype: Any) -> Any:
@@ -355,8 +387,8 @@ def load_scorer(
     folder = Path(folder)
     if fmt == "torch":
         return TorchScorer(folder, device, dtype, options)
-    if options is not None and options != TorchOptions():
-        raise InputError(f"{folder}: {', '.join(changed_levers(options))}: options of the torch backend, not of {fmt}")
+    if options is not None and (changed := changed_levers(options, device)):
+        raise InputError(f"{folder}: {', '.join(changed)}: options of the torch backend, not of {fmt}")
     if fmt not in FORMAT_FILES:
         raise InputError(f"unknown format {fmt!r}: expected 'torch' or one of {sorted(FORMAT_FILES)}")
     path = folder / FORMAT_FILES[fmt]

@@ -53,8 +53,12 @@ class RerankConfig:
     """torch backend: ``torch.compile`` the model; the first queries wait while it compiles."""
     cudnn_attention: bool = TorchOptions.cudnn_attention
     """torch backend on CUDA: let attention use cuDNN's kernels, which plan every new batch shape on the host."""
-    unpad: bool = TorchOptions.unpad
-    """torch backend, BERT encoders: run the layers on the real tokens only, attention within each pair."""
+    unpad: bool | None = TorchOptions.unpad
+    """torch backend, BERT encoders: run the encoder on the real tokens only, attention within each pair. Default
+    the device's (on for CUDA, off for a CPU)."""
+    cuda_graphs: bool | None = TorchOptions.cuda_graphs
+    """torch backend on CUDA, with ``unpad``: replay each batch from a CUDA graph captured once per bucketed shape.
+    Default the device's (on for CUDA)."""
     max_queries: int | None = None
     """Rerank only the first N queries (N >= 1)."""
     on_bad_input: OnBadInput = "error"
@@ -77,7 +81,7 @@ class RerankConfig:
     @property
     def torch_options(self) -> TorchOptions | None:
         """The torch backend's levers, or None where every one is at its default (any backend then loads)."""
-        options = TorchOptions(self.tf32, self.compile, self.cudnn_attention, self.unpad)
+        options = TorchOptions(self.tf32, self.compile, self.cudnn_attention, self.unpad, self.cuda_graphs)
         return None if options == TorchOptions() else options
 
 
