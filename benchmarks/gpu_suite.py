@@ -10,11 +10,15 @@ It runs, in one process and in this order:
 2. training: ``benchmarks/student_train.py`` on bert-large-uncased (tiny: ``tiny-bert``) with the token budget,
    padding multiple, compile, unpadding and loader workers of ``configs/train/bert-large-gpu.yaml`` (tiny: a small
    budget, eager), its own JSON;
-3. reranking: ``distill bench --random_weights true`` with the student's torch fp16 (on a CPU: fp32), the same with
-   tokenisation overlapped (``+overlap50``), unpadded (``+unpad``: the layers on the real tokens only) and both, and
-   on a GPU torch fp32 without and with TF32 (``+tf32``), against
-   sentence-transformers' ``CrossEncoder.predict`` (no teacher; ``--rerank-backends`` replaces the list, e.g. to add
-   ``torch-fp16+compile``), its own ``bench.json``, ``bench.csv`` and ``bench.png``;
+3. reranking: ``distill bench --random_weights true`` with the student's torch fp16 (on a CPU: fp32) with its
+   defaults (on a GPU: unpadded, replayed from CUDA graphs), the same without the graphs (``+nographs``), padded
+   (``+padded``; on a CPU, where padded is the default, unpadded: ``+unpad``) and with tokenisation overlapped
+   (``+overlap50``), and on a GPU torch fp32 without and with TF32 (``+tf32``), against sentence-transformers'
+   ``CrossEncoder.predict`` (no teacher; ``--rerank-backends`` replaces the list, e.g. to add
+   ``torch-fp16+compile``), its own ``bench.json`` (with every method's scores), ``bench.csv`` and ``bench.png``.
+   The tokenizer runs in parallel (``TOKENIZERS_PARALLELISM=true`` for this stage, whatever the environment says),
+   as in a user's process, and each method's scores are held to the padded path's within the export's parity
+   bound for the dtype;
 
 then writes ``summary.json``: every figure with its target and whether it is met (targets are for the full shapes
 on an H100: a tiny run leaves ``met`` null). With ``--profile``, each stage then runs again, short, under
@@ -29,14 +33,17 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import sys
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import student_train
 import teacher as teacher_bench
 import torch
@@ -46,6 +53,8 @@ from _common import RESULTS, ROOT, display_path, invocation
 from distill.bench import report
 from distill.bench.methods import BASELINE
 from distill.core.devices import device_type, resolve_device
+from distill.export.parity import SCORE_BOUNDS
+from distill.serving.backends import NAMED_BACKENDS
 
 GPU_CONFIG = ROOT / "configs" / "train" / "bert-large-gpu.yaml"
 RERANK_TARGET_S = 0.025
@@ -56,6 +65,8 @@ RERANK_WORKLOAD = "100 candidates"
 RERANK_OVERLAP = 50
 """Pairs per span tokenised ahead in the suite's overlapped run: a query's 100 candidates in two spans, the second
 encoded while the first runs (a guess to measure: more spans hide more tokenisation but cut the batch)."""
+TOKENIZERS_PARALLELISM = "TOKENIZERS_PARALLELISM"
+"""The variable by which Hugging Face's Rust tokenizers encode a batch in parallel or on one thread."""
 TRAIN_MAX_LENGTH = 256
 """Tokens per pair in the training benchmark: the plain loop pads every pair to it (3 of DL19's 4,200 training
 pairs are longer), as the H100 reference loop did."""
@@ -80,8 +91,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--rerank-backends",
         help="distill bench --backends of the rerank stage (default: the student's fp16 on a GPU, fp32 on a CPU, "
-        "the same +overlap50, +unpad and +unpad+overlap50, on a GPU torch-fp32 and torch-fp32+tf32, and "
-        "st-crossencoder)",
+        "the same +nographs (on a GPU), +padded (on a CPU: +unpad) and +overlap50, on a GPU torch-fp32 and "
+        "torch-fp32+tf32, and st-crossencoder)",
     )
     args = p.parse_args(argv)
     args.only = [s for s in args.only.split(",") if s]
@@ -123,7 +134,7 @@ def train_argv(args: argparse.Namespace, out: Path) -> list[str]:
 def rerank_argv(args: argparse.Namespace, out: Path) -> list[str]:
     """``distill bench`` arguments: the student's fp16 (fp32 on a CPU) and its levers against CrossEncoder.predict,
     no teacher."""
-    argv = ["bench", "--random_weights", "true", "--teacher", "none", "--quality", "false"]
+    argv = ["bench", "--random_weights", "true", "--teacher", "none", "--quality", "false", "--scores", "true"]
     argv += ["--backends", rerank_backends(args), "--device", args.device]
     if args.tiny:
         argv += ["--student", "tiny-bert", "--token_counts", "[100]", "--rerank_queries", "1"]
@@ -138,15 +149,30 @@ def rerank_backend(args: argparse.Namespace) -> str:
     return "torch-fp16" if device_type(args.device) == "cuda" else "torch-fp32"
 
 
+def other_path(args: argparse.Namespace) -> str:
+    """The lever that gives the target backend the path its defaults do not take: ``+padded`` on a GPU (the default
+    is unpadded there), ``+unpad`` on a CPU."""
+    return "+padded" if device_type(args.device) == "cuda" else "+unpad"
+
+
+def padded_method(args: argparse.Namespace) -> str:
+    """The target backend's padded path, which every method's scores are held to: ``+padded`` on a GPU, the default
+    on a CPU."""
+    backend = rerank_backend(args)
+    return backend + other_path(args) if device_type(args.device) == "cuda" else backend
+
+
 def rerank_backends(args: argparse.Namespace) -> str:
-    """The rerank stage's methods: ``--rerank-backends``, else the target's backend, the same with tokenisation
-    overlapped, unpadded, and both, on a GPU fp32 without and with TF32, and CrossEncoder.predict."""
+    """The rerank stage's methods: ``--rerank-backends``, else the target's backend with its defaults, on a GPU the
+    same without CUDA graphs, its other path (padded on a GPU, unpadded on a CPU), tokenisation overlapped, on a GPU
+    fp32 without and with TF32, and CrossEncoder.predict."""
     if getattr(args, "rerank_backends", None):
         return args.rerank_backends
     backend = rerank_backend(args)
-    levers = [f"+overlap{RERANK_OVERLAP}", "+unpad", f"+unpad+overlap{RERANK_OVERLAP}"]
-    gpu = ["torch-fp32", "torch-fp32+tf32"] if device_type(args.device) == "cuda" else []
-    return ",".join([backend, *(backend + lever for lever in levers), *gpu, BASELINE])
+    gpu = device_type(args.device) == "cuda"
+    levers = ["+nographs", other_path(args)] if gpu else [other_path(args)]
+    fp32 = ["torch-fp32", "torch-fp32+tf32"] if gpu else []
+    return ",".join([backend, *(backend + lever for lever in [*levers, f"+overlap{RERANK_OVERLAP}"]), *fp32, BASELINE])
 
 
 def run_teacher(args: argparse.Namespace, out: Path, extra: Sequence[str] = ()) -> tuple[list[str], int]:
@@ -163,7 +189,25 @@ def run_rerank(args: argparse.Namespace, out: Path, extra: Sequence[str] = ()) -
     from distill.cli import main as distill
 
     argv = [*rerank_argv(args, out), *extra]
-    return ["distill", *argv], distill(argv)
+    with parallel_tokenizer():
+        return ["distill", *argv], distill(argv)
+
+
+@contextmanager
+def parallel_tokenizer() -> Iterator[None]:
+    """A context in which fast tokenizers encode in parallel, as in a user's process: ``TOKENIZERS_PARALLELISM=true``
+    (the GPU recipe's environment sets it false for the training stage's forked loader workers); its previous value
+    after. The Rust tokenizer reads the variable at each call, and only a process forked after parallel use is
+    turned to one thread, so the stages after it are as before."""
+    before = os.environ.get(TOKENIZERS_PARALLELISM)
+    os.environ[TOKENIZERS_PARALLELISM] = "true"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[TOKENIZERS_PARALLELISM]
+        else:
+            os.environ[TOKENIZERS_PARALLELISM] = before
 
 
 STAGES: dict[str, Callable[[argparse.Namespace, Path, Sequence[str]], tuple[list[str], int]]] = {
@@ -187,10 +231,11 @@ same shapes and levers, the baselines cut to the least each benchmark takes."""
 def profile_argv(name: str, args: argparse.Namespace, folder: Path) -> list[str]:
     """The arguments that make stage ``name``'s benchmark a short run recording its stage with ``torch.profiler``
     into ``folder`` (the teacher's and training's: ``profile-<stage>.txt``; the rerank's: ``bench/profile/``, one
-    file per method, for the target's backend plain and unpadded)."""
+    file per method, for the target's backend with its defaults and its other path: padded on a GPU, unpadded on a
+    CPU)."""
     if name == "rerank":
         backend = rerank_backend(args)
-        return [*PROFILE_ARGV[name], "--backends", f"{backend},{backend}+unpad", "--profile", "true"]
+        return [*PROFILE_ARGV[name], "--backends", f"{backend},{backend}{other_path(args)}", "--profile", "true"]
     return [*PROFILE_ARGV[name], "--profile", str(folder / f"profile-{name}.txt")]
 
 
@@ -338,9 +383,35 @@ def rerank_figures(result: dict[str, Any], backend: str, tiny: bool) -> list[dic
     return figures
 
 
+PARITY_BOUNDS = {"float32": SCORE_BOUNDS["onnx"], "float16": SCORE_BOUNDS["onnx-fp16"]}
+"""A student dtype -> the max |Δscore| its methods may differ from its padded path by: the export's parity bound of
+a file in that dtype (:data:`distill.export.parity.SCORE_BOUNDS`). bf16 has none."""
+
+
+def score_figures(result: dict[str, Any], backend: str, reference: str) -> list[dict[str, Any]]:
+    """The max |Δscore| of each student method of ``backend`` (its levers) from ``reference``'s scores (its padded
+    path) over every call of the bench (``bench.json``'s ``scores``), against the dtype's :data:`PARITY_BOUNDS`; none
+    where the reference did not run."""
+    scores = result.get("scores") or {}
+    want = scores.get(f"student {reference}")
+    if want is None:
+        return []
+    bound = PARITY_BOUNDS.get(NAMED_BACKENDS[backend][1])
+    figures = []
+    for method, ours in scores.items():
+        name = method.removeprefix("student ")
+        if name in (method, reference) or name.split("+")[0] != backend:
+            continue
+        diff = max(float(np.abs(np.subtract(a, b)).max()) for w in want for a, b in zip(ours[w], want[w], strict=True))
+        note = f"max |score - {reference}'s| over {sum(map(len, want.values()))} calls; the export's parity bound"
+        figures.append(figure("rerank", f"{name}_max_abs_diff_from_padded", diff, bound, "max", False, note))
+    return figures
+
+
 def _levers(settings: dict[str, Any]) -> str:
     """A student method's settings that differ from the plain path's, in a few words."""
-    shown = {k: v for k, v in settings.items() if k in ("overlap", "tf32", "compile", "cudnn_attention") and v}
+    levers = ("overlap", "tf32", "compile", "cudnn_attention", "cuda_graphs")
+    shown = {k: v for k, v in settings.items() if k in levers and v}
     shown["attention"] = settings.get("attention")
     shown["max_batch_tokens"] = settings.get("max_batch_tokens")
     return ", ".join(f"{k} {v}" for k, v in shown.items() if v is not None)
@@ -352,7 +423,9 @@ def figures_of(stage: str, out: Path, args: argparse.Namespace) -> list[dict[str
         return teacher_figures(json.loads((out / "teacher.json").read_text()), args.tiny)
     if stage == "train":
         return train_figures(json.loads((out / "student-train.json").read_text()), args.tiny)
-    return rerank_figures(json.loads((out / "bench" / "bench.json").read_text()), rerank_backend(args), args.tiny)
+    result = json.loads((out / "bench" / "bench.json").read_text())
+    backend = rerank_backend(args)
+    return [*rerank_figures(result, backend, args.tiny), *score_figures(result, backend, padded_method(args))]
 
 
 def free_memory() -> None:

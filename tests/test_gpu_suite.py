@@ -70,13 +70,24 @@ def test_the_tiny_suite_runs_each_benchmark_and_summarises_every_figure(tmp_path
     overlapped = figures["rerank", "torch-fp32+overlap50_100_candidates_p50_s"]
     assert overlapped["value"] > 0 and overlapped["target"] == 0.025
     assert bench["settings"]["student torch-fp32+overlap50"]["overlap"] == 50
-    # The unpadded encoder too, alone and with the overlap, against the same target.
-    for method in ("torch-fp32+unpad", "torch-fp32+unpad+overlap50"):
-        assert figures["rerank", f"{method}_100_candidates_p50_s"]["target"] == 0.025
-        assert bench["settings"][f"student {method}"]["unpad"] is True
+    # The unpadded encoder too (on a CPU a lever; the default on a GPU), against the same target.
+    assert figures["rerank", "torch-fp32+unpad_100_candidates_p50_s"]["target"] == 0.025
+    assert bench["settings"]["student torch-fp32+unpad"]["unpad"] is True
+    assert bench["settings"]["student torch-fp32"]["unpad"] is False
+    # Every method's scores, held to the padded path's within the export's fp32 parity bound.
+    students = {f"student {m}" for m in ("torch-fp32", "torch-fp32+unpad", "torch-fp32+overlap50")}
+    assert set(bench["scores"]) == {*students, "st-crossencoder"} == {c["method"] for c in bench["cells"]}
+    assert [len(call) for call in bench["scores"]["student torch-fp32"]["100 candidates"]] == [100]
+    for method in ("torch-fp32+unpad", "torch-fp32+overlap50"):
+        parity = figures["rerank", f"{method}_max_abs_diff_from_padded"]
+        assert parity["target"] == 1e-4 and 0 <= parity["value"] <= 1e-4 and parity["met"] is True
+    # The suite ran with TOKENIZERS_PARALLELISM=false; its rerank stage tokenised in parallel all the same.
+    assert bench["environment"]["tokenizers_parallelism"] == "true"
     assert figures["suite", "seconds"]["target"] == 480
-    # The targets are the full shapes' on an H100: a tiny run checks correctness only.
-    assert all(f["met"] is None for f in summary["figures"] if f["kind"] != "equal")
+    # The targets are the full shapes' on an H100: a tiny run checks correctness only (agreements, score parity).
+    correctness = [f for f in summary["figures"] if f["kind"] == "equal" or f["figure"].endswith("_from_padded")]
+    assert all(f["met"] is None for f in summary["figures"] if f not in correctness)
+    assert all(f["met"] for f in correctness if f["stage"] == "rerank") and len(correctness) >= 5
     assert figures["teacher", "scores_agree"]["met"] and figures["train", "same_work"]["met"]
     # The teacher against the plain batched loop, in the same run.
     assert teacher["plain"]["pairs"] == 8 and teacher["workload"]["plain_batch_size"] == 4
@@ -106,9 +117,11 @@ def test_the_gpu_run_trains_with_the_gpu_config_and_its_arguments_parse(suite) -
     assert parsed.random_config == "llama3-8b" and parsed.plain_pairs is None  # the plain loop on every pair
     assert argv[argv.index("--out") + 1] == str(Path("out/teacher.json")) and "teacher-fp8" not in suite.STAGES
     argv = suite.rerank_argv(full, Path("out"))
-    backends = "torch-fp16,torch-fp16+overlap50,torch-fp16+unpad,torch-fp16+unpad+overlap50,torch-fp32,torch-fp32+tf32"
+    backends = "torch-fp16,torch-fp16+nographs,torch-fp16+padded,torch-fp16+overlap50,torch-fp32,torch-fp32+tf32"
     backends += ",st-crossencoder"
-    assert argv[argv.index("--backends") + 1] == backends
+    assert argv[argv.index("--backends") + 1] == backends and argv[argv.index("--scores") + 1] == "true"
+    assert suite.padded_method(full) == "torch-fp16+padded"
+    assert suite.profile_argv("rerank", full, Path("p"))[-3] == "torch-fp16,torch-fp16+padded"
     chosen = argparse.Namespace(tiny=False, device="cuda", rerank_backends="torch-fp16+compile,st-crossencoder")
     assert "torch-fp16+compile,st-crossencoder" in suite.rerank_argv(chosen, Path("out"))
 
@@ -132,6 +145,39 @@ def test_the_rerank_targets_are_the_fp16_students_and_its_levers(suite) -> None:
     assert tf32["value"] == 0.040 and tf32["target"] is None and tf32["met"] is None
     tiny = suite.rerank_figures(result, "torch-fp16", True)
     assert all(f["met"] is None for f in tiny)
+
+
+def test_each_method_is_held_to_the_padded_paths_scores_within_the_parity_bound(suite) -> None:
+    """On a GPU the defaults (unpadded, graphs) and the other levers of torch-fp16 against torch-fp16+padded, within
+    fp16's parity bound over every call; other backends' methods and the baseline are not compared."""
+    padded = [[0.5, -1.0], [2.0]]
+    scores = {
+        "student torch-fp16+padded": {"100 candidates": padded},
+        "student torch-fp16": {"100 candidates": [[0.51, -1.0], [2.0]]},
+        "student torch-fp16+nographs": {"100 candidates": [[0.5, -1.0], [1.95]]},
+        "student torch-fp32": {"100 candidates": [[9.0, 9.0], [9.0]]},
+        "st-crossencoder": {"100 candidates": [[9.0, 9.0], [9.0]]},
+    }
+    figures = {f["figure"]: f for f in suite.score_figures({"scores": scores}, "torch-fp16", "torch-fp16+padded")}
+    assert set(figures) == {"torch-fp16_max_abs_diff_from_padded", "torch-fp16+nographs_max_abs_diff_from_padded"}
+    close, far = figures["torch-fp16_max_abs_diff_from_padded"], figures["torch-fp16+nographs_max_abs_diff_from_padded"]
+    assert close["value"] == pytest.approx(0.01) and close["target"] == 2e-2 and close["met"] is True
+    assert far["value"] == pytest.approx(0.05) and far["met"] is False and "over 2 calls" in far["note"]
+    assert suite.score_figures({"scores": {}}, "torch-fp16", "torch-fp16+padded") == []  # the reference did not run
+
+
+def test_the_rerank_stage_tokenises_in_parallel_and_leaves_the_environment_as_it_found_it(
+    suite, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for before in ("false", None):
+        if before is None:
+            monkeypatch.delenv("TOKENIZERS_PARALLELISM", raising=False)
+        else:
+            monkeypatch.setenv("TOKENIZERS_PARALLELISM", before)
+        with pytest.raises(KeyError), suite.parallel_tokenizer():
+            assert os.environ["TOKENIZERS_PARALLELISM"] == "true"
+            raise KeyError("a failed stage")
+        assert os.environ.get("TOKENIZERS_PARALLELISM") == before
 
 
 @pytest.mark.parametrize("script", ["teacher", "student_train"])

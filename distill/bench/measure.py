@@ -4,6 +4,7 @@ environment recorded with every result. Shared by ``distill bench`` and the scri
 from __future__ import annotations
 
 import datetime as dt
+import os
 import platform
 import resource
 import subprocess
@@ -128,8 +129,9 @@ def int8_matmul_ops_per_s(size: int, reps: int, threads: int = 0) -> float:
 
 
 def environment(device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
-    """Device, the CPU's features that ``backend="auto"`` reads, library versions, threads, compute dtype, git commit
-    and UTC time of this run."""
+    """Device, the CPU's features that ``backend="auto"`` reads, library versions, threads (torch's, and
+    ``TOKENIZERS_PARALLELISM``: unset or true, fast tokenizers encode in parallel), compute dtype, git commit and UTC
+    time of this run."""
     import transformers
 
     from distill.serving.hardware import CpuFeatures
@@ -144,6 +146,7 @@ def environment(device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
         "python": platform.python_version(),
         "platform": platform.platform(),
         "torch_threads": torch.get_num_threads(),
+        "tokenizers_parallelism": os.environ.get("TOKENIZERS_PARALLELISM"),
         "dtype": dtype_name(dtype),
         "git_commit": git_commit(),
         "utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),

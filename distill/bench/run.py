@@ -92,8 +92,9 @@ class BenchConfig:
     device whose files exist, OpenVINO's where it is installed, the peers where their optimum package imports.
     A student backend takes the reranker's levers as suffixes, each timed as its own method: ``+overlapN``
     (tokenise N pairs ahead on a background thread, any backend), ``+tf32`` (torch-fp32 on a GPU), ``+compile``,
-    ``+cudnn`` and ``+unpad`` (torch backends), e.g. ``torch-fp16,torch-fp16+unpad,torch-fp32,torch-fp32+tf32``;
-    each method's settings are recorded in ``bench.json``."""
+    ``+cudnn``, ``+unpad`` or ``+padded`` and ``+graphs`` or ``+nographs`` (torch backends; unpad and CUDA graphs
+    are on by default on a GPU), e.g. ``torch-fp16,torch-fp16+padded,torch-fp32,torch-fp32+tf32``; each method's
+    settings are recorded in ``bench.json``."""
     peer_student: str | None = None
     """The [CLS]-head student (an HF or export folder) that sentence-transformers' ``st-onnx``, ``st-onnx-int8`` and
     ``st-openvino`` run on: their optimum export takes the architectures ``transformers`` knows, not the
@@ -124,6 +125,9 @@ class BenchConfig:
     """Seed of the random weights."""
     results: str | None = None
     """Print the tables of a saved ``bench.json`` instead of timing anything."""
+    scores: bool = False
+    """Also record each student and baseline method's scores of every call, after its timed rounds (one more untimed
+    call each): ``bench.json``'s ``scores``, method -> workload -> one list per call, to compare methods' scores."""
     profile: bool = False
     """Also record each (method, workload)'s timed calls with ``torch.profiler``: ``profile/<method>-<workload>.txt``
     and ``.json`` in the result folder, the time by kernel category (:mod:`distill.bench.profile`). The profiler
@@ -320,6 +324,7 @@ def run_bench(config: BenchConfig, command: str | None = None) -> dict[str, Any]
             ],
             "cells": [],
             "settings": {},
+            "scores": {},
             "quality": None
             if quality is None
             else {
@@ -350,6 +355,10 @@ def run_bench(config: BenchConfig, command: str | None = None) -> dict[str, Any]
                     method, workload, device, config.warmup, config.repeats, config.max_seconds, rates, profile
                 )
                 result["cells"].append(cell.to_json())
+            if config.scores and method.role != "teacher":
+                result["scores"][method.name] = {
+                    w.name: [[float(x) for x in method.score(c.query, c.passages)] for c in w.calls] for w in workloads
+                }
             if quality is not None and method.role != "teacher":
                 log.warning("nDCG@10 of %s on %d judged queries", method.name, len(quality.candidates))
                 result["quality"]["ndcg10"][method.name] = quality.ndcg10(method)
