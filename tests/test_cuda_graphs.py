@@ -143,7 +143,7 @@ def test_cuda_graphs_replay_the_eager_unpadded_scores(spread_bert: Path, call, d
     unpadded encoder's scores (fp32: to rounding; fp16: within its parity bound), and the padded path's within the
     dtype's parity bound."""
     query, passages = call
-    budget = {"max_batch_tokens": 32768}
+    budget = {"max_batch_tokens": 32768, "max_length": 256}  # a query's 100 candidates in one batch: one shape
     graphs = Reranker.load(spread_bert, backend="torch", device="cuda", dtype=dtype, **budget)
     eager = Reranker.load(
         spread_bert, backend="torch", device="cuda", dtype=dtype, options=TorchOptions(cuda_graphs=False), **budget
