@@ -41,7 +41,7 @@ from distill.bench.timing import time_method
 from distill.bench.workload import TOKEN_COUNTS, Workload, rerank_workload, token_count_workloads
 from distill.core.devices import MATMUL_SIZE, TEACHER_BATCH_TOKENS, compute_dtype, resolve_device
 from distill.core.loaders import load_candidates
-from distill.core.package_paths import CANDIDATES, DL19, PROJECT, QRELS
+from distill.core.package_paths import CANDIDATES, DL19, QRELS, shipped
 from distill.core.paths import output_folder
 from distill.core.run_folder import RunLayout, student_folder
 from distill.core.schema import InputError, MissingFileError, RerankingData
@@ -166,7 +166,7 @@ def default_output(config: BenchConfig, folder: Path | None, device: torch.devic
     if config.output:
         return Path(config.output)
     if folder is None:
-        return PROJECT / "checkpoints" / f"bench-random-{device.type}"
+        return Path("checkpoints") / f"bench-random-{device.type}"  # from the working folder, as train's runs
     return RunLayout.of(folder).bench
 
 
@@ -292,7 +292,9 @@ def run_bench(config: BenchConfig, command: str | None = None) -> dict[str, Any]
         folder = _random_student(config, Path(scratch)) if config.random_weights else student_folder(config.student)
         out = default_output(config, None if config.random_weights else folder, device)
         output_folder(out, "bench", "output")  # before any work: a file there, or a folder that takes no file
-        data = load_candidates(config.input, qrels=config.qrels)
+        source = shipped(config.input, "input") if config.input == DEFAULT_INPUT else config.input
+        qrels = shipped(config.qrels, "qrels") if config.qrels == DEFAULT_QRELS else config.qrels
+        data = load_candidates(source, qrels=qrels)
         workloads = _workloads(config, data, load_tokenizer(folder))
         quality = QualitySet.of(data) if config.quality else None
         loaders, skipped, references = _students(config, folder, device, Path(scratch))

@@ -2,13 +2,15 @@
 
 In a checkout, :data:`PROJECT` is the folder holding ``data/``, ``configs/`` and ``checkpoints/``. An installed wheel
 has no ``data/``: there, set ``CIS_DISTILL_DATA`` to a copy of it, or pass the option that the default fills (a
-missing default is then one line naming the option and the path, as any missing input is).
+missing default is then one line naming the option and the path, :func:`shipped`).
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+
+from distill.core.schema import MissingFileError
 
 PROJECT = Path(__file__).resolve().parents[2]
 """The checkout's root (in an installed wheel: the site-packages folder, which has no ``data/``)."""
@@ -27,3 +29,18 @@ QRELS = "qrels.txt"
 """Each judged TREC folder's relevance judgements."""
 CALIBRATION_INPUTS = (str(DL21 / CANDIDATES), str(DL22 / CANDIDATES))
 """The int8 calibration pairs' default: DL21 and DL22 candidates (never DL19, the test set)."""
+
+
+def shipped(path: str | Path, option: str) -> str:
+    """``path``, a default in the shipped data, checked: where it is not there (an installed wheel has no ``data/``),
+    one line naming the option that replaces it.
+
+    Raises:
+        MissingFileError: ``<option>: the default <path> is not here ...``.
+    """
+    if not Path(path).exists():
+        raise MissingFileError(
+            f"{option}: the default {path} is not here (an installed wheel has no data/): give {option}, or set "
+            "CIS_DISTILL_DATA to a copy of the project's data/"
+        )
+    return str(path)

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from distill.core.package_paths import CANDIDATES, DL19, QRELS
+from distill.core.package_paths import CANDIDATES, DL19, QRELS, shipped
 from distill.core.runs import run_from_columns
 from distill.core.schema import InputError, Qrels, RerankingData
 from distill.export.paths import shown_path
@@ -74,7 +74,7 @@ def dl19_parity_set() -> ParitySet:
     validation queries, :func:`~distill.export.quality_gate.validation_set`)."""
     from distill.core.loaders import load_candidates
 
-    return ParitySet.from_data(load_candidates(DL19 / CANDIDATES, qrels=DL19 / QRELS))
+    return ParitySet.from_data(load_candidates(shipped(DL19 / CANDIDATES, "parity_input"), qrels=DL19 / QRELS))
 
 
 def ranking_ndcg10(pairs: list[Pair], scores: np.ndarray, qrels: Qrels) -> float:

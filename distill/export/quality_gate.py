@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from distill.core.package_paths import CANDIDATES, DL21
+from distill.core.package_paths import CANDIDATES, DL21, shipped
 from distill.core.runs import Run
 from distill.core.schema import Candidates, InputError, MissingFileError, Qrels, RerankingData
 from distill.core.student_card import StudentCard
@@ -336,7 +336,7 @@ def validation_set(folder: Path, input: str | None = None, qrels: str | None = N
         judged = [c for c in data.candidates if c.query.qid in data.qrels]
         where = f"judged queries of {shown_path(input)}"
     elif card is None:
-        data = _load(str(DL21 / CANDIDATES), None)
+        data = _load(shipped(DL21 / CANDIDATES, "validation_input"), None)
         judged = [c for c in data.candidates if c.query.qid in data.qrels]
         where = "judged TREC DL21 queries (data/trec-dl21, the student has no card)"
     else:

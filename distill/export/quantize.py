@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from distill.core.batching import token_budget_batches
-from distill.core.package_paths import CALIBRATION_INPUTS
+from distill.core.package_paths import CALIBRATION_INPUTS, shipped
 from distill.core.schema import InputError
 from distill.export.paths import shown_path
 from distill.serving.encoding import Batch, encode_pairs, load_tokenizer, model_max_length, pad_batch
@@ -59,6 +59,8 @@ class Calibration:
             raise InputError(f"calibration: per_query >= 1 and method in {CALIBRATION_METHODS}, got {self}")
         pairs = []
         for source in self.inputs:
+            if source in CALIBRATION_INPUTS:
+                shipped(source, "calibration.inputs")
             for cands in load_candidates(source).candidates:
                 step = max(1, len(cands.passages) // self.per_query)
                 pairs += [(cands.query.text, p.text) for p in cands.passages[::step][: self.per_query]]
