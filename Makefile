@@ -1,5 +1,6 @@
 # make demo: set up .venv and run the quickstart on the embedded defaults (CPU, minutes).
 # make test: set up .venv and run the test suite.
+# make wheel-check: build the wheel, install it in a fresh venv and run train, export, rerank and eval from it.
 # make docs: build the docs site into site/ with warnings as errors (mkdocs build --strict).
 PYTHON ?= python3
 VENV := .venv
@@ -8,7 +9,7 @@ PIP := $(PY) -m pip --disable-pip-version-check -q
 STAMP := $(VENV)/.installed
 DOCS_STAMP := $(VENV)/.docs-installed
 
-.PHONY: setup demo test lint docs clean
+.PHONY: setup demo test lint wheel-check docs clean
 
 setup: $(STAMP)
 
@@ -34,6 +35,10 @@ test: setup
 
 lint: setup
 	$(VENV)/bin/ruff check .
+
+# The wheel without the checkout: a fresh venv, a working folder with a few data files (.ci/wheel-check).
+wheel-check: setup
+	bash .ci/wheel-check
 
 # The site's tools (the docs extra); the results pages and the API reference are generated during the build
 # (docs/gen_pages.py). The two variables silence the MkDocs-2 notices that Material and a plugin print.
