@@ -14,6 +14,7 @@ from __future__ import annotations
 import gc
 import importlib
 import logging
+import os
 import shlex
 import sys
 from collections.abc import Sequence
@@ -117,6 +118,21 @@ COMMANDS: dict[str, Command] = {
 }
 
 
+PROJECT_LOGGERS = ("distill", "teachers", "students")
+"""The project's loggers: their INFO lines are the stages' progress, which the command line shows."""
+
+
+def quiet_third_parties() -> None:
+    """Show the project's progress (INFO) and every warning, and keep the notices a user can do nothing about quiet:
+    transformers' INFO-like warnings (``loss_type=None``, gradient-checkpointing notes) and its per-model "Loading
+    weights" bars. Set ``TRANSFORMERS_VERBOSITY`` or ``HF_HUB_DISABLE_PROGRESS_BARS`` to see them again."""
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for name in PROJECT_LOGGERS:
+        logging.getLogger(name).setLevel(logging.INFO)
+
+
 def usage() -> str:
     width = max(map(len, COMMANDS))
     lines = ["usage: distill COMMAND [--config FILE ...] [--option value ...]", "", "commands:"]
@@ -133,7 +149,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ready_to_exit()
         return status
     argv = list(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    quiet_third_parties()
     if not argv or argv[0] in ("-h", "--help"):
         print(usage())
         return 0 if argv else 2

@@ -273,7 +273,7 @@ class LastCheckpoint(Checkpoint):
         self.saves.append((trainer.global_step, seconds))
         self._saved_step, self._last_save = trainer.global_step, time.monotonic()
         if trainer.is_global_zero:
-            log.warning(
+            log.info(
                 "saved %s (epoch %d, step %d) in %.2f s", self.path, trainer.current_epoch, trainer.global_step, seconds
             )
 
@@ -295,7 +295,7 @@ class LastCheckpoint(Checkpoint):
             sampler.resume(*self._position)
         if trainer.is_global_zero:
             epoch, consumed = self._position or (trainer.current_epoch, 0)
-            log.warning("resumed at epoch %d, batch %d, step %d", epoch, consumed, trainer.global_step)
+            log.info("resumed at epoch %d, batch %d, step %d", epoch, consumed, trainer.global_step)
 
 
 def _validation_follows(trainer: Trainer) -> bool:
@@ -322,6 +322,6 @@ def _requeue_slurm_job() -> None:
     job = f"{array_job}_{os.environ['SLURM_ARRAY_TASK_ID']}" if array_job else os.environ["SLURM_JOB_ID"]
     done = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True)
     if done.returncode == 0:
-        log.warning("requeued SLURM job %s", job)
+        log.info("requeued SLURM job %s", job)
     else:
         log.warning("scontrol requeue %s failed (%d): %s", job, done.returncode, done.stderr.strip())

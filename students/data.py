@@ -302,7 +302,7 @@ class StudentDataModule(LightningDataModule):
         self.train, self.val = split(is_train), split(is_val)
         self.truncated = store.truncated
         self.qrels = {q: j for q, j in qrels.items() if q in held_out}
-        log.warning(
+        log.info(
             "student data: %d train pairs (%d queries), %d validation pairs (%d queries); "
             "%d of %d pairs truncated to max_length=%d",
             len(self.train),

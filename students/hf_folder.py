@@ -79,4 +79,4 @@ class ExportBestToHF(Callback):
             extra={"validation": validation},
         )
         save_student(model, data.tokenizer, self.dirpath, card)
-        log.warning("exported %s to %s", best, self.dirpath)
+        log.info("exported %s to %s", best, self.dirpath)

@@ -190,7 +190,7 @@ class CrossEncoderModule(LightningModule):
             tokens = h.batch_tokens * self.trainer.accumulate_grad_batches * self.trainer.world_size
             lr = scaled_lr(h.lr, h.lr_scaling, tokens, h.lr_reference_tokens)
             if rank_zero_only.rank == 0:
-                log.warning(
+                log.info(
                     "learning rate %.3g: %.3g at %d tokens a step, %s-scaled to %d", lr, h.lr,
                     h.lr_reference_tokens, h.lr_scaling, tokens,
                 )  # fmt: skip

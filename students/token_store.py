@@ -322,7 +322,7 @@ def _build(
     query_lengths = np.zeros(n, dtype=np.int32)
     truncated = 0
     started = time.perf_counter()
-    log.warning("student tokens: tokenising %d pairs into %s", n, path)
+    log.info("student tokens: tokenising %d pairs into %s", n, path)
     with open(work / "tokens.bin", "wb") as tokens:
         for start in range(0, n, CHUNK_PAIRS):
             end = min(start + CHUNK_PAIRS, n)
@@ -355,7 +355,7 @@ def _build(
     }
     (work / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     work.rename(path)
-    log.warning(
+    log.info(
         "student tokens: %d pairs, %d tokens (%s) in %.1f s", n, manifest["tokens"], dtype.name, manifest["seconds"]
     )
     return TokenStore(path, manifest)

@@ -351,7 +351,7 @@ def run_bench(config: BenchConfig, command: str | None = None) -> dict[str, Any]
                 continue
             result["settings"][method.name] = method.settings
             for workload in workloads:
-                log.warning("timing %s on %s", method.name, workload.name)
+                log.info("timing %s on %s", method.name, workload.name)
                 profile = profile_path(out, method.name, workload.name) if config.profile else None
                 cell = time_method(
                     method, workload, device, config.warmup, config.repeats, config.max_seconds, rates, profile
@@ -362,7 +362,7 @@ def run_bench(config: BenchConfig, command: str | None = None) -> dict[str, Any]
                     w.name: [[float(x) for x in method.score(c.query, c.passages)] for c in w.calls] for w in workloads
                 }
             if quality is not None and method.role != "teacher":
-                log.warning("nDCG@10 of %s on %d judged queries", method.name, len(quality.candidates))
+                log.info("nDCG@10 of %s on %d judged queries", method.name, len(quality.candidates))
                 result["quality"]["ndcg10"][method.name] = quality.ndcg10(method)
             _write_json(result, out)  # a later method that fails loses none of the figures already taken
             del method

@@ -196,7 +196,7 @@ def remove_stale_staging(out_dir: Path) -> list[Path]:
         removed.append(path)
     if removed:
         shown = ", ".join(map(str, removed))
-        log.warning("removed %d staging folder(s) of interrupted exports: %s", len(removed), shown)
+        log.info("removed %d staging folder(s) of interrupted exports: %s", len(removed), shown)
     return removed
 
 

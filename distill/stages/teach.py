@@ -280,7 +280,7 @@ def _prepare_work_dir(work: Path, fingerprint: dict[str, Any], overwrite: bool) 
     if work.exists():
         previous = json.loads(stamp.read_text()) if stamp.is_file() else None
         if previous == fingerprint:
-            log.warning("resuming from %s", work)
+            log.info("resuming from %s", work)
             return
         if not overwrite:
             differs = sorted(k for k in fingerprint if (previous or {}).get(k) != fingerprint[k])
