@@ -108,6 +108,12 @@ COMMANDS: dict[str, Command] = {
         "RunConfig",
         "run",
     ),
+    "serve": Command(
+        "serve a student over HTTP (Cohere's /v1/rerank, TEI's /rerank), with dynamic batching",
+        "distill.serving.server",
+        "ServeConfig",
+        "serve",
+    ),
     "migrate": Command(
         "move old teacher datasets' metadata into teacher.json (the rows are untouched)",
         "distill.stages.migrate",

@@ -122,6 +122,27 @@ def test_rerank_on_onnx_never_loads_torch(tmp_path: Path, exported: Path, sample
     assert not offending(modules, ("torch", "pytorch_lightning", "datasets", "teachers", "students", "distill.export"))
 
 
+SERVE_PROBE = """
+import json, sys
+from fastapi.testclient import TestClient
+from distill.serving.http_api import create_app
+from distill.serving.reranker import Reranker
+app = create_app(sys.argv[1], Reranker.load(sys.argv[1], "onnx", interpolation=False))
+with TestClient(app) as client:
+    assert client.post("/rerank", json={"query": "q", "texts": ["a", "b"]}).status_code == 200
+print("MODULES" + json.dumps(sorted(sys.modules)))
+"""
+
+
+@pytest.mark.slow
+def test_serving_on_onnx_never_loads_torch(exported: Path) -> None:
+    """``distill serve --backend onnx``'s app, answering a request, in a fresh interpreter."""
+    out = subprocess.run([sys.executable, "-c", SERVE_PROBE, str(exported)], capture_output=True, text=True, cwd=REPO)
+    assert out.returncode == 0, out.stderr[-2000:]
+    modules = set(json.loads(out.stdout.rsplit("MODULES", 1)[1]))
+    assert not offending(modules, ("torch", "pytorch_lightning", "datasets", "teachers", "students", "distill.export"))
+
+
 PACKAGES = ("distill", "teachers", "students")
 
 

@@ -1,0 +1,253 @@
+"""Dynamic batching: the pairs of concurrent requests share the backend's batches, in arrival order.
+
+A request's pairs, already tokenised (:class:`~distill.serving.encoding.Encoded`), join one first-in-first-out
+queue. One worker thread runs the model: it takes pairs from the head of the queue into a batch until the next pair
+would take the batch past its budget of padded tokens (``rows × longest row``), or until the oldest waiting request
+has waited ``max_wait`` seconds, whichever comes first, pads the batch with numpy and scores it. So:
+
+- requests that arrive together, or while the backend is busy, are scored in the same batches;
+- a request's pairs may span several batches (one of 100 documents, or the tail of one that filled a batch), and
+  its scores come back in its own order, whatever batches they ran in;
+- the queue is fair: a request is taken only after every request that came before it, so none starves;
+- a request alone in the queue is batched as :meth:`Reranker.score <distill.serving.reranker.Reranker.score>`
+  batches it (its pairs longest first, :func:`~distill.core.batching.token_budget_batches`), so it gets the same
+  scores.
+
+A batch whose backend call fails is run again one request at a time: the request that fails alone gets the error,
+the others their scores, and the worker goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from distill.serving.encoding import Encoded, Packed, Padded
+from distill.serving.scorers import Scorer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Scored:
+    """A request's result."""
+
+    scores: np.ndarray
+    """``[pairs]`` float32: the backend's raw scores, in the request's order."""
+    queue_wait: float
+    """Seconds from the request's arrival in the queue to the start of its first batch."""
+
+
+@dataclass(frozen=True)
+class BatchStats:
+    """One batch the backend ran."""
+
+    pairs: int
+    requests: int
+    """How many requests' pairs it held."""
+    padded_tokens: int
+    """``pairs × longest pair``: what the token budget counts (the tokens a padded batch computes)."""
+    tokens: int
+    """The pairs' own tokens."""
+    seconds: float
+    """The backend call's wall time."""
+
+
+@dataclass(eq=False)
+class _Job:
+    encoded: Encoded
+    future: Future[Scored]
+    order: np.ndarray
+    """``[pairs]`` the rows, longest first (ties in input order): the order they are taken in."""
+    enqueued: float
+    scores: np.ndarray = field(init=False)
+    cursor: int = 0
+    """How many rows of :attr:`order` are in a batch already."""
+    remaining: int = field(init=False)
+    """How many rows are still to be scored."""
+    started: float | None = None
+
+    def __post_init__(self) -> None:
+        self.scores = np.empty(len(self.order), dtype=np.float32)
+        self.remaining = len(self.order)
+
+
+@dataclass(frozen=True)
+class _Part:
+    """The rows of one request in a batch."""
+
+    job: _Job
+    rows: np.ndarray
+
+
+class DynamicBatcher:
+    """One worker thread that scores the queued requests' pairs in shared, token-budget batches.
+
+    Args:
+        scorer: the backend: a padded batch -> ``[rows]`` float32 scores (a :class:`Reranker`'s ``scorer``).
+        tokenizer: the tokenizer the pairs were encoded with (its padding side and pad ids).
+        max_batch_tokens: the budget of padded tokens per batch; a pair longer than it runs alone.
+        max_wait: seconds a batch that is not full waits, from the arrival of its oldest request, for others.
+        on_batch: called on the worker thread with each batch that ran (metrics).
+    """
+
+    def __init__(
+        self,
+        scorer: Scorer,
+        tokenizer: Any,
+        max_batch_tokens: int,
+        max_wait: float,
+        on_batch: Callable[[BatchStats], None] | None = None,
+    ) -> None:
+        if max_batch_tokens < 1 or max_wait < 0:
+            raise ValueError(f"max_batch_tokens must be positive and max_wait >= 0, got {max_batch_tokens}, {max_wait}")
+        self.scorer = scorer
+        self.tokenizer = tokenizer
+        self.max_batch_tokens = max_batch_tokens
+        self.max_wait = max_wait
+        self.on_batch = on_batch
+        self._queue: deque[_Job] = deque()
+        self._changed = threading.Condition()
+        self._closed = False
+        self._worker = threading.Thread(target=self._run, name="rerank-batcher", daemon=True)
+        self._worker.start()
+
+    @property
+    def queued_pairs(self) -> int:
+        """Pairs waiting for a batch."""
+        with self._changed:
+            return sum(len(job.order) - job.cursor for job in self._queue)
+
+    def submit(self, encoded: Encoded) -> Future[Scored]:
+        """Queue a request's pairs; the future gives their scores, or the backend's exception."""
+        future: Future[Scored] = Future()
+        lengths = encoded.pair_lengths
+        order = np.lexsort((np.arange(len(lengths)), -lengths))  # longest first, ties in input order
+        job = _Job(encoded, future, order, time.monotonic())
+        if not len(order):
+            future.set_result(Scored(job.scores, 0.0))
+            return future
+        with self._changed:
+            if self._closed:
+                raise RuntimeError("the batcher is closed")
+            self._queue.append(job)
+            self._changed.notify()
+        return future
+
+    def close(self, timeout: float | None = None) -> None:
+        """Score what is queued, then stop the worker (waiting at most ``timeout`` seconds for it)."""
+        with self._changed:
+            self._closed = True
+            self._changed.notify()
+        self._worker.join(timeout)
+
+    def _run(self) -> None:
+        while (parts := self._next_batch()) is not None:
+            self._score(parts)
+
+    def _next_batch(self) -> list[_Part] | None:
+        """The next batch's rows, once they fill the budget or the oldest request has waited ``max_wait``; None
+        once the batcher is closed and its queue empty."""
+        with self._changed:
+            while not self._queue:
+                if self._closed:
+                    return None
+                self._changed.wait()
+            deadline = self._queue[0].enqueued + self.max_wait
+            while not self._closed and not self._plan()[1] and (left := deadline - time.monotonic()) > 0:
+                self._changed.wait(left)
+            parts, _ = self._plan()
+            now = time.monotonic()
+            for part in parts:
+                part.job.cursor += len(part.rows)
+                if part.job.started is None:
+                    part.job.started = now
+            while self._queue and self._queue[0].cursor == len(self._queue[0].order):
+                self._queue.popleft()
+            return parts
+
+    def _plan(self) -> tuple[list[_Part], bool]:
+        """The rows the next batch takes from the head of the queue, and whether they fill the budget (the next row
+        would take it past ``max_batch_tokens``)."""
+        parts: list[_Part] = []
+        count = longest = 0
+        for job in self._queue:
+            lengths = job.encoded.pair_lengths
+            start = stop = job.cursor
+            full = False
+            while stop < len(job.order):
+                width = max(longest, int(lengths[job.order[stop]]))
+                if count and (count + 1) * width > self.max_batch_tokens:
+                    full = True
+                    break
+                count, longest, stop = count + 1, width, stop + 1
+            if stop > start:
+                parts.append(_Part(job, job.order[start:stop]))
+            if full:
+                return parts, True
+        return parts, False
+
+    def _score(self, parts: list[_Part]) -> None:
+        """Score a batch and hand each request its scores; where the backend fails on a batch of several requests,
+        each request's rows again on their own, so that only the failing request gets the error."""
+        try:
+            scores, stats = self._run_batch(parts)
+        except Exception as error:
+            if len(parts) > 1:
+                log.warning("a batch of %d requests failed (%s): scoring each alone", len(parts), error)
+                for part in parts:
+                    self._score([part])
+                return
+            self._fail(parts[0].job, error)
+            return
+        if self.on_batch is not None:
+            self.on_batch(stats)
+        bounds = np.cumsum([len(part.rows) for part in parts])[:-1]
+        for part, part_scores in zip(parts, np.split(scores, bounds), strict=True):
+            job = part.job
+            if job.future.done():  # failed on an earlier batch
+                continue
+            job.scores[part.rows] = part_scores
+            job.remaining -= len(part.rows)
+            if job.remaining == 0:
+                job.future.set_result(Scored(job.scores, job.started - job.enqueued))
+
+    def _run_batch(self, parts: list[_Part]) -> tuple[np.ndarray, BatchStats]:
+        """The backend's ``[rows]`` scores of the parts' rows, back to back: padded to one width, or packed for a
+        scorer that ``takes_packed`` (as :meth:`Reranker.score <distill.serving.reranker.Reranker.score>` gives
+        them)."""
+        lengths = np.concatenate([part.job.encoded.pair_lengths[part.rows] for part in parts])
+        width = int(lengths.max())
+        batch: Padded | Packed
+        if getattr(self.scorer, "takes_packed", False):
+            packs = [part.job.encoded.pack(part.rows) for part in parts]
+            ids = np.concatenate([p.input_ids for p in packs])
+            batch = Packed(ids, np.concatenate([p.token_type_ids for p in packs]), lengths)
+        else:
+            padded = [part.job.encoded.batch(self.tokenizer, part.rows, width) for part in parts]
+            batch = Padded(lengths, padded[0].left)
+            for name in padded[0]:
+                batch[name] = np.concatenate([p[name] for p in padded])
+        start = time.perf_counter()
+        scores = np.asarray(self.scorer(batch), dtype=np.float32)
+        seconds = time.perf_counter() - start
+        if scores.shape != (len(lengths),):
+            raise RuntimeError(f"the backend returned scores of shape {scores.shape} for {len(lengths)} pairs")
+        return scores, BatchStats(len(lengths), len(parts), len(lengths) * width, int(lengths.sum()), seconds)
+
+    def _fail(self, job: _Job, error: Exception) -> None:
+        """Give ``job`` the backend's error and drop its rows still queued."""
+        log.error("the backend failed on a request of %d pairs", len(job.order), exc_info=error)
+        with self._changed:
+            if job in self._queue:
+                self._queue.remove(job)
+        if not job.future.done():
+            job.future.set_exception(error)

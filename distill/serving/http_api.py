@@ -1,0 +1,487 @@
+"""The HTTP API of ``distill serve``: Cohere's and text-embeddings-inference's rerank routes over one reranker.
+
+FastAPI on Starlette: the request bodies are pydantic v2 models (:mod:`distill.serving.http_schemas`), so one
+declaration validates each request and gives the OpenAPI schema (``/openapi.json``, ``/docs``), and Starlette's ASGI
+lets a plain middleware see every request (to drain on shutdown, cap the body, count metrics) before FastAPI reads
+it. ``distill serve`` runs the app on uvicorn (:mod:`distill.serving.server`).
+
+Routes:
+
+- ``POST /v1/rerank`` (and ``/v2/rerank``, where Cohere's ``ClientV2`` posts): Cohere's request (``query``,
+  ``documents`` as strings or ``{"text": ...}`` objects, as Jina's, ``top_n``, ``return_documents``,
+  ``max_tokens_per_doc``) and response (``results: [{index, relevance_score, document?}]``, ``id``, ``meta``, and
+  Jina's ``usage``). ``relevance_score`` is normalised: the sigmoid of the model's raw score, in (0, 1) as Cohere's
+  are (``raw_scores: true``, as Infinity takes it, gives the raw score). Documents too long for the model are cut,
+  as Cohere does, unless ``truncate: false``.
+- ``POST /rerank``: TEI's request (``query``, ``texts``, ``truncate``, ``raw_scores``, ``return_text``) and response
+  (``[{index, score, text?}]``, best first). ``score`` is the sigmoid of the raw score unless ``raw_scores``, as in
+  TEI; a text too long for the model is a 413 unless ``truncate: true`` (TEI's default).
+- ``GET /health``, ``GET /metrics`` (Prometheus), ``GET /info`` (the model, its head, the backend and why ``auto``
+  chose it, the export's quality gate, the limits).
+
+A raw score is the student's output for the pair, the value :meth:`Reranker.score
+<distill.serving.reranker.Reranker.score>` gives (without interpolation with a first stage, which a request does
+not carry). Requests are tokenised on a thread (off the event loop) and scored by a
+:class:`~distill.serving.batcher.DynamicBatcher`, which batches concurrent requests' pairs together.
+
+Every refused request gets a 4xx and a one-line ``{"error": "..."}`` naming the field or the limit: 400 for a body
+that is not JSON, 422 for a field that is wrong (an empty query, a document that is not a string, a negative
+``top_n``), 413 for a request over a limit (the body's bytes, the documents, a document's tokens without
+truncation). A backend failure is a 500 for the requests it hit; the server goes on. Once draining (SIGTERM), every
+new request gets a 503 while those in flight finish.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException
+
+from distill.core.files import read_json_object
+from distill.core.schema import InputError
+from distill.serving.auto import quality_gate
+from distill.serving.batcher import BatchStats, DynamicBatcher
+from distill.serving.encoding import Encoded, encode_pairs
+from distill.serving.http_schemas import (
+    ApiVersion,
+    BilledUnits,
+    CohereDocument,
+    CohereMeta,
+    CohereRequest,
+    CohereResponse,
+    CohereResult,
+    ErrorBody,
+    TeiRequest,
+    TeiResult,
+    Tokens,
+    Usage,
+)
+from distill.serving.reranker import Reranker
+
+log = logging.getLogger(__name__)
+
+SCORES = {
+    "/v1/rerank": "relevance_score = sigmoid(raw score), in (0, 1); the raw score with raw_scores: true",
+    "/rerank": "score = sigmoid(raw score), in (0, 1); the raw score with raw_scores: true (as TEI)",
+}
+"""What each rerank route's scores are (``/info`` shows it; ``/v2/rerank`` is ``/v1/rerank``'s)."""
+ROUTES = ("/v1/rerank", "/v2/rerank", "/rerank", "/health", "/metrics", "/info")
+"""The routes the metrics name; any other path counts as ``other``."""
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    """The batching window and the limits of a request (``distill serve``'s options of the same names)."""
+
+    max_wait_ms: float = 5.0
+    """How long a batch that is not full waits for other requests' pairs, from its oldest request's arrival (ms)."""
+    max_documents: int = 1000
+    """The most documents a request may send (more: 413)."""
+    max_tokens_per_doc: int | None = None
+    """Each document is cut to this many tokens (without ``truncate``: 413); default: what the model's pair length
+    leaves after the query."""
+    max_body_bytes: int = 16 * 2**20
+    """The largest request body (more: 413)."""
+
+    def __post_init__(self) -> None:
+        if self.max_wait_ms < 0:
+            raise InputError(f"serve: max_wait_ms must be >= 0, got {self.max_wait_ms}")
+        for name in ("max_documents", "max_tokens_per_doc", "max_body_bytes"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise InputError(f"serve: {name} must be positive, got {value}")
+
+
+class RequestError(InputError):
+    """A request the server refuses: an HTTP status (4xx) and one line naming the field or the limit."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class BackendFailure(RuntimeError):
+    """The backend failed on a batch that held this request's pairs."""
+
+
+@dataclass
+class ServingState:
+    """What the server's shutdown reads and sets (:mod:`distill.serving.server`)."""
+
+    draining: bool = False
+    """Set on SIGTERM: new requests get 503."""
+    in_flight: int = 0
+    """Requests being answered."""
+
+
+class Metrics:
+    """The Prometheus metrics of one app, in a registry of its own (``GET /metrics``)."""
+
+    def __init__(self) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+        self.registry = CollectorRegistry()
+        r = self.registry
+        powers = tuple(float(2**i) for i in range(11))
+        self.requests = Counter(
+            "distill_requests", "HTTP requests, by route and status code", ["route", "code"], registry=r
+        )
+        self.latency = Histogram(
+            "distill_request_seconds",
+            "Time to answer a request, by route",
+            ["route"],
+            registry=r,
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+        )
+        self.documents = Counter("distill_documents", "Documents scored, by route", ["route"], registry=r)
+        self.tokens = Counter(
+            "distill_tokens", "Tokens scored: each pair's query, document and special tokens", registry=r
+        )
+        self.truncated = Counter("distill_truncated_documents", "Documents cut to the token limit", registry=r)
+        self.tokenize = Histogram("distill_tokenize_seconds", "Time to tokenise a request", registry=r)
+        self.queue_wait = Histogram(
+            "distill_queue_wait_seconds", "Time from a request's arrival in the queue to its first batch", registry=r
+        )
+        self.batch_pairs = Histogram("distill_batch_pairs", "Pairs per batch", registry=r, buckets=powers)
+        self.batch_requests = Histogram(
+            "distill_batch_requests",
+            "Requests whose pairs a batch held",
+            registry=r,
+            buckets=(1, 2, 3, 4, 6, 8, 16, 32),
+        )
+        self.batch_tokens = Histogram(
+            "distill_batch_padded_tokens",
+            "Padded tokens per batch (pairs x longest pair)",
+            registry=r,
+            buckets=tuple(float(2**i) for i in range(4, 18)),
+        )
+        self.batch_seconds = Histogram("distill_batch_seconds", "The backend's time per batch", registry=r)
+        self.in_flight = Gauge("distill_in_flight_requests", "Requests being answered", registry=r)
+        self.queued = Gauge("distill_queued_pairs", "Pairs waiting for a batch", registry=r)
+
+    def observe_batch(self, stats: BatchStats) -> None:
+        self.batch_pairs.observe(stats.pairs)
+        self.batch_requests.observe(stats.requests)
+        self.batch_tokens.observe(stats.padded_tokens)
+        self.batch_seconds.observe(stats.seconds)
+        self.tokens.inc(stats.tokens)
+
+
+@dataclass(frozen=True)
+class Scores:
+    """A request's raw scores and what it cost."""
+
+    raw: np.ndarray
+    """``[documents]`` float32, in the request's order."""
+    tokens: int
+    """The pairs' tokens (query, document and special tokens)."""
+
+
+class RerankService:
+    """Tokenises requests on a thread of its own and scores them through a :class:`DynamicBatcher`."""
+
+    def __init__(self, reranker: Reranker, options: ServerOptions, metrics: Metrics) -> None:
+        self.reranker = reranker
+        self.options = options
+        self.metrics = metrics
+        self.special = reranker.tokenizer.num_special_tokens_to_add(pair=True)
+        # one thread: a fast tokenizer encodes a request's documents in parallel itself, and its Python path (a query
+        # too long for the pair) sets the tokenizer's truncation, which concurrent calls must not share
+        self.tokenizing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rerank-tokenize")
+        self.batcher = DynamicBatcher(
+            reranker.scorer,
+            reranker.tokenizer,
+            reranker.max_batch_tokens,
+            options.max_wait_ms / 1000,
+            metrics.observe_batch,
+        )
+        metrics.queued.set_function(lambda: self.batcher.queued_pairs)
+
+    def close(self) -> None:
+        """Score what is queued, then stop the threads."""
+        self.batcher.close()
+        self.tokenizing.shutdown()
+
+    async def score(
+        self, query: str, documents: Sequence[str], truncate: bool, max_tokens_per_doc: int | None, field: str
+    ) -> Scores:
+        """The raw scores of ``documents`` for ``query``.
+
+        Raises:
+            RequestError: over :attr:`options`' limits (413), ``field`` named.
+            BackendFailure: the backend failed on a batch with these pairs.
+        """
+        if len(documents) > self.options.max_documents:
+            raise RequestError(
+                413, f"{field}: {len(documents)} documents, over this server's limit of {self.options.max_documents}"
+            )
+        if not documents:
+            return Scores(np.empty(0, np.float32), 0)
+        start = time.perf_counter()
+        encoded = await asyncio.get_running_loop().run_in_executor(
+            self.tokenizing, self._encode, query, documents, truncate, max_tokens_per_doc, field
+        )
+        self.metrics.tokenize.observe(time.perf_counter() - start)
+        self.metrics.truncated.inc(encoded.truncated)
+        try:
+            scored = await asyncio.wrap_future(self.batcher.submit(encoded))
+        except Exception as e:
+            raise BackendFailure(f"the backend failed on this request: {type(e).__name__}: {e}") from e
+        self.metrics.queue_wait.observe(scored.queue_wait)
+        return Scores(scored.scores, int(encoded.pair_lengths.sum()))
+
+    def _encode(
+        self, query: str, documents: Sequence[str], truncate: bool, max_tokens_per_doc: int | None, field: str
+    ) -> Encoded:
+        """The pairs' ids, each document cut to the tokens the model's pair length leaves after the query, and to
+        ``max_tokens_per_doc`` and the server's limit; without ``truncate``, a document (or query) that would be cut
+        is a :class:`RequestError` (413) naming the limit."""
+        tokenizer, model_limit = self.reranker.tokenizer, self.reranker.max_length
+        query_tokens = len(tokenizer(query, add_special_tokens=False)["input_ids"])
+        room = model_limit - self.special - query_tokens
+        if room < 1 and not truncate:
+            raise RequestError(
+                413,
+                f"query: {query_tokens} tokens leave no room for a document in the model's {model_limit}-token "
+                "pairs; send truncate: true to cut it",
+            )
+        caps = [n for n in (max_tokens_per_doc, self.options.max_tokens_per_doc) if n is not None]
+        cap = min(caps, default=None)
+        capped = cap is not None and 1 <= cap < room  # the cap, not the model's pair length, limits a document
+        allowed = cap if capped else room
+        pair_limit = query_tokens + self.special + cap if capped else model_limit
+        encoded = encode_pairs(tokenizer, [query] * len(documents), documents, pair_limit)
+        if encoded.truncated and not truncate:
+            why = f"max_tokens_per_doc {cap}" if capped else f"the model's {model_limit}-token pairs less the query"
+            raise RequestError(
+                413,
+                f"{field}: {encoded.truncated} of {len(documents)} are longer than {allowed} tokens ({why}); "
+                "send truncate: true to cut them",
+            )
+        return encoded
+
+
+def _sigmoid(raw: np.ndarray) -> np.ndarray:
+    """``1 / (1 + exp(-raw))`` in float64, as ``(1 + tanh(raw / 2)) / 2``: no overflow for any score."""
+    return 0.5 * (1.0 + np.tanh(0.5 * raw.astype(np.float64)))
+
+
+def _ranked(raw: np.ndarray, top_n: int | None) -> list[int]:
+    """The documents' indices, best first (ties in request order), the first ``top_n``."""
+    return np.lexsort((np.arange(len(raw)), -raw))[:top_n].tolist()
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": " ".join(message.split())}, status_code=status)
+
+
+def _validation_message(error: RequestValidationError) -> tuple[int, str]:
+    """The status and one line for pydantic's errors: the first error's field (``documents[2]``) and message."""
+    errors = error.errors()
+    first = errors[0]
+    if first["type"] == "json_invalid":
+        return 400, f"body: not valid JSON ({first.get('ctx', {}).get('error', 'JSON decode error')})"
+    loc = [part for part in first["loc"] if part != "body"]
+    field = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in loc).lstrip(".") or "body"
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    return 422, f"{field}: {first['msg']}{more}"
+
+
+class _Gate:
+    """ASGI middleware in front of the routes: 503 while draining, 413 for a body over the limit, and each request's
+    count, status and latency in the metrics."""
+
+    def __init__(self, app: Any, state: ServingState, metrics: Metrics, max_body_bytes: int) -> None:
+        self.app, self.state, self.metrics, self.max_body_bytes = app, state, metrics, max_body_bytes
+
+    async def __call__(self, scope: dict, receive: Callable[[], Awaitable[dict]], send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        route = scope["path"] if scope["path"] in ROUTES else "other"
+        start = time.perf_counter()
+        status = 500
+
+        async def sending(message: dict) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        limit = f"over this server's limit of {self.max_body_bytes} bytes"
+        received = 0
+
+        async def receiving() -> dict:
+            nonlocal received
+            message = await receive()
+            received += len(message.get("body", b""))
+            if received > self.max_body_bytes:
+                raise HTTPException(413, f"body: {limit}")
+            return message
+
+        length = dict(scope["headers"]).get(b"content-length", b"")
+        self.state.in_flight += 1
+        self.metrics.in_flight.inc()
+        try:
+            if self.state.draining:
+                response = _error(503, "the server is shutting down")
+                response.headers["connection"] = "close"
+                await response(scope, receive, sending)
+            elif length.isdigit() and int(length) > self.max_body_bytes:
+                await _error(413, f"body: {int(length)} bytes, {limit}")(scope, receive, sending)
+            else:
+                await self.app(scope, receiving, sending)
+        finally:
+            self.state.in_flight -= 1
+            self.metrics.in_flight.dec()
+            self.metrics.requests.labels(route, str(status)).inc()
+            self.metrics.latency.labels(route).observe(time.perf_counter() - start)
+
+
+def model_info(folder: Path, reranker: Reranker, options: ServerOptions) -> dict[str, Any]:
+    """``GET /info``: the model, its head, the backend (and why ``auto`` chose it), the export's quality gate (its
+    record for this backend, and every backend's), the batching and the limits."""
+    config = read_json_object(folder / "config.json")
+    gate = quality_gate(folder)
+    return {
+        "model": str(folder),
+        "head": (config.get("architectures") or [config.get("model_type")])[0],
+        "model_type": config.get("model_type"),
+        "backend": reranker.backend,
+        "backend_reason": reranker.backend_reason or "named by --backend",
+        "quality_gate": None if gate is None else {"backend": gate.get(reranker.backend), "backends": gate},
+        "settings": reranker.settings,
+        "options": asdict(options),
+        "scores": SCORES,
+    }
+
+
+def create_app(folder: str | Path, reranker: Reranker, options: ServerOptions | None = None) -> FastAPI:
+    """The app serving ``reranker`` (loaded from ``folder``); ``app.state.serving`` is its :class:`ServingState`.
+
+    The batcher's and the tokeniser's threads start with the app (its lifespan) and stop with it, once the queued
+    requests are scored.
+    """
+    folder = Path(folder)
+    options = options or ServerOptions()
+    metrics = Metrics()
+    state = ServingState()
+    info = model_info(folder, reranker, options)
+    service: RerankService | None = None
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        nonlocal service
+        service = RerankService(reranker, options, metrics)
+        try:
+            yield
+        finally:
+            await asyncio.get_running_loop().run_in_executor(None, service.close)
+
+    app = FastAPI(
+        title="distill serve",
+        summary=f"Cohere- and TEI-compatible reranking with {folder.name} ({reranker.backend})",
+        lifespan=lifespan,
+    )
+    app.state.serving = state
+    app.add_middleware(_Gate, state=state, metrics=metrics, max_body_bytes=options.max_body_bytes)
+    errors: dict[int | str, dict[str, Any]] = {code: {"model": ErrorBody} for code in (400, 413, 422, 500, 503)}
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, error: RequestValidationError) -> JSONResponse:
+        return _error(*_validation_message(error))
+
+    @app.exception_handler(RequestError)
+    async def refused(request: Request, error: RequestError) -> JSONResponse:
+        return _error(error.status, str(error))
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, error: HTTPException) -> JSONResponse:
+        return _error(error.status_code, str(error.detail))
+
+    @app.exception_handler(BackendFailure)
+    async def backend_failed(request: Request, error: BackendFailure) -> JSONResponse:
+        return _error(500, str(error))
+
+    @app.exception_handler(Exception)
+    async def bug(request: Request, error: Exception) -> JSONResponse:
+        return _error(500, f"internal error: {type(error).__name__}: {error}")
+
+    async def cohere(body: CohereRequest, request: Request) -> CohereResponse:
+        assert service is not None
+        scores = await service.score(body.query, body.documents, body.truncate, body.max_tokens_per_doc, "documents")
+        metrics.documents.labels(request.url.path).inc(len(body.documents))
+        shown = scores.raw if body.raw_scores else _sigmoid(scores.raw)
+        results = [
+            CohereResult(
+                index=i,
+                relevance_score=float(shown[i]),
+                document=CohereDocument(text=body.documents[i]) if body.return_documents else None,
+            )
+            for i in _ranked(scores.raw, body.top_n)
+        ]
+        return CohereResponse(
+            id=str(uuid.uuid4()),
+            results=results,
+            meta=CohereMeta(
+                api_version=ApiVersion(version="2" if request.url.path == "/v2/rerank" else "1"),
+                billed_units=BilledUnits(search_units=1),
+                tokens=Tokens(input_tokens=scores.tokens),
+            ),
+            usage=Usage(prompt_tokens=scores.tokens, total_tokens=scores.tokens),
+        )
+
+    for path in ("/v1/rerank", "/v2/rerank"):
+        app.add_api_route(
+            path,
+            cohere,
+            methods=["POST"],
+            response_model=CohereResponse,
+            response_model_exclude_none=True,
+            responses=errors,
+            summary="Cohere's rerank (also Jina's request)",
+        )
+
+    @app.post("/rerank", response_model=list[TeiResult], response_model_exclude_none=True, responses=errors)
+    async def tei(body: TeiRequest, request: Request) -> list[TeiResult]:
+        """text-embeddings-inference's rerank."""
+        assert service is not None
+        scores = await service.score(body.query, body.texts, body.truncate, None, "texts")
+        metrics.documents.labels(request.url.path).inc(len(body.texts))
+        shown = scores.raw if body.raw_scores else _sigmoid(scores.raw)
+        return [
+            TeiResult(index=i, score=float(shown[i]), text=body.texts[i] if body.return_text else None)
+            for i in _ranked(scores.raw, None)
+        ]
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        """200 while serving (503 once draining)."""
+        return {"status": "ok"}
+
+    @app.get("/info")
+    async def model() -> dict[str, Any]:
+        """The model, its head, the backend and why, the quality gate, the limits, and what the scores are."""
+        return info
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        """Prometheus' text format."""
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app

@@ -1,0 +1,130 @@
+"""The HTTP API's request and response bodies (pydantic v2), from which FastAPI validates requests and writes the
+OpenAPI schema (``GET /openapi.json``, ``/docs``).
+
+Cohere's rerank (``POST /v1/rerank``, ``/v2/rerank``), which also takes Jina's requests (documents as ``{"text":
+...}`` objects), and text-embeddings-inference's (``POST /rerank``). Unknown fields are ignored, as those servers'
+clients send fields of their own (``model``, ``rank_fields``, ``truncation_direction``, ...).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, field_validator
+from pydantic_core import PydanticCustomError
+
+
+def _document_text(value: Any) -> Any:
+    """A document's text: the string itself, or the ``text`` of a ``{"text": ...}`` object (Cohere v1, Jina)."""
+    if isinstance(value, dict) and isinstance(value.get("text"), str):
+        return value["text"]
+    if not isinstance(value, str):
+        raise PydanticCustomError("document", "a document is a string or an object with a string 'text'")
+    return value
+
+
+Document = Annotated[
+    str,
+    BeforeValidator(_document_text),
+    WithJsonSchema(
+        {
+            "anyOf": [
+                {"type": "string"},
+                {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]},
+            ]
+        }
+    ),
+]
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    query: str = Field(description="The query; not empty.")
+
+    @field_validator("query")
+    @classmethod
+    def _not_blank(cls, query: str) -> str:
+        if not query.strip():
+            raise PydanticCustomError("empty", "must not be empty")
+        return query
+
+
+class CohereRequest(_Request):
+    """Cohere's rerank request (``/v1/rerank``, ``/v2/rerank``), which Jina's also fits."""
+
+    documents: list[Document] = Field(description="The documents to score: strings, or objects with a 'text'.")
+    top_n: int | None = Field(None, ge=1, description="Return the best top_n documents (default: all).")
+    return_documents: bool = Field(False, description="Return each result's document text (as Cohere v1 does).")
+    max_tokens_per_doc: int | None = Field(
+        None, ge=1, description="Cut each document to this many tokens (Cohere v2); at most the server's limit."
+    )
+    truncate: bool = Field(
+        True, description="Cut documents too long for the model (as Cohere does); false: a 413 names the limit."
+    )
+    raw_scores: bool = Field(
+        False, description="relevance_score is the model's raw score rather than its sigmoid (as Infinity's)."
+    )
+
+
+class CohereDocument(BaseModel):
+    text: str
+
+
+class CohereResult(BaseModel):
+    index: int = Field(description="The document's position in the request.")
+    relevance_score: float = Field(description="sigmoid(raw score) in (0, 1), or the raw score with raw_scores.")
+    document: CohereDocument | None = None
+
+
+class ApiVersion(BaseModel):
+    version: str
+
+
+class BilledUnits(BaseModel):
+    search_units: int
+
+
+class Tokens(BaseModel):
+    input_tokens: int
+
+
+class CohereMeta(BaseModel):
+    api_version: ApiVersion
+    billed_units: BilledUnits
+    tokens: Tokens
+
+
+class Usage(BaseModel):
+    """Jina's and Infinity's token count."""
+
+    prompt_tokens: int
+    total_tokens: int
+
+
+class CohereResponse(BaseModel):
+    """Cohere's rerank response (``meta``, as Cohere's SDK reads it), with Jina's ``usage``."""
+
+    id: str
+    results: list[CohereResult] = Field(description="The best documents, best first.")
+    meta: CohereMeta
+    usage: Usage
+
+
+class TeiRequest(_Request):
+    """text-embeddings-inference's rerank request."""
+
+    texts: list[Document] = Field(description="The documents to score (strings).")
+    truncate: bool = Field(False, description="Cut texts too long for the model; false (TEI's default): a 413.")
+    raw_scores: bool = Field(False, description="The model's raw scores rather than their sigmoid (TEI's default).")
+    return_text: bool = Field(False, description="Return each text.")
+
+
+class TeiResult(BaseModel):
+    index: int
+    score: float = Field(description="sigmoid(raw score) in (0, 1), or the raw score with raw_scores.")
+    text: str | None = None
+
+
+class ErrorBody(BaseModel):
+    error: str = Field(description="What is wrong, in one line, naming the field or the limit.")

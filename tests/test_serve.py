@@ -1,0 +1,438 @@
+"""``distill serve``: Cohere's and TEI's rerank APIs on loopback, with the official Cohere SDK and plain HTTP; the
+dynamic batcher; errors and limits; draining on SIGTERM."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+
+from distill.cli import main
+from distill.serving.batcher import BatchStats, DynamicBatcher
+from distill.serving.encoding import encode_pairs
+from distill.serving.http_api import ServerOptions, create_app
+from distill.serving.reranker import Reranker
+from distill.serving.scorers import TorchOptions
+from distill.serving.server import bind
+
+from .conftest import REPO
+
+TOLERANCE = 1e-5
+"""fp32 scores of the same pairs in other batches: equal within rounding."""
+
+
+@contextmanager
+def running(app) -> Iterator[str]:
+    """``app`` served by uvicorn on a free loopback port, in a thread: its base URL."""
+    import uvicorn
+
+    sock = bind("127.0.0.1", 0)
+    server = uvicorn.Server(uvicorn.Config(app, lifespan="on", log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.01)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(30)
+
+
+def sigmoid(x: float) -> float:
+    return 1.0 / (1.0 + math.exp(-x))
+
+
+@pytest.fixture(scope="module")
+def reference(exported: Path) -> Reranker:
+    """The export on onnxruntime fp32, as ``Reranker.score`` scores it: what the server must answer."""
+    return Reranker.load(exported, "onnx", interpolation=False)
+
+
+@pytest.fixture(scope="module")
+def server(exported: Path) -> Iterator[str]:
+    """The export served on onnxruntime fp32 (its own copy of the backend), at most 120 documents a request."""
+    reranker = Reranker.load(exported, "onnx", interpolation=False)
+    with running(create_app(exported, reranker, ServerOptions(max_documents=120, max_body_bytes=2**20))) as url:
+        yield url
+
+
+def metric(url: str, name: str, **labels: str) -> float:
+    """A sample's value in ``GET /metrics``."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"{url}/metrics").text
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return sample.value
+    raise AssertionError(f"no sample {name}{labels} in /metrics")
+
+
+def test_cohere_sdk_reranks_with_the_rerankers_scores(server: str, reference: Reranker, call) -> None:
+    import cohere
+
+    query, passages = call
+    raw = reference.score(query, passages)
+    best = sorted(range(len(raw)), key=lambda i: (-raw[i], i))[:5]
+    tokens = int(encode_pairs(reference.tokenizer, [query] * len(passages), passages, reference.max_length).ids.size)
+
+    v1 = cohere.Client(api_key="unused", base_url=server).rerank(
+        query=query, documents=passages, top_n=5, return_documents=True
+    )
+    assert [r.index for r in v1.results] == best
+    for result in v1.results:
+        assert result.relevance_score == pytest.approx(sigmoid(raw[result.index]), abs=TOLERANCE)
+        assert result.document.text == passages[result.index]
+    assert v1.meta.tokens.input_tokens == tokens
+    assert v1.id
+
+    v2 = cohere.ClientV2(api_key="unused", base_url=server).rerank(model="any", query=query, documents=passages)
+    assert [r.index for r in v2.results] == sorted(range(len(raw)), key=lambda i: (-raw[i], i))
+    assert [r.relevance_score for r in v2.results] == [
+        pytest.approx(sigmoid(raw[r.index]), abs=TOLERANCE) for r in v2.results
+    ]
+    assert v2.meta.api_version.version == "2"
+
+
+def test_jina_documents_and_raw_scores(server: str, reference: Reranker, call) -> None:
+    query, passages = call
+    documents = passages[:20]
+    raw = reference.score(query, documents)
+    body = {"model": "jina-reranker", "query": query, "documents": [{"text": d} for d in documents], "raw_scores": True}
+    answer = httpx.post(f"{server}/v1/rerank", json=body).json()
+    results = answer["results"]
+    assert [r["index"] for r in results] == sorted(range(20), key=lambda i: (-raw[i], i))
+    assert [r["relevance_score"] for r in results] == [pytest.approx(raw[r["index"]], abs=TOLERANCE) for r in results]
+    assert all("document" not in r for r in results)  # Cohere's default: return_documents false
+    assert answer["usage"]["total_tokens"] == answer["meta"]["tokens"]["input_tokens"] > 0
+
+
+def test_tei_rerank_is_sorted_and_sigmoid_unless_raw(server: str, reference: Reranker, call) -> None:
+    query, passages = call
+    texts = passages[30:45]
+    raw = reference.score(query, texts)
+    order = sorted(range(len(texts)), key=lambda i: (-raw[i], i))
+    normalised = httpx.post(f"{server}/rerank", json={"query": query, "texts": texts, "truncate": True}).json()
+    assert [r["index"] for r in normalised] == order
+    assert [r["score"] for r in normalised] == [pytest.approx(sigmoid(raw[i]), abs=TOLERANCE) for i in order]
+    assert all(set(r) == {"index", "score"} for r in normalised)
+    body = {"query": query, "texts": texts, "truncate": True, "raw_scores": True, "return_text": True}
+    scored = httpx.post(f"{server}/rerank", json=body).json()
+    assert [r["score"] for r in scored] == [pytest.approx(raw[i], abs=TOLERANCE) for i in order]
+    assert [r["text"] for r in scored] == [texts[i] for i in order]
+
+
+def test_documents_too_long_are_cut_or_refused_as_asked(server: str, reference: Reranker, call) -> None:
+    query = call[0]
+    long_text = " ".join(call[1][:12])  # over 512 tokens
+    texts = ["a short passage about rhinos", long_text]
+    refused = httpx.post(f"{server}/rerank", json={"query": query, "texts": texts})
+    assert refused.status_code == 413
+    assert re.fullmatch(
+        r"texts: 1 of 2 are longer than \d+ tokens \(the model's 512-token pairs .*", refused.json()["error"]
+    )
+    cut = httpx.post(f"{server}/rerank", json={"query": query, "texts": texts, "truncate": True, "raw_scores": True})
+    raw = reference.score(query, texts)  # Reranker truncates the passage to the model's pair length too
+    assert {r["index"]: r["score"] for r in cut.json()} == {
+        i: pytest.approx(s, abs=TOLERANCE) for i, s in enumerate(raw)
+    }
+
+    # max_tokens_per_doc cuts each document to that many tokens: the reranker's scores with that pair length
+    query_tokens = len(reference.tokenizer(query, add_special_tokens=False)["input_ids"])
+    capped = Reranker(
+        reference.scorer,
+        reference.tokenizer,
+        query_tokens + reference.tokenizer.num_special_tokens_to_add(pair=True) + 16,
+        reference.max_batch_tokens,
+    )
+    body = {"query": query, "documents": texts, "max_tokens_per_doc": 16, "raw_scores": True}
+    results = httpx.post(f"{server}/v2/rerank", json=body).json()["results"]
+    expected = capped.score(query, texts)
+    assert {r["index"]: r["relevance_score"] for r in results} == {
+        i: pytest.approx(s, abs=TOLERANCE) for i, s in enumerate(expected)
+    }
+    refused = httpx.post(f"{server}/v1/rerank", json={**body, "truncate": False})
+    assert refused.status_code == 413 and "longer than 16 tokens (max_tokens_per_doc 16)" in refused.json()["error"]
+
+
+BAD_REQUESTS = {
+    "bad JSON": ("/v1/rerank", b'{"query": "q", "documents": [', 400, "body: not valid JSON"),
+    "not an object": ("/rerank", b'["q"]', 422, "body: "),
+    "empty query": ("/v1/rerank", {"query": "", "documents": ["a"]}, 422, "query: must not be empty"),
+    "blank query": ("/rerank", {"query": "  ", "texts": ["a"]}, 422, "query: must not be empty"),
+    "no query": ("/v1/rerank", {"documents": ["a"]}, 422, "query: Field required"),
+    "query not a string": ("/v1/rerank", {"query": 3, "documents": ["a"]}, 422, "query: "),
+    "document not a string": ("/v1/rerank", {"query": "q", "documents": ["a", 5]}, 422, "documents[1]: a document is"),
+    "document without text": ("/v1/rerank", {"query": "q", "documents": [{"title": "a"}]}, 422, "documents[0]: "),
+    "text not a string": ("/rerank", {"query": "q", "texts": [None]}, 422, "texts[0]: a document is"),
+    "documents not a list": ("/v1/rerank", {"query": "q", "documents": "a"}, 422, "documents: "),
+    "negative top_n": ("/v1/rerank", {"query": "q", "documents": ["a"], "top_n": -1}, 422, "top_n: "),
+    "too many documents": ("/v1/rerank", {"query": "q", "documents": ["a"] * 121}, 413, "limit of 120"),
+    "oversized body": ("/rerank", {"query": "q", "texts": ["a" * 2**20]}, 413, "body: "),
+    "unknown route": ("/v1/embed", {"query": "q"}, 404, "Not Found"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_REQUESTS))
+def test_bad_requests_get_a_one_line_error_naming_the_field(server: str, case: str) -> None:
+    path, body, status, expected = BAD_REQUESTS[case]
+    sent = (
+        {"content": body, "headers": {"content-type": "application/json"}}
+        if isinstance(body, bytes)
+        else {"json": body}
+    )
+    answer = httpx.post(f"{server}{path}", **sent)
+    assert answer.status_code == status, answer.text
+    error = answer.json()
+    assert list(error) == ["error"] and "\n" not in error["error"]
+    assert expected in error["error"]
+
+
+def test_an_oversized_body_without_a_length_is_refused_as_it_streams(server: str) -> None:
+    def chunks() -> Iterator[bytes]:
+        yield b'{"query": "q", "texts": ["'
+        for _ in range(20):
+            yield b"a" * 2**16
+        yield b'"]}'
+
+    answer = httpx.post(f"{server}/rerank", content=chunks(), headers={"content-type": "application/json"})
+    assert answer.status_code == 413
+    assert answer.json() == {"error": f"body: over this server's limit of {2**20} bytes"}
+    assert httpx.post(f"{server}/rerank", json={"query": "q", "texts": ["a"]}).status_code == 200
+
+
+class Poisoned:
+    """A scorer that fails on any batch holding the token ``poison``."""
+
+    def __init__(self, scorer, token: int) -> None:
+        self.scorer, self.token, self.input_names = scorer, token, scorer.input_names
+
+    def __call__(self, batch):
+        if (batch["input_ids"] == self.token).any():
+            raise RuntimeError("poisoned batch")
+        return self.scorer(batch)
+
+
+def test_a_backend_failure_is_a_500_for_that_request_and_the_server_goes_on(exported: Path, reference, call) -> None:
+    reranker = Reranker.load(exported, "onnx", interpolation=False)
+    reranker.scorer = Poisoned(reranker.scorer, reranker.tokenizer.convert_tokens_to_ids("poison"))
+    query, passages = call
+    with running(create_app(exported, reranker, ServerOptions(max_wait_ms=200))) as url:
+        bad = {"query": query, "texts": ["a poison pill", *passages[:3]], "raw_scores": True}
+        good = {"query": query, "texts": passages[:10], "raw_scores": True}
+        with ThreadPoolExecutor(2) as pool:  # both in the window: one batch, rerun a request at a time
+            failed, fine = pool.map(lambda body: httpx.post(f"{url}/rerank", json=body, timeout=60), [bad, good])
+        assert failed.status_code == 500
+        assert failed.json() == {"error": "the backend failed on this request: RuntimeError: poisoned batch"}
+        raw = reference.score(query, passages[:10])
+        for answer in (fine, httpx.post(f"{url}/rerank", json=good)):
+            assert answer.status_code == 200
+            assert {r["index"]: r["score"] for r in answer.json()} == {
+                i: pytest.approx(s, abs=TOLERANCE) for i, s in enumerate(raw)
+            }
+
+
+def test_concurrent_requests_share_batches_and_keep_their_order(exported: Path, reference: Reranker, call) -> None:
+    reranker = Reranker.load(exported, "onnx", interpolation=False, max_batch_tokens=2**16)
+    query, passages = call
+    requests = [(f"{query} {i}", passages[7 * i : 7 * i + 10][:: 1 if i % 2 else -1]) for i in range(6)]
+    with running(create_app(exported, reranker, ServerOptions(max_wait_ms=500))) as url:
+
+        def post(request: tuple[str, list[str]]) -> list[float]:
+            body = {"query": request[0], "documents": request[1], "raw_scores": True}
+            results = httpx.post(f"{url}/v1/rerank", json=body, timeout=60).json()["results"]
+            return [s for _, s in sorted((r["index"], r["relevance_score"]) for r in results)]
+
+        with ThreadPoolExecutor(len(requests)) as pool:
+            answers = list(pool.map(post, requests))
+        for (q, documents), scores in zip(requests, answers, strict=True):
+            assert scores == pytest.approx(reference.score(q, documents), abs=TOLERANCE)
+        batches = metric(url, "distill_batch_requests_count")
+        alone = metric(url, "distill_batch_requests_bucket", le="1.0")
+        assert batches < len(requests) and alone < batches  # some batch held several requests' pairs
+        assert metric(url, "distill_batch_pairs_sum") == 60
+        assert metric(url, "distill_requests_total", route="/v1/rerank", code="200") == len(requests)
+        assert metric(url, "distill_documents_total", route="/v1/rerank") == 60
+        assert metric(url, "distill_queue_wait_seconds_count") == len(requests)
+
+
+class Gated:
+    """A scorer whose first batch waits for :attr:`release`, so that requests queue behind it; it records each
+    batch's size."""
+
+    def __init__(self, scorer) -> None:
+        self.scorer, self.input_names = scorer, scorer.input_names
+        self.takes_packed = getattr(scorer, "takes_packed", False)
+        self.release, self.busy = threading.Event(), threading.Event()
+        self.sizes: list[int] = []
+        self.kinds: set[str] = set()
+
+    def __call__(self, batch):
+        self.busy.set()
+        self.release.wait(30)
+        self.sizes.append(len(batch.lengths))
+        self.kinds.add(type(batch).__name__)
+        return self.scorer(batch)
+
+
+def test_batcher_takes_requests_in_order_filling_the_budget(reference: Reranker, call) -> None:
+    query, passages = call
+    same = [passages[0]] * 5  # one length: the budget holds 8 of them
+    encoded = [
+        encode_pairs(reference.tokenizer, [query] * n, docs, 512) for n, docs in ((1, same[:1]), (5, same), (5, same))
+    ]
+    width = int(encoded[1].pair_lengths[0])
+    scorer, stats = Gated(reference.scorer), []
+    batcher = DynamicBatcher(scorer, reference.tokenizer, 8 * width, max_wait=0.0, on_batch=stats.append)
+    first = batcher.submit(encoded[0])
+    assert scorer.busy.wait(30)
+    later = [batcher.submit(e) for e in encoded[1:]]  # queued while the backend is busy
+    assert batcher.queued_pairs == 10
+    scorer.release.set()
+    results = [future.result(30) for future in (first, *later)]
+    batcher.close()
+    assert scorer.sizes == [1, 8, 2]  # the second request whole and the third's first 3, then the third's last 2
+    assert [(s.pairs, s.requests) for s in stats] == [(1, 1), (8, 2), (2, 1)]
+    assert all(isinstance(s, BatchStats) and s.padded_tokens == s.pairs * width for s in stats[1:])
+    expected = reference.score(query, same)
+    for result in results[1:]:
+        assert result.scores.tolist() == pytest.approx(expected, abs=TOLERANCE)
+    assert results[1].queue_wait >= results[2].queue_wait > 0  # both waited for the first batch; the second longer
+
+
+def test_batcher_packs_the_batches_of_the_unpadded_encoder(exported: Path, call) -> None:
+    reranker = Reranker.load(exported, "torch", options=TorchOptions(unpad=True), interpolation=False)
+    assert reranker.scorer.takes_packed
+    query, passages = call
+    texts = [passages[:1], passages[1:6], passages[6:9]]
+    encoded = [encode_pairs(reranker.tokenizer, [query] * len(t), t, 512) for t in texts]
+    scorer = Gated(reranker.scorer)
+    batcher = DynamicBatcher(scorer, reranker.tokenizer, 2**16, max_wait=0.0)
+    futures = [batcher.submit(encoded[0])]
+    assert scorer.busy.wait(30)
+    futures += [batcher.submit(e) for e in encoded[1:]]
+    scorer.release.set()
+    results = [future.result(30) for future in futures]
+    batcher.close()
+    assert scorer.sizes == [1, 8] and scorer.kinds == {"Packed"}
+    for text, result in zip(texts, results, strict=True):
+        assert result.scores.tolist() == pytest.approx(reranker.score(query, text), abs=TOLERANCE)
+
+
+def test_batcher_fails_only_the_failing_request(reference: Reranker, call) -> None:
+    query, passages = call
+    poison = reference.tokenizer.convert_tokens_to_ids("poison")
+    scorer = Gated(Poisoned(reference.scorer, poison))
+    batcher = DynamicBatcher(scorer, reference.tokenizer, 2**16, max_wait=0.0)
+    texts = [passages[:4], ["poison", *passages[4:6]], passages[6:9]]
+    encoded = [encode_pairs(reference.tokenizer, [query] * len(t), t, 512) for t in texts]
+    first = batcher.submit(encoded[0])
+    assert scorer.busy.wait(30)
+    bad, good = batcher.submit(encoded[1]), batcher.submit(encoded[2])
+    scorer.release.set()
+    assert first.result(30).scores.tolist() == pytest.approx(reference.score(query, texts[0]), abs=TOLERANCE)
+    with pytest.raises(RuntimeError, match="poisoned batch"):
+        bad.result(30)
+    assert good.result(30).scores.tolist() == pytest.approx(reference.score(query, texts[2]), abs=TOLERANCE)
+    assert batcher.submit(encoded[2]).result(30).scores.tolist() == pytest.approx(reference.score(query, texts[2]))
+    batcher.close()
+
+
+def test_health_info_metrics_and_openapi(exported: Path, server: str) -> None:
+    assert httpx.get(f"{server}/health").json() == {"status": "ok"}
+    info = httpx.get(f"{server}/info").json()
+    config = json.loads((exported / "config.json").read_text())
+    card = json.loads((exported / "card.json").read_text())
+    assert info["head"] == config["architectures"][0]
+    assert info["backend"] == "onnx-fp32" and info["backend_reason"] == "named by --backend"
+    assert info["quality_gate"]["backends"] == card["quality_gate"]["backends"]
+    assert info["options"]["max_documents"] == 120 and info["settings"]["max_length"] == 512
+    assert set(info["scores"]) == {"/v1/rerank", "/rerank"}
+    httpx.post(f"{server}/rerank", json={"query": "q", "texts": ["a", "b"]})
+    assert metric(server, "distill_documents_total", route="/rerank") >= 2
+    assert metric(server, "distill_tokens_total") > 0
+    assert metric(server, "distill_request_seconds_count", route="/rerank") >= 1
+    assert metric(server, "distill_in_flight_requests") == 1  # the /metrics request itself
+    paths = httpx.get(f"{server}/openapi.json").json()["paths"]
+    assert {"/v1/rerank", "/v2/rerank", "/rerank", "/health", "/info", "/metrics"} <= set(paths)
+
+
+def test_info_names_the_backend_auto_chose_and_why(exported: Path) -> None:
+    reranker = Reranker.load(exported, interpolation=False)
+    with running(create_app(exported, reranker)) as url:
+        info = httpx.get(f"{url}/info").json()
+    card = json.loads((exported / "card.json").read_text())
+    assert info["backend"] == reranker.backend and info["backend_reason"] == reranker.backend_reason != ""
+    assert info["quality_gate"]["backend"] == card["quality_gate"]["backends"].get(reranker.backend)
+
+
+def test_the_cli_refuses_a_missing_model_a_bad_limit_and_a_busy_port(exported: Path, capsys) -> None:
+    assert main(["serve"]) == 2
+    assert "serve: missing required option(s): model" in capsys.readouterr().err
+    assert main(["serve", "--model", str(exported), "--max_documents", "0"]) == 2
+    assert "serve: max_documents must be positive, got 0" in capsys.readouterr().err
+    busy = bind("127.0.0.1", 0)
+    busy.listen()
+    try:
+        assert main(["serve", "--model", str(exported), "--port", str(busy.getsockname()[1])]) == 2
+    finally:
+        busy.close()
+    assert re.search(r"error: serve: cannot listen on 127\.0\.0\.1:\d+: ", capsys.readouterr().err)
+
+
+@pytest.mark.slow
+def test_sigterm_finishes_requests_in_flight_and_refuses_new_ones(exported: Path, reference: Reranker, call) -> None:
+    command = [sys.executable, "-m", "distill", "serve", "--model", str(exported), "--backend", "onnx", "--port", "0"]
+    # a request that does not fill the batch waits 4 s in the batching window: in flight when SIGTERM comes
+    command += ["--max_wait_ms", "4000", "--max_batch_tokens", "65536"]
+    process = subprocess.Popen(
+        command, cwd=REPO, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+    )
+    try:
+        url = None
+        for line in process.stderr:
+            if match := re.search(r"listening on (http://\S+)", line):
+                url = match.group(1)
+                break
+        assert url, "the server did not start"
+        query, passages = call
+        body = {"query": query, "texts": passages[:10], "raw_scores": True}
+        with ThreadPoolExecutor(1) as pool:
+            in_flight = pool.submit(httpx.post, f"{url}/rerank", json=body, timeout=60)
+            deadline = time.monotonic() + 10
+            while metric(url, "distill_queued_pairs") < 10:
+                assert time.monotonic() < deadline, "the request was not queued"
+                time.sleep(0.05)
+            process.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + 10
+            while (refused := httpx.post(f"{url}/rerank", json=body)).status_code != 503:
+                assert time.monotonic() < deadline, "not draining"
+                time.sleep(0.05)
+            assert refused.json() == {"error": "the server is shutting down"}
+            assert httpx.get(f"{url}/health").status_code == 503
+            answer = in_flight.result(60)
+        assert answer.status_code == 200
+        raw = reference.score(query, passages[:10])
+        assert {r["index"]: r["score"] for r in answer.json()} == {
+            i: pytest.approx(s, abs=TOLERANCE) for i, s in enumerate(raw)
+        }
+        assert process.wait(30) == 0
+    finally:
+        process.kill()
+        process.wait()
