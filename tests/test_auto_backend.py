@@ -235,13 +235,12 @@ def test_auto_with_a_torch_lever_chooses_torch_on_a_cpu(
     """``--unpad`` (or any torch lever) with the default backend: auto passes over the backends that cannot run it,
     where it used to pick ONNX and then refuse the lever."""
     from distill.cli import main
-    from distill.serving.scorers import TorchOptions
 
     monkeypatch.setattr(CpuFeatures, "read", classmethod(lambda cls, path=None: cls.parse(ZEN2)))
     choice = choose_backend(exported, torch_levers=["unpad"])
     assert choice.backend == "torch-fp32" and "onnx-fp32: unpad run(s) on torch only" in choice.reason
     query, passages = candidates
-    unpadded = Reranker.load(exported, options=TorchOptions(unpad=True))
+    unpadded = Reranker.load(exported, unpad=True)
     assert unpadded.backend == "torch-fp32"
     reference = Reranker.load(exported, backend="torch").score(query, passages)
     np.testing.assert_allclose(unpadded.score(query, passages), reference, atol=1e-5, rtol=0)

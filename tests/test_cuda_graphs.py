@@ -128,7 +128,7 @@ def test_cuda_graphs_are_refused_off_cuda_and_without_unpad(
     cpu = Reranker.load(spread_bert, backend="torch")
     assert (cpu.settings["unpad"], cpu.settings["cuda_graphs"]) == (False, False) and cpu.scorer.graphs is None
     with pytest.raises(InputError, match="CUDA graphs run on a CUDA device, not 'cpu'"):
-        Reranker.load(spread_bert, backend="torch", options=TorchOptions(unpad=True, cuda_graphs=True))
+        Reranker.load(spread_bert, backend="torch", unpad=True, cuda_graphs=True)
     with pytest.raises(ValueError, match="CUDA graphs run on a CUDA device"):
         CudaGraphs(cpu.scorer.packed, torch.device("cpu"), 512, 0)
     args = ["rerank", "--model", str(spread_bert), "--backend", "torch", "--input", str(sample_file)]
@@ -145,12 +145,8 @@ def test_cuda_graphs_replay_the_eager_unpadded_scores(spread_bert: Path, call, d
     query, passages = call
     budget = {"max_batch_tokens": 32768, "max_length": 256}  # a query's 100 candidates in one batch: one shape
     graphs = Reranker.load(spread_bert, backend="torch", device="cuda", dtype=dtype, **budget)
-    eager = Reranker.load(
-        spread_bert, backend="torch", device="cuda", dtype=dtype, options=TorchOptions(cuda_graphs=False), **budget
-    )
-    padded = Reranker.load(
-        spread_bert, backend="torch", device="cuda", dtype=dtype, options=TorchOptions(unpad=False), **budget
-    )
+    eager = Reranker.load(spread_bert, backend="torch", device="cuda", dtype=dtype, cuda_graphs=False, **budget)
+    padded = Reranker.load(spread_bert, backend="torch", device="cuda", dtype=dtype, unpad=False, **budget)
     assert graphs.settings["unpad"] and graphs.settings["cuda_graphs"] and not eager.settings["cuda_graphs"]
     first = np.asarray(graphs.score(query, passages))
     few = np.asarray(graphs.score(query, passages[:7]))

@@ -163,7 +163,7 @@ def test_tf32_is_on_during_each_forward_only_and_recorded(student: Path, call) -
     query, passages = call
     before = cuda_tf32()
     assert not before
-    tf32 = Reranker.load(student, backend="torch", options=TorchOptions(tf32=True))
+    tf32 = Reranker.load(student, backend="torch", tf32=True)
     seen = []
     tf32.scorer.model.register_forward_pre_hook(lambda module, args: seen.append(cuda_tf32()))
     got = tf32.score(query, passages[:20])
@@ -172,7 +172,7 @@ def test_tf32_is_on_during_each_forward_only_and_recorded(student: Path, call) -
     assert tf32.settings["tf32"] is True and plain.settings["tf32"] is False
     assert got == plain.score(query, passages[:20])  # the CPU's matmuls ignore it
     with pytest.raises(InputError, match="tf32 applies to float32"):
-        Reranker.load(student, backend="torch", dtype="bfloat16", options=TorchOptions(tf32=True))
+        Reranker.load(student, backend="torch", dtype="bfloat16", tf32=True)
     with pytest.raises(ZeroDivisionError), fp32_matmul_precision(True):
         assert cuda_tf32()
         _ = 1 / 0
@@ -218,7 +218,7 @@ def test_compile_compiles_the_model_in_place_and_keeps_its_scores(
         return original(self, *args, **{**kwargs, "backend": "eager"})
 
     monkeypatch.setattr(torch.nn.Module, "compile", eager_compile)
-    reranker = Reranker.load(student, backend="torch", max_batch_tokens=2048, options=TorchOptions(compile=True))
+    reranker = Reranker.load(student, backend="torch", max_batch_tokens=2048, compile=True)
     assert compiled == [reranker.scorer.model] and reranker.settings["compile"] is True
     torch._dynamo.reset()
     counters.clear()

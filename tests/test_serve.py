@@ -25,7 +25,6 @@ from distill.serving.batcher import BatchStats, DynamicBatcher
 from distill.serving.encoding import encode_pairs
 from distill.serving.http_api import ServerOptions, create_app
 from distill.serving.reranker import Reranker
-from distill.serving.scorers import TorchOptions
 from distill.serving.server import bind
 
 from .conftest import REPO
@@ -61,13 +60,13 @@ def sigmoid(x: float) -> float:
 @pytest.fixture(scope="module")
 def reference(exported: Path) -> Reranker:
     """The export on onnxruntime fp32, as ``Reranker.score`` scores it: what the server must answer."""
-    return Reranker.load(exported, "onnx", interpolation=False)
+    return Reranker.load(exported, backend="onnx", interpolation=False)
 
 
 @pytest.fixture(scope="module")
 def server(exported: Path) -> Iterator[str]:
     """The export served on onnxruntime fp32 (its own copy of the backend), at most 120 documents a request."""
-    reranker = Reranker.load(exported, "onnx", interpolation=False)
+    reranker = Reranker.load(exported, backend="onnx", interpolation=False)
     with running(create_app(exported, reranker, ServerOptions(max_documents=120, max_body_bytes=2**20))) as url:
         yield url
 
@@ -230,7 +229,7 @@ class Poisoned:
 
 
 def test_a_backend_failure_is_a_500_for_that_request_and_the_server_goes_on(exported: Path, reference, call) -> None:
-    reranker = Reranker.load(exported, "onnx", interpolation=False)
+    reranker = Reranker.load(exported, backend="onnx", interpolation=False)
     reranker.scorer = Poisoned(reranker.scorer, reranker.tokenizer.convert_tokens_to_ids("poison"))
     query, passages = call
     with running(create_app(exported, reranker, ServerOptions(max_wait_ms=200))) as url:
@@ -249,7 +248,7 @@ def test_a_backend_failure_is_a_500_for_that_request_and_the_server_goes_on(expo
 
 
 def test_concurrent_requests_share_batches_and_keep_their_order(exported: Path, reference: Reranker, call) -> None:
-    reranker = Reranker.load(exported, "onnx", interpolation=False, max_batch_tokens=2**16)
+    reranker = Reranker.load(exported, backend="onnx", interpolation=False, max_batch_tokens=2**16)
     query, passages = call
     requests = [(f"{query} {i}", passages[7 * i : 7 * i + 10][:: 1 if i % 2 else -1]) for i in range(6)]
     with running(create_app(exported, reranker, ServerOptions(max_wait_ms=500))) as url:
@@ -317,7 +316,7 @@ def test_batcher_takes_requests_in_order_filling_the_budget(reference: Reranker,
 
 
 def test_batcher_packs_the_batches_of_the_unpadded_encoder(exported: Path, call) -> None:
-    reranker = Reranker.load(exported, "torch", options=TorchOptions(unpad=True), interpolation=False)
+    reranker = Reranker.load(exported, backend="torch", unpad=True, interpolation=False)
     assert reranker.scorer.takes_packed
     query, passages = call
     texts = [passages[:1], passages[1:6], passages[6:9]]

@@ -81,7 +81,7 @@ def test_the_reranker_packs_its_batches_without_padding_them_and_scores_as_the_p
     side, and scores its real tokens the same."""
     query, passages = call
     plain = Reranker.load(spread_bert, backend="torch").score(query, passages)
-    unpadded = Reranker.load(spread_bert, backend="torch", options=TorchOptions(unpad=True))
+    unpadded = Reranker.load(spread_bert, backend="torch", unpad=True)
     tokenizer = unpadded.tokenizer
     encoded = encode_pairs(tokenizer, [query] * 30, passages[:30], 512)
     tokenizer.padding_side = side
@@ -232,7 +232,7 @@ def test_the_reranker_unpads_a_querys_candidates_in_one_gpu_sized_batch(spread_b
     query, passages = call
     budget = STUDENT_BATCH_TOKENS["cuda"]  # one batch of 100 pairs padded to the longest: the padding unpad saves
     plain = Reranker.load(spread_bert, backend="torch", max_batch_tokens=budget)
-    unpadded = Reranker.load(spread_bert, backend="torch", max_batch_tokens=budget, options=TorchOptions(unpad=True))
+    unpadded = Reranker.load(spread_bert, backend="torch", max_batch_tokens=budget, unpad=True)
     np.testing.assert_allclose(unpadded.score(query, passages), plain.score(query, passages), **TIGHT)
     assert unpadded.settings["unpad"] is True and plain.settings["unpad"] is False
     assert unpadded.settings["attention"] == f"{ATTENTION} (sdpa (re-padded))"

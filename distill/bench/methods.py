@@ -17,7 +17,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ from distill.core.files import read_json_object
 from distill.core.schema import InputError
 from distill.serving.backends import NAMED_BACKENDS
 from distill.serving.encoding import encode_pairs
+from distill.serving.options import ServingOptions
 from distill.serving.reranker import Reranker
 from distill.serving.scorers import TorchOptions
 from teachers.teacher import CausalLMTeacher
@@ -201,18 +202,12 @@ def student_method(
     runtimes (0: one per physical core)."""
     chosen = variant(backend, device)
     kind, dtype = STUDENT_BACKENDS.get(chosen.backend, (AUTO, None))
-    reranker = Reranker.load(
-        folder,
-        kind,
-        device,
-        dtype,
-        max_length,
-        max_batch_tokens,
-        interpolation=False,
-        threads=threads,
-        overlap=chosen.overlap,
-        options=chosen.options,
-    )
+    levers = asdict(chosen.options) if chosen.options is not None else {}
+    serving = ServingOptions(
+        backend=kind, device=device, dtype=dtype, max_length=max_length, max_batch_tokens=max_batch_tokens,
+        interpolation=False, threads=threads, overlap=chosen.overlap, **levers,
+    )  # fmt: skip
+    reranker = Reranker.load(folder, serving)
     name = f"{AUTO} ({reranker.backend}){chosen.suffix}" if chosen.backend == AUTO else backend
     dtype = STUDENT_BACKENDS[reranker.backend][1]
     counts = EncoderFlops.of(folder)

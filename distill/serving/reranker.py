@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,8 @@ from distill.core.student_card import StudentCard
 from distill.serving.auto import choose_backend
 from distill.serving.backends import BACKENDS, ONNX_DTYPES, OPENVINO_DTYPES, backend_name
 from distill.serving.encoding import Batch, Packed, encode_pairs, load_tokenizer, model_max_length
-from distill.serving.scorers import Scorer, TorchOptions, changed_levers, load_scorer, require_file
+from distill.serving.options import ServingOptions
+from distill.serving.scorers import Scorer, changed_levers, load_scorer, require_file
 
 log = logging.getLogger(__name__)
 
@@ -84,53 +86,27 @@ class Reranker:
         self.truncated = 0
 
     @classmethod
-    def load(
-        cls,
-        path: str | Path,
-        backend: str = "auto",
-        device: str = "cpu",
-        dtype: str | None = None,
-        max_length: int | None = None,
-        max_batch_tokens: int | None = None,
-        interpolation: bool | float | None = None,
-        threads: int = 0,
-        overlap: int = 0,
-        options: TorchOptions | None = None,
-    ) -> Reranker:
+    def load(cls, path: str | Path, options: ServingOptions | None = None, **changes: Any) -> Reranker:
         """The student in ``path``: an HF folder (``torch``) or an export folder (any backend).
 
-        Args:
-            backend: ``auto`` (default: the fastest backend and precision this machine, the folder's files, the
-                installed runtimes and the export's quality gate allow, see :mod:`distill.serving.auto`; it is
-                logged and kept in ``reranker.backend``), ``torch`` (the HF weights), ``onnx`` (onnxruntime),
-                ``torchscript`` or ``openvino`` (the ONNX files on OpenVINO, CPU only;
-                ``pip install 'cis-distill[openvino]'``).
-            device: ``cpu`` or ``cuda[:N]``.
-            dtype: ``auto``: None (it chooses); ``torch``: ``float32`` (default), ``float16`` or ``bfloat16``;
-                ``onnx`` and ``openvino``: ``float32`` (default, ``model.onnx``), ``float16`` (``model.fp16.onnx``)
-                or ``int8`` (``model.int8.onnx``; on OpenVINO with the other ops in fp32); ``openvino`` also
-                ``bfloat16`` (``model.onnx`` computed in bf16); ``torchscript``: ``float32`` only.
-            max_length: the longest pair in tokens; default the model's (up to 512).
-            max_batch_tokens: the budget of padded tokens per batch (default
-                :data:`~distill.core.devices.STUDENT_BATCH_TOKENS`: 1024 on a CPU, 32768 on a GPU, which takes a
-                query's 100 candidates in one batch).
-            interpolation: with the first stage: ``None`` as the student's card says (its α, where it was trained
-                to be used so); ``True`` the card's α; ``False`` never; a number that α.
-            threads: intra-op threads of ``onnx`` and ``openvino`` (0: one per physical core); torch's threads are
-                process-wide (``torch.set_num_threads``).
-            overlap: tokenise in spans of this many pairs, the next span on a background thread while the current
-                one's batches run (0, the default: every pair first); any backend.
-            options: the ``torch`` backend's levers (:class:`~distill.serving.scorers.TorchOptions`: TF32 for fp32
-                on CUDA, ``torch.compile``, cuDNN attention, the unpadded encoder and its CUDA graphs, those two by
-                default on CUDA), each recorded in :attr:`settings`.
+        ``options`` (:class:`~distill.serving.options.ServingOptions`, default all its defaults) says how it is
+        served: the backend (``auto``, default: the fastest this machine, the folder's files, the installed runtimes
+        and the export's quality gate allow; it is logged and kept in ``reranker.backend``), the device and dtype,
+        the longest pair, the batch budget, the first-stage fusion, the ONNX runtimes' threads, tokenising ahead
+        and the torch backend's levers (recorded in :attr:`settings`). ``changes`` replace some of them by name:
+        ``Reranker.load(folder, backend="onnx", dtype="int8")``.
 
         Raises:
             MissingFileError: a file the backend needs is missing (``tokenizer.json`` of an export, the model's
                 file, ...); the message names the folder and the file.
             InputError: a file is unreadable (a truncated ``model.onnx`` or ``model.safetensors``, a malformed
-                ``config.json``, ...): the message names it.
+                ``config.json``, ...), or an option is wrong: the message names it.
         """
-
+        unknown = sorted(set(changes) - {f.name for f in fields(ServingOptions)})
+        if unknown:
+            raise TypeError(f"Reranker.load() got unknown option(s) {unknown}: see ServingOptions")
+        options = replace(options or ServingOptions(), **changes)
+        backend, device, dtype, max_length = options.backend, options.device, options.dtype, options.max_length
         path = Path(path)
         if not path.is_dir():
             raise MissingFileError(f"{path}: no such model folder")
@@ -141,9 +117,7 @@ class Reranker:
         check_model_folder(path)  # each JSON file parses, the tokenizer's vocabulary is there, the weights whole
         reason = ""
         if backend == "auto":
-            if dtype is not None:
-                raise InputError(f"backend 'auto' chooses the dtype itself; dtype={dtype!r} needs a named backend")
-            levers = changed_levers(options, device) if options is not None else []
+            levers = changed_levers(options.levers, device)
             choice = choose_backend(path, device, torch_levers=levers)
             (backend, dtype), reason = choice.load_args, choice.reason
             log.info("%s: backend auto chose %s (%s)", path, choice.backend, reason)
@@ -155,15 +129,15 @@ class Reranker:
         runtime = "openvino" if backend == "openvino" else "onnxruntime"
         # the exported files carry their dtype; OpenVINO computes model.onnx in the one asked for
         precision = None if backend == "onnx" or (backend == "openvino" and fmt != "onnx") else dtype
-        scorer = load_scorer(path, fmt, device, precision, threads, runtime, options)
+        scorer = load_scorer(path, fmt, device, precision, options.threads, runtime, options.levers)
         tokenizer = load_tokenizer(path)
         limit = model_max_length(path, tokenizer)
         if max_length is not None and max_length > limit:
             raise InputError(f"{path}: max_length {max_length} is over the model's {limit}")
-        budget = max_batch_tokens or STUDENT_BATCH_TOKENS[device_type(device)]
-        alpha = _alpha(path, interpolation)
+        budget = options.max_batch_tokens or STUDENT_BATCH_TOKENS[device_type(device)]
+        alpha = _alpha(path, options.interpolation)
         name = backend_name(backend, dtype)
-        return cls(scorer, tokenizer, max_length or limit, budget, alpha, name, reason, overlap)
+        return cls(scorer, tokenizer, max_length or limit, budget, alpha, name, reason, options.overlap)
 
     @property
     def settings(self) -> dict[str, object]:

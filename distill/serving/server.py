@@ -12,35 +12,29 @@ import logging
 import socket
 import sys
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from distill.core.schema import InputError
 from distill.serving.http_api import ServerOptions, ServingState
+from distill.serving.options import ServingOptions
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class ServeConfig:
-    """Options of ``distill serve``: serve a student over HTTP (Cohere's ``/v1/rerank``, TEI's ``/rerank``)."""
+@dataclass(frozen=True)
+class ServeConfig(ServingOptions):
+    """Options of ``distill serve``: serve a student over HTTP (Cohere's ``/v1/rerank``, TEI's ``/rerank``). How the
+    student is served (backend, device, dtype, the batch budget that concurrent requests' pairs fill together, the
+    levers) are :class:`~distill.serving.options.ServingOptions`' fields, declared there once; ``auto`` is named with
+    its reason by ``GET /info``. Requests carry no first-stage scores, so ``interpolation`` must stay unset."""
 
     model: str | None = None
     """The student (required): an export folder (``distill export``), a training run (its export), or a Hugging Face
     folder (torch backend)."""
-    backend: Literal["auto", "torch", "onnx", "torchscript", "openvino"] = "auto"
-    """``auto``: the fastest backend and precision for this machine that the export's quality gate passed (``GET
-    /info`` names it and why); or a named one, as for ``distill rerank``."""
-    device: str = "cpu"
-    """``cpu`` or ``cuda[:N]``."""
-    dtype: str | None = None
-    """With a named backend: its dtype, as for ``distill rerank``; ``auto`` chooses it."""
     host: str = "127.0.0.1"
     """The address to listen on (``0.0.0.0``: every interface)."""
     port: int = 8080
     """The TCP port (0: any free port; the line the server prints names it)."""
-    max_batch_tokens: int | None = None
-    """The backend's budget of padded tokens per batch, which concurrent requests' pairs fill together (default 1024
-    on a CPU, 32768 on a GPU)."""
     max_wait_ms: float = ServerOptions.max_wait_ms
     """How long a batch that is not full waits for other requests' pairs (ms; 0: never)."""
     max_documents: int = ServerOptions.max_documents
@@ -56,8 +50,12 @@ class ServeConfig:
             raise InputError("serve: missing required option(s): model")
         if not 0 <= self.port < 65536:
             raise InputError(f"serve: port must be in 0..65535, got {self.port}")
-        if self.max_batch_tokens is not None and self.max_batch_tokens < 1:
-            raise InputError(f"serve: max_batch_tokens must be positive, got {self.max_batch_tokens}")
+        if self.interpolation:
+            raise InputError("serve: interpolation needs first-stage scores, which requests do not carry")
+        try:
+            super().__post_init__()
+        except InputError as e:
+            raise InputError(f"serve: {e}") from None
         self.options  # noqa: B018  (checks the batching window and the limits)
 
     @property
@@ -115,14 +113,7 @@ def serve(config: ServeConfig) -> None:
     folder = student_folder(config.model, exported=config.backend != "torch")
     sock = bind(config.host, config.port)
     try:
-        reranker = Reranker.load(
-            folder,
-            config.backend,
-            config.device,
-            config.dtype,
-            max_batch_tokens=config.max_batch_tokens,
-            interpolation=False,
-        )
+        reranker = Reranker.load(folder, config.serving(), interpolation=False)
         app = create_app(folder, reranker, options)
         host, port = sock.getsockname()[:2]
         auto = f" (auto: {reranker.backend_reason})" if reranker.backend_reason else ""

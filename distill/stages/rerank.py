@@ -4,20 +4,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 from distill.core.loaders._common import OnBadInput
 from distill.core.runs import Run
 from distill.core.schema import Candidates, InputError, RerankingData
-from distill.serving.scorers import TorchOptions
+from distill.serving.options import ServingOptions
 
 if TYPE_CHECKING:
     from distill.serving.reranker import Reranker
 
 
-@dataclass
-class RerankConfig:
-    """Options of ``distill rerank``: rerank candidates with a student and write a TREC run."""
+@dataclass(frozen=True)
+class RerankConfig(ServingOptions):
+    """Options of ``distill rerank``: rerank candidates with a student and write a TREC run. How the student is served
+    (backend, device, dtype, batches, levers, first-stage fusion) are :class:`~distill.serving.options.ServingOptions`'
+    fields, declared there once."""
 
     model: str | None = None
     """The student (required): an HF folder (torch backend), an export folder, or a training run."""
@@ -30,59 +32,25 @@ class RerankConfig:
     """For a TREC run input: the passages (TSV or JSONL)."""
     output: str | None = None
     """The TREC run to write (required; ``distill run`` sets it)."""
-    backend: Literal["auto", "torch", "onnx", "torchscript", "openvino"] = "auto"
-    """``auto``: the fastest backend and precision for this CPU (AMX: OpenVINO bf16 or int8; AVX-512 VNNI: int8;
-    else fused fp32) or GPU (fp16) among the student's files, the installed runtimes and the precisions its export's
-    quality gate passed; the report names it. ``openvino`` runs the ONNX files on OpenVINO (CPU;
-    ``pip install 'cis-distill[openvino]'``)."""
-    device: str = "cpu"
-    """``cpu`` or ``cuda[:N]``."""
-    dtype: str | None = None
-    """With a named backend: torch: float32, float16 or bfloat16; onnx: float32, float16 or int8; openvino: those and
-    bfloat16. ``auto`` chooses it."""
-    max_length: int | None = None
-    """The longest pair in tokens (default: the model's)."""
-    max_batch_tokens: int | None = None
-    """Padded tokens per batch (default 1024 on a CPU, 32768 on a GPU: a query's 100 candidates in one batch)."""
-    overlap: int = 0
-    """Tokenise in spans of this many pairs, the next span on a background thread while the current one is scored
-    (0: all of a query's pairs first); any backend."""
-    tf32: bool = TorchOptions.tf32
-    """torch backend, fp32 on CUDA: matmuls in TF32 (changes the scores slightly)."""
-    compile: bool = TorchOptions.compile
-    """torch backend: ``torch.compile`` the model; the first queries wait while it compiles."""
-    cudnn_attention: bool = TorchOptions.cudnn_attention
-    """torch backend on CUDA: let attention use cuDNN's kernels, which plan every new batch shape on the host."""
-    unpad: bool | None = TorchOptions.unpad
-    """torch backend, BERT encoders: run the encoder on the real tokens only, attention within each pair. Default
-    the device's (on for CUDA, off for a CPU)."""
-    cuda_graphs: bool | None = TorchOptions.cuda_graphs
-    """torch backend on CUDA, with ``unpad``: replay each batch from a CUDA graph captured once per bucketed shape.
-    Default the device's (on for CUDA)."""
     max_queries: int | None = None
     """Rerank only the first N queries (N >= 1)."""
     on_bad_input: OnBadInput = "error"
     """``error``: stop at the first bad record of the input, naming it; ``skip``: skip bad records and count them."""
     held_out: str | None = None
     """A student (training run or model folder): rerank only the queries it was validated on."""
-    interpolation: bool | float | None = None
-    """Fuse with the first stage, α · z(student) + (1 − α) · z(first stage): ``null`` as the student's card says,
-    ``true`` the card's α (chosen on validation), ``false`` never, a number that α."""
 
     def __post_init__(self) -> None:
         missing = [name for name in ("model", "input", "output") if not getattr(self, name)]
         if missing:
             raise InputError(f"rerank: missing required option(s): {', '.join(missing)}")
         if isinstance(self.input, str):  # Python callers may name one input
-            self.input = [self.input]
+            object.__setattr__(self, "input", [self.input])
         if self.max_queries is not None and self.max_queries < 1:
             raise InputError(f"rerank: max_queries must be positive, got {self.max_queries}")
-
-    @property
-    def torch_options(self) -> TorchOptions | None:
-        """The torch backend's levers, or None where every one is at its default (any backend then loads)."""
-        options = TorchOptions(self.tf32, self.compile, self.cudnn_attention, self.unpad, self.cuda_graphs)
-        return None if options == TorchOptions() else options
+        try:
+            super().__post_init__()
+        except InputError as e:
+            raise InputError(f"rerank: {e}") from None
 
 
 @dataclass(frozen=True)
@@ -136,17 +104,7 @@ def rerank(cfg: RerankConfig) -> RerankReport:
         keep = held_out_queries(cfg.held_out)
         candidates = [c for c in candidates if c.query.qid in keep]
     folder = student_folder(cfg.model, exported=cfg.backend != "torch")
-    reranker = Reranker.load(
-        folder,
-        cfg.backend,
-        cfg.device,
-        cfg.dtype,
-        cfg.max_length,
-        cfg.max_batch_tokens,
-        cfg.interpolation,
-        overlap=cfg.overlap,
-        options=cfg.torch_options,
-    )
+    reranker = Reranker.load(folder, cfg.serving())
     run = rerank_run(reranker, candidates)
     interp = f"-interp{reranker.alpha:g}" if reranker.alpha is not None else ""
     write_trec_run(cfg.output, run, tag=f"{Path(cfg.model).name}-{reranker.backend}{interp}")

@@ -1,0 +1,63 @@
+"""How a student is served, in one dataclass: :class:`ServingOptions`, the options of
+:meth:`Reranker.load <distill.serving.reranker.Reranker.load>`, ``distill rerank`` and ``distill serve`` (whose configs
+extend it, so each flag is declared, documented and defaulted here once) and the methods ``distill bench`` times."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Literal
+
+from distill.core.schema import InputError
+from distill.serving.scorers import TorchOptions
+
+Backend = Literal["auto", "torch", "onnx", "torchscript", "openvino"]
+
+
+@dataclass(frozen=True)
+class ServingOptions(TorchOptions):
+    """The backend and its precision, the device, the batches, tokenising ahead and the first-stage fusion, on top of
+    the torch backend's levers (:class:`~distill.serving.scorers.TorchOptions`: ``tf32``, ``compile``,
+    ``cudnn_attention``, ``unpad``, ``cuda_graphs``)."""
+
+    backend: Backend = "auto"
+    """``auto``: the fastest backend and precision for this CPU (AMX: OpenVINO bf16 or int8; AVX-512 VNNI: int8;
+    else fused fp32) or GPU (fp16) among the student's files, the installed runtimes and the precisions its export's
+    quality gate passed (:mod:`distill.serving.auto`; the choice and why are logged and reported); or ``torch`` (the
+    HF weights), ``onnx`` (onnxruntime), ``torchscript``, ``openvino`` (the ONNX files on OpenVINO, CPU only;
+    ``pip install 'cis-distill[openvino]'``)."""
+    device: str = "cpu"
+    """``cpu`` or ``cuda[:N]``."""
+    dtype: str | None = None
+    """With a named backend: torch: float32 (default), float16 or bfloat16; onnx: float32 (``model.onnx``), float16
+    (``model.fp16.onnx``) or int8 (``model.int8.onnx``); openvino: those and bfloat16 (``model.onnx`` computed in
+    bf16); torchscript: float32. ``auto`` chooses it."""
+    max_length: int | None = None
+    """The longest pair in tokens (default: the model's, up to 512)."""
+    max_batch_tokens: int | None = None
+    """Padded tokens per batch (default :data:`~distill.core.devices.STUDENT_BATCH_TOKENS`: 1024 on a CPU, 32768 on a
+    GPU, which takes a query's 100 candidates in one batch)."""
+    interpolation: bool | float | None = None
+    """Fuse with the first stage, α · z(student) + (1 − α) · z(first stage): ``null`` as the student's card says,
+    ``true`` the card's α (chosen on validation), ``false`` never, a number that α."""
+    threads: int = 0
+    """Intra-op threads of the onnx and openvino backends (0: one per physical core); torch's are process-wide."""
+    overlap: int = 0
+    """Tokenise in spans of this many pairs, the next span on a background thread while the current one is scored
+    (0: all of a query's pairs first); any backend."""
+
+    def __post_init__(self) -> None:
+        if self.backend == "auto" and self.dtype is not None:
+            raise InputError(f"backend 'auto' chooses the dtype itself; dtype={self.dtype!r} needs a named backend")
+        if self.overlap < 0:
+            raise InputError(f"overlap is a number of pairs (0: off), not {self.overlap}")
+        if self.max_batch_tokens is not None and self.max_batch_tokens < 1:
+            raise InputError(f"max_batch_tokens must be positive, got {self.max_batch_tokens}")
+
+    @property
+    def levers(self) -> TorchOptions:
+        """The torch backend's levers alone."""
+        return TorchOptions(**{f.name: getattr(self, f.name) for f in fields(TorchOptions)})
+
+    def serving(self) -> ServingOptions:
+        """These options alone, as :class:`ServingOptions` (from a config that extends it with its own fields)."""
+        return ServingOptions(**{f.name: getattr(self, f.name) for f in fields(ServingOptions)})

@@ -1,0 +1,70 @@
+"""One ServingOptions: Reranker.load, distill rerank, distill serve and distill bench's students read the same
+dataclass, each option declared and defaulted once."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+
+from distill.core.config import parse_config
+from distill.core.schema import InputError
+from distill.serving.options import ServingOptions
+from distill.serving.reranker import Reranker
+from distill.serving.scorers import TorchOptions
+from distill.serving.server import ServeConfig
+from distill.stages.rerank import RerankConfig
+
+SHARED = [f.name for f in fields(ServingOptions)]
+
+
+@pytest.mark.parametrize("config", [RerankConfig, ServeConfig])
+def test_the_commands_configs_extend_serving_options_and_declare_none_of_its_options_again(config: type) -> None:
+    assert issubclass(config, ServingOptions) and issubclass(ServingOptions, TorchOptions)
+    own = {
+        node.target.id
+        for node in ast.walk(ast.parse(inspect.getsource(config)))
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+    }
+    assert own and not own & set(SHARED), f"{config.__name__} declares again: {sorted(own & set(SHARED))}"
+
+
+def test_the_flags_fill_the_shared_options_and_load_takes_them(tmp_path: Path) -> None:
+    argv = [
+        "--model",
+        "m",
+        "--input",
+        "i.json",
+        "--output",
+        "o.trec",
+        "--backend",
+        "torch",
+        "--unpad",
+        "--overlap",
+        "8",
+    ]
+    config = parse_config(RerankConfig, argv, "distill rerank")
+    serving = config.serving()
+    assert type(serving) is ServingOptions
+    assert (serving.backend, serving.unpad, serving.overlap, serving.device) == ("torch", True, 8, "cpu")
+    assert serving.levers == TorchOptions(unpad=True)
+
+
+def test_load_names_an_unknown_option_and_a_bad_one(tiny_bert: Path) -> None:
+    with pytest.raises(TypeError, match=r"unknown option\(s\) \['unpadded'\]"):
+        Reranker.load(tiny_bert, backend="torch", unpadded=True)
+    with pytest.raises(InputError, match="backend 'auto' chooses the dtype itself"):
+        Reranker.load(tiny_bert, dtype="float16")
+    with pytest.raises(InputError, match="rerank: overlap is a number of pairs"):
+        RerankConfig(model="m", input=["i"], output="o", overlap=-1)
+    with pytest.raises(InputError, match="serve: interpolation needs first-stage scores"):
+        ServeConfig(model="m", interpolation=True)
+
+
+def test_options_and_changes_combine(tiny_bert: Path) -> None:
+    base = ServingOptions(backend="torch", max_length=32)
+    reranker = Reranker.load(tiny_bert, base, max_batch_tokens=64)
+    assert (reranker.max_length, reranker.max_batch_tokens, reranker.backend) == (32, 64, "torch-fp32")
