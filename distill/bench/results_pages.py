@@ -19,6 +19,7 @@ import json
 import re
 import sys
 from collections.abc import Callable, Iterable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -201,7 +202,14 @@ def environment(env: dict[str, Any]) -> str:
 
 # --- GPU suite ------------------------------------------------------------------------------------------------------
 
-GPU = "gpu-suite-h200"
+GPU_RUNS = {"gpu-h100.md": "gpu-suite-h100", "gpu-h200.md": "gpu-suite-h200"}
+"""Results page -> the GPU suite's run folder: the H100's with every stage's default flags (the headline's), and the
+H200's first run, before those defaults (its teacher figures with the levers given as flags)."""
+GPU = GPU_RUNS["gpu-h100.md"]
+"""The GPU run the headline reads."""
+GPU_LEVERS = "gpu-suite-h200"
+"""The run with the teacher's extra runs (``teacher-levers*.json``: the levers given as flags, before they were the
+defaults)."""
 
 
 def gpu_figure(summary: dict[str, Any], stage: str, figure: str) -> dict[str, Any]:
@@ -279,7 +287,10 @@ def headline(links: Links) -> str:
     workload = bench["workloads"][-1]["name"]
     p50 = {m: bench_cell(bench, m, workload)["p50_s"] for m in (auto, "student torch-fp32", "st-crossencoder")}
     summary = load(f"{GPU}/summary.json")
-    levers = load(f"{GPU}/teacher-levers-dl19.json")
+    device = summary["device_name"].replace("NVIDIA ", "").split()[0]
+    teacher_ceiling = gpu_figure(summary, "teacher", "flop_ceiling_fraction")["value"]
+    teacher_speed = gpu_figure(summary, "teacher", "speedup_over_plain_batched_loop")["value"]
+    syncs = gpu_figure(summary, "train", "host_syncs_in_timed_steps")["value"]
     train_mfu = gpu_figure(summary, "train", "mfu")["value"]
     train_speed = gpu_figure(summary, "train", "speedup_over_plain_loop")["value"]
     rerank = gpu_figure(summary, "rerank", "torch-fp16_100_candidates_p50_s")["value"]
@@ -325,17 +336,18 @@ def headline(links: Links) -> str:
             links(BENCH_AUTO),
         ],
         [
-            "H200 teacher (Llama-3-8B shapes, all DL19, GPU levers): of the bf16 ceiling, over the plain loop",
-            f"{_pct(levers['teacher']['flop_ceiling_fraction'])}, {_x(levers['speedup_over_plain_pairs_per_s'])}",
-            links(f"{GPU}/teacher-levers-dl19.json"),
-        ],
-        [
-            "H200 student training (bert-large, the GPU config): MFU, over the plain loop",
-            f"{_pct(train_mfu)}, {_x(train_speed)}",
+            f"{device} teacher (Llama-3-8B shapes, default flags): of the bf16 ceiling, over the plain loop",
+            f"{_pct(teacher_ceiling)}, {_x(teacher_speed)}",
             links(f"{GPU}/summary.json"),
         ],
         [
-            "H200 reranking, bert-large fp16, 100 candidates: p50, over `CrossEncoder.predict`",
+            f"{device} student training (bert-large, the GPU config): MFU, over the plain loop, host syncs in its timed steps",
+            f"{_pct(train_mfu)}, {_x(train_speed)}, {syncs}",
+            links(f"{GPU}/summary.json"),
+        ],
+        [
+            f"{device} reranking, bert-large fp16, 100 candidates, tokenising included: p50, over "
+            "`CrossEncoder.predict`",
             f"{_ms(rerank)}, {_x(rerank_st)}",
             links(f"{GPU}/summary.json"),
         ],
@@ -412,7 +424,8 @@ def page_index(links: Links) -> str:
             "  stages, and the teacher stage's throughput.",
             "- [Students](students.md): every student variant on validation, the chosen ones tested once on DL19.",
             "- [CPU latency](latency-cpu.md): `distill bench` on a CPU, every backend.",
-            "- [GPU (H200)](gpu-h200.md): the GPU suite on an H200.",
+            "- [GPU (H100)](gpu-h100.md) and [GPU (H200)](gpu-h200.md): the GPU suite, with the default flags on the",
+            "  H100, before them on the H200.",
             "- [Scale](scale.md): the data layer from 10k to 10M pairs.",
             "- [The demo](demo.md): `make demo`'s output.",
             "- [Every results file](files.md), with the command that wrote it.",
@@ -535,8 +548,9 @@ def page_teachers(links: Links) -> str:
         for p in (
             "teacher-cpu-smollm2-135m.json",
             f"{GPU}/teacher.json",
-            f"{GPU}/teacher-levers.json",
-            f"{GPU}/teacher-levers-dl19.json",
+            f"{GPU_LEVERS}/teacher.json",
+            f"{GPU_LEVERS}/teacher-levers.json",
+            f"{GPU_LEVERS}/teacher-levers-dl19.json",
         )
     ]
     first += [
@@ -685,7 +699,7 @@ def page_students(links: Links) -> str:
         "",
     ]
     rows = []
-    trained = re.compile(r"(gpu-suite-h200/)?student-train(-cpu-.*)?\.json")
+    trained = re.compile(r"(gpu-suite-h[12]00/)?student-train(-cpu-.*)?\.json")
     for path in sorted(p for p in result_files() if trained.fullmatch(p)):
         t = load(path)
         plain, stage = t["plain"], t["stage"]
@@ -777,41 +791,43 @@ def page_latency_cpu(links: Links) -> str:
     return "\n".join(parts)
 
 
-def page_gpu(links: Links) -> str:
-    summary = load(f"{GPU}/summary.json")
+def page_gpu(links: Links, folder: str) -> str:
+    """The GPU suite's run in ``folder``: every figure against its target, the teacher's extra runs, reranking, and
+    the profiles."""
+    summary = load(f"{folder}/summary.json")
+    device = summary["device_name"]
     parts = [
-        "# Results: the GPU suite on an H200",
+        f"# Results: the GPU suite on an {device.replace('NVIDIA ', '').split()[0]}",
         "",
         _generated(),
-        f"`{summary['command']}` on one {summary['device_name']}: random weights in the real shapes (a Llama-3-8B",
-        "teacher, a bert-large student). The run's own account, with its machine and software, is",
-        f"{links(f'{GPU}/PROVENANCE.md')}. Targets are issue 19's, set for an H100.",
+        f"`{summary['command']}` on one {device}: random weights in the real shapes (a Llama-3-8B teacher, a",
+        "bert-large student). The run's own account, with its machine, software and commit, is",
+        f"{links(f'{folder}/PROVENANCE.md')}. Targets are set for an H100.",
         "",
-        f"## Every figure ({links(f'{GPU}/summary.json')})",
+        f"## Every figure ({links(f'{folder}/summary.json')})",
         "",
         gpu_summary_table(summary),
         "",
-        "## The teacher with the GPU levers (packing, 64-token buckets, compile)",
-        "",
-        "Now the CUDA defaults (see [Teach](../stages/teach.md)); the suite's `teacher.json` ran before they were.",
-        "",
-        _table(
-            ["file", "workload", "of the bf16 ceiling", "pairs/s", "over the plain loop", "over the naive loop"],
-            [
-                teacher_bench_row(links, p)
-                for p in (f"{GPU}/teacher.json", f"{GPU}/teacher-levers.json", f"{GPU}/teacher-levers-dl19.json")
-            ],
-        ),
-        "",
     ]
-    parts += _bench_section(links, f"{GPU}/bench/bench.json", "Reranking: bert-large, 100 candidates")
-    profiles = [p for p in result_files() if p.startswith(f"{GPU}/profile/") and p.endswith(".txt")]
+    levers = [p for p in (f"{folder}/teacher-levers.json", f"{folder}/teacher-levers-dl19.json") if p in result_files()]
+    if levers:
+        parts += [
+            "## The teacher with the GPU levers given as flags (packing, 64-token buckets, compile)",
+            "",
+            "Since then the CUDA defaults (see [Teach](../stages/teach.md)); this run's `teacher.json` ran before.",
+            "",
+            _table(
+                ["file", "workload", "of the bf16 ceiling", "pairs/s", "over the plain loop", "over the naive loop"],
+                [teacher_bench_row(links, p) for p in (f"{folder}/teacher.json", *levers)],
+            ),
+            "",
+        ]
+    parts += _bench_section(links, f"{folder}/bench/bench.json", "Reranking: bert-large, 100 candidates")
+    profiles = [p for p in result_files() if p.startswith(f"{folder}/profile/") and p.endswith(".txt")]
     parts += [
         "## Profiles",
         "",
-        "`python benchmarks/gpu_suite.py --profile`: each stage again, short, under `torch.profiler`: "
-        + ", ".join(links(p) for p in profiles)
-        + ".",
+        "`--profile`: each stage again, short, under `torch.profiler`: " + ", ".join(links(p) for p in profiles) + ".",
         "",
     ]
     return "\n".join(parts)
@@ -930,7 +946,7 @@ PAGES: dict[str, Callable[[Links], str]] = {
     "teachers.md": page_teachers,
     "students.md": page_students,
     "latency-cpu.md": page_latency_cpu,
-    "gpu-h200.md": page_gpu,
+    **{page: partial(page_gpu, folder=folder) for page, folder in GPU_RUNS.items()},
     "scale.md": page_scale,
     "demo.md": page_demo,
     "files.md": page_files,
