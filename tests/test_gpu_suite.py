@@ -1,8 +1,8 @@
-"""``benchmarks/gpu_suite.py`` on tiny configs, so that the GPU suite's code keeps running where there is no GPU."""
+"""``python -m distill.bench.gpu_suite`` on tiny configs, so that the GPU suite's code keeps running where there is
+no GPU."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
@@ -10,26 +10,21 @@ import sys
 from pathlib import Path
 
 import pytest
-import yaml
+
+from distill.bench import gpu_suite as suite
+from distill.bench import teacher_throughput, train_throughput
+from distill.bench.gpu_suite import GpuSuite
+from distill.core.config import parse_config
+from distill.stages.train import check_train_args
 
 from .conftest import REPO
-
-SUITE = REPO / "benchmarks" / "gpu_suite.py"
-
-
-@pytest.fixture
-def suite(monkeypatch: pytest.MonkeyPatch):
-    """The suite's module, imported as the script imports its siblings (``benchmarks/`` first on the path)."""
-    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
-    import gpu_suite
-
-    return gpu_suite
 
 
 @pytest.mark.slow
 def test_the_tiny_suite_runs_each_benchmark_and_summarises_every_figure(tmp_path: Path) -> None:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    command = [sys.executable, str(SUITE), "--tiny", "--device", "cpu", "--out", str(tmp_path), "--profile"]
+    command = [sys.executable, "-m", "distill.bench.gpu_suite", "--tiny", "--device", "cpu", "--out", str(tmp_path)]
+    command.append("--profile")
     done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=1200)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
@@ -98,35 +93,32 @@ def test_the_tiny_suite_runs_each_benchmark_and_summarises_every_figure(tmp_path
     assert not (tmp_path / "teacher-fp8.json").exists() and "fp8" not in teacher["scorer_options"]
 
 
-def test_the_gpu_run_trains_with_the_gpu_config_and_its_arguments_parse(suite) -> None:
-    import student_train
-    import teacher
-
-    full = argparse.Namespace(tiny=False, device="cuda")
+def test_the_gpu_run_trains_the_gpu_config_through_distill_train_and_its_arguments_parse() -> None:
+    full = GpuSuite(tiny=False, device="cuda")
     argv = suite.train_argv(full, Path("out"))
-    config = yaml.safe_load(suite.GPU_CONFIG.read_text())
-    assert argv[argv.index("--max-batch-tokens") + 1] == str(config["data"]["max_batch_tokens"])
-    assert argv[argv.index("--pad-to-multiple-of") + 1] == str(config["data"]["pad_to_multiple_of"])
-    assert argv[argv.index("--backbone") + 1] == config["model"]["backbone"] == "bert-large-uncased"
-    assert ("--compile" in argv) == config["model"]["compile"]
-    assert ("--unpad" in argv) == config["model"]["unpad"] is True
-    on_cpu = [*argv[: argv.index("--device")], "--device", "cpu"]
-    assert student_train.parse_args(on_cpu).max_batch_tokens == config["data"]["max_batch_tokens"]
+    ours, train = argv[: argv.index("--")], argv[argv.index("--") + 1 :]
+    # The GPU config as distill train reads it; only random weights (offline) and the length the plain loop pads to.
+    config = ["--config", "configs/train/bert-large-gpu.yaml"]
+    assert train == [*config, "--model.random_init", "true", "--data.max_length", "256"]
+    check_train_args(train, "the suite's training stage")
+    options = parse_config(train_throughput.TrainThroughput, ours, "train")
+    assert (options.warmup_steps, options.steps, options.out) == (10, 30, str(Path("out/student-train.json")))
+    assert suite.train_argv(GpuSuite(device="cuda:1"), Path("out"))[-2:] == ["--trainer.devices", "[1]"]
     argv = suite.teacher_argv(full, Path("out"))
-    parsed = teacher.parse_args([*argv[: argv.index("--device")], "--device", "cpu"])
+    parsed = parse_config(teacher_throughput.TeacherThroughput, argv, "teacher")
     assert parsed.random_config == "llama3-8b" and parsed.plain_pairs is None  # the plain loop on every pair
-    assert argv[argv.index("--out") + 1] == str(Path("out/teacher.json")) and "teacher-fp8" not in suite.STAGES
+    assert parsed.out == str(Path("out/teacher.json")) and "teacher-fp8" not in suite.STAGES
     argv = suite.rerank_argv(full, Path("out"))
     backends = "torch-fp16,torch-fp16+nographs,torch-fp16+padded,torch-fp16+overlap50,torch-fp32,torch-fp32+tf32"
     backends += ",st-crossencoder"
     assert argv[argv.index("--backends") + 1] == backends and argv[argv.index("--scores") + 1] == "true"
     assert suite.padded_method(full) == "torch-fp16+padded"
     assert suite.profile_argv("rerank", full, Path("p"))[-3] == "torch-fp16,torch-fp16+padded"
-    chosen = argparse.Namespace(tiny=False, device="cuda", rerank_backends="torch-fp16+compile,st-crossencoder")
+    chosen = GpuSuite(device="cuda", rerank_backends="torch-fp16+compile,st-crossencoder")
     assert "torch-fp16+compile,st-crossencoder" in suite.rerank_argv(chosen, Path("out"))
 
 
-def test_the_rerank_targets_are_the_fp16_students_and_its_levers(suite) -> None:
+def test_the_rerank_targets_are_the_fp16_students_and_its_levers() -> None:
     """On the full shapes: 25 ms and ahead of CrossEncoder.predict for torch-fp16 with and without its levers; the
     fp32 methods are reported without a target."""
     p50 = {"student torch-fp16": 0.020, "student torch-fp16+overlap50": 0.030, "student torch-fp32+tf32": 0.040}
@@ -147,7 +139,7 @@ def test_the_rerank_targets_are_the_fp16_students_and_its_levers(suite) -> None:
     assert all(f["met"] is None for f in tiny)
 
 
-def test_each_method_is_held_to_the_padded_paths_scores_within_the_parity_bound(suite) -> None:
+def test_each_method_is_held_to_the_padded_paths_scores_within_the_parity_bound() -> None:
     """On a GPU the defaults (unpadded, graphs) and the other levers of torch-fp16 against torch-fp16+padded, within
     fp16's parity bound over every call; other backends' methods and the baseline are not compared."""
     padded = [[0.5, -1.0], [2.0]]
@@ -167,7 +159,7 @@ def test_each_method_is_held_to_the_padded_paths_scores_within_the_parity_bound(
 
 
 def test_the_rerank_stage_tokenises_in_parallel_and_leaves_the_environment_as_it_found_it(
-    suite, monkeypatch: pytest.MonkeyPatch
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     for before in ("false", None):
         if before is None:
@@ -180,19 +172,18 @@ def test_the_rerank_stage_tokenises_in_parallel_and_leaves_the_environment_as_it
         assert os.environ.get("TOKENIZERS_PARALLELISM") == before
 
 
-@pytest.mark.parametrize("script", ["teacher", "student_train"])
+@pytest.mark.parametrize(
+    ("bench", "options"),
+    [(teacher_throughput, teacher_throughput.TeacherThroughput), (train_throughput, train_throughput.TrainThroughput)],
+)
 def test_a_result_or_profile_path_that_cannot_be_written_is_one_line_before_any_work(
-    suite, script: str, tmp_path: Path, capsys
+    bench, options: type, tmp_path: Path, capsys
 ) -> None:
-    import importlib
-
-    module = importlib.import_module(script)
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     for flag in ("--profile", "--out"):
-        with pytest.raises(SystemExit) as stop:
-            module.parse_args([flag, str(blocker / "result.json"), "--device", "cpu"])
-        assert stop.value.code == 2
-        error = capsys.readouterr().err.strip().splitlines()[-1]
-        assert error.endswith(f"argument {flag}: {blocker / 'result.json'}: {blocker} is not a folder")
-    assert module.parse_args(["--profile", str(tmp_path / "new" / "p.txt"), "--device", "cpu"]).profile.parent.is_dir()
+        assert bench.main([flag, str(blocker / "result.json")]) == 2
+        (error,) = capsys.readouterr().err.strip().splitlines()
+        path = blocker / "result.json"
+        assert error == f"python -m {bench.__name__}: error: {flag}: {path}: {blocker} is not a folder"
+    assert Path(parse_config(options, ["--profile", str(tmp_path / "new" / "p.txt")], "b").profile).parent.is_dir()

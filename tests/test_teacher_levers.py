@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 import torch
 
+from distill.bench import teacher_throughput
 from distill.core.batching import token_budget_batches
+from distill.core.config import parse_config
 from distill.core.schema import InputError
 from teachers import CausalLMTeacher
 from teachers.batch_plan import PADDING_SEGMENT, build_batch, plan_batches
@@ -313,21 +315,21 @@ def test_teach_stage_packs_and_records_the_levers(tiny_llama: Path, sample_file:
 # ----------------------------------------------------------------------------- the benchmark
 
 
-def test_benchmark_takes_the_levers_and_keeps_its_old_command_line(monkeypatch: pytest.MonkeyPatch) -> None:
-    import importlib
+def test_benchmark_takes_the_levers_and_keeps_its_command_line() -> None:
+    def parse(*argv: str) -> teacher_throughput.TeacherThroughput:
+        return parse_config(teacher_throughput.TeacherThroughput, argv, "teacher")
 
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    bench = importlib.import_module("teacher")
+    bench = teacher_throughput
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    old = bench.parse_args(["--random-config", "llama3-8b", "--device", "cuda", "--out", "x.json", "--no-progress"])
+    old = parse("--random-config", "llama3-8b", "--device", "cuda", "--out", "x.json", "--progress", "false")
     assert bench.scorer_options(old, cpu) == ScorerOptions()
     assert bench.scorer_options(old, cuda) == ScorerOptions(bucket=64, packing=True, compile=True)  # the defaults
-    new = bench.parse_args(["--random-config", "tiny", "--packing", "--bucket", "64", "--compile", "false"])
+    new = parse("--random_config", "tiny", "--packing", "--bucket", "64", "--compile", "false")
     assert bench.scorer_options(new, cpu) == ScorerOptions(bucket=64, packing=True)
     assert bench.scorer_options(new, cuda) == ScorerOptions(bucket=64, packing=True)
-    assert bench.scorer_options(bench.parse_args(["--cudnn-attention", "true"]), cpu).cudnn_attention
-    with pytest.raises(SystemExit):
-        bench.parse_args(["--packing", "maybe"])
+    assert bench.scorer_options(parse("--cudnn-attention", "true"), cpu).cudnn_attention
+    with pytest.raises(InputError, match="packing"):
+        parse("--packing", "maybe")
 
 
 def test_the_teacher_levers_are_on_by_default_on_cuda_and_off_on_a_cpu() -> None:
@@ -342,13 +344,9 @@ def test_the_teacher_levers_are_on_by_default_on_cuda_and_off_on_a_cpu() -> None
     assert on.scorer_options("cpu") == ScorerOptions(bucket=64, packing=True)
 
 
-def test_the_removed_fp8_lever_is_an_unknown_option_everywhere(
-    tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_the_removed_fp8_lever_is_an_unknown_option_everywhere(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """Issue 28: fp8 lost on speed and ranking and was removed; a command line or config that still names it gets
     the usual one-line error, and the benchmark no longer takes ``--fp8``."""
-    import importlib
-
     from distill.cli import main
 
     assert "fp8" not in {f.name for f in dataclasses.fields(ScorerOptions)}
@@ -360,39 +358,28 @@ def test_the_removed_fp8_lever_is_an_unknown_option_everywhere(
     assert main(["teach", "--config", str(config)]) == 2
     (line,) = capsys.readouterr().err.splitlines()
     assert line.startswith(f"distill teach: error: {config}: fp8: unknown option")
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    with pytest.raises(SystemExit):
-        importlib.import_module("teacher").parse_args(["--fp8"])
+    assert teacher_throughput.main(["--fp8"]) == 2
     assert "unrecognized arguments: --fp8" in capsys.readouterr().err
 
 
-@pytest.fixture
-def teacher_bench(monkeypatch: pytest.MonkeyPatch):
-    """``benchmarks/teacher.py``, imported as the script imports its siblings (``benchmarks/`` first on the path)."""
-    import importlib
-
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    return importlib.import_module("teacher")
-
-
-def test_the_plain_batched_loop_scores_each_sequence_as_the_textbook_does(teacher_bench, model) -> None:
+def test_the_plain_batched_loop_scores_each_sequence_as_the_textbook_does(model) -> None:
     """Right-padded batches, the logits of every position, a full-vocabulary log-softmax: each sequence's sum is
     its own unpadded one's, whatever else shares its batch."""
     sequences = random_sequences(model.config.vocab_size, 9, seed=5)
     assert len({len(s) for s in sequences}) > 3  # padded rows in the batch
-    got = teacher_bench.plain_batch_logprobs(model, sequences, pad_id=1, device=torch.device("cpu"))
+    got = teacher_throughput.plain_batch_logprobs(model, sequences, pad_id=1, device=torch.device("cpu"))
     want = [naive_logprob(model, s.prefix, s.target) for s in sequences]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
 
 
-def test_the_plain_loop_scores_each_pairs_two_terms_once_per_distinct_passage(teacher_bench, model) -> None:
+def test_the_plain_loop_scores_each_pairs_two_terms_once_per_distinct_passage(model) -> None:
     vocab = model.config.vocab_size
     cond, uncond = random_sequences(vocab, 5, seed=6), random_sequences(vocab, 3, seed=7)
-    work = teacher_bench.Workload(["q"] * 5, [[]] * 5, [[]] * 3, [2, 0, 2, 1, 0], cond, uncond, 1)
-    sequences, uncond_of = teacher_bench.plain_sequences(work, 4)
+    work = teacher_throughput.Workload(["q"] * 5, [[]] * 5, [[]] * 3, [2, 0, 2, 1, 0], cond, uncond, 1)
+    sequences, uncond_of = teacher_throughput.plain_sequences(work, 4)
     assert sequences == [*cond[:4], uncond[2], uncond[0], uncond[1]] and uncond_of == [4, 5, 4, 6]
     cpu = torch.device("cpu")
-    phase, got_cond, got_uncond = teacher_bench.run_plain(model, work, 4, 2, 1, cpu, cudnn_attention=False, show=False)
+    phase, got_cond, got_uncond = teacher_throughput.run_plain(model, work, 4, 2, 1, cpu, False, show=False)
     assert (phase.pairs, phase.sequences, phase.tokens) == (4, 7, sum(map(len, sequences)))
     by_length = sorted(map(len, sequences), reverse=True)
     assert phase.padded_tokens == sum(2 * by_length[k] for k in range(0, 6, 2)) + by_length[6]
@@ -402,12 +389,12 @@ def test_the_plain_loop_scores_each_pairs_two_terms_once_per_distinct_passage(te
 
 
 def test_the_benchmark_times_the_plain_loop_and_reports_the_stage_over_it(
-    teacher_bench, tiny_llama: Path, sample_file: Path, tmp_path: Path
+    tiny_llama: Path, sample_file: Path, tmp_path: Path
 ) -> None:
     out = tmp_path / "teacher.json"
     argv = ["--teacher", str(tiny_llama), "--input", str(sample_file), "--max-queries", "2", "--naive-pairs", "2"]
     argv += ["--plain-batch-size", "5", "--matmul-size", "64", "--matmul-reps", "1", "--device", "cpu"]
-    assert teacher_bench.main([*argv, "--no-progress", "--out", str(out)]) == 0
+    assert teacher_throughput.main([*argv, "--progress", "false", "--out", str(out)]) == 0
     result = json.loads(out.read_text())
     plain, stage = result["plain"], result["teacher"]
     assert result["workload"]["plain_pairs"] == plain["pairs"] == stage["pairs"] == 24  # every pair by default
@@ -415,6 +402,6 @@ def test_the_benchmark_times_the_plain_loop_and_reports_the_stage_over_it(
     assert result["speedup_over_plain_pairs_per_s"] == pytest.approx(stage["pairs_per_s"] / plain["pairs_per_s"])
     assert result["plain_agreement"]["ok"] and result["plain_agreement"]["pairs"] == 24
     assert result["targets"]["over_plain"] == 1.2
-    assert teacher_bench.main([*argv, "--plain-pairs", "0", "--no-progress", "--out", str(out)]) == 0
+    assert teacher_throughput.main([*argv, "--plain-pairs", "0", "--progress", "false", "--out", str(out)]) == 0
     skipped = json.loads(out.read_text())
     assert skipped["plain"] is None and skipped["speedup_over_plain_pairs_per_s"] is None

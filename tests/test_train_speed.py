@@ -5,6 +5,7 @@ batch, and the compiled encoder."""
 from __future__ import annotations
 
 import functools
+import json
 import math
 import sys
 from collections import Counter
@@ -194,8 +195,7 @@ def test_the_benchmark_counts_host_syncs_and_not_the_sync_debug_modes_notice(mon
     the stage is the benchmark's first phase to set the mode (the plain loop's 275 were 5 a step, none extra)."""
     import warnings
 
-    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    import student_train
+    from distill.bench import train_throughput
 
     notice = ["Synchronization debug mode is a prototype feature and does not yet detect all synchronizing operations"]
 
@@ -204,15 +204,38 @@ def test_the_benchmark_counts_host_syncs_and_not_the_sync_debug_modes_notice(mon
             warnings.warn(notice.pop(), UserWarning, stacklevel=2)
 
     monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", set_sync_debug_mode)
-    syncs = student_train.HostSyncs(torch.device("cuda"))
+    syncs = train_throughput.HostSyncs(torch.device("cuda"))
     syncs.start()
     syncs.stop()
     assert (syncs.count, syncs.sites, notice) == (0, [], [])
     syncs.start()
-    sync = f"{student_train.SYNC_WARNING} (Triggered internally at CUDAFunctions.cpp:155.)"
+    sync = f"{train_throughput.SYNC_WARNING} (Triggered internally at CUDAFunctions.cpp:155.)"
     warnings.warn(sync, UserWarning, stacklevel=1)  # as a synchronising call on this line warns
     syncs.stop()
     assert syncs.count == 1 and syncs.sites[0].startswith("tests/test_train_speed.py:")
+
+
+def test_the_benchmark_times_the_stage_that_distill_train_builds_from_its_config(
+    tmp_path: Path, tiny_bert: Path, teacher_dataset: Path
+) -> None:
+    """``python -m distill.bench.train_throughput ... -- ARGS`` times ``distill train ARGS``: the learning rate scaled
+    to the config's budget, its clipping and padding multiple; the plain loop takes the same optimiser settings and
+    trains on the same pairs; nothing is written where the config's runs go."""
+    from distill.bench import train_throughput
+
+    config = write_config(tmp_path, tiny_bert, teacher_dataset, gradient_clip_val=0.5)
+    train = ["--config", str(config), "--model.lr_scaling", "sqrt", "--model.lr_reference_tokens", "256"]
+    train += ["--data.max_batch_tokens", "512", "--data.pad_to_multiple_of", "64"]
+    out = tmp_path / "result.json"
+    argv = ["--warmup_steps", "1", "--steps", "2", "--matmul_size", "64", "--matmul_reps", "1", "--out", str(out)]
+    assert train_throughput.main([*argv, "--", *train]) == 0
+    result = json.loads(out.read_text())
+    work = result["workload"]
+    assert work["optimizer"]["lr"] == pytest.approx(1e-3 * math.sqrt(512 / 256))
+    assert work["optimizer"]["gradient_clip_val"] == 0.5 and work["loss"] == "mse"
+    assert (work["max_batch_tokens"], work["plain_batch_size"], work["pad_to_multiple_of"]) == (512, 4, 64)
+    assert result["check"]["ok"] and result["stage"]["steps"] == 2
+    assert result["command"].endswith(" -- " + " ".join(train)) and not (tmp_path / "runs").exists()
 
 
 # ----------------------------------------------------------------------------- the epoch boundary

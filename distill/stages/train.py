@@ -158,21 +158,7 @@ def train(argv: list[str]) -> TrainReport | None:
         SystemExit: :data:`~students.checkpointing.EXIT_PREEMPTED`, stopped by SIGTERM or SIGUSR1 once
             ``last.ckpt`` was saved.
     """
-    from jsonargparse import ArgumentError
-
-    try:
-        with _quiet_args_warning():
-            cli = DistillCLI(
-                CrossEncoderModule,
-                StudentDataModule,
-                args=argv,
-                run=False,
-                seed_everything_default=0,
-                save_config_kwargs={"overwrite": True},
-                parser_kwargs={"prog": "distill train", "exit_on_error": False},
-            )
-    except ArgumentError as e:
-        raise argument_error(e) from None
+    cli = build_cli(argv, save_config_kwargs={"overwrite": True})
     checkpoints = RunLayout(cli.run_dir).checkpoints
     ckpt_path = resume_checkpoint(cli.config.ckpt_path, checkpoints)
     try:
@@ -186,6 +172,30 @@ def train(argv: list[str]) -> TrainReport | None:
     finish_wandb(cli.trainer)
     metrics = {k: float(v) for k, v in cli.trainer.callback_metrics.items() if k.startswith("val/")}
     return TrainReport(cli.run_dir, metrics)
+
+
+def build_cli(argv: list[str], where: str = "", cli: type[DistillCLI] = DistillCLI, **kwargs: Any) -> DistillCLI:
+    """``distill train``'s command line ``argv`` parsed, checked and built by ``cli`` (``DistillCLI`` or a subclass;
+    ``kwargs`` go to it): its model, datamodule and trainer, as ``distill train`` runs them; not run.
+
+    Raises:
+        InputError: the arguments or config files are wrong: one line naming the key (after ``where``, where given).
+    """
+    from jsonargparse import ArgumentError
+
+    try:
+        with _quiet_args_warning():
+            return cli(
+                CrossEncoderModule,
+                StudentDataModule,
+                args=argv,
+                run=False,
+                seed_everything_default=0,
+                parser_kwargs={"prog": "distill train", "exit_on_error": False},
+                **kwargs,
+            )
+    except ArgumentError as e:
+        raise argument_error(e, where) from None
 
 
 def finish_wandb(trainer: Trainer) -> None:
@@ -338,17 +348,4 @@ def check_train_args(argv: list[str], where: str) -> None:
     Raises:
         InputError: ``<where>: <key>: <what is wrong>``.
     """
-    from jsonargparse import ArgumentError
-
-    try:
-        with _quiet_args_warning():
-            _ParseOnly(
-                CrossEncoderModule,
-                StudentDataModule,
-                args=argv,
-                run=False,
-                seed_everything_default=0,
-                parser_kwargs={"prog": "distill train", "exit_on_error": False},
-            )
-    except ArgumentError as e:
-        raise argument_error(e, where) from None
+    build_cli(argv, where, _ParseOnly)

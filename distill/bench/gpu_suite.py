@@ -1,20 +1,22 @@
 """The GPU suite: the three stages' benchmarks in one command, and one summary of every figure against its target.
 
-    python benchmarks/gpu_suite.py                 # on a GPU: the full shapes, under 8 minutes on an H100
-    python benchmarks/gpu_suite.py --tiny          # tiny configs, in seconds (the default where there is no GPU)
+    python -m distill.bench.gpu_suite              # on a GPU: the full shapes, under 8 minutes on an H100
+    python -m distill.bench.gpu_suite --tiny       # tiny configs, in seconds (the default where there is no GPU)
 
 It runs, in one process and in this order:
 
-1. the teacher: ``benchmarks/teacher.py --random-config llama3-8b`` (tiny: ``tiny``, 1 query), the stage against
-   the naive and the plain batched loop, its own JSON;
-2. training: ``benchmarks/student_train.py`` on bert-large-uncased (tiny: ``tiny-bert``) with the token budget,
-   padding multiple, compile, unpadding and loader workers of ``configs/train/bert-large-gpu.yaml`` (tiny: a small
-   budget, eager), its own JSON;
+1. the teacher: :mod:`distill.bench.teacher_throughput` with ``--random_config llama3-8b`` (tiny: ``tiny``,
+   1 query), the stage against the naive and the plain batched loop, its own JSON;
+2. training: :mod:`distill.bench.train_throughput` on ``distill train --config configs/train/bert-large-gpu.yaml``
+   as it stands (the GPU config's data, budget, padding multiple, compile, unpadding, loader workers, clipping and
+   learning rate), with random weights (``--model.random_init true``: offline, the shapes are what is timed) and
+   pairs cut at 256 tokens (``--data.max_length 256``, the length the plain loop pads every pair to; a handful of
+   DL pairs are longer); tiny: ``tiny-bert`` at a small budget, eager, on the same config; its own JSON;
 3. reranking: ``distill bench --random_weights true`` with the student's torch fp16 (on a CPU: fp32) with its
    defaults (on a GPU: unpadded, replayed from CUDA graphs), the same without the graphs (``+nographs``), padded
    (``+padded``; on a CPU, where padded is the default, unpadded: ``+unpad``) and with tokenisation overlapped
    (``+overlap50``), and on a GPU torch fp32 without and with TF32 (``+tf32``), against sentence-transformers'
-   ``CrossEncoder.predict`` (no teacher; ``--rerank-backends`` replaces the list, e.g. to add
+   ``CrossEncoder.predict`` (no teacher; ``--rerank_backends`` replaces the list, e.g. to add
    ``torch-fp16+compile``), its own ``bench.json`` (with every method's scores), ``bench.csv`` and ``bench.png``.
    The tokenizer runs in parallel (``TOKENIZERS_PARALLELISM=true`` for this stage, whatever the environment says),
    as in a user's process, and each method's scores are held to the padded path's within the export's parity
@@ -30,8 +32,7 @@ error, in the summary and on stderr) and the others still run; the exit status i
 
 from __future__ import annotations
 
-import argparse
-import gc
+import dataclasses
 import json
 import os
 import sys
@@ -39,24 +40,22 @@ import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import student_train
-import teacher as teacher_bench
 import torch
-import yaml
-from _common import RESULTS, ROOT, display_path, invocation
 
-from distill.bench import report
+from distill.bench import phases, report, teacher_throughput, train_throughput
 from distill.bench.methods import BASELINE
+from distill.bench.phases import RESULTS, Column, display_path, free_memory, table
 from distill.core.devices import device_type, resolve_device
+from distill.core.schema import InputError
 from distill.export.parity import SCORE_BOUNDS
 from distill.serving.backends import NAMED_BACKENDS
 
-GPU_CONFIG = ROOT / "configs" / "train" / "bert-large-gpu.yaml"
 RERANK_TARGET_S = 0.025
 """Issue 19: bert-large fp16 reranks 100 candidates in at most this many seconds, tokenisation included."""
 SUITE_TARGET_S = 480.0
@@ -68,70 +67,66 @@ encoded while the first runs (a guess to measure: more spans hide more tokenisat
 TOKENIZERS_PARALLELISM = "TOKENIZERS_PARALLELISM"
 """The variable by which Hugging Face's Rust tokenizers encode a batch in parallel or on one thread."""
 TRAIN_MAX_LENGTH = 256
-"""Tokens per pair in the training benchmark: the plain loop pads every pair to it (3 of DL19's 4,200 training
-pairs are longer), as the H100 reference loop did."""
+"""Tokens per pair in the training benchmark: the plain loop pads every pair to it, as the H100 reference loop
+did; the stage cuts the few longer pairs there too, so that both phases train on the same tokens."""
 
 
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--tiny", action="store_true", help="tiny configs (the default where CUDA is not available)")
-    p.add_argument("--device", default="auto", help="auto (cuda where there is one), cpu or cuda[:N]")
-    p.add_argument(
-        "--only",
-        default=",".join(STAGES),
-        help=f"the stages to run, of {', '.join(STAGES)} (comma-separated)",
-    )
-    p.add_argument("--out", type=Path, help="the result folder (default benchmarks/results/gpu-suite-<device>[-tiny])")
-    p.add_argument(
-        "--profile",
-        action="store_true",
-        help="after the timed stages, run each again, short, under torch.profiler: <out>/profile/ (not counted in "
-        "the suite's time)",
-    )
-    p.add_argument(
-        "--rerank-backends",
-        help="distill bench --backends of the rerank stage (default: the student's fp16 on a GPU, fp32 on a CPU, "
-        "the same +nographs (on a GPU), +padded (on a CPU: +unpad) and +overlap50, on a GPU torch-fp32 and "
-        "torch-fp32+tf32, and st-crossencoder)",
-    )
-    args = p.parse_args(argv)
-    args.only = [s for s in args.only.split(",") if s]
-    if unknown := sorted(set(args.only) - set(STAGES)):
-        p.error(f"--only: unknown stage(s) {unknown}, of {list(STAGES)}")
-    device = resolve_device(args.device)
-    args.tiny = args.tiny or device.type != "cuda"
-    args.device = str(device)
-    return args
+@dataclass
+class GpuSuite:
+    """The GPU suite: the teacher's, training's and reranking's benchmarks, and one summary against the targets."""
+
+    tiny: bool = False
+    """Tiny configs (the default where CUDA is not available)."""
+    device: str = "auto"
+    """``auto`` (cuda where there is one), ``cpu`` or ``cuda[:N]``."""
+    only: list[str] = field(default_factory=lambda: ["teacher", "train", "rerank"])
+    """The stages to run, of ``teacher``, ``train``, ``rerank``."""
+    out: str | None = None
+    """The result folder (default ``benchmarks/results/gpu-suite-<device>[-tiny]``)."""
+    profile: bool = False
+    """After the timed stages, run each again, short, under ``torch.profiler``: ``<out>/profile/`` (not counted in
+    the suite's time)."""
+    rerank_backends: str | None = None
+    """``distill bench --backends`` of the rerank stage (default: the student's fp16 on a GPU, fp32 on a CPU, the
+    same +nographs (on a GPU), +padded (on a CPU: +unpad) and +overlap50, on a GPU torch-fp32 and torch-fp32+tf32,
+    and st-crossencoder)."""
+
+    def __post_init__(self) -> None:
+        if unknown := sorted(set(self.only) - set(STAGES)):
+            raise InputError(f"--only: unknown stage(s) {unknown}, of {list(STAGES)}")
 
 
 # ----------------------------------------------------------------------------- the stages
 
 
-def teacher_argv(args: argparse.Namespace, out: Path) -> list[str]:
-    shapes = ["--random-config", "tiny", "--max-queries", "1", "--naive-pairs", "2"] if args.tiny else []
-    shapes += ["--plain-pairs", "8", "--plain-batch-size", "4"] if args.tiny else []
-    shapes = shapes or ["--random-config", "llama3-8b"]
-    small = ["--matmul-size", "128", "--matmul-reps", "2"] if args.tiny else []
-    return [*shapes, *small, "--device", args.device, "--no-progress", "--out", str(out / "teacher.json")]
+def teacher_argv(args: GpuSuite, out: Path) -> list[str]:
+    shapes = ["--random_config", "tiny", "--max_queries", "1", "--naive_pairs", "2"] if args.tiny else []
+    shapes += ["--plain_pairs", "8", "--plain_batch_size", "4"] if args.tiny else []
+    shapes = shapes or ["--random_config", "llama3-8b"]
+    small = ["--matmul_size", "128", "--matmul_reps", "2"] if args.tiny else []
+    return [*shapes, *small, "--device", args.device, "--progress", "false", "--out", str(out / "teacher.json")]
 
 
-def train_argv(args: argparse.Namespace, out: Path) -> list[str]:
-    """The training benchmark's arguments: the GPU config's batching, padding, compile and workers, or tiny ones."""
+def train_argv(args: GpuSuite, out: Path) -> list[str]:
+    """The training benchmark's arguments: its own, then after ``--`` ``distill train``'s on the GPU config (tiny: a
+    tiny model at a small budget, eager, no loader workers), on the suite's device."""
+    steps = ["--warmup_steps", "2", "--steps", "2", "--matmul_size", "128", "--matmul_reps", "2"] if args.tiny else []
+    steps = steps or ["--warmup_steps", "10", "--steps", "30"]
+    train = ["--config", display_path(train_throughput.GPU_CONFIG), "--model.random_init", "true"]
     if args.tiny:
-        shapes = ["--backbone", "tiny-bert", "--max-batch-tokens", "2048", "--max-length", "128", "--no-compile"]
-        shapes += ["--warmup-steps", "2", "--steps", "2", "--matmul-size", "128", "--matmul-reps", "2"]
+        train += ["--model.backbone", "tiny-bert", "--model.compile", "false", "--data.max_batch_tokens", "2048"]
+        train += ["--data.max_length", "128", "--data.num_workers", "0"]
     else:
-        config = yaml.safe_load(GPU_CONFIG.read_text())
-        model, data = config["model"], config["data"]
-        shapes = ["--backbone", model["backbone"], "--max-length", str(TRAIN_MAX_LENGTH)]
-        shapes += ["--max-batch-tokens", str(data["max_batch_tokens"])]
-        shapes += ["--pad-to-multiple-of", str(data["pad_to_multiple_of"]), "--num-workers", str(data["num_workers"])]
-        shapes += ["--compile" if model.get("compile") else "--no-compile"]
-        shapes += ["--unpad" if model.get("unpad") else "--no-unpad", "--warmup-steps", "10", "--steps", "30"]
-    return [*shapes, "--device", args.device, "--out", str(out / "student-train.json")]
+        train += ["--data.max_length", str(TRAIN_MAX_LENGTH)]
+    device = torch.device(args.device)  # resolved already: cpu, cuda or cuda:N
+    if device.type == "cpu":
+        train += ["--trainer.accelerator", "cpu", "--trainer.precision", "32-true"]
+    elif device.index is not None:
+        train += ["--trainer.devices", f"[{device.index}]"]
+    return [*steps, "--out", str(out / "student-train.json"), "--", *train]
 
 
-def rerank_argv(args: argparse.Namespace, out: Path) -> list[str]:
+def rerank_argv(args: GpuSuite, out: Path) -> list[str]:
     """``distill bench`` arguments: the student's fp16 (fp32 on a CPU) and its levers against CrossEncoder.predict,
     no teacher."""
     argv = ["bench", "--random_weights", "true", "--teacher", "none", "--quality", "false", "--scores", "true"]
@@ -144,29 +139,29 @@ def rerank_argv(args: argparse.Namespace, out: Path) -> list[str]:
     return [*argv, "--output", str(out / "bench")]
 
 
-def rerank_backend(args: argparse.Namespace) -> str:
+def rerank_backend(args: GpuSuite) -> str:
     """The student's backend the rerank target is for: fp16 on a GPU, fp32 on a CPU."""
     return "torch-fp16" if device_type(args.device) == "cuda" else "torch-fp32"
 
 
-def other_path(args: argparse.Namespace) -> str:
+def other_path(args: GpuSuite) -> str:
     """The lever that gives the target backend the path its defaults do not take: ``+padded`` on a GPU (the default
     is unpadded there), ``+unpad`` on a CPU."""
     return "+padded" if device_type(args.device) == "cuda" else "+unpad"
 
 
-def padded_method(args: argparse.Namespace) -> str:
+def padded_method(args: GpuSuite) -> str:
     """The target backend's padded path, which every method's scores are held to: ``+padded`` on a GPU, the default
     on a CPU."""
     backend = rerank_backend(args)
     return backend + other_path(args) if device_type(args.device) == "cuda" else backend
 
 
-def rerank_backends(args: argparse.Namespace) -> str:
-    """The rerank stage's methods: ``--rerank-backends``, else the target's backend with its defaults, on a GPU the
+def rerank_backends(args: GpuSuite) -> str:
+    """The rerank stage's methods: ``--rerank_backends``, else the target's backend with its defaults, on a GPU the
     same without CUDA graphs, its other path (padded on a GPU, unpadded on a CPU), tokenisation overlapped, on a GPU
     fp32 without and with TF32, and CrossEncoder.predict."""
-    if getattr(args, "rerank_backends", None):
+    if args.rerank_backends:
         return args.rerank_backends
     backend = rerank_backend(args)
     gpu = device_type(args.device) == "cuda"
@@ -175,17 +170,18 @@ def rerank_backends(args: argparse.Namespace) -> str:
     return ",".join([backend, *(backend + lever for lever in [*levers, f"+overlap{RERANK_OVERLAP}"]), *fp32, BASELINE])
 
 
-def run_teacher(args: argparse.Namespace, out: Path, extra: Sequence[str] = ()) -> tuple[list[str], int]:
+def run_teacher(args: GpuSuite, out: Path, extra: Sequence[str] = ()) -> tuple[list[str], int]:
     argv = [*teacher_argv(args, out), *extra]
-    return ["python", "benchmarks/teacher.py", *argv], teacher_bench.main(argv)
+    return ["python", "-m", "distill.bench.teacher_throughput", *argv], teacher_throughput.main(argv)
 
 
-def run_train(args: argparse.Namespace, out: Path, extra: Sequence[str] = ()) -> tuple[list[str], int]:
-    argv = [*train_argv(args, out), *extra]
-    return ["python", "benchmarks/student_train.py", *argv], student_train.main(argv)
+def run_train(args: GpuSuite, out: Path, extra: Sequence[str] = ()) -> tuple[list[str], int]:
+    argv = train_argv(args, out)
+    argv[argv.index("--") : argv.index("--")] = extra  # the benchmark's own options, before distill train's
+    return ["python", "-m", "distill.bench.train_throughput", *argv], train_throughput.main(argv)
 
 
-def run_rerank(args: argparse.Namespace, out: Path, extra: Sequence[str] = ()) -> tuple[list[str], int]:
+def run_rerank(args: GpuSuite, out: Path, extra: Sequence[str] = ()) -> tuple[list[str], int]:
     from distill.cli import main as distill
 
     argv = [*rerank_argv(args, out), *extra]
@@ -210,7 +206,7 @@ def parallel_tokenizer() -> Iterator[None]:
             os.environ[TOKENIZERS_PARALLELISM] = before
 
 
-STAGES: dict[str, Callable[[argparse.Namespace, Path, Sequence[str]], tuple[list[str], int]]] = {
+STAGES: dict[str, Callable[[GpuSuite, Path, Sequence[str]], tuple[list[str], int]]] = {
     "teacher": run_teacher,
     "train": run_train,
     "rerank": run_rerank,
@@ -220,15 +216,15 @@ STAGES: dict[str, Callable[[argparse.Namespace, Path, Sequence[str]], tuple[list
 # ----------------------------------------------------------------------------- the profiles
 
 PROFILE_ARGV: dict[str, list[str]] = {
-    "teacher": ["--max-queries", "1", "--naive-pairs", "1", "--plain-pairs", "0", "--matmul-reps", "1"],
-    "train": ["--warmup-steps", "3", "--steps", "5", "--matmul-reps", "1"],
+    "teacher": ["--max_queries", "1", "--naive_pairs", "1", "--plain_pairs", "0", "--matmul_reps", "1"],
+    "train": ["--warmup_steps", "3", "--steps", "5", "--matmul_reps", "1"],
     "rerank": ["--token_counts", "[]", "--rerank_queries", "1", "--warmup", "1", "--repeats", "3"],
 }
 """Each stage's arguments for its profile run, after its own (the later flag wins): a few batches or steps of the
 same shapes and levers, the baselines cut to the least each benchmark takes."""
 
 
-def profile_argv(name: str, args: argparse.Namespace, folder: Path) -> list[str]:
+def profile_argv(name: str, args: GpuSuite, folder: Path) -> list[str]:
     """The arguments that make stage ``name``'s benchmark a short run recording its stage with ``torch.profiler``
     into ``folder`` (the teacher's and training's: ``profile-<stage>.txt``; the rerank's: ``bench/profile/``, one
     file per method, for the target's backend with its defaults and its other path: padded on a GPU, unpadded on a
@@ -239,15 +235,15 @@ def profile_argv(name: str, args: argparse.Namespace, folder: Path) -> list[str]
     return [*PROFILE_ARGV[name], "--profile", str(folder / f"profile-{name}.txt")]
 
 
-def run_profile(name: str, args: argparse.Namespace, out: Path) -> dict[str, Any]:
+def run_profile(name: str, args: GpuSuite, out: Path) -> dict[str, Any]:
     """Stage ``name`` run again, short, under ``torch.profiler`` (after the timed suite: the profiler slows what it
     records); its files go to ``<out>/profile/``. Returns each profile's summary (:mod:`distill.bench.profile`), or
     the error that stopped it."""
     folder = out / "profile"
-    run = run_stage(f"profile of {name}", lambda: STAGES[name](args, folder, profile_argv(name, args, folder)))
+    done = run_stage(f"profile of {name}", lambda: STAGES[name](args, folder, profile_argv(name, args, folder)))
     pattern = "bench/profile/*.json" if name == "rerank" else f"profile-{name}.json"
     summaries = {display_path(path): json.loads(path.read_text()) for path in sorted(folder.glob(pattern))}
-    return {**run, "profiles": summaries}
+    return {**done, "profiles": summaries}
 
 
 def run_stage(title: str, stage: Callable[[], tuple[list[str], int]]) -> dict[str, Any]:
@@ -285,7 +281,7 @@ def teacher_figures(result: dict[str, Any], tiny: bool) -> list[dict[str, Any]]:
             "teacher",
             "flop_ceiling_fraction",
             result["teacher"]["flop_ceiling_fraction"],
-            teacher_bench.TARGET_FLOP_FRACTION,
+            teacher_throughput.TARGET_FLOP_FRACTION,
             "min",
             tiny,
             "of the matmul ceiling in the run dtype (bf16 on a GPU)",
@@ -295,7 +291,7 @@ def teacher_figures(result: dict[str, Any], tiny: bool) -> list[dict[str, Any]]:
             "teacher",
             "speedup_over_plain_batched_loop",
             over_plain,
-            teacher_bench.TARGET_OVER_PLAIN,
+            teacher_throughput.TARGET_OVER_PLAIN,
             "min",
             tiny,
             "pairs/s; the plain loop: padded batches, full-vocabulary log-softmax"
@@ -306,7 +302,7 @@ def teacher_figures(result: dict[str, Any], tiny: bool) -> list[dict[str, Any]]:
             "teacher",
             "speedup_over_naive_loop",
             result["speedup_pairs_per_s"],
-            teacher_bench.TARGET_SPEEDUP,
+            teacher_throughput.TARGET_SPEEDUP,
             "min",
             tiny,
         ),
@@ -326,13 +322,13 @@ def teacher_figures(result: dict[str, Any], tiny: bool) -> list[dict[str, Any]]:
 def train_figures(result: dict[str, Any], tiny: bool) -> list[dict[str, Any]]:
     stage = result["stage"]
     return [
-        figure("train", "mfu", stage["mfu"], student_train.TARGET_MFU, "min", tiny),
+        figure("train", "mfu", stage["mfu"], train_throughput.TARGET_MFU, "min", tiny),
         figure("train", "samples_per_s", stage["samples_per_s"], None, "min", True),
         figure(
             "train",
             "speedup_over_plain_loop",
             result["speedup_samples_per_s"],
-            student_train.TARGET_SPEEDUP,
+            train_throughput.TARGET_SPEEDUP,
             "min",
             tiny,
             "samples/s, the plain loop at the same token budget (pairs padded to max_length)",
@@ -417,7 +413,7 @@ def _levers(settings: dict[str, Any]) -> str:
     return ", ".join(f"{k} {v}" for k, v in shown.items() if v is not None)
 
 
-def figures_of(stage: str, out: Path, args: argparse.Namespace) -> list[dict[str, Any]]:
+def figures_of(stage: str, out: Path, args: GpuSuite) -> list[dict[str, Any]]:
     """The figures of a stage that ran, from the JSON it wrote."""
     if stage == "teacher":
         return teacher_figures(json.loads((out / "teacher.json").read_text()), args.tiny)
@@ -428,16 +424,16 @@ def figures_of(stage: str, out: Path, args: argparse.Namespace) -> list[dict[str
     return [*rerank_figures(result, backend, args.tiny), *score_figures(result, backend, padded_method(args))]
 
 
-def free_memory() -> None:
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
+    """``python -m distill.bench.gpu_suite ARGS``; its exit status."""
+    return phases.main(GpuSuite, run, "distill.bench.gpu_suite", argv)
+
+
+def run(args: GpuSuite, invocation: dict[str, Any]) -> int:
+    """Run the stages (then their profiles), write ``summary.json`` and print it; 1 if any stage failed."""
     device = resolve_device(args.device)
-    out = args.out or RESULTS / f"gpu-suite-{device.type}{'-tiny' if args.tiny else ''}"
+    args = dataclasses.replace(args, device=str(device), tiny=args.tiny or device.type != "cuda")
+    out = Path(args.out) if args.out else RESULTS / f"gpu-suite-{device.type}{'-tiny' if args.tiny else ''}"
     out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     stages: dict[str, Any] = {}
@@ -457,7 +453,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     profiles = {name: run_profile(name, args, out) for name in args.only} if args.profile else {}
     summary = {
         "benchmark": "gpu_suite",
-        **invocation("benchmarks/gpu_suite.py", argv),
+        **invocation,
         "device": str(device),
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "tiny": args.tiny,
@@ -468,32 +464,43 @@ def main(argv: Sequence[str] | None = None) -> int:
         "profiles": profiles,
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    print_summary(summary)
+    print(summary_report(summary))
     print(f"\nwrote {display_path(out)}/summary.json")
     failed = [*stages.values(), *profiles.values()]
     return 1 if any(s["error"] for s in failed) else 0
 
 
-def print_summary(summary: dict[str, Any]) -> None:
-    print(f"\n===== gpu suite on {summary['device_name']}{' (tiny)' if summary['tiny'] else ''}: "
-          f"{summary['seconds']:.0f} s =====")  # fmt: skip
-    for name, stage in summary["stages"].items():
-        status = "ok" if stage["error"] is None else f"FAILED: {stage['error']}"
-        print(f"{name:<8} {stage['seconds']:>7.1f} s  {status}")
-    marks = {True: "met", False: "NOT MET", None: "-"}
-    for f in summary["figures"]:
-        value = f"{f['value']:.4g}" if isinstance(f["value"], float) else str(f["value"])
-        target = (
-            "" if f["target"] is None else f"{ {'min': '>=', 'max': '<=', 'equal': '=='}[f['kind']] } {f['target']}"
-        )
-        print(f"{f['stage']:<8} {f['figure']:<40} {value:>12}  {target:<10} {marks[f['met']]:<8} {f['note']}")
-    for name, run in summary["profiles"].items():
-        if run["error"] is not None:
-            print(f"profile of {name}: FAILED: {run['error']}")
-        for path, profile in run["profiles"].items():
+MARKS = {True: "met", False: "NOT MET", None: "-"}
+FIGURE_COLUMNS = (
+    Column("stage", -8, lambda f: f["stage"]),
+    Column("figure", -40, lambda f: f["figure"]),
+    Column("value", 12, lambda f: f"{f['value']:.4g}" if isinstance(f["value"], float) else str(f["value"])),
+    Column("target", -12, lambda f: "" if f["target"] is None else f"{SIGNS[f['kind']]} {f['target']}"),
+    Column("", -8, lambda f: MARKS[f["met"]]),
+    Column("note", -1, lambda f: f["note"]),
+)
+SIGNS = {"min": ">=", "max": "<=", "equal": "=="}
+
+
+def summary_report(summary: dict[str, Any]) -> str:
+    """The summary for a reader: each stage's time and status, every figure against its target, the profiles."""
+    lines = [
+        f"\n===== gpu suite on {summary['device_name']}{' (tiny)' if summary['tiny'] else ''}: "
+        f"{summary['seconds']:.0f} s =====",
+        *(
+            f"{name:<8} {stage['seconds']:>7.1f} s  {'ok' if stage['error'] is None else 'FAILED: ' + stage['error']}"
+            for name, stage in summary["stages"].items()
+        ),
+        table(summary["figures"], FIGURE_COLUMNS),
+    ]
+    for name, done in summary["profiles"].items():
+        if done["error"] is not None:
+            lines.append(f"profile of {name}: FAILED: {done['error']}")
+        for path, profile in done["profiles"].items():
             shares = ", ".join(f"{k} {v:.0%}" for k, v in profile["by_category_share"].items())
             busy = "" if profile["busy_fraction"] is None else f"device busy {profile['busy_fraction']:.0%}; "
-            print(f"profile {path}: {busy}{shares}")
+            lines.append(f"profile {path}: {busy}{shares}")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
