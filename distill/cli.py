@@ -130,10 +130,12 @@ PROJECT_LOGGERS = ("distill", "teachers", "students")
 
 def quiet_third_parties() -> None:
     """Show the project's progress (INFO) and every warning, and keep the notices a user can do nothing about quiet:
-    transformers' INFO-like warnings (``loss_type=None``, gradient-checkpointing notes) and its per-model "Loading
-    weights" bars. Set ``TRANSFORMERS_VERBOSITY`` or ``HF_HUB_DISABLE_PROGRESS_BARS`` to see them again."""
+    transformers' INFO-like warnings (``loss_type=None``, gradient-checkpointing notes), its per-model "Loading
+    weights" and GGUF conversion bars, and datasets' "Saving the dataset" bars. Set ``TRANSFORMERS_VERBOSITY``,
+    ``HF_HUB_DISABLE_PROGRESS_BARS`` or ``HF_DATASETS_DISABLE_PROGRESS_BARS`` to see them again."""
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for name in PROJECT_LOGGERS:
         logging.getLogger(name).setLevel(logging.INFO)

@@ -298,8 +298,8 @@ def test_killed_run_resumes_from_last(tmp_path: Path, tiny_bert: Path, teacher_d
     import time
 
     path = write_config(tmp_path, tiny_bert, teacher_dataset, max_epochs=40)
-    command = [sys.executable, "-m", "distill", "train", "--config", str(path)]
-    last = tmp_path / "runs" / "tiny" / "checkpoints" / "last.ckpt"
+    command = [sys.executable, "-m", "distill", "train", "--config", str(path), "--checkpointing.every_n_steps", "3"]
+    last = tmp_path / "runs" / "tiny" / "checkpoints" / "last.ckpt"  # saved every 3 steps (an epoch), and at the end
     proc = subprocess.Popen(command, env=_subprocess_env(), stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
     deadline = time.monotonic() + 300
     while not last.exists() and proc.poll() is None and time.monotonic() < deadline:

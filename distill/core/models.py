@@ -12,11 +12,13 @@ Packages that ship weights are found with :func:`importlib.util.find_spec` and n
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import os
 import re
 import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -209,13 +211,33 @@ def load_pretrained(source: ModelSource, loader: Any, **kwargs: Any) -> Any:
                 return loader.from_pretrained(source.location, local_files_only=True, **kwargs)
             except OSError:
                 _check_hub(source.name)
-        return loader.from_pretrained(source.location, **source.pretrained_kwargs(), **kwargs)
+        with _gguf_bar_as_configured(source):
+            return loader.from_pretrained(source.location, **source.pretrained_kwargs(), **kwargs)
     except ModelNotFoundError:
         raise
     except OSError as e:
         if source.kind != "hub":
             raise
         raise ModelNotFoundError(_not_found(source.name, _hub_tried(source.name, str(e).splitlines()[0]))) from e
+
+
+@contextlib.contextmanager
+def _gguf_bar_as_configured(source: ModelSource) -> Iterator[None]:
+    """transformers' GGUF conversion draws its own tqdm bar, which ignores ``HF_HUB_DISABLE_PROGRESS_BARS`` (its other
+    bars honour it): where that is set (the command line sets it by default), the conversion draws none either."""
+    from huggingface_hub.utils import are_progress_bars_disabled
+
+    if source.kind != "gguf" or not are_progress_bars_disabled():
+        yield
+        return
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+
+    bar = gguf_utils.tqdm
+    gguf_utils.tqdm = functools.partial(bar, disable=True)
+    try:
+        yield
+    finally:
+        gguf_utils.tqdm = bar
 
 
 def _hub_tried(name: str, why: str) -> list[str]:

@@ -50,6 +50,7 @@ BEST = "best"
 """The file name (without ``.ckpt``) of the run's best checkpoint, by the validation metric."""
 # LastCheckpoint resumes the batch sampler itself, which Lightning cannot see.
 warnings.filterwarnings("ignore", "You're resuming from a checkpoint that ended before the epoch ended")
+warnings.filterwarnings("ignore", r"`isinstance\(treespec, LeafSpec\)` is deprecated")  # Lightning's, about torch's
 
 
 class DistillCLI(LightningCLI):
@@ -104,12 +105,18 @@ class DistillCLI(LightningCLI):
         if config.get("logger") in (None, True):
             config["logger"] = [ResumableCSVLogger(self.run_dir, name="logs", version="")]
             if self.config.wandb_mode != "disabled":
+                import wandb
+
+                # offline, wandb's banner and end-of-run history point nowhere a user can go: the run folder's
+                # metrics.csv and wandb/ are named in the summary instead
+                quiet = {"settings": wandb.Settings(silent=True)} if self.config.wandb_mode == "offline" else {}
                 config["logger"].append(
                     WandbLogger(
                         project="cis-distill",
                         name=self.config.run_name,
                         save_dir=str(self.run_dir),
                         mode=self.config.wandb_mode,
+                        **quiet,
                     )
                 )
         monitor = "val/nDCG@10" if self.config.data.qrels else "val/spearman"
