@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
+import numpy as np
 import torch
 
 from distill.bench.measure import MemoryProbe, dtype_name, matmul_flops_per_s, synchronize
@@ -236,6 +237,23 @@ class Window:
         return {"seconds": self.seconds, "peak_memory_bytes": self.peak, "memory_kind": self.probe.kind}
 
 
+def time_calls(
+    calls: Sequence[Callable[[], object]], repeats: int, before: Callable[[], None] = lambda: None
+) -> dict[str, Any]:
+    """One untimed round of ``calls``, ``before()``, then ``repeats`` timed rounds: the p50, the p95 and every
+    call's wall time, in seconds (host clock: for CPU work)."""
+    for call in calls:
+        call()
+    before()
+    seconds = []
+    for _ in range(repeats):
+        for call in calls:
+            start = time.perf_counter()
+            call()
+            seconds.append(time.perf_counter() - start)
+    return {"p50_s": float(np.percentile(seconds, 50)), "p95_s": float(np.percentile(seconds, 95)), "seconds": seconds}
+
+
 @dataclass
 class Ceiling:
     """The rate (FLOP/s) phases are taken against: a ``size``-square matmul in ``dtype`` on ``device``, timed over
@@ -302,15 +320,16 @@ class Column:
 
 
 def table(rows: Iterable[Any], columns: Sequence[Column]) -> str:
-    """``rows`` as a fixed-width text table, a header line first."""
-
-    def line(cells: Iterable[str]) -> str:
-        return " ".join(
-            f"{c:<{-col.width}}" if col.width < 0 else f"{c:>{col.width}}"
-            for c, col in zip(cells, columns, strict=True)
+    """``rows`` as a text table, a header line first; a column widens to its longest cell."""
+    cells = [[c.header for c in columns], *([c.cell(row) for c in columns] for row in rows)]
+    widths = [max(abs(c.width), *(len(line[k]) for line in cells)) for k, c in enumerate(columns)]
+    return "\n".join(
+        " ".join(
+            f"{cell:<{width}}" if col.width < 0 else f"{cell:>{width}}"
+            for cell, col, width in zip(line, columns, widths, strict=True)
         ).rstrip()
-
-    return "\n".join([line(c.header for c in columns), *(line(c.cell(row) for c in columns) for row in rows)])
+        for line in cells
+    )
 
 
 def met(flag: bool) -> str:

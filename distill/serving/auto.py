@@ -59,7 +59,7 @@ a DL19 query's 100 BM25 candidates; the docs' results page "CPU latency"):
 - ``vnni``: on an AVX-512 VNNI Xeon without AMX (``benchmarks/results/bench-cpu-dl2122-seg-hybrid-lr3e-5``, the
   final student), OpenVINO int8 2.04x PyTorch fp32, OpenVINO fp32 1.19x, onnxruntime fp32 0.84x (slower than
   PyTorch, so it is left out of the AVX-512 lists), OpenVINO bf16 0.69x (AVX-512 BF16 without AMX is slower than
-  fp32); onnxruntime's dynamic int8 took 593 ms against its fp32's 1004 (``benchmarks/onnx_cpu.py``).
+  fp32); onnxruntime's dynamic int8 took 593 ms against its fp32's 1004 (:mod:`distill.bench.onnx_cpu`).
 - ``fp32``: on an AMD EPYC (``benchmarks/results/bench-cpu-minilm-dl19-all-cis``), onnxruntime fp32 1.53x PyTorch
   fp32 (763 against 1168 ms); OpenVINO fp32 before it, as it was 1.43x faster than onnxruntime on the Xeon.
 - ``cuda``: PyTorch fp16 on the GPU (the export's ONNX graphs are CPU-tuned).

@@ -3,7 +3,7 @@ OpenVINO) rerank a DL19 query's 100 BM25 candidates fastest, and where the time 
 
 Every figure is the p50 of end-to-end calls as ``distill bench`` makes them (``Reranker.score``: tokenisation, a
 length-sorted batch loop under a token budget), over ``--repeats`` rounds of the first ``--queries`` DL19 queries
-after one warm-up round. Stages (``--stages``, all by default):
+after one warm-up round (:func:`distill.bench.phases.time_calls`). Stages (``--stages``, all by default):
 
 - ``variants``: each graph at the default settings: fp32 from the dynamo exporter (the export before this one),
   with onnxscript's fusions, from the TorchScript exporter, fused by onnxruntime's transformer optimiser, and fused
@@ -19,13 +19,13 @@ after one warm-up round. Stages (``--stages``, all by default):
 - ``openvino``: the graphs OpenVINO reads (if installed), in fp32 (the fused one also in bf16: OpenVINO's default
   wherever the CPU has it) and ``int8-weights`` as ``distill``'s ``openvino-int8`` backend runs it, at three batch
   budgets, one stream of ``--threads`` threads. The choice between OpenVINO's int8 settings is in
-  ``benchmarks/int8.py``.
+  ``python -m distill.bench.int8``.
 - ``streams``: OpenVINO with ``--threads`` single-threaded streams and a batch in flight on each.
 - ``profile``: onnxruntime's profile of the default settings on the fused fp32 graph and on ``--int8``, and
   OpenVINO's per-node counters on ``int8-weights``: the time per op type (OpenVINO's also per kernel), and the
   share of the call outside the graph (tokenisation, padding, Python).
 
-    python benchmarks/onnx_cpu.py --student checkpoints/minilm-dl21-cis --threads 2
+    python -m distill.bench.onnx_cpu --student checkpoints/minilm-dl21-cis --threads 2
     # -> benchmarks/results/onnx-cpu-<run>.json
 
 ``--graphs DIR`` keeps the graphs (and reuses them on the next run), so that they can be built apart from the
@@ -34,7 +34,6 @@ timed runs.
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import itertools
 import json
@@ -46,18 +45,31 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _common import RESULTS, display_path, invocation, slug
 
+from distill.bench import phases
 from distill.bench.measure import environment, int8_matmul_ops_per_s, matmul_flops_per_s
+from distill.bench.phases import (
+    RESULTS,
+    BenchOptions,
+    at_least,
+    display_path,
+    set_threads,
+    slug,
+    time_calls,
+    write_result,
+)
 from distill.core.batching import token_budget_batches
 from distill.core.devices import STUDENT_BATCH_TOKENS
 from distill.core.loaders import load_candidates
+from distill.core.package_paths import CANDIDATES, DL19
 from distill.core.run_folder import student_folder
+from distill.core.schema import InputError
 from distill.export.cls_tail import run_tail_on_first_token
 from distill.export.folder import EXAMPLE_PAIRS
 from distill.export.onnx_graphs import Logits, export_onnx, fuse_transformer
@@ -79,8 +91,39 @@ from distill.serving.scorers import (
 STAGES = ("variants", "sessions", "openvino", "streams", "profile")
 OPENVINO_ONLY = ("int8-weights",)
 """Graphs made for OpenVINO (onnxruntime folds their int8 weights back to fp32): timed in the openvino stage only."""
-DL19 = Path(__file__).resolve().parents[1] / "data" / "trec-dl19" / "bm25_top100.json"
 BUDGETS = (256, 512, 1024, 2048, 4096, 8192, 16384)
+
+
+@dataclass(kw_only=True)
+class OnnxCpu(BenchOptions):
+    """Which ONNX graph, session settings and runtime rerank fastest on a CPU, and where the time goes."""
+
+    student: str
+    """A training run or an HF folder."""
+    threads: int | None = 2
+    """Intra-op threads (torch's too)."""
+    queries: int = 3
+    """DL19 queries timed (each with its 100 candidates)."""
+    repeats: int = 5
+    budget: int = STUDENT_BATCH_TOKENS["cpu"]
+    """Padded tokens per batch."""
+    int8: str = "int8-dynamic"
+    """The int8 graph the sessions and the profile use."""
+    stages: list[str] = field(default_factory=lambda: list(STAGES))
+    """The stages to run, of ``variants``, ``sessions``, ``openvino``, ``streams``, ``profile`` (none: build the
+    graphs only, with ``--graphs``)."""
+    quality: bool = True
+    """The int8 graphs' nDCG@10 on DL19 beside their times."""
+    all_variants: bool = False
+    """Also time the graph fused without ``Attention``."""
+    graphs: str | None = None
+    """Build the graphs into this folder, or reuse those a run left there."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        at_least(self, 1, "queries", "repeats", "budget")
+        if unknown := sorted(set(self.stages) - set(STAGES)):
+            raise InputError(f"--stages: unknown stage(s) {unknown}, of {list(STAGES)}")
 
 
 # ----------------------------------------------------------------------------- graphs
@@ -213,7 +256,8 @@ class Workload:
     def __init__(self, folder: Path, queries: int) -> None:
         self.tokenizer = load_tokenizer(folder)
         self.max_length = model_max_length(folder, self.tokenizer)
-        self.calls = [(c.query.text, [p.text for p in c.passages]) for c in load_candidates(DL19).candidates[:queries]]
+        candidates = load_candidates(DL19 / CANDIDATES).candidates[:queries]
+        self.calls = [(c.query.text, [p.text for p in c.passages]) for c in candidates]
 
 
 def reranker(scorer: Scorer, work: Workload, budget: int) -> Reranker:
@@ -235,17 +279,9 @@ def parallel_score(ranker: Reranker, pool: ThreadPoolExecutor) -> Callable[[str,
     return score
 
 
-def time_calls(score: Callable[[str, list[str]], Sequence[float]], work: Workload, repeats: int) -> dict[str, Any]:
-    """One warm-up round, then ``repeats`` timed rounds of every call: p50, p95 and every time, in seconds."""
-    for query, passages in work.calls:
-        score(query, passages)
-    seconds = []
-    for _ in range(repeats):
-        for query, passages in work.calls:
-            start = time.perf_counter()
-            score(query, passages)
-            seconds.append(time.perf_counter() - start)
-    return {"p50_s": float(np.percentile(seconds, 50)), "p95_s": float(np.percentile(seconds, 95)), "seconds": seconds}
+def time_rounds(score: Callable[[str, list[str]], Sequence[float]], work: Workload, repeats: int) -> dict[str, Any]:
+    """``score`` on every call of ``work``: one warm-up round, then ``repeats`` timed rounds (p50, p95, seconds)."""
+    return time_calls([partial(score, query, passages) for query, passages in work.calls], repeats)
 
 
 class Quality:
@@ -275,14 +311,14 @@ class Quality:
 # ----------------------------------------------------------------------------- stages
 
 
-def stage_variants(graphs: dict[str, Path], work: Workload, args: argparse.Namespace, quality: Quality | None):
+def stage_variants(graphs: dict[str, Path], work: Workload, args: OnnxCpu, quality: Quality | None):
     rows = []
     settings = SessionSettings(threads=args.threads)
     for name, path in graphs.items():
         if name in OPENVINO_ONLY or (name == "fp32-fused-no-attention" and not args.all_variants):
             continue
         scorer = OnnxScorer(path, settings=settings)
-        row = {"graph": name, **time_calls(reranker(scorer, work, args.budget).score, work, args.repeats)}
+        row = {"graph": name, **time_rounds(reranker(scorer, work, args.budget).score, work, args.repeats)}
         row["ops"] = op_counts(path)
         if quality is not None and name.startswith("int8"):
             row["ndcg10"] = quality.delta(scorer)
@@ -291,7 +327,7 @@ def stage_variants(graphs: dict[str, Path], work: Workload, args: argparse.Names
     return rows
 
 
-def stage_sessions(graphs: dict[str, Path], work: Workload, args: argparse.Namespace):
+def stage_sessions(graphs: dict[str, Path], work: Workload, args: OnnxCpu):
     rows = []
     base = SessionSettings(threads=args.threads)
     changes: list[tuple[str, SessionSettings, int, int]] = [("defaults", base, args.budget, 1)]
@@ -307,10 +343,10 @@ def stage_sessions(graphs: dict[str, Path], work: Workload, args: argparse.Names
         for label, settings, budget, workers in changes:
             ranker = reranker(OnnxScorer(graphs[graph], settings=settings), work, budget)
             if workers == 1:
-                row = time_calls(ranker.score, work, args.repeats)
+                row = time_rounds(ranker.score, work, args.repeats)
             else:
                 with ThreadPoolExecutor(workers) as pool:
-                    row = time_calls(parallel_score(ranker, pool), work, args.repeats)
+                    row = time_rounds(parallel_score(ranker, pool), work, args.repeats)
             row = {"graph": graph, "change": label, "settings": asdict(settings), "max_batch_tokens": budget, **row}
             rows.append(row)
             print(_line(f"{graph} {label}", row), flush=True)
@@ -354,10 +390,10 @@ def _openvino_installed() -> bool:
     return True
 
 
-def stage_openvino(graphs: dict[str, Path], work: Workload, args: argparse.Namespace, quality: Quality | None):
+def stage_openvino(graphs: dict[str, Path], work: Workload, args: OnnxCpu, quality: Quality | None):
     """Each graph OpenVINO reads, one stream of ``--threads`` threads at three batch budgets, every op it does not
     run in int8 in fp32 (the fused fp32 graph and ``int8-weights`` also in bf16). The choice between OpenVINO's
-    int8 settings is made in ``benchmarks/int8.py``."""
+    int8 settings is made in ``python -m distill.bench.int8``."""
     if not _openvino_installed():
         return SKIPPED
     import openvino
@@ -378,7 +414,7 @@ def stage_openvino(graphs: dict[str, Path], work: Workload, args: argparse.Names
                 break
             row = {"graph": graph, "precision": precision, "int8_group_size": group_size, "streams": 1,
                    "max_batch_tokens": budget}  # fmt: skip
-            row.update(time_calls(reranker(scorer, work, budget).score, work, args.repeats))
+            row.update(time_rounds(reranker(scorer, work, budget).score, work, args.repeats))
             if quality is not None and (graph.startswith("int8") or precision != "float32") and budget == args.budget:
                 row["ndcg10"] = quality.delta(scorer)
             rows.append(row)
@@ -386,7 +422,7 @@ def stage_openvino(graphs: dict[str, Path], work: Workload, args: argparse.Names
     return {"version": openvino.__version__, "rows": rows}
 
 
-def stage_streams(graphs: dict[str, Path], work: Workload, args: argparse.Namespace):
+def stage_streams(graphs: dict[str, Path], work: Workload, args: OnnxCpu):
     """OpenVINO with ``--threads`` single-threaded streams and a batch in flight on each (the fused fp32 graph, the
     static int8 one and ``int8-weights`` as the ``openvino-int8`` backend quantises it), at two batch budgets."""
     if not _openvino_installed():
@@ -396,7 +432,7 @@ def stage_streams(graphs: dict[str, Path], work: Workload, args: argparse.Namesp
     for (graph, group_size), budget in itertools.product(streamed, (args.budget // 2, args.budget)):
         streams = OpenVinoStreams(graphs[graph], args.threads, "float32", group_size)
         with ThreadPoolExecutor(args.threads) as pool:
-            timed = time_calls(parallel_score(reranker(streams, work, budget), pool), work, args.repeats)
+            timed = time_rounds(parallel_score(reranker(streams, work, budget), pool), work, args.repeats)
         rows.append({"graph": graph, "precision": "float32", "int8_group_size": group_size,
                      "streams": args.threads, "max_batch_tokens": budget, **timed})  # fmt: skip
         print(_line(f"openvino {graph} {args.threads} streams x 1 thread max_batch_tokens={budget}", rows[-1]))
@@ -458,18 +494,10 @@ def _print_profile(name: str, row: dict[str, Any]) -> None:
 def _timed_round(ranker: Reranker, work: Workload, start: Callable[[], None] = lambda: None) -> list[float]:
     """A warm-up round of every call (as many graph runs as the timed one), ``start()``, then the wall time of each
     call of one round, in seconds."""
-    for query, passages in work.calls:
-        ranker.score(query, passages)
-    start()
-    walls = []
-    for query, passages in work.calls:
-        begin = time.perf_counter()
-        ranker.score(query, passages)
-        walls.append(time.perf_counter() - begin)
-    return walls
+    return time_calls([partial(ranker.score, q, p) for q, p in work.calls], 1, start)["seconds"]
 
 
-def profile_onnxruntime(path: Path, work: Workload, args: argparse.Namespace, prefix: Path) -> dict[str, Any]:
+def profile_onnxruntime(path: Path, work: Workload, args: OnnxCpu, prefix: Path) -> dict[str, Any]:
     """onnxruntime's profile of the graph at ``path`` with the default session settings."""
     scorer = ProfiledScorer(path, SessionSettings(threads=args.threads), prefix)
     walls = _timed_round(reranker(scorer, work, args.budget), work)
@@ -483,7 +511,7 @@ def profile_onnxruntime(path: Path, work: Workload, args: argparse.Namespace, pr
     return _profile_row(by_op, walls, sum(e["dur"] for e in timed) / 1e3)
 
 
-def profile_openvino(path: Path, work: Workload, args: argparse.Namespace) -> dict[str, Any]:
+def profile_openvino(path: Path, work: Workload, args: OnnxCpu) -> dict[str, Any]:
     """OpenVINO's per-node profile of ``distill``'s ``openvino-int8`` backend (the graph of ``int8_mode: weights``),
     by node type and kernel; the graph's time is the sum of its nodes'."""
     scorer = OpenVinoScorer(path, args.threads, OPENVINO_INT8_PRECISION, OPENVINO_INT8_GROUP_SIZE, perf_count=True)
@@ -492,7 +520,7 @@ def profile_openvino(path: Path, work: Workload, args: argparse.Namespace) -> di
     return _profile_row(counters.ms, walls, sum(counters.ms.values()))
 
 
-def stage_profile(graphs: dict[str, Path], work: Workload, args: argparse.Namespace, tmp: Path):
+def stage_profile(graphs: dict[str, Path], work: Workload, args: OnnxCpu, tmp: Path):
     """Where one round of calls spends its time, after a warm-up round: onnxruntime's profile of the fused fp32
     graph and of ``--int8``, and OpenVINO's of its int8 backend (if installed). Per call: the wall time, the time
     in the graph and outside it (tokenisation, padding, Python), and the time per op type (also as a share of the
@@ -515,31 +543,16 @@ def _line(name: str, row: dict[str, Any]) -> str:
     return f"{name:<60} p50 {1e3 * row['p50_s']:7.1f} ms  p95 {1e3 * row['p95_s']:7.1f} ms{extra}"
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def run(args: OnnxCpu, invocation: dict[str, Any]) -> int:
+    """Build (or reuse) the graphs, run each stage asked for, and write the result after each."""
     import torch
 
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--student", required=True, help="a training run or an HF folder")
-    p.add_argument("--threads", type=int, default=2, help="intra-op threads (torch's too)")
-    p.add_argument("--queries", type=int, default=3, help="DL19 queries timed (each with its 100 candidates)")
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--budget", type=int, default=STUDENT_BATCH_TOKENS["cpu"], help="padded tokens per batch")
-    p.add_argument("--int8", default="int8-dynamic", help="the int8 graph the sessions and the profile use")
-    p.add_argument("--stages", default=",".join(STAGES))
-    p.add_argument("--no-quality", action="store_true", help="skip the int8 graphs' nDCG@10 on DL19")
-    p.add_argument("--all-variants", action="store_true", help="also time the graph fused without Attention")
-    p.add_argument("--graphs", type=Path, help="build the graphs into this folder, or reuse those a run left there")
-    p.add_argument("--out", type=Path, help="JSON result (default benchmarks/results/onnx-cpu-<run>.json)")
-    args = p.parse_args(argv)
-    stages = [stage for stage in args.stages.split(",") if stage]  # none: build the graphs only (with --graphs)
-    if unknown := set(stages) - set(STAGES):
-        p.error(f"unknown stages {sorted(unknown)}; choose from {STAGES}")
-    torch.set_num_threads(args.threads)
+    set_threads(args.threads)
     hf = student_folder(args.student, exported=False)
     run_name = hf.parent.name if hf.name in ("export", "hf") else hf.name
     out = args.out or RESULTS / f"onnx-cpu-{slug(run_name)}.json"
     record: dict[str, Any] = {
-        **invocation("benchmarks/onnx_cpu.py", argv),
+        **invocation,
         "environment": environment(torch.device("cpu"), torch.float32),
         "student": display_path(hf),
         "threads": args.threads,
@@ -547,28 +560,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         "matmul_int8_ops_per_s": int8_matmul_ops_per_s(2048, 10, args.threads),
         "defaults": {"settings": asdict(SessionSettings(threads=args.threads)), "max_batch_tokens": args.budget},
     }
+    stages = {
+        "variants": lambda: stage_variants(graphs, work, args, quality),
+        "sessions": lambda: stage_sessions(graphs, work, args),
+        "openvino": lambda: stage_openvino(graphs, work, args, quality),
+        "streams": lambda: stage_streams(graphs, work, args),
+        "profile": lambda: stage_profile(graphs, work, args, Path(tmp)),
+    }
     with tempfile.TemporaryDirectory(prefix="onnx-cpu-") as tmp:
-        folder = args.graphs or Path(tmp) / "student"
+        folder = Path(args.graphs) if args.graphs else Path(tmp) / "student"
         started = time.perf_counter()
         graphs = graphs_in(hf, folder)
         record["build_s"] = time.perf_counter() - started
         work = Workload(folder, args.queries)
         record["workload"] = {"queries": [q for q, _ in work.calls], "candidates": [len(c) for _, c in work.calls]}
-        quality = None if args.no_quality or not {"variants", "openvino"} & set(stages) else Quality(hf, work)
-        for stage in stages:
-            if stage == "variants":
-                record["variants"] = stage_variants(graphs, work, args, quality)
-            elif stage == "sessions":
-                record["sessions"] = stage_sessions(graphs, work, args)
-            elif stage == "openvino":
-                record["openvino"] = stage_openvino(graphs, work, args, quality)
-            elif stage == "streams":
-                record["streams"] = stage_streams(graphs, work, args)
-            elif stage == "profile":
-                record["profile"] = stage_profile(graphs, work, args, Path(tmp))
-            out.write_text(json.dumps(record, indent=2) + "\n")
-    print(f"wrote {out}")
+        quality = Quality(hf, work) if args.quality and {"variants", "openvino"} & set(args.stages) else None
+        for stage in args.stages:
+            record[stage] = stages[stage]()
+            write_result(record, out)
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m distill.bench.onnx_cpu ARGS``; its exit status."""
+    return phases.main(OnnxCpu, run, "distill.bench.onnx_cpu", argv)
 
 
 if __name__ == "__main__":

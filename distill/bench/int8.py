@@ -17,40 +17,69 @@ top-100 (5,300 pairs). For each variant: the mean over queries of the Spearman c
 p50 of reranking a DL19 query's 100 BM25 candidates (the first ``--time-queries`` queries, ``--repeats`` rounds after
 a warm-up round, ``--threads`` threads, the batching of ``Reranker``).
 
-    python benchmarks/int8.py --student checkpoints/q-seg-cis_q-ranknet --threads 2
+    python -m distill.bench.int8 --student checkpoints/q-seg-cis_q-ranknet --threads 2
     # -> benchmarks/results/int8-<run>.json
 """
 
 from __future__ import annotations
 
-import argparse
-import json
+import importlib.util
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from _common import RESULTS, invocation, slug
 
+from distill.bench import phases
 from distill.bench.measure import environment
+from distill.bench.phases import (
+    RESULTS,
+    BenchOptions,
+    at_least,
+    display_path,
+    set_threads,
+    slug,
+    time_calls,
+    write_result,
+)
 from distill.core.batching import token_budget_batches
 from distill.core.devices import STUDENT_BATCH_TOKENS
 from distill.core.fidelity import fidelity_per_query, mean_fidelity
 from distill.core.loaders import load_candidates
 from distill.core.metrics import evaluate
+from distill.core.package_paths import CANDIDATES, DL19, DL21, QRELS
 from distill.core.run_folder import student_folder
 from distill.core.runs import run_from_columns
+from distill.core.schema import InputError
 from distill.export.quantize import CALIBRATION_METHODS, QUANTISED_OPS, Calibration, quantize_int8
 from distill.serving.encoding import encode_pairs, load_tokenizer, model_max_length, pad_batch
 from distill.serving.scorers import OnnxScorer, OpenVinoScorer, Scorer, SessionSettings
 
-DATA = Path(__file__).resolve().parents[1] / "data"
-VALIDATION = (DATA / "trec-dl21" / "bm25_top100.json", DATA / "trec-dl21" / "qrels.txt")
-TIMED = DATA / "trec-dl19" / "bm25_top100.json"
+VALIDATION = (DL21 / CANDIDATES, DL21 / QRELS)
+TIMED = DL19 / CANDIDATES
 GROUP_SIZES = (0, 32, 64, 128, 384)
+
+
+@dataclass(kw_only=True)
+class Int8Choice(BenchOptions):
+    """Which int8 graph of a student to ship: how each quantisation moves its ranking, and how fast each runs."""
+
+    student: str
+    """A training run, or an export folder with ``model.onnx``."""
+    threads: int | None = 2
+    time_queries: int = 3
+    """DL19 queries timed (each with its 100 candidates)."""
+    repeats: int = 3
+    only: list[str] | None = None
+    """The variants to run (default all)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        at_least(self, 1, "time_queries", "repeats")
 
 
 def ort_variant(name: str, source: Path, target: Path) -> None:
@@ -132,15 +161,8 @@ class Pairs:
 
     def p50_ms(self, scorer: Scorer, repeats: int) -> float:
         """The median over ``repeats`` rounds of the wall time of one list's batches, after a warm-up round."""
-        times = []
-        for round_ in range(repeats + 1):
-            for call in self.calls:
-                start = time.perf_counter()
-                for _, batch in call:
-                    scorer(batch)
-                if round_:
-                    times.append(time.perf_counter() - start)
-        return 1000 * float(np.median(times))
+        calls = [partial(_score_batches, scorer, call) for call in self.calls]
+        return 1000 * time_calls(calls, repeats)["p50_s"]
 
     def quality(self, values: np.ndarray, reference: np.ndarray) -> dict[str, float]:
         run = run_from_columns(self.qids, self.docids, values.tolist())
@@ -155,23 +177,19 @@ class Pairs:
         }
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    import importlib.util
+def _score_batches(scorer: Scorer, call: list[tuple[np.ndarray, dict[str, np.ndarray]]]) -> None:
+    for _, batch in call:
+        scorer(batch)
 
+
+def run(args: Int8Choice, invocation: dict[str, Any]) -> int:
+    """Every variant's ranking against fp32's on the validation queries, and its p50; the result written."""
     import torch
 
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--student", required=True, help="a training run, or an export folder with model.onnx")
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--time-queries", type=int, default=3)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--only", nargs="*", help="variants to run (default all)")
-    p.add_argument("--out", type=Path, help="JSON result (default benchmarks/results/int8-<run>.json)")
-    args = p.parse_args(argv)
     folder = student_folder(args.student)
     if not (folder / "model.onnx").is_file():
-        p.error(f"{folder}: no model.onnx; run distill export first")
-    torch.set_num_threads(args.threads)
+        raise InputError(f"{folder}: no model.onnx; run distill export first")
+    set_threads(args.threads)
     validation = Pairs(folder, *VALIDATION)
     timed = Pairs(folder, TIMED, queries=args.time_queries)
     fp32 = OnnxScorer(folder / "model.onnx", settings=SessionSettings(threads=args.threads))
@@ -199,19 +217,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             show(name, results[name])
             del scorer
     record: dict[str, Any] = {
-        **invocation("benchmarks/int8.py", argv),
+        **invocation,
         "environment": environment(torch.device("cpu"), torch.float32),
         "student": str(folder),
-        "validation": {"input": str(VALIDATION[0].relative_to(DATA.parent)), "pairs": len(validation.qids)},
-        "timed": {"input": str(TIMED.relative_to(DATA.parent)), "queries": args.time_queries},
+        "validation": {"input": display_path(VALIDATION[0]), "pairs": len(validation.qids)},
+        "timed": {"input": display_path(TIMED), "queries": args.time_queries},
         "threads": args.threads,
         "results": results,
     }
     run_name = folder.parent.name if folder.name in ("export", "hf") else folder.name
-    out = args.out or RESULTS / f"int8-{slug(run_name)}.json"
-    out.write_text(json.dumps(record, indent=2) + "\n")
-    print(f"wrote {out}")
+    write_result(record, args.out or RESULTS / f"int8-{slug(run_name)}.json")
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m distill.bench.int8 ARGS``; its exit status."""
+    return phases.main(Int8Choice, run, "distill.bench.int8", argv)
 
 
 if __name__ == "__main__":
