@@ -7,12 +7,12 @@ the same seeded split of 16 judged DL21 queries, where every setting (head, labe
 interpolation α) is chosen. DL19 is the test set: only the
 variants named in :data:`TEST` are reranked on it, once each, and nothing is chosen by it.
 
-    python benchmarks/quality.py teacher                 # -> benchmarks/results/quality-dl21-val-teacher.{json,md}
-    python benchmarks/quality.py teacher --split dl19    # the test reference -> quality-dl19-teacher.{json,md}
-    python benchmarks/quality.py train NAME [NAME ...]   # train variants -> benchmarks/results/quality/val-NAME.json
-    python benchmarks/quality.py table                   # -> benchmarks/results/quality-dl21-val.{json,md}
-    python benchmarks/quality.py test [NAME ...]         # -> benchmarks/results/quality-dl19-<name>.json
-    python benchmarks/quality.py test NAME --first_stage tasb    # its TAS-B top-100 -> quality-dl19-tasb-<name>.json
+    python experiments/quality.py teacher                 # -> benchmarks/results/quality-dl21-val-teacher.{json,md}
+    python experiments/quality.py teacher --split dl19    # the test reference -> quality-dl19-teacher.{json,md}
+    python experiments/quality.py train NAME [NAME ...]   # train variants -> benchmarks/results/quality/val-NAME.json
+    python experiments/quality.py table                   # -> benchmarks/results/quality-dl21-val.{json,md}
+    python experiments/quality.py test [NAME ...]         # -> benchmarks/results/quality-dl19-<name>.json
+    python experiments/quality.py test NAME --first_stage tasb    # its TAS-B top-100 -> quality-dl19-tasb-<name>.json
 
 Each row of the tables carries the command that made it.
 """
@@ -31,9 +31,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from _common import RESULTS, ROOT
 
+from distill.bench.phases import RESULTS
 from distill.core.labels import LabelExpression, Term
+from distill.core.package_paths import PROJECT as ROOT
 
 BASE = ["distill", "train", "--config", "configs/train/minilm-dl2122.yaml"]
 WITHIN_QUERY = ["--data.group_size", "25", "--data.batch_size", "50"]
@@ -315,7 +316,7 @@ def teacher(split: str) -> dict[str, Any]:
     pairs = first[first.qid.isin(queries)]
     shuffles = [ndcg(pairs.qid.tolist(), pairs.docid.tolist(), rng.random(len(pairs)).tolist()) for _ in range(100)]
     rows.append({"label": f"random order (mean of {RANDOM_ORDERS})", "nDCG@10": float(np.mean(shuffles))})
-    command = f"python benchmarks/quality.py teacher --split {split}"
+    command = f"python experiments/quality.py teacher --split {split}"
     what = (
         "the 16 validation queries (DL21), where labels are chosen"
         if split == "val"
