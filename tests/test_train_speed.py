@@ -39,20 +39,17 @@ def data_module(teacher_dataset: Path, tiny_bert: Path, **options) -> StudentDat
     return dm
 
 
+def cpu_trainer(*callbacks: Callback, **options) -> Trainer:
+    """A Lightning trainer on the CPU that writes nothing (no checkpoints, logger, progress bar or summary)."""
+    quiet = {"enable_checkpointing": False, "enable_progress_bar": False, "enable_model_summary": False}
+    return Trainer(
+        accelerator="cpu", devices=1, use_distributed_sampler=False, callbacks=list(callbacks),
+        **{**quiet, "logger": False, **options},
+    )  # fmt: skip
+
+
 def fit(module: CrossEncoderModule, dm: StudentDataModule, steps: int, *callbacks: Callback, **trainer) -> Trainer:
-    trainer = Trainer(
-        accelerator="cpu",
-        devices=1,
-        max_steps=steps,
-        limit_val_batches=0,
-        num_sanity_val_steps=0,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        use_distributed_sampler=False,
-        callbacks=list(callbacks),
-        **{"logger": False, **trainer},
-    )
+    trainer = cpu_trainer(*callbacks, max_steps=steps, limit_val_batches=0, num_sanity_val_steps=0, **trainer)
     trainer.fit(module, datamodule=dm)
     return trainer
 
@@ -266,17 +263,7 @@ def test_loader_workers_persist_across_epochs_and_validations_and_end_with_the_f
             seen["val"].add(worker_pids(trainer.val_dataloaders))
 
     dm = data_module(teacher_dataset, tiny_bert, num_workers=1)
-    trainer = Trainer(
-        accelerator="cpu",
-        devices=1,
-        max_epochs=2,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        use_distributed_sampler=False,
-        logger=False,
-        callbacks=[Pids()],
-    )
+    trainer = cpu_trainer(Pids(), max_epochs=2)
     trainer.fit(CrossEncoderModule(backbone=str(tiny_bert)), datamodule=dm)
     assert trainer.current_epoch == 2
     assert all(len(pids) == 1 and None not in pids and len(next(iter(pids))) == 1 for pids in seen.values()), seen
@@ -409,17 +396,7 @@ def test_compiled_training_compiles_in_its_first_epoch_only(
     monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend=capture))
     dm = data_module(teacher_dataset, tiny_bert, pad_to_multiple_of=16)  # many shapes
     counter = CountGraphs(graphs)
-    trainer = Trainer(
-        accelerator="cpu",
-        devices=1,
-        max_epochs=3,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        use_distributed_sampler=False,
-        logger=False,
-        callbacks=[counter],
-    )
+    trainer = cpu_trainer(counter, max_epochs=3)
     trainer.fit(CrossEncoderModule(backbone=str(tiny_bert), compile=True, unpad=unpad), datamodule=dm)
     first_epoch = counter.at_epochs[1]
     assert first_epoch >= 1 and counter.at_epochs == [0, first_epoch, first_epoch, first_epoch]
