@@ -85,8 +85,30 @@ def _table(header: Iterable[str], rows: Iterable[Iterable[Any]]) -> str:
     return "\n".join(lines)
 
 
+MOVED = {
+    "benchmarks/teacher.py": "python -m distill.bench.teacher_throughput",
+    "benchmarks/student_train.py": "python -m distill.bench.train_throughput",
+    "benchmarks/gpu_suite.py": "python -m distill.bench.gpu_suite",
+    "benchmarks/int8.py": "python -m distill.bench.int8",
+    "benchmarks/onnx_cpu.py": "python -m distill.bench.onnx_cpu",
+    "benchmarks/scale.py": "python -m distill.bench.scale",
+    "benchmarks/quality.py": "python experiments/quality.py",
+}
+"""The scripts that wrote committed results before issue 29 -> the command that runs them now (the files keep the
+command that ran; ``benchmarks/README.md`` gives each one's flags today)."""
+
+
+def now(command: str) -> str:
+    """`` (now `...`)`` after a recorded ``command`` whose script has moved, else ``""``."""
+    moved = next((new for old, new in MOVED.items() if old in command), None)
+    return f" (now `{moved}`)" if moved else ""
+
+
 def _command(text: str) -> str:
-    return f"```\n{text}\n```"
+    """A recorded command as a code block, and today's where its script has moved."""
+    block = f"```\n{text}\n```"
+    moved = now(text)
+    return f"{block}\n\nThe command as recorded{moved}; `benchmarks/README.md` gives its flags." if moved else block
 
 
 # --- evaluation files (``distill eval --json``) -----------------------------------------------------------------
@@ -121,7 +143,7 @@ def fidelity(result: dict[str, Any], suffix: str) -> float | None:
 
 
 def label_rows(path: str) -> dict[str, float]:
-    """``benchmarks/quality.py teacher``'s file: label -> nDCG@10."""
+    """``experiments/quality.py teacher``'s file: label -> nDCG@10."""
     return {r["label"]: r["nDCG@10"] for r in load(path)["rows"]}
 
 
@@ -247,7 +269,8 @@ def gpu_summary_table(summary: dict[str, Any]) -> str:
 
 
 def teacher_bench_row(links: Links, path: str) -> list[str]:
-    """A ``benchmarks/teacher.py`` result: workload, % of the ceiling, speed-ups over the plain and naive loops."""
+    """A teacher throughput result (:mod:`distill.bench.teacher_throughput`): workload, % of the ceiling, speed-ups over
+    the plain and naive loops."""
     r = load(path)
     row = [
         links(path),
@@ -539,8 +562,9 @@ def page_teachers(links: Links) -> str:
         "",
         "## Teacher-stage throughput",
         "",
-        "`benchmarks/teacher.py`: the stage's scorer against a plain batched loop (padded batches, full-vocabulary",
-        "log-softmax) and a naive one-pair-at-a-time loop, on the same model in the same run.",
+        "`python -m distill.bench.teacher_throughput`: the stage's scorer against a plain batched loop (padded",
+        "batches, full-vocabulary log-softmax) and a naive one-pair-at-a-time loop, on the same model in the same run",
+        "(the files before issue 29 were written by `benchmarks/teacher.py`, the same benchmark).",
         "",
     ]
     rows = [
@@ -609,7 +633,7 @@ def page_students(links: Links) -> str:
         _generated(),
         "all-MiniLM-L6-v2 students (22M parameters) trained on CPU from the teachers' labels of TREC DL21 and DL22",
         "(BM25 top-100). Every choice is made on one seeded split of 16 judged DL21 queries; DL19 is the test, run",
-        "once for each chosen variant. `python benchmarks/quality.py` holds every variant as a command (see",
+        "once for each chosen variant. `python experiments/quality.py` holds every variant as a command (see",
         "[Train](../stages/train.md)).",
         "",
         STUDENT_FINDINGS,
@@ -694,8 +718,9 @@ def page_students(links: Links) -> str:
         "",
         "## Training throughput",
         "",
-        "`benchmarks/student_train.py`: the student stage's training step against a plain loop that pads every pair",
-        "to `max_length`, on the same pairs.",
+        "`python -m distill.bench.train_throughput`: `distill train`'s step (the stage its config and flags build)",
+        "against a plain loop that pads every pair to `max_length`, on the same pairs (the files before issue 29",
+        "were written by `benchmarks/student_train.py`, which built the stage from its own flags).",
         "",
     ]
     rows = []
@@ -780,8 +805,8 @@ def page_latency_cpu(links: Links) -> str:
     parts += [
         "## Explorations",
         "",
-        "Graph variants, session settings and OpenVINO streams (`benchmarks/onnx_cpu.py`), and int8 settings",
-        "(`benchmarks/int8.py`): "
+        "Graph variants, session settings and OpenVINO streams (`python -m distill.bench.onnx_cpu`), and int8",
+        "settings (`python -m distill.bench.int8`): "
         + ", ".join(links(p) for p in result_files() if re.fullmatch(r"(onnx-cpu|int8-q)-.*\.json", p))
         + ". Exports that the int8 bound refused, with their commands: "
         + ", ".join(links(p) for p in result_files() if p.startswith("export-") and p.endswith(".log"))
@@ -800,8 +825,8 @@ def page_gpu(links: Links, folder: str) -> str:
         f"# Results: the GPU suite on an {device.replace('NVIDIA ', '').split()[0]}",
         "",
         _generated(),
-        f"`{summary['command']}` on one {device}: random weights in the real shapes (a Llama-3-8B teacher, a",
-        "bert-large student). The run's own account, with its machine, software and commit, is",
+        f"`{summary['command']}`{now(summary['command'])} on one {device}: random weights in the real shapes (a",
+        "Llama-3-8B teacher, a bert-large student). The run's own account, with its machine, software and commit, is",
         f"{links(f'{folder}/PROVENANCE.md')}. Targets are set for an H100.",
         "",
         f"## Every figure ({links(f'{folder}/summary.json')})",
@@ -929,7 +954,7 @@ def _describe(path: str) -> str:
             command = json.loads(file.read_text()).get("command")
         except (ValueError, AttributeError):
             return ""
-        return f"`{command}`" if isinstance(command, str) else ""
+        return f"`{command}`{now(command)}" if isinstance(command, str) else ""
     if file.suffix in (".txt", ".log", ".md"):
         first = file.read_text(errors="replace").splitlines()[:1]
         return f"`{first[0].lstrip('#$ ')[:200]}`" if first else ""
@@ -938,7 +963,8 @@ def _describe(path: str) -> str:
 
 def page_files(links: Links) -> str:
     rows = [[links(p), _describe(p).replace("|", "\\|")] for p in result_files()]
-    return "\n".join(["# Every results file", "", _generated(), _table(["file", "command"], rows), ""])
+    moved = "A moved script's command (issue 29) is followed by today's; `benchmarks/README.md` gives its flags."
+    return "\n".join(["# Every results file", "", _generated(), moved, "", _table(["file", "command"], rows), ""])
 
 
 PAGES: dict[str, Callable[[Links], str]] = {

@@ -1,9 +1,10 @@
-"""The data layer at MS MARCO scale, on a CPU: synthetic teacher data of N pairs, and what reading it costs.
+"""The data layer at MS MARCO scale, on a CPU: synthetic teacher data of N pairs, and what reading it costs:
+``python -m distill.bench.scale [--sizes 10000 100000 1000000]``.
 
 For each N, :func:`synthetic_teacher_data` writes a teacher dataset of N pairs made of the real DL21 and DL22
 teacher rows (12,900 pairs of 129 queries) repeated, each repetition's queries under new ids, so that the data
 has N/100 distinct queries as a real distillation set would. Each measurement then runs in a fresh process
-(``python -m distill.bench.scale measure ...``), so that its peak resident set is its own:
+(``python -m distill.bench.scale measure WHAT OPTIONS``), so that its peak resident set is its own:
 
 - ``student_cold``: :class:`students.data.StudentDataModule` ``setup`` with an empty token cache (tokenising);
 - ``student_cached``: the same setup again, reopening the cache;
@@ -18,22 +19,23 @@ phase itself adds). Every result records the CPU and its flags.
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import math
 import os
-import shlex
 import shutil
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from distill.bench import phases
 from distill.bench.measure import _reset_vm_hwm, _vm_hwm_bytes, cpu_name, git_commit
+from distill.bench.phases import RESULTS
 from distill.bench.results_pages import scale_table, write_readme
 from distill.core.package_paths import PROJECT
 
@@ -312,42 +314,51 @@ def plot(result: dict[str, Any], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m distill.bench.scale", description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    bench = sub.add_parser("run", help="measure every size; write JSON, Markdown and a plot")
-    bench.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
-    bench.add_argument("--work", type=Path, default=Path("/tmp/cis-distill-scale"), help="synthetic data, caches")
-    bench.add_argument("--out", type=Path, default=PROJECT / "benchmarks/results/scale-cpu")
-    bench.add_argument("--batches", type=int, default=200, help="loader batches timed (at most)")
-    bench.add_argument("--seconds", type=float, default=20.0, help="loader seconds timed (at most)")
-    bench.add_argument("--keep-caches", action="store_true")
-    sub.add_parser("readme", help="rewrite the README's results table from the committed results")
-    measure = sub.add_parser("measure", help="one measurement, in this process (the runner's child)")
-    measure.add_argument("what", choices=["setup", "loader", "teacher_input"])
-    measure.add_argument("options", help="JSON keyword arguments")
-    args = parser.parse_args(argv)
-    if args.command == "measure":
-        options = json.loads(args.options)
-        if args.what == "teacher_input":
-            result = measure_teacher_input(Path(options["lines"]), Path(options["rows"]))
-        else:
-            folder, cache = Path(options.pop("folder")), Path(options.pop("cache_dir"))
-            result = measure_setup(folder, cache) if args.what == "setup" else measure_loader(folder, cache, **options)
-        print(json.dumps(result))
-        return 0
-    if args.command == "readme":
-        write_readme()
-        return 0
-    args.out.mkdir(parents=True, exist_ok=True)
-    result = run(args.sizes, args.work, args.batches, args.seconds, args.keep_caches)
-    given = argv if argv is not None else sys.argv[1:]
-    result["command"] = "python benchmarks/scale.py " + shlex.join(given[1:])
-    (args.out / "scale.json").write_text(json.dumps(result, indent=2) + "\n")
-    (args.out / "scale.md").write_text(scale_table(result) + "\n")
+@dataclass
+class Scale:
+    """The data layer against the number of pairs: synthetic teacher data, then each measurement in a fresh process."""
+
+    sizes: list[int] = field(default_factory=lambda: [10_000, 100_000, 1_000_000])
+    """The numbers of pairs measured."""
+    work: str = "/tmp/cis-distill-scale"
+    """Where the synthetic data and the token caches go."""
+    out: str = str(RESULTS / "scale-cpu")
+    """The result folder: ``scale.json``, ``scale.md`` and ``scale.png``."""
+    batches: int = 200
+    """Loader batches timed (at most)."""
+    seconds: float = 20.0
+    """Loader seconds timed (at most)."""
+    keep_caches: bool = False
+    """Keep each size's token cache after its measurements."""
+
+
+def run_sizes(options: Scale, invocation: dict[str, Any]) -> int:
+    """Measure every size; write the JSON, the Markdown table, the plot and the README's headline block."""
+    out = Path(options.out)
+    out.mkdir(parents=True, exist_ok=True)
+    result = run(options.sizes, Path(options.work), options.batches, options.seconds, options.keep_caches)
+    result["command"] = invocation["command"]
+    (out / "scale.json").write_text(json.dumps(result, indent=2) + "\n")
+    (out / "scale.md").write_text(scale_table(result) + "\n")
     write_readme()
-    plot(result, args.out / "scale.png")
+    plot(result, out / "scale.png")
     print(scale_table(result))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m distill.bench.scale ARGS``, or ``measure WHAT OPTIONS`` (one measurement in this process, the
+    runner's child: ``setup``, ``loader`` or ``teacher_input`` with its JSON keyword arguments); the exit status."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] != ["measure"]:
+        return phases.main(Scale, run_sizes, "distill.bench.scale", argv)
+    what, options = argv[1], json.loads(argv[2])
+    if what == "teacher_input":
+        result = measure_teacher_input(Path(options["lines"]), Path(options["rows"]))
+    else:
+        folder, cache = Path(options.pop("folder")), Path(options.pop("cache_dir"))
+        result = measure_setup(folder, cache) if what == "setup" else measure_loader(folder, cache, **options)
+    print(json.dumps(result))
     return 0
 
 
