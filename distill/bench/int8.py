@@ -14,7 +14,7 @@ Quality is measured on the validation set of the quantisation choice, never on D
 ``distill export`` checks the chosen graph against its nDCG@10 bound): the 53 judged DL21 queries × their BM25
 top-100 (5,300 pairs). For each variant: the mean over queries of the Spearman correlation of its scores with fp32's
 (how faithfully it keeps the ranking), nDCG@10 and its change from fp32's, and the mean and max |Δscore|. Speed: the
-p50 of reranking a DL19 query's 100 BM25 candidates (the first ``--time-queries`` queries, ``--repeats`` rounds after
+p50 of reranking a DL19 query's 100 BM25 candidates (the first ``--time_queries`` queries, ``--repeats`` rounds after
 a warm-up round, ``--threads`` threads, the batching of ``Reranker``).
 
     python -m distill.bench.int8 --student checkpoints/q-seg-cis_q-ranknet --threads 2

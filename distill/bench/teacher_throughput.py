@@ -1,39 +1,16 @@
 """Throughput of the teacher stage against a naive one-pair-at-a-time loop and a plain batched loop, on the real
 DL19 texts: ``python -m distill.bench.teacher_throughput [--random_config llama3-8b] [--device cuda]``.
 
-The workload is the CIS terms of every (query, passage) pair of the input, built exactly as
-:class:`teachers.teacher.CausalLMTeacher` builds them:
-
-- ``logp_cond``: ``[start] + tok("Q: {query} A:")`` then the passage ids, one sequence per pair;
-- ``logp_uncond``: ``[start]`` then the passage ids, one sequence per distinct passage.
-
-Three scorers run on it, in the same process, on the same model:
-
-(a) naive: one sequence at a time, ``model(input_ids).logits``, a log-softmax over the full vocabulary,
-    gather, sum; two forwards (conditional and unconditional) per pair. Timed on the first
-    ``--naive_pairs`` pairs only.
-(b) teacher: ``CausalLMTeacher.passage_logprobs`` on the distinct passages and
-    ``CausalLMTeacher.pair_terms(..., ["logp_cond"])`` on all pairs (token-budget batches, LM head
-    at target positions only, chunked logsumexp), with the scorer's levers as given: ``--bucket``,
-    ``--packing``, ``--compile`` and ``--cudnn_attention`` (see ``teachers.causal_lm.ScorerOptions``).
-    ``--compile`` changes the model in place, so it is applied after (a) and (c) have run: those stay the
-    uncompiled model.
-(c) plain: the plain batched PyTorch loop, the issue's reference: ``--plain_batch_size`` sequences a batch,
-    right-padded, ``model(input_ids, attention_mask).logits`` at every position, a log-softmax over the full
-    vocabulary in fp32, gather the target tokens, sum, ``.cpu()``. Its sequences are sorted by length, longest
-    first, as a careful loop would (less padding: the stage's ratio over it is not flattered), and it uses the
-    stage's choice of attention kernels (``--cudnn_attention``). Timed on the first ``--plain_pairs`` pairs
-    (default all; 0 skips it): their conditional and their distinct unconditional sequences, the same work per
-    pair as (b).
-
-(a) and (c) are timed after one untimed batch. Reported per scorer: pairs/s, tokens/s (all tokens fed, prefix and
-target, padding excluded), peak memory, and the fraction of the matmul FLOP ceiling, ``2 * n_params * tokens /
-seconds`` over the rate of a large square matmul in the run dtype measured in the same run. ``n_params`` counts
-every parameter, input embeddings and LM head included (tied weights once). (a)'s and (b)'s log-probabilities are
-checked against each other on the pairs both scored: (a) is unpadded, so with ``--packing`` this is the check of
-packed against unpadded scores, within the same tolerance; (c) is checked against (b) the same way; the exit status
-is 1 on a mismatch, after the result is written. The issue's targets: (b) at >= 75% of the ceiling and >= 1.2x
-(c)'s pairs/s (``speedup_over_plain_pairs_per_s``), on the Llama-3-8B shapes on an H100.
+The workload is the CIS terms of every (query, passage) pair of the input, as
+:class:`teachers.teacher.CausalLMTeacher` builds them (``logp_cond`` per pair, ``logp_uncond`` per distinct
+passage). Three scorers run on it, on the same model in the same process: (a) naive, one sequence at a time with the
+logits of every position (the first ``--naive_pairs`` pairs); (c) plain, batches of ``--plain_batch_size``
+right-padded sequences sorted by length, full-vocabulary log-softmax in fp32 (the first ``--plain_pairs``); then
+(b) the teacher's own scorer with its levers (``--bucket``, ``--packing``, ``--compile``, ``--cudnn_attention``;
+compile changes the model in place, so it comes last). Each is timed after a warm-up batch; its pairs/s, tokens/s,
+peak memory and fraction of the matmul ceiling (``2 * n_params * tokens / seconds`` over a large square matmul in the
+run dtype) are reported, and (a)'s and (c)'s log-probabilities are checked against (b)'s (exit status 1 on a
+mismatch). ``benchmarks/README.md`` defines each figure.
 """
 
 from __future__ import annotations

@@ -3,38 +3,16 @@ to a fixed length, on the same pairs:
 
     python -m distill.bench.train_throughput [--steps 20 ...] [-- DISTILL TRAIN ARGUMENTS]
 
-Everything after ``--`` is ``distill train``'s command line (default ``--config configs/train/bert-large-gpu.yaml``):
-the stage is built by its own CLI (:func:`distill.stages.train.build_cli`: the config files and flags, the links,
-the checks, the ``StudentDataModule``, ``CrossEncoderModule`` and ``Trainer`` with their defaults), and only set to
-run ``--warmup_steps + --steps`` optimiser steps without validation, loggers or a progress bar, its run folder in a
-temporary folder under ``checkpoints/``.
-
-(b) stage: ``trainer.fit`` of that module and data, timed by a callback (:class:`StepTimer`) that runs before the
-    stage's own and records each step's batch; ``last.ckpt`` is not saved (phase (c) measures what that costs).
-(a) plain: the same examples in the same order, cut into fixed batches of ``data.batch_size`` pairs (with
-    ``data.max_batch_tokens``, of ``max_batch_tokens // data.max_length`` pairs: the same token budget), each
-    tokenised in the loop with ``tokenizer(queries, passages, padding="max_length", max_length=data.max_length,
-    truncation="only_second")``, copied to the device, then forward (autocast in the trainer's bf16 precision), MSE
-    against the stage's targets, backward, the trainer's gradient clipping, the stage's AdamW
-    (:func:`students.optim.adamw` at the stage's peak learning rate and weight decay) ``step()`` and ``zero_grad()``.
-(c) with ``--checkpoint_every_steps K``: (b) again, from the same weights on the same batches, with the stage's
-    :class:`students.checkpointing.LastCheckpoint` writing ``last.ckpt`` (to a temporary name, fsynced, renamed)
-    every K optimiser steps. Reported: the wall time of each save in the window, and the checkpoint's share of
-    training time at the default interval, ``seconds a save / (EVERY_MINUTES * 60)``, from those times and from the
-    difference of (c) and (b) per save.
-
-The stage runs first and its batches decide the examples. Each phase is timed from the end of its last warm-up step
-to the end of its last timed step, with the device synchronised at both ends (compiling happens in the warm-up
-steps, and at most once more on a new shape). The window holds everything a training step costs: data (tokenising in
-(a), collating in (b)), the host-to-device copy, forward, backward and the optimiser step, and in (b) Lightning's
-loop. On a GPU, the host synchronisations in each window are counted, each with the ``file:line`` it came from: the
-stage's steps should have none. The run checks that both phases trained on the same pairs and real tokens, to finite
-losses, and exits with 1 if not, after the result is written.
-
-Reported per phase: samples/s, real tokens/s (``attention_mask`` ones, padding excluded), padded tokens/s (all
-tokens fed), peak memory and MFU, ``6 * n_params * real_tokens / seconds`` over the rate of a large square matmul in
-the compute dtype measured in the same run. ``n_params`` counts every parameter, embeddings included;
-``mfu_non_embedding`` counts only the parameters outside the embedding tables, which do no matmul.
+Everything after ``--`` is ``distill train``'s command line (default ``--config configs/train/bert-large-gpu.yaml``),
+built by its own CLI (:func:`distill.stages.train.build_cli`) and set only to run ``--warmup_steps + --steps``
+optimiser steps without validation, loggers or a progress bar, in a temporary run folder. (b) is that stage's fit,
+timed by :class:`StepTimer`; (a) trains the same examples in the same order in fixed batches padded to
+``data.max_length``, tokenised in the loop, with the stage's optimiser settings, clipping and precision
+(:class:`PlainLoop`); with ``--checkpoint_every_steps K``, (c) repeats (b) saving ``last.ckpt`` every K steps. Each
+phase is timed from the end of its warm-up to the end of its last step, the device synchronised at both ends; its
+samples/s, tokens/s, peak memory, MFU (``6 * n_params * real_tokens / seconds`` over a large square matmul in the
+compute dtype) and, on a GPU, host syncs are reported, and (a) and (b) must train on the same pairs and tokens (exit
+status 1 if not). ``benchmarks/README.md`` defines each figure.
 """
 
 from __future__ import annotations
