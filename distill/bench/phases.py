@@ -132,7 +132,7 @@ def main(
         if ours != argv:
             rest = getattr(options, "REST", None)
             if rest is None:
-                raise InputError(f"{prog} takes no arguments after --")
+                raise InputError(f"unrecognized arguments after --: {shlex.join(argv[len(ours) + 1 :])}")
             parsed = dataclasses.replace(parsed, **{rest: argv[len(ours) + 1 :]})
         return run(parsed, invocation(prog, argv))
     except UserError as e:

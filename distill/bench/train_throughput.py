@@ -80,7 +80,8 @@ warns, once a process, that it "does not yet detect all synchronizing operations
 
 @dataclass(kw_only=True)
 class TrainThroughput(TimedOptions):
-    """Training throughput of the student stage, as ``distill train`` runs it, against a plain loop."""
+    """Training throughput of the student stage, as ``distill train`` runs it, against a plain loop:
+    ``python -m distill.bench.train_throughput [OPTIONS] [-- DISTILL TRAIN ARGUMENTS]``."""
 
     steps: int = 20
     """Timed optimiser steps per phase."""
