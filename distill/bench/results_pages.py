@@ -364,7 +364,8 @@ def headline(links: Links) -> str:
             links(f"{GPU}/summary.json"),
         ],
         [
-            f"{device} student training (bert-large, the GPU config): MFU, over the plain loop, host syncs in its timed steps",
+            f"{device} student training (bert-large, the GPU config): MFU, over the plain loop, host syncs in its "
+            "timed steps",
             f"{_pct(train_mfu)}, {_x(train_speed)}, {syncs}",
             links(f"{GPU}/summary.json"),
         ],
