@@ -8,6 +8,7 @@ import math
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -313,6 +314,22 @@ def test_batcher_takes_requests_in_order_filling_the_budget(reference: Reranker,
     for result in results[1:]:
         assert result.scores.tolist() == pytest.approx(expected, abs=TOLERANCE)
     assert results[1].queue_wait >= results[2].queue_wait > 0  # both waited for the first batch; the second longer
+
+
+def test_a_kept_alive_connection_is_answered_at_once(server: str) -> None:
+    """The listening socket names TCP, so asyncio sets TCP_NODELAY on each connection: without it every answer after
+    the first on a kept-alive connection waited ~40 ms (Nagle's algorithm against the client's delayed ACK)."""
+    sock = bind("127.0.0.1", 0)
+    assert sock.proto == socket.IPPROTO_TCP
+    sock.close()
+    times = []
+    with httpx.Client(base_url=server) as client:
+        client.get("/health")
+        for _ in range(9):
+            start = time.perf_counter()
+            assert client.get("/health").status_code == 200
+            times.append(time.perf_counter() - start)
+    assert sorted(times)[4] < 0.03, times
 
 
 def test_batcher_packs_the_batches_of_the_unpadded_encoder(exported: Path, call) -> None:

@@ -70,10 +70,12 @@ def bind(host: str, port: int) -> socket.socket:
         InputError: the address cannot be bound (in use, not this machine's, ...).
     """
     try:
-        info = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
-        sock = socket.socket(info[0], socket.SOCK_STREAM)
+        family, kind, protocol, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        # the protocol too (IPPROTO_TCP, not 0): asyncio sets TCP_NODELAY only on sockets that name it, and without it
+        # each answer on a kept-alive connection waited ~40 ms (Nagle's algorithm against the client's delayed ACK)
+        sock = socket.socket(family, kind, protocol)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(info[4])
+        sock.bind(address)
     except OSError as e:
         raise InputError(f"serve: cannot listen on {host}:{port}: {e.strerror or e}") from None
     return sock
