@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 
 from distill.cli import main
@@ -281,12 +282,14 @@ class Gated:
         self.takes_packed = getattr(scorer, "takes_packed", False)
         self.release, self.busy = threading.Event(), threading.Event()
         self.sizes: list[int] = []
+        self.lengths: list[list[int]] = []
         self.kinds: set[str] = set()
 
     def __call__(self, batch):
         self.busy.set()
         self.release.wait(30)
         self.sizes.append(len(batch.lengths))
+        self.lengths.append([int(n) for n in batch.lengths])
         self.kinds.add(type(batch).__name__)
         return self.scorer(batch)
 
@@ -314,6 +317,109 @@ def test_batcher_takes_requests_in_order_filling_the_budget(reference: Reranker,
     for result in results[1:]:
         assert result.scores.tolist() == pytest.approx(expected, abs=TOLERANCE)
     assert results[1].queue_wait >= results[2].queue_wait > 0  # both waited for the first batch; the second longer
+
+
+def test_a_round_batches_the_queued_requests_pairs_by_length(reference: Reranker, call) -> None:
+    """Requests queued together form a round: their pairs sorted by length across requests (less padding than each
+    request's alone), batched by the budget, each batch's pairs grouped by request; the scores are the reranker's."""
+    query, passages = call
+    words = passages[0].split()
+    texts = [[" ".join(words[:60]), " ".join(words[:4])], [" ".join(words[:30]), " ".join(words[:28])]]
+    encoded = [encode_pairs(reference.tokenizer, [query] * 2, t, 512) for t in texts]
+    (a_long, a_short), (b_long, b_short) = (e.pair_lengths.tolist() for e in encoded)
+    scorer, stats = Gated(reference.scorer), []
+    batcher = DynamicBatcher(scorer, reference.tokenizer, 2 * a_long, max_wait=0.0, on_batch=stats.append)
+    first = batcher.submit(encode_pairs(reference.tokenizer, [query], passages[:1], 512))
+    assert scorer.busy.wait(30)
+    futures = [batcher.submit(e) for e in encoded]  # queued while the backend is busy: one round
+    scorer.release.set()
+    results = [future.result(30) for future in (first, *futures)]
+    batcher.close()
+    assert scorer.lengths[1:] == [[a_long, b_long], [b_short, a_short]]  # by length, not request by request
+    assert [(s.pairs, s.requests) for s in stats[1:]] == [(2, 2), (2, 2)]
+    for text, result in zip(texts, results[1:], strict=True):
+        assert result.scores.tolist() == pytest.approx(reference.score(query, text), abs=TOLERANCE)
+
+
+def test_rounds_keep_the_queue_first_in_first_out(reference: Reranker, call) -> None:
+    """A round takes pairs from the head of the queue up to its tokens (at least one): a later request's longer pairs
+    wait for the next rounds, however short the earlier request's are."""
+    query, passages = call
+    words = passages[0].split()
+    short, long = [" ".join(words[:3])] * 3, [" ".join(words[:50])] * 3
+    encoded = [encode_pairs(reference.tokenizer, [query] * 3, t, 512) for t in (short, long)]
+    tokens = int(encoded[0].pair_lengths.sum())
+    scorer = Gated(reference.scorer)
+    batcher = DynamicBatcher(scorer, reference.tokenizer, 2**16, max_wait=0.0, round_tokens=tokens)
+    first = batcher.submit(encode_pairs(reference.tokenizer, [query], passages[:1], 512))
+    assert scorer.busy.wait(30)
+    futures = [batcher.submit(e) for e in encoded]
+    scorer.release.set()
+    for future in (first, *futures):
+        future.result(30)
+    batcher.close()
+    short_lengths, (long_length, *_) = encoded[0].pair_lengths.tolist(), encoded[1].pair_lengths.tolist()
+    assert scorer.lengths[1:] == [short_lengths, *[[long_length]] * 3]  # a pair a round: each is over the round
+
+
+def test_batching_off_scores_one_request_at_a_time(reference: Reranker, call) -> None:
+    """``distill serve --batching false``: each batch holds one request's pairs, in arrival order, without waiting."""
+    from distill.serving.server import ServeConfig
+
+    assert ServeConfig(model="m", batching=False).options.batching is False
+    query, passages = call
+    same = [passages[0]] * 5
+    encoded = [encode_pairs(reference.tokenizer, [query] * len(t), t, 512) for t in (same[:1], same, same)]
+    width = int(encoded[1].pair_lengths[0])
+    scorer, stats = Gated(reference.scorer), []
+    batcher = DynamicBatcher(scorer, reference.tokenizer, 8 * width, 10.0, on_batch=stats.append, share=False)
+    first = batcher.submit(encoded[0])
+    assert scorer.busy.wait(30)
+    later = [batcher.submit(e) for e in encoded[1:]]
+    scorer.release.set()
+    results = [future.result(30) for future in (first, *later)]  # a 10 s window would time out: no wait
+    batcher.close()
+    assert scorer.sizes == [1, 5, 5] and all(s.requests == 1 for s in stats)
+    for result in results[1:]:
+        assert result.scores.tolist() == pytest.approx(reference.score(query, same), abs=TOLERANCE)
+
+
+class LengthModel:
+    """A :class:`~distill.serving.batcher.WholeRequests` model: a document's score is its length in characters; it
+    records the requests it scored."""
+
+    backend, backend_reason = "length-model", "a test's"
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer, self.max_length = tokenizer, 512
+        self.calls: list[int] = []
+
+    @property
+    def settings(self) -> dict[str, object]:
+        return {"backend": self.backend}
+
+    def predict(self, query: str, documents) -> np.ndarray:
+        self.calls.append(len(documents))
+        return np.array([len(d) for d in documents], dtype=np.float32)
+
+
+def test_a_whole_request_model_is_served_one_request_at_a_time(exported: Path, reference: Reranker) -> None:
+    """A model that scores whole requests (the load benchmark's CrossEncoder.predict peer) behind the same app."""
+    model = LengthModel(reference.tokenizer)
+    documents = [["a", "bbb", "cc"], ["dddd", "e"], ["ff"] * 5]
+    with running(create_app(exported, model)) as url:
+        with ThreadPoolExecutor(3) as pool:
+            answers = list(
+                pool.map(
+                    lambda docs: httpx.post(f"{url}/rerank", json={"query": "q", "texts": docs, "raw_scores": True}),
+                    documents,
+                )
+            )
+        info = httpx.get(f"{url}/info").json()
+        assert metric(url, "distill_batch_requests_sum") == metric(url, "distill_batch_requests_count") == 3
+    for docs, answer in zip(documents, answers, strict=True):
+        assert {r["index"]: r["score"] for r in answer.json()} == {i: len(d) for i, d in enumerate(docs)}
+    assert sorted(model.calls) == [2, 3, 5] and info["backend"] == "length-model"
 
 
 def test_a_kept_alive_connection_is_answered_at_once(server: str) -> None:

@@ -1,20 +1,32 @@
-"""Dynamic batching: the pairs of concurrent requests share the backend's batches, in arrival order.
+"""Dynamic batching: the pairs of concurrent requests share the backend's batches, in rounds, in arrival order.
 
 A request's pairs, already tokenised (:class:`~distill.serving.encoding.Encoded`), join one first-in-first-out
-queue. One worker thread runs the model: it takes pairs from the head of the queue into a batch until the next pair
-would take the batch past its budget of padded tokens (``rows × longest row``), or until the oldest waiting request
-has waited ``max_wait`` seconds, whichever comes first, pads the batch with numpy and scores it. So:
+queue. One worker thread runs the model in rounds: it takes pairs from the head of the queue (each request's longest
+first) until the next pair would take the round past ``round_tokens`` (the pairs' own tokens; by default
+:data:`ROUND_BATCHES` batches' budget), or until the oldest waiting request has waited ``max_wait`` seconds, whichever
+comes first; it sorts the round's pairs by length, across requests, cuts them into batches of at most
+``max_batch_tokens`` padded tokens (``rows × longest row``, :func:`~distill.core.batching.token_budget_batches`), pads
+each batch with numpy and scores the batches one after another. Requests queued while a round runs make the next. So:
 
-- requests that arrive together, or while the backend is busy, are scored in the same batches;
-- a request's pairs may span several batches (one of 100 documents, or the tail of one that filled a batch), and
-  its scores come back in its own order, whatever batches they ran in;
-- the queue is fair: a request is taken only after every request that came before it, so none starves;
+- requests that arrive together, or while the backend is busy, are scored in the same batches, their pairs of
+  similar lengths together, so their batches carry less padding than one request's pairs alone (``python -m
+  distill.bench.load`` measures the gain);
+- a request's pairs may span several batches and rounds (one of 100 documents), and its scores come back in its
+  own order, whatever batches they ran in;
+- the queue is fair: a round takes a request only after every request that came before it, so none starves; within
+  a round, a request is answered once its last batch has run;
 - a request alone in the queue is batched as :meth:`Reranker.score <distill.serving.reranker.Reranker.score>`
   batches it (its pairs longest first, :func:`~distill.core.batching.token_budget_batches`), so it gets the same
   scores.
 
+With ``share`` off (``distill serve --batching false``) a batch holds one request's pairs: requests are scored one at
+a time, in arrival order, each batched as ``Reranker.score`` batches it (the load benchmark's baseline).
+
 A batch whose backend call fails is run again one request at a time: the request that fails alone gets the error,
 the others their scores, and the worker goes on.
+
+:class:`PredictLoop` serves a model that tokenises and batches a request itself (:class:`WholeRequests`: the load
+benchmark's ``CrossEncoder.predict`` peer) one request at a time, in arrival order, on one thread.
 """
 
 from __future__ import annotations
@@ -23,17 +35,23 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
-from concurrent.futures import Future
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
+from distill.core.batching import token_budget_batches
 from distill.serving.encoding import Encoded, Packed, Padded
 from distill.serving.scorers import Scorer
 
 log = logging.getLogger(__name__)
+
+
+ROUND_BATCHES = 4
+"""A round takes at most this many batches' budget of tokens (the pairs' own) from the queue: enough for a few
+requests' pairs to sort together, few enough that the next requests are not held back long."""
 
 
 @dataclass(frozen=True)
@@ -89,7 +107,7 @@ class _Part:
 
 
 class DynamicBatcher:
-    """One worker thread that scores the queued requests' pairs in shared, token-budget batches.
+    """One worker thread that scores the queued requests' pairs in rounds of shared, token-budget batches.
 
     Args:
         scorer: the backend: a padded batch -> ``[rows]`` float32 scores (a :class:`Reranker`'s ``scorer``).
@@ -97,6 +115,9 @@ class DynamicBatcher:
         max_batch_tokens: the budget of padded tokens per batch; a pair longer than it runs alone.
         max_wait: seconds a batch that is not full waits, from the arrival of its oldest request, for others.
         on_batch: called on the worker thread with each batch that ran (metrics).
+        share: whether a round takes several requests' pairs (off: one request's, without waiting).
+        round_tokens: the most tokens (the pairs' own) a round takes from the queue; default :data:`ROUND_BATCHES`
+            times ``max_batch_tokens``. A pair over it runs in a round of its own.
     """
 
     def __init__(
@@ -106,6 +127,8 @@ class DynamicBatcher:
         max_batch_tokens: int,
         max_wait: float,
         on_batch: Callable[[BatchStats], None] | None = None,
+        share: bool = True,
+        round_tokens: int | None = None,
     ) -> None:
         if max_batch_tokens < 1 or max_wait < 0:
             raise ValueError(f"max_batch_tokens must be positive and max_wait >= 0, got {max_batch_tokens}, {max_wait}")
@@ -114,6 +137,8 @@ class DynamicBatcher:
         self.max_batch_tokens = max_batch_tokens
         self.max_wait = max_wait
         self.on_batch = on_batch
+        self.share = share
+        self.round_tokens = round_tokens or ROUND_BATCHES * max_batch_tokens
         self._queue: deque[_Job] = deque()
         self._changed = threading.Condition()
         self._closed = False
@@ -150,54 +175,76 @@ class DynamicBatcher:
         self._worker.join(timeout)
 
     def _run(self) -> None:
-        while (parts := self._next_batch()) is not None:
-            self._score(parts)
+        while (batches := self._next_round()) is not None:
+            for parts in batches:
+                self._score(parts)
 
-    def _next_batch(self) -> list[_Part] | None:
-        """The next batch's rows, once they fill the budget or the oldest request has waited ``max_wait``; None
-        once the batcher is closed and its queue empty."""
+    def _next_round(self) -> list[list[_Part]] | None:
+        """The next round's batches, once its pairs fill :attr:`round_tokens` or the oldest request has waited
+        ``max_wait``; None once the batcher is closed and its queue empty."""
         with self._changed:
             while not self._queue:
                 if self._closed:
                     return None
                 self._changed.wait()
             deadline = self._queue[0].enqueued + self.max_wait
-            while not self._closed and not self._plan()[1] and (left := deadline - time.monotonic()) > 0:
+            while not self._closed and not self._take()[1] and (left := deadline - time.monotonic()) > 0:
                 self._changed.wait(left)
-            parts, _ = self._plan()
+            taken, _ = self._take()
             now = time.monotonic()
-            for part in parts:
+            for part in taken:
                 part.job.cursor += len(part.rows)
                 if part.job.started is None:
                     part.job.started = now
             while self._queue and self._queue[0].cursor == len(self._queue[0].order):
                 self._queue.popleft()
-            return parts
+        return self._batches(taken)
 
-    def _plan(self) -> tuple[list[_Part], bool]:
-        """The rows the next batch takes from the head of the queue, and whether they fill the budget (the next row
-        would take it past ``max_batch_tokens``)."""
+    def _take(self) -> tuple[list[_Part], bool]:
+        """The rows the next round takes from the head of the queue (each request's longest first), and whether they
+        fill it: the next row would take its tokens past :attr:`round_tokens` (without :attr:`share`: the head
+        request's rows, all of them)."""
         parts: list[_Part] = []
-        count = longest = 0
+        tokens = 0
         for job in self._queue:
             lengths = job.encoded.pair_lengths
             start = stop = job.cursor
+            if not self.share:
+                return [_Part(job, job.order[start:])], True
             full = False
             while stop < len(job.order):
-                width = max(longest, int(lengths[job.order[stop]]))
-                if count and (count + 1) * width > self.max_batch_tokens:
+                length = int(lengths[job.order[stop]])
+                if tokens and tokens + length > self.round_tokens:
                     full = True
                     break
-                count, longest, stop = count + 1, width, stop + 1
+                tokens, stop = tokens + length, stop + 1
             if stop > start:
                 parts.append(_Part(job, job.order[start:stop]))
             if full:
                 return parts, True
         return parts, False
 
+    def _batches(self, taken: list[_Part]) -> list[list[_Part]]:
+        """A round's rows as token-budget batches, longest first (ties in arrival order): each batch's rows grouped
+        by request."""
+        lengths = np.concatenate([part.job.encoded.pair_lengths[part.rows] for part in taken])
+        owner = np.repeat(np.arange(len(taken)), [len(part.rows) for part in taken])
+        row = np.concatenate([part.rows for part in taken])
+        batches = []
+        for batch in token_budget_batches(lengths, self.max_batch_tokens):
+            batch = np.asarray(batch)
+            parts = []
+            for index in dict.fromkeys(owner[batch].tolist()):  # the requests, in their order in the batch
+                parts.append(_Part(taken[index].job, row[batch[owner[batch] == index]]))
+            batches.append(parts)
+        return batches
+
     def _score(self, parts: list[_Part]) -> None:
         """Score a batch and hand each request its scores; where the backend fails on a batch of several requests,
         each request's rows again on their own, so that only the failing request gets the error."""
+        parts = [part for part in parts if not part.job.future.done()]  # a request failed in an earlier batch
+        if not parts:
+            return
         try:
             scores, stats = self._run_batch(parts)
         except Exception as error:
@@ -251,3 +298,72 @@ class DynamicBatcher:
                 self._queue.remove(job)
         if not job.future.done():
             job.future.set_exception(error)
+
+
+class WholeRequests(Protocol):
+    """A model that scores a request's documents itself, tokenising and batching them its own way: the load
+    benchmark's peer, sentence-transformers' ``CrossEncoder.predict`` (:class:`distill.bench.peers.CrossEncoderLoop`).
+    It stands in for a :class:`~distill.serving.reranker.Reranker` in :func:`~distill.serving.http_api.create_app`,
+    which tokenises each request with :attr:`tokenizer` all the same (its limits and token counts)."""
+
+    tokenizer: Any
+    max_length: int
+    backend: str
+    backend_reason: str
+
+    @property
+    def settings(self) -> dict[str, object]: ...
+
+    def predict(self, query: str, documents: Sequence[str]) -> np.ndarray:
+        """``[documents]`` float32 raw scores, in the documents' order."""
+        ...
+
+
+class PredictLoop:
+    """One worker thread that calls a :class:`WholeRequests` model on one request at a time, in arrival order: the
+    serving loop of a model without dynamic batching.
+
+    Args:
+        model: what scores a request.
+        on_batch: called on the worker thread with each request's call (metrics; ``padded_tokens`` counts the
+            request's pairs at its longest pair's length).
+    """
+
+    def __init__(self, model: WholeRequests, on_batch: Callable[[BatchStats], None] | None = None) -> None:
+        self.model = model
+        self.on_batch = on_batch
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rerank-predict")
+        self._queued = 0
+        self._lock = threading.Lock()
+
+    @property
+    def queued_pairs(self) -> int:
+        """Pairs waiting for, or in, the model's call."""
+        with self._lock:
+            return self._queued
+
+    def submit(self, query: str, documents: Sequence[str], encoded: Encoded) -> Future[Scored]:
+        """Queue a request (``encoded``: its pairs as the server tokenised them, for the metrics); the future gives
+        its scores, or the model's exception."""
+        with self._lock:
+            self._queued += len(documents)
+        return self._pool.submit(self._predict, query, documents, encoded, time.monotonic())
+
+    def close(self, timeout: float | None = None) -> None:
+        """Score what is queued, then stop the worker."""
+        self._pool.shutdown(wait=True)
+
+    def _predict(self, query: str, documents: Sequence[str], encoded: Encoded, enqueued: float) -> Scored:
+        started = time.monotonic()
+        try:
+            scores = np.asarray(self.model.predict(query, documents), dtype=np.float32)
+        finally:
+            with self._lock:
+                self._queued -= len(documents)
+        seconds = time.monotonic() - started
+        if scores.shape != (len(documents),):
+            raise RuntimeError(f"the model returned scores of shape {scores.shape} for {len(documents)} pairs")
+        if self.on_batch is not None:
+            lengths = encoded.pair_lengths
+            self.on_batch(BatchStats(len(lengths), 1, len(lengths) * int(lengths.max()), int(lengths.sum()), seconds))
+        return Scored(scores, started - enqueued)

@@ -53,7 +53,7 @@ from starlette.exceptions import HTTPException
 from distill.core.files import read_json_object
 from distill.core.schema import InputError
 from distill.serving.auto import quality_gate
-from distill.serving.batcher import BatchStats, DynamicBatcher
+from distill.serving.batcher import BatchStats, DynamicBatcher, PredictLoop, WholeRequests
 from distill.serving.encoding import Encoded, encode_pairs
 from distill.serving.http_schemas import (
     ApiVersion,
@@ -95,6 +95,9 @@ class ServerOptions:
     leaves after the query."""
     max_body_bytes: int = 16 * 2**20
     """The largest request body (more: 413)."""
+    batching: bool = True
+    """Whether concurrent requests share batches (false: one request at a time, in arrival order, each batched as
+    ``Reranker.score`` batches it; the load benchmark's baseline)."""
 
     def __post_init__(self) -> None:
         if self.max_wait_ms < 0:
@@ -191,9 +194,10 @@ class Scores:
 
 
 class RerankService:
-    """Tokenises requests on a thread of its own and scores them through a :class:`DynamicBatcher`."""
+    """Tokenises requests on a thread of its own and scores them through a :class:`DynamicBatcher` (a
+    :class:`~distill.serving.reranker.Reranker`), or a :class:`PredictLoop` (a model that scores whole requests)."""
 
-    def __init__(self, reranker: Reranker, options: ServerOptions, metrics: Metrics) -> None:
+    def __init__(self, reranker: Reranker | WholeRequests, options: ServerOptions, metrics: Metrics) -> None:
         self.reranker = reranker
         self.options = options
         self.metrics = metrics
@@ -201,13 +205,18 @@ class RerankService:
         # one thread: a fast tokenizer encodes a request's documents in parallel itself, and its Python path (a query
         # too long for the pair) sets the tokenizer's truncation, which concurrent calls must not share
         self.tokenizing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rerank-tokenize")
-        self.batcher = DynamicBatcher(
-            reranker.scorer,
-            reranker.tokenizer,
-            reranker.max_batch_tokens,
-            options.max_wait_ms / 1000,
-            metrics.observe_batch,
-        )
+        self.batcher: DynamicBatcher | PredictLoop
+        if isinstance(reranker, Reranker):
+            self.batcher = DynamicBatcher(
+                reranker.scorer,
+                reranker.tokenizer,
+                reranker.max_batch_tokens,
+                options.max_wait_ms / 1000,
+                metrics.observe_batch,
+                share=options.batching,
+            )
+        else:
+            self.batcher = PredictLoop(reranker, metrics.observe_batch)
         metrics.queued.set_function(lambda: self.batcher.queued_pairs)
 
     def close(self) -> None:
@@ -237,7 +246,11 @@ class RerankService:
         self.metrics.tokenize.observe(time.perf_counter() - start)
         self.metrics.truncated.inc(encoded.truncated)
         try:
-            scored = await asyncio.wrap_future(self.batcher.submit(encoded))
+            if isinstance(self.batcher, PredictLoop):
+                future = self.batcher.submit(query, documents, encoded)
+            else:
+                future = self.batcher.submit(encoded)
+            scored = await asyncio.wrap_future(future)
         except Exception as e:
             raise BackendFailure(f"the backend failed on this request: {type(e).__name__}: {e}") from e
         self.metrics.queue_wait.observe(scored.queue_wait)
@@ -351,7 +364,7 @@ class _Gate:
             self.metrics.latency.labels(route).observe(time.perf_counter() - start)
 
 
-def model_info(folder: Path, reranker: Reranker, options: ServerOptions) -> dict[str, Any]:
+def model_info(folder: Path, reranker: Reranker | WholeRequests, options: ServerOptions) -> dict[str, Any]:
     """``GET /info``: the model, its head, the backend (and why ``auto`` chose it), the export's quality gate (its
     record for this backend, and every backend's), the batching and the limits."""
     config = read_json_object(folder / "config.json")
@@ -369,8 +382,9 @@ def model_info(folder: Path, reranker: Reranker, options: ServerOptions) -> dict
     }
 
 
-def create_app(folder: str | Path, reranker: Reranker, options: ServerOptions | None = None) -> FastAPI:
-    """The app serving ``reranker`` (loaded from ``folder``); ``app.state.serving`` is its :class:`ServingState`.
+def create_app(folder: str | Path, reranker: Reranker | WholeRequests, options: ServerOptions | None = None) -> FastAPI:
+    """The app serving ``reranker`` (loaded from ``folder``; or a :class:`WholeRequests` model, scored one request at
+    a time); ``app.state.serving`` is its :class:`ServingState`.
 
     The batcher's and the tokeniser's threads start with the app (its lifespan) and stop with it, once the queued
     requests are scored.

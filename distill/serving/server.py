@@ -44,6 +44,9 @@ class ServeConfig(ServingOptions):
     request without truncation gets a 413 naming the limit instead."""
     max_body_bytes: int = ServerOptions.max_body_bytes
     """The largest request body in bytes; larger is a 413."""
+    batching: bool = ServerOptions.batching
+    """Concurrent requests share batches; ``false``: one request at a time, in arrival order (each batched as
+    ``Reranker.score`` batches it), the load benchmark's baseline."""
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -60,7 +63,9 @@ class ServeConfig(ServingOptions):
 
     @property
     def options(self) -> ServerOptions:
-        return ServerOptions(self.max_wait_ms, self.max_documents, self.max_tokens_per_doc, self.max_body_bytes)
+        return ServerOptions(
+            self.max_wait_ms, self.max_documents, self.max_tokens_per_doc, self.max_body_bytes, self.batching
+        )
 
 
 def bind(host: str, port: int) -> socket.socket:
