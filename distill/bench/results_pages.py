@@ -930,6 +930,104 @@ def page_scale(links: Links) -> str:
     return "\n".join(parts)
 
 
+# --- serving (``python -m distill.bench.load``) ---------------------------------------------------------------------
+
+SERVE = "serve-cpu/serve.json"
+"""The load benchmark's committed run."""
+
+
+def _served(server: str, result: dict[str, Any]) -> str:
+    return f"{server} ({result['servers'][server]['info']['backend']})"
+
+
+def serve_table(result: dict[str, Any]) -> str:
+    """A load run's cells (``serve.json``), one row each: throughput, latency and the batches the server made."""
+    rows = []
+    for name, server in result["servers"].items():
+        for c in server["cells"]:
+            b = c["batching"]
+            rows.append(
+                [
+                    _served(name, result),
+                    c["documents"],
+                    c["concurrency"],
+                    f"{c['requests']} ({c['requests'] - c['answered']} lost, {c['wrong']} wrong)",
+                    f"{c['queries_per_s']:.2f}",
+                    f"{c['pairs_per_s']:.0f}",
+                    _ms(c["p50_s"]),
+                    _ms(c["p95_s"]),
+                    _ms(c["p99_s"]),
+                    f"{c['p99_over_p50']:.2f} / {c['max_over_p50']:.2f}",
+                    f"{b['requests_per_batch']:.2f} / {b['pairs_per_batch']:.1f}",
+                    f"{c['cpu_s']['server']:.0f} / {c['cpu_s']['load_generator']:.0f} s",
+                ]
+            )
+    header = [
+        "server (backend)",
+        "docs",
+        "concurrency",
+        "requests",
+        "queries/s",
+        "pairs/s",
+        "p50",
+        "p95",
+        "p99",
+        "p99 / p50, max / p50",
+        "requests / pairs a batch",
+        "CPU: server / load generator",
+    ]
+    return _table(header, rows)
+
+
+def serve_targets_table(result: dict[str, Any]) -> str:
+    """Issue 30's targets against a load run (``serve.json``'s ``targets``)."""
+
+    def value(v: Any) -> str:
+        return "-" if v is None else f"{v:,}" if isinstance(v, int) else f"{v:.2f}"
+
+    verdict = {True: "holds", False: "**fails**", None: ""}
+    return _table(
+        ["target", "measured", "bound", ""],
+        [[t["target"], value(t["value"]), t["bound"], verdict[t["holds"]]] for t in result["targets"]],
+    )
+
+
+def serve_robustness(result: dict[str, Any]) -> str:
+    """The robustness cell in one paragraph."""
+    r = result["servers"].get("batched", {}).get("robustness")
+    if not r:
+        return ""
+    kinds = ", ".join(f"{k} {n:,}" for k, n in r["kinds"].items())
+    return (
+        f"Robustness: {r['requests']:,} requests at concurrency {r['concurrency']} ({kinds}): "
+        f"{r['requests'] - r['answered']} lost, {r['wrong']} wrong (each malformed one must get its 4xx, each other "
+        f"one its scores); {r['queries_per_s']:.1f} queries/s; the server "
+        f"{'stayed up' if r['alive_after'] and r['health_after'] == 200 else 'did not stay up'} "
+        f"(`/health` {r['health_after']} after), and exited with status {result['servers']['batched']['exit_status']} "
+        "on SIGTERM."
+    )
+
+
+def serve_tables(result: dict[str, Any]) -> str:
+    """A load run as Markdown: its command and machine, the cells, the robustness cell and the targets."""
+    env = result["environment"]
+    return "\n".join(
+        [
+            _command(result["command"]),
+            "",
+            f"Model: `{result['model']}`. Machine: {environment(env)}, {env['cores']} cores shared by the server and "
+            f"the load generator ({result['pinning'].split(':')[0]} pinning). Load average before / after: "
+            f"{result['load_average_before']} / {result['load_average_after']}.",
+            "",
+            serve_table(result),
+            "",
+            serve_robustness(result),
+            "",
+            serve_targets_table(result),
+        ]
+    )
+
+
 def page_demo(links: Links) -> str:
     d = demo()
     return "\n".join(

@@ -1,0 +1,680 @@
+"""The serving load benchmark: ``distill serve`` under a bounded, closed-loop HTTP load on loopback.
+
+``python -m distill.bench.load run --model checkpoints/quickstart/student/export`` starts each server in a process
+of its own (``--port 0``), drives it with an async ``httpx`` client from this process, stops it with SIGTERM, and
+writes ``serve.json``, ``serve.md`` and ``serve.png`` into ``--out``:
+
+- the servers: ``batched`` (``distill serve``, dynamic batching on), ``one-at-a-time`` (the same with ``--batching
+  false``: a request's pairs are batched alone, requests in arrival order) and ``st-crossencoder`` (the peer:
+  sentence-transformers' ``CrossEncoder.predict``, one request at a time, behind the same app:
+  :class:`~distill.bench.peers.CrossEncoderLoop`, served by ``python -m distill.bench.load serve-peer``);
+- the cells: each server at each request size (a DL19 query with its first 10 or 100 BM25 candidates, the queries
+  in turn) and concurrency (1, 8, 32 clients, closed loop: each sends its next request when its last is answered),
+  a fixed number of requests each. Each client's first request (sent with the others at once) is its warm-up: the
+  latency percentiles are over the rest, throughput over the whole cell (first send to last answer);
+- every answer is checked: status 200, one score per document, each equal to ``Reranker.score``'s on the same
+  backend and pairs (fp32 within 1e-5, a 16-bit float within the export's fp16 bound, 2e-2; the peer against
+  PyTorch fp32);
+- the robustness cell: 10,000 requests to the batched server, 1% of them malformed (bad JSON, an empty query, a
+  document that is not a string, ...) at random places, the others of 1 to 10 documents over the three rerank routes:
+  every malformed one must get its 4xx, every other one its right scores, and the server must stay up;
+- the targets of issue 30 (:func:`targets`), each with its figure and whether it holds.
+
+The server and this load generator share the machine's cores (``taskset`` is not used: pinning either to one of
+two cores would take it from the other); each cell records both processes' CPU seconds, and the run records the
+load average before and after. Needs the dev extra (``httpx``, ``sentence-transformers``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import os
+import random
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from distill.core.package_paths import PROJECT
+
+SERVERS = ("batched", "one-at-a-time", "st-crossencoder")
+"""The servers a run compares (:func:`server_command`)."""
+PEER = "st-crossencoder"
+ROUTE = "/v1/rerank"
+"""The route the cells post to (Cohere's, ``raw_scores: true``)."""
+FP32_TOLERANCE = 1e-5
+"""|Δscore| allowed against ``Reranker.score`` for an fp32 backend (the same pairs in other batches)."""
+MALFORMED: dict[str, tuple[str, Any, int]] = {
+    "bad JSON": ("/v1/rerank", b'{"query": "q", "documents": ["a",', 400),
+    "empty query": ("/v1/rerank", {"query": "", "documents": ["a"]}, 422),
+    "no query": ("/rerank", {"texts": ["a"]}, 422),
+    "document not a string": ("/v1/rerank", {"query": "q", "documents": ["a", 5]}, 422),
+    "text not a string": ("/rerank", {"query": "q", "texts": [None]}, 422),
+    "documents not a list": ("/v2/rerank", {"query": "q", "documents": "a"}, 422),
+    "negative top_n": ("/v1/rerank", {"query": "q", "documents": ["a"], "top_n": -1}, 422),
+    "too many documents": ("/v1/rerank", {"query": "q", "documents": ["a"] * 1001}, 413),
+}
+"""The robustness cell's malformed requests: route, body (bytes: sent as is) and the status it must get (the
+server's default limit is 1,000 documents)."""
+
+
+# --- requests and their answers -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Request:
+    """One request of a cell, serialised before the clock starts."""
+
+    route: str
+    body: bytes
+    expect: int
+    """The status it must get."""
+    key: tuple[int, int] | None = None
+    """(query index, documents): the reference scores it must get; None for a malformed request."""
+    kind: str = "valid"
+
+
+@dataclass
+class Answer:
+    request: Request
+    sent: float
+    """Seconds from the cell's start."""
+    latency: float
+    status: int
+    body: bytes
+    client: int
+    """Which client sent it, and its ``round``: the client's how-manyth request (0: its warm-up)."""
+    round: int
+
+
+def valid_request(route: str, query_index: int, query: str, documents: list[str]) -> Request:
+    """A request for the raw scores of ``documents``, on Cohere's or TEI's route."""
+    field_name = "texts" if route == "/rerank" else "documents"
+    body = {"query": query, field_name: documents, "raw_scores": True}
+    if route == "/rerank":
+        body["truncate"] = True
+    return Request(route, json.dumps(body).encode(), 200, (query_index, len(documents)))
+
+
+def malformed_request(kind: str) -> Request:
+    route, body, status = MALFORMED[kind]
+    return Request(route, body if isinstance(body, bytes) else json.dumps(body).encode(), status, None, kind)
+
+
+def cell_requests(calls: Sequence[tuple[str, list[str]]], documents: int, count: int) -> list[Request]:
+    """``count`` requests of the first ``documents`` candidates of each query in turn, on :data:`ROUTE`."""
+    requests = []
+    for i in range(count):
+        query, passages = calls[i % len(calls)]
+        requests.append(valid_request(ROUTE, i % len(calls), query, passages[:documents]))
+    return requests
+
+
+def robustness_requests(
+    calls: Sequence[tuple[str, list[str]]], count: int, malformed: float, seed: int = 0
+) -> list[Request]:
+    """``count`` requests, a ``malformed`` fraction of them malformed (each kind of :data:`MALFORMED` in turn) at
+    random places; the others a query in turn with its first 1 to 10 candidates, on the three rerank routes."""
+    rng = random.Random(seed)
+    bad = set(rng.sample(range(count), round(count * malformed)))
+    kinds = list(MALFORMED)
+    routes = ("/v1/rerank", "/v2/rerank", "/rerank")
+    requests = []
+    for i in range(count):
+        if i in bad:
+            requests.append(malformed_request(kinds[sum(r.key is None for r in requests) % len(kinds)]))
+            continue
+        query, passages = calls[i % len(calls)]
+        requests.append(valid_request(routes[i % 3], i % len(calls), query, passages[: rng.randint(1, 10)]))
+    return requests
+
+
+def answer_scores(answer: Answer) -> dict[int, float]:
+    """Document index -> raw score, from a Cohere or TEI answer."""
+    data = json.loads(answer.body)
+    results = data if isinstance(data, list) else data["results"]
+    return {r["index"]: r["score" if isinstance(data, list) else "relevance_score"] for r in results}
+
+
+def check(answer: Answer, references: dict[tuple[int, int], np.ndarray], tolerance: float) -> tuple[str, float]:
+    """``("ok" | what is wrong, max |Δscore|)`` of one answer against its request's expected status and scores."""
+    request = answer.request
+    if answer.status != request.expect:
+        return f"status {answer.status}, not {request.expect}", 0.0
+    if request.key is None:
+        error = json.loads(answer.body)
+        return ("ok" if list(error) == ["error"] and error["error"] else "no one-line error"), 0.0
+    expected = references[request.key]
+    try:
+        scores = answer_scores(answer)
+    except (ValueError, KeyError, TypeError) as e:
+        return f"unreadable answer ({type(e).__name__})", 0.0
+    if sorted(scores) != list(range(len(expected))):
+        return f"{len(scores)} scores for {len(expected)} documents", 0.0
+    delta = float(np.abs(np.array([scores[i] for i in range(len(expected))]) - expected).max())
+    return ("ok" if delta <= tolerance else f"|Δscore| {delta:.3g} over {tolerance:g}"), delta
+
+
+# --- the load generator -------------------------------------------------------------------------------------------
+
+
+async def drive(url: str, requests: Sequence[Request], concurrency: int, timeout: float) -> tuple[list[Answer], float]:
+    """Send ``requests`` from ``concurrency`` closed-loop clients (each sends the next unsent request once its last
+    is answered); every answer, and the wall time from the first send to the last answer (s)."""
+    import httpx
+
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    headers = {"content-type": "application/json"}
+    pending = iter(requests)
+    answers: list[Answer] = []
+    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=timeout) as client:
+        start = time.perf_counter()
+
+        async def run(index: int) -> None:
+            for turn, request in enumerate(pending):
+                sent = time.perf_counter()
+                try:
+                    response = await client.post(request.route, content=request.body, headers=headers)
+                    status, body = response.status_code, response.content
+                except httpx.HTTPError as e:  # a lost request: counted, never raised
+                    status, body = 0, f"{type(e).__name__}: {e}".encode()
+                done = time.perf_counter()
+                answers.append(Answer(request, sent - start, done - sent, status, body, index, turn))
+
+        await asyncio.gather(*(run(i) for i in range(concurrency)))
+        wall = time.perf_counter() - start
+    return answers, wall
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    return float(np.percentile(np.asarray(values, dtype=np.float64), q)) if len(values) else float("nan")
+
+
+def summarise(
+    answers: list[Answer],
+    wall: float,
+    references: dict[tuple[int, int], np.ndarray],
+    tolerance: float,
+) -> dict[str, Any]:
+    """A cell's figures: counts (answered, wrong), throughput over the whole cell, latency percentiles over the
+    requests after each client's first (seconds), and every request's latency in the order they were sent (ms)."""
+    verdicts = [check(a, references, tolerance) for a in answers]
+    wrong = [(a, v) for a, v in zip(answers, verdicts, strict=True) if v[0] != "ok"]
+    steady = [a.latency for a in answers if a.round > 0] or [a.latency for a in answers]
+    pairs = sum(a.request.key[1] for a in answers if a.request.key is not None)
+    p50 = percentile(steady, 50)
+    return {
+        "requests": len(answers),
+        "answered": sum(a.status != 0 for a in answers),
+        "wrong": len(wrong),
+        "wrong_examples": [f"{a.request.kind} {a.request.route}: {v[0]}" for a, v in wrong[:5]],
+        "max_abs_score_diff": max((v[1] for v in verdicts), default=0.0),
+        "wall_s": wall,
+        "queries_per_s": len(answers) / wall,
+        "pairs_per_s": pairs / wall,
+        "latency_requests": len(steady),
+        "p50_s": p50,
+        "p95_s": percentile(steady, 95),
+        "p99_s": percentile(steady, 99),
+        "max_s": max(steady),
+        "p99_over_p50": percentile(steady, 99) / p50,
+        "max_over_p50": max(steady) / p50,
+        "latencies_ms": [round(a.latency * 1e3, 2) for a in sorted(answers, key=lambda a: a.sent)],
+    }
+
+
+# --- the servers --------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Server:
+    """A server process started by :func:`start`; its stderr is collected on a thread."""
+
+    name: str
+    command: list[str]
+    process: subprocess.Popen
+    url: str
+    log: list[str] = field(default_factory=list)
+
+    def cpu_seconds(self) -> float:
+        """The process's user + system CPU time so far (``/proc/<pid>/stat``), s."""
+        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def stop(self, timeout: float = 60) -> int:
+        """SIGTERM (the server drains and exits); its exit status."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            return self.process.wait()
+
+
+def server_command(name: str, model: str, backend: str, extra: Sequence[str] = ()) -> list[str]:
+    """The command of server ``name`` (:data:`SERVERS`) on a free loopback port."""
+    if name == PEER:
+        return [sys.executable, "-m", "distill.bench.load", "serve-peer", "--model", model, "--port", "0"]
+    command = [sys.executable, "-m", "distill", "serve", "--model", model, "--backend", backend, "--port", "0"]
+    if name == "one-at-a-time":
+        command += ["--batching", "false"]
+    elif name != "batched":
+        raise ValueError(f"unknown server {name!r}: one of {SERVERS}")
+    return command + list(extra)
+
+
+def start(name: str, command: list[str], timeout: float = 300) -> Server:
+    """Start ``command`` and wait for its ``listening on http://...`` line.
+
+    Raises:
+        RuntimeError: it exited, or did not listen within ``timeout`` seconds; with its last lines.
+    """
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    process = subprocess.Popen(command, cwd=PROJECT, stderr=subprocess.PIPE, text=True, env=env)
+    assert process.stderr is not None
+    log: list[str] = []
+    found: list[str] = []
+    ready = threading.Event()
+
+    def read() -> None:
+        for line in process.stderr:
+            log.append(line.rstrip("\n"))
+            if not found and (match := re.search(r"listening on (http://\S+)", line)):
+                found.append(match.group(1))
+                ready.set()
+        ready.set()
+
+    threading.Thread(target=read, name=f"{name}-stderr", daemon=True).start()
+    if not ready.wait(timeout) or not found:
+        process.kill()
+        process.wait()
+        raise RuntimeError(f"{name} did not start: {shlex.join(command)}\n" + "\n".join(log[-20:]))
+    return Server(name, command, process, found[0], log)
+
+
+def server_metrics(url: str) -> dict[str, float]:
+    """The server's Prometheus samples (name with labels -> value) that a cell's batching figures come from."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    wanted = re.compile(r"distill_(batch_(pairs|requests|padded_tokens|seconds)|queue_wait_seconds|tokenize_seconds)_")
+    samples = {}
+    for family in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=30).text):
+        for sample in family.samples:
+            if wanted.match(sample.name) and sample.name.endswith(("_sum", "_count")):
+                samples[sample.name] = sample.value
+    return samples
+
+
+def batching_figures(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """A cell's batches from the metrics' difference: how many, their mean requests, pairs and padded tokens, the
+    backend's mean seconds per batch and share of the wall time, the mean queue wait and tokenising time (s)."""
+    delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
+    batches = delta.get("distill_batch_pairs_count", 0.0)
+    requests = delta.get("distill_queue_wait_seconds_count", 0.0)
+
+    def mean(name: str, count: float) -> float:
+        return delta.get(name, 0.0) / count if count else float("nan")
+
+    return {
+        "batches": batches,
+        "requests_per_batch": mean("distill_batch_requests_sum", batches),
+        "pairs_per_batch": mean("distill_batch_pairs_sum", batches),
+        "padded_tokens_per_batch": mean("distill_batch_padded_tokens_sum", batches),
+        "backend_s_per_batch": mean("distill_batch_seconds_sum", batches),
+        "backend_s": delta.get("distill_batch_seconds_sum", 0.0),
+        "queue_wait_s": mean("distill_queue_wait_seconds_sum", requests),
+        "tokenize_s": mean("distill_tokenize_seconds_sum", requests),
+    }
+
+
+def run_cell(
+    server: Server,
+    requests: list[Request],
+    concurrency: int,
+    references: dict[tuple[int, int], np.ndarray],
+    tolerance: float,
+    timeout: float,
+) -> dict[str, Any]:
+    """One cell against a running server: its figures, the batches it made and both processes' CPU seconds."""
+    before, server_cpu, own_cpu = server_metrics(server.url), server.cpu_seconds(), time.process_time()
+    answers, wall = asyncio.run(drive(server.url, requests, concurrency, timeout))
+    own_cpu, server_cpu = time.process_time() - own_cpu, server.cpu_seconds() - server_cpu
+    figures = summarise(answers, wall, references, tolerance)
+    figures["batching"] = batching_figures(before, server_metrics(server.url))
+    figures["batching"]["backend_share_of_wall"] = figures["batching"]["backend_s"] / wall
+    figures["cpu_s"] = {"server": server_cpu, "load_generator": own_cpu}
+    return figures
+
+
+def serve_peer(model: str, host: str, port: int) -> None:
+    """``CrossEncoder.predict`` (:class:`~distill.bench.peers.CrossEncoderLoop`) behind ``distill serve``'s app, on
+    uvicorn as ``distill serve`` runs it (draining on SIGTERM)."""
+    import uvicorn
+
+    from distill.bench.peers import CrossEncoderLoop
+    from distill.serving.http_api import create_app
+    from distill.serving.server import bind, drain_server
+
+    sock = bind(host, port)
+    try:
+        app = create_app(model, CrossEncoderLoop.load(model))
+        print(f"distill.bench.load serve-peer: listening on http://{host}:{sock.getsockname()[1]}", file=sys.stderr)
+        config = uvicorn.Config(app, lifespan="on", access_log=False, log_level="warning")
+        drain_server(config, app.state.serving).run(sockets=[sock])
+    finally:
+        sock.close()
+
+
+# --- references ----------------------------------------------------------------------------------------------------
+
+
+def tolerance_of(backend: str) -> float:
+    """The |Δscore| a backend's answers may have against ``Reranker.score`` on the same backend: 1e-5 for fp32, the
+    export's fp16 bound for a 16-bit float (bf16, fp16), the ONNX graphs' bound for int8."""
+    from distill.export.parity import SCORE_BOUNDS
+    from distill.serving.backends import FP32_BACKENDS
+
+    if backend in FP32_BACKENDS or backend == PEER:
+        return FP32_TOLERANCE
+    return SCORE_BOUNDS["onnx-fp16"] if backend.endswith(("fp16", "bf16")) else SCORE_BOUNDS["onnx"]
+
+
+def reference_scores(
+    model: str, backend: str, calls: Sequence[tuple[str, list[str]]], keys: set[tuple[int, int]]
+) -> dict[tuple[int, int], np.ndarray]:
+    """``Reranker.score`` of each (query index, documents) on ``backend`` (a named backend; the peer's is PyTorch
+    fp32), loaded in this process and dropped after."""
+    from distill.serving.backends import NAMED_BACKENDS
+    from distill.serving.reranker import Reranker
+
+    kind, dtype = NAMED_BACKENDS["torch-fp32" if backend == PEER else backend]
+    reranker = Reranker.load(model, backend=kind, dtype=dtype, interpolation=False)
+    scores = {}
+    for query_index, documents in sorted(keys):
+        query, passages = calls[query_index]
+        scores[query_index, documents] = np.asarray(reranker.score(query, passages[:documents]), dtype=np.float64)
+    del reranker
+    gc.collect()
+    return scores
+
+
+# --- the run -------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a run measures."""
+
+    model: str
+    backend: str = "auto"
+    servers: tuple[str, ...] = SERVERS
+    documents: tuple[int, ...] = (10, 100)
+    requests: tuple[int, ...] = (512, 96)
+    """Requests per cell, one per entry of :attr:`documents`."""
+    concurrency: tuple[int, ...] = (1, 8, 32)
+    peer_concurrency: tuple[int, ...] = (1, 8)
+    """The peer's concurrencies (it scores one request at a time, so more clients only queue)."""
+    peer_requests: tuple[int, ...] = (128, 40)
+    robustness: int = 10_000
+    """Requests of the robustness cell (0: none)."""
+    malformed: float = 0.01
+    warmup: int = 8
+    """Untimed requests of each size before a server's cells."""
+    serve_args: tuple[str, ...] = ()
+    """More options of ``distill serve`` (both student servers)."""
+    timeout: float = 600.0
+    """Seconds a request may take before it counts as lost."""
+
+
+def load_average() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def dl19_calls(path: str | Path | None = None, limit: int | None = None) -> list[tuple[str, list[str]]]:
+    """The queries with their candidates of a rank_llm file (default DL19's 43 with their 100 BM25 candidates,
+    ``data/trec-dl19/bm25_top100.json``), in the file's order; the first ``limit``."""
+    from distill.core.loaders import load_candidates
+    from distill.core.package_paths import CANDIDATES, DL19, shipped
+
+    data = load_candidates(path or shipped(DL19 / CANDIDATES, "--input"))
+    return [(c.query.text, [p.text for p in c.passages]) for c in data.candidates][:limit]
+
+
+def measure(plan: Plan, calls: Sequence[tuple[str, list[str]]], log: Any = print) -> dict[str, Any]:
+    """Every server's cells, then the robustness cell on the batched server; figures as :func:`summarise`'s."""
+    import httpx
+
+    result: dict[str, Any] = {"servers": {}, "load_average_before": load_average()}
+    for name in plan.servers:
+        extra = plan.serve_args if name != PEER else ()
+        server = start(name, server_command(name, plan.model, plan.backend, extra))
+        try:
+            info = httpx.get(f"{server.url}/info", timeout=30).json()
+            backend = info["backend"]
+            tolerance = tolerance_of(backend)
+            peer = name == PEER
+            sizes = list(zip(plan.documents, plan.peer_requests if peer else plan.requests, strict=True))
+            keys = {(i % len(calls), d) for d, n in sizes for i in range(max(n, plan.warmup))}
+            robust = name == "batched" and plan.robustness > 0
+            if robust:
+                keys |= {(i % len(calls), d) for i in range(len(calls)) for d in range(1, 11)}
+            log(f"{name}: {backend} at {server.url}; reference scores of {len(keys)} requests")
+            references = reference_scores(plan.model, backend, calls, keys)
+            for documents, _ in sizes:
+                asyncio.run(drive(server.url, cell_requests(calls, documents, plan.warmup), 4, plan.timeout))
+            cells = []
+            for documents, count in sizes:
+                for concurrency in plan.peer_concurrency if peer else plan.concurrency:
+                    requests = cell_requests(calls, documents, count)
+                    cell = run_cell(server, requests, concurrency, references, tolerance, plan.timeout)
+                    cells.append({"documents": documents, "concurrency": concurrency, **cell})
+                    log(
+                        f"{name} {documents} docs c={concurrency}: {cell['queries_per_s']:.2f} q/s, "
+                        f"{cell['pairs_per_s']:.0f} pairs/s, p50 {cell['p50_s'] * 1e3:.0f} ms, "
+                        f"p99 {cell['p99_s'] * 1e3:.0f} ms, wrong {cell['wrong']}"
+                    )
+            entry: dict[str, Any] = {"command": shlex.join(server.command), "info": info, "tolerance": tolerance}
+            entry["cells"] = cells
+            if robust:
+                requests = robustness_requests(calls, plan.robustness, plan.malformed)
+                cell = run_cell(server, requests, 8, references, tolerance, plan.timeout)
+                del cell["latencies_ms"]
+                kinds = sorted({r.kind for r in requests})
+                cell["kinds"] = {k: sum(r.kind == k for r in requests) for k in kinds}
+                cell["malformed"] = sum(r.key is None for r in requests)
+                cell["concurrency"] = 8
+                cell["alive_after"] = server.process.poll() is None
+                cell["health_after"] = httpx.get(f"{server.url}/health", timeout=30).status_code
+                entry["robustness"] = cell
+                log(f"robustness: {cell['requests']} requests, {cell['wrong']} wrong, alive {cell['alive_after']}")
+        finally:
+            entry_status = server.stop()
+        entry["exit_status"] = entry_status
+        result["servers"][name] = entry
+    result["load_average_after"] = load_average()
+    return result
+
+
+def cell(result: dict[str, Any], server: str, documents: int, concurrency: int) -> dict[str, Any] | None:
+    """The cell of ``server`` at that size and concurrency, if measured."""
+    cells = result["servers"].get(server, {}).get("cells", [])
+    return next((c for c in cells if c["documents"] == documents and c["concurrency"] == concurrency), None)
+
+
+def targets(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """Issue 30's targets against a run: each with its figure, the bound, and whether it holds (None: a cell it
+    needs was not measured, or the figure is only reported)."""
+    rows: list[dict[str, Any]] = []
+
+    def row(target: str, value: float | None, bound: str, holds: bool | None) -> None:
+        rows.append({"target": target, "value": value, "bound": bound, "holds": holds})
+
+    def ratio(target: str, a: tuple[str, int, int], b: tuple[str, int, int], bound: float) -> None:
+        x, y = cell(result, *a), cell(result, *b)
+        value = x["queries_per_s"] / y["queries_per_s"] if x and y else None
+        row(target, value, f">= {bound:g}", None if value is None else value >= bound)
+
+    batched = result["servers"].get("batched", {})
+    ratio("10 docs, concurrency 8: batched / one at a time", ("batched", 10, 8), ("one-at-a-time", 10, 8), 1.5)
+    ratio("10 docs: batched at concurrency 8 / concurrency 1", ("batched", 10, 8), ("one-at-a-time", 10, 1), 1.5)
+    for c in (8, 32):
+        ratio(
+            f"100 docs, concurrency {c}: batched / one at a time", ("batched", 100, c), ("one-at-a-time", 100, c), 0.95
+        )
+    for d in (10, 100):
+        ratio(f"{d} docs, concurrency 8: batched / CrossEncoder.predict", ("batched", d, 8), (PEER, d, 8), 3.0)
+    for c in batched.get("cells", []):
+        value = c["p99_over_p50"]
+        row(
+            f"{c['documents']} docs, concurrency {c['concurrency']}: p99 / p50 (batched)", value, "<= 1.5", value <= 1.5
+        )
+    worst = max((c["max_over_p50"] for c in batched.get("cells", [])), default=None)
+    row("fairness: the slowest request / p50, worst cell (batched)", worst, "reported", None)
+    if robust := batched.get("robustness"):
+        bad = robust["requests"] - robust["answered"] + robust["wrong"]
+        up = robust["alive_after"] and robust["health_after"] == 200
+        target = f"robustness, {robust['malformed']} of {robust['requests']:,} malformed: lost or wrong, server up"
+        row(target, bad, "0, up", bad == 0 and up)
+    cells = [c for s in result["servers"].values() for c in s.get("cells", [])]
+    wrong = sum(c["wrong"] + c["requests"] - c["answered"] for c in cells)
+    row("every cell: lost or wrong answers", wrong, "0", wrong == 0)
+    return rows
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    """Throughput (queries/s) and p50/p99 latency against concurrency, a column per request size."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sizes = sorted({c["documents"] for s in result["servers"].values() for c in s["cells"]})
+    fig, axes = plt.subplots(2, len(sizes), figsize=(5.5 * len(sizes), 8), squeeze=False)
+    for column, documents in enumerate(sizes):
+        top, bottom = axes[0][column], axes[1][column]
+        for name, server in result["servers"].items():
+            cells = sorted((c for c in server["cells"] if c["documents"] == documents), key=lambda c: c["concurrency"])
+            if not cells:
+                continue
+            label = f"{name} ({server['info']['backend']})"
+            x = [c["concurrency"] for c in cells]
+            line = top.plot(x, [c["queries_per_s"] for c in cells], "o-", label=label)[0]
+            bottom.plot(x, [c["p50_s"] * 1e3 for c in cells], "o-", color=line.get_color(), label=f"{name} p50")
+            bottom.plot(x, [c["p99_s"] * 1e3 for c in cells], "s--", color=line.get_color(), label=f"{name} p99")
+        top.set(xscale="log", title=f"{documents} documents a request", ylabel="queries/s", xlabel="concurrency")
+        bottom.set(xscale="log", yscale="log", ylabel="latency (ms)", xlabel="concurrency")
+        for axis in (top, bottom):
+            axis.set_xticks(sorted({c["concurrency"] for s in result["servers"].values() for c in s["cells"]}))
+            axis.get_xaxis().set_major_formatter(matplotlib.ticker.ScalarFormatter())
+            axis.grid(True, which="both", alpha=0.3)
+            axis.legend(fontsize=8)
+    env = result["environment"]
+    fig.suptitle(f"distill serve on {env['device_name']} ({env['cores']} cores, shared with the load generator)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def run(plan: Plan, out: Path, command: str, calls: Sequence[tuple[str, list[str]]]) -> dict[str, Any]:
+    """Measure ``plan`` with requests from ``calls`` (queries and their candidates, :func:`dl19_calls`) and write
+    ``serve.json``, ``serve.md`` and ``serve.png`` into ``out``."""
+    import torch
+
+    from distill.bench.measure import environment
+    from distill.bench.results_pages import serve_tables
+
+    measured = measure(plan, calls)
+    backend = measured["servers"].get("batched", next(iter(measured["servers"].values())))["info"]["backend"]
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(backend.rsplit("-", 1)[-1], torch.float32)
+    env = environment(torch.device("cpu"), dtype)
+    env["cores"] = os.cpu_count()
+    env["affinity"] = sorted(os.sched_getaffinity(0))
+    result = {
+        "what": "distill serve under a closed-loop HTTP load on loopback: throughput and latency per request size "
+        "and concurrency, batched, one request at a time and the CrossEncoder.predict peer, and a robustness cell",
+        "command": command,
+        "model": plan.model,
+        "requests": "DL19 queries (data/trec-dl19/bm25_top100.json) in turn, each with its first N BM25 candidates, "
+        f"POST {ROUTE} with raw_scores; the first request of each client is a warm-up, outside the percentiles",
+        "pinning": "none: the server and the load generator share every core (their CPU seconds are per cell)",
+        "plan": asdict(plan),
+        "environment": env,
+        **measured,
+    }
+    result["targets"] = targets(result)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "serve.json").write_text(json.dumps(result, indent=2) + "\n")
+    (out / "serve.md").write_text(serve_tables(result) + "\n")
+    plot(result, out / "serve.png")
+    return result
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split(","))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m distill.bench.load", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    bench = sub.add_parser("run", help="measure every server and cell; write serve.json, serve.md and serve.png")
+    bench.add_argument("--model", required=True, help="an export folder (make demo writes the quickstart's)")
+    bench.add_argument("--backend", default="auto", help="distill serve's --backend")
+    bench.add_argument("--out", type=Path, default=PROJECT / "benchmarks/results/serve-cpu")
+    bench.add_argument("--servers", default=",".join(SERVERS), help=f"some of {','.join(SERVERS)}")
+    bench.add_argument("--documents", type=_ints, default=Plan.documents, help="documents a request (10,100)")
+    bench.add_argument("--requests", type=_ints, default=Plan.requests, help="requests a cell, one per size")
+    bench.add_argument("--concurrency", type=_ints, default=Plan.concurrency)
+    bench.add_argument("--peer-concurrency", type=_ints, default=Plan.peer_concurrency)
+    bench.add_argument("--peer-requests", type=_ints, default=Plan.peer_requests)
+    bench.add_argument("--robustness", type=int, default=Plan.robustness, help="requests of the robustness cell")
+    bench.add_argument("--malformed", type=float, default=Plan.malformed)
+    bench.add_argument("--warmup", type=int, default=Plan.warmup)
+    bench.add_argument("--input", type=Path, default=None, help="queries and candidates (default: DL19's BM25 top 100)")
+    bench.add_argument("--queries", type=int, default=None, help="use the first N queries (default: all)")
+    bench.add_argument("--serve-args", default="", help="more options of distill serve, as one string")
+    peer = sub.add_parser("serve-peer", help="serve CrossEncoder.predict behind distill serve's app (the peer)")
+    peer.add_argument("--model", required=True)
+    peer.add_argument("--host", default="127.0.0.1")
+    peer.add_argument("--port", type=int, default=8080)
+    args = parser.parse_args(argv)
+    if args.command == "serve-peer":
+        serve_peer(args.model, args.host, args.port)
+        return 0
+    plan = Plan(
+        args.model,
+        args.backend,
+        tuple(args.servers.split(",")),
+        args.documents,
+        args.requests,
+        args.concurrency,
+        args.peer_concurrency,
+        args.peer_requests,
+        args.robustness,
+        args.malformed,
+        args.warmup,
+        tuple(shlex.split(args.serve_args)),
+    )
+    given = argv if argv is not None else sys.argv[1:]
+    calls = dl19_calls(args.input, args.queries)
+    result = run(plan, args.out, "python -m distill.bench.load " + shlex.join(given), calls)
+    from distill.bench.results_pages import serve_tables
+
+    print(serve_tables(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
