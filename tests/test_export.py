@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
 import re
 import shutil
 import subprocess
@@ -48,6 +49,10 @@ def test_export_writes_every_format_and_a_card(exported: Path, student: Path) ->
         "onnx-int8": "model.int8.onnx",
         "torchscript": "model.torchscript.pt",
     }
+    # the layout text-embeddings-inference and sentence-transformers' ONNX backend read: one label, onnx/model.onnx
+    config = json.loads((exported / "config.json").read_text())
+    assert config["architectures"] == ["BertForSequenceClassification"] and len(config["id2label"]) == 1
+    assert os.path.samefile(exported / "onnx" / "model.onnx", exported / "model.onnx")
     assert card["inputs"] == ["input_ids", "attention_mask", "token_type_ids"] and card["max_length"] == 512
     assert card["onnx_opset"] >= 17 and card["student"]["label"] == "qrels grade"
     assert (exported / card["source"]).resolve() == student.resolve() and card["versions"]["onnxruntime"]
@@ -123,6 +128,18 @@ def test_a_broken_graph_fails_the_parity_check(exported: Path, parity: ParitySet
     assert re.search(r"passage \d+ .*\(PyTorch -?[\d.]+, onnx -?[\d.]+\)", message)
     assert "torchscript" not in message and "onnx-int8" not in message  # the others still hold
     assert {r.format for r in caught.value.results} == {"onnx", "onnx-fp16", "onnx-int8", "torchscript"}
+
+
+def test_onnx_model_onnx_must_be_the_checked_graph(exported: Path, parity: ParitySet, tmp_path: Path) -> None:
+    """``onnx/model.onnx`` (where other runtimes read the graph) is held to ``model.onnx``, byte for byte: a copy
+    passes, another graph there fails the check, naming it."""
+    copied = tmp_path / "copied"
+    shutil.copytree(exported, copied)  # a copy, no longer a hard link
+    assert not os.path.samefile(copied / "onnx" / "model.onnx", copied / "model.onnx")
+    verify_export(copied, parity)
+    break_classifier_bias(copied / "onnx" / "model.onnx")
+    with pytest.raises(ParityError, match=r"onnx/model\.onnx: not the same bytes as model\.onnx"):
+        verify_export(copied, parity)
 
 
 def test_a_failed_export_writes_nothing(

@@ -3,7 +3,9 @@
 The export folder holds the HF folder's files (it loads with ``AutoModelForSequenceClassification`` and
 sentence-transformers' ``CrossEncoder``; a head ``transformers`` does not know also gets its modeling code as
 remote code, :mod:`distill.export.remote_code`), the tokenizer (``tokenizer.json`` included, for runtimes
-without transformers), the exported files of :data:`~distill.serving.scorers.FORMAT_FILES`, ``card.json`` (with
+without transformers), the exported files of :data:`~distill.serving.scorers.FORMAT_FILES` (``model.onnx`` also as
+``onnx/model.onnx``, where sentence-transformers' and text-embeddings-inference's ONNX backends read it:
+:data:`~distill.serving.scorers.FORMAT_COPIES`), ``card.json`` (with
 the quality gate of every lower precision, :mod:`distill.export.quality_gate`) and ``README.md``, its model card
 in the Hugging Face Hub's format (:mod:`distill.export.model_card`). It is written to a staging folder and moved
 into place only when every file passes the parity check, so a failed export leaves nothing behind.
@@ -40,7 +42,7 @@ from distill.export.quantize import INT8_RUNTIMES, Calibration, Int8Mode
 from distill.export.remote_code import write_remote_code
 from distill.serving.auto import EXPORT_CARD
 from distill.serving.encoding import encode_pairs, input_names, load_tokenizer, model_max_length, pad_batch
-from distill.serving.scorers import FORMAT_FILES, WEIGHT_FILES, require_file
+from distill.serving.scorers import FORMAT_COPIES, FORMAT_FILES, WEIGHT_FILES, require_file
 
 log = logging.getLogger(__name__)
 
@@ -269,6 +271,8 @@ def _write_formats(
         fused = fuse_transformer(path, config)
         tail = run_tail_on_first_token(path)
         written["onnx"] = FORMAT_FILES["onnx"]
+        for copy in (c for c, fmt in FORMAT_COPIES.items() if fmt == "onnx"):
+            link_or_copy(path, folder / copy)
         optimizations["onnx"] = {
             "exporter": f"torch.onnx (TorchScript-based), opset {OPSET}",
             "fused_ops": fused,
@@ -291,6 +295,17 @@ def _write_formats(
         export_torchscript(model, example, folder / FORMAT_FILES["torchscript"])
         written["torchscript"] = FORMAT_FILES["torchscript"]
     return written, optimizations
+
+
+def link_or_copy(source: Path, target: Path) -> None:
+    """``target`` as a hard link to ``source`` (the same file, no extra disk), or a copy where the file system cannot
+    link; its folder is made."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.unlink(missing_ok=True)
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)
 
 
 def _card(hf_dir: Path, out_dir: Path, folder: Path, report: ExportReport) -> dict[str, Any]:

@@ -7,11 +7,14 @@ model's max (up to 512; a long pair reaches it). Bounds: max |Δscore| against P
 nDCG@10 difference of :data:`NDCG_BOUND` on the ranking set instead: that is the quality gate's verdict
 (:mod:`distill.export.quality_gate`, by default on every candidate of the student's held-out validation queries,
 never DL19, the test set), recorded here and in card.json. A graph outside it is kept, marked as failed, and so
-never chosen by ``backend="auto"``; an explicit ``dtype="int8"`` still runs it.
+never chosen by ``backend="auto"``; an explicit ``dtype="int8"`` still runs it. A copy of a format's file where other
+runtimes read it (``onnx/model.onnx``, :data:`~distill.serving.scorers.FORMAT_COPIES`) must be that file, byte for
+byte, so the same figures hold for it.
 """
 
 from __future__ import annotations
 
+import filecmp
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +26,7 @@ from distill.core.schema import UserError
 from distill.export.parity_set import NDCG_BOUND, Pair, ParitySet, dl19_parity_set
 from distill.export.quality_gate import QualityGate, int8_backend
 from distill.serving.encoding import encode_pairs, load_tokenizer, model_max_length, pad_batch
-from distill.serving.scorers import FORMAT_FILES, OnnxScorer, Scorer, TorchScorer, load_scorer
+from distill.serving.scorers import FORMAT_COPIES, FORMAT_FILES, OnnxScorer, Scorer, TorchScorer, load_scorer
 
 BATCH_SIZES = (1, 7, 32)
 SHORT_MAX_LENGTH = 32
@@ -134,10 +137,20 @@ def verify_export(
                 results[fmt].record(f"batch={size} max_length={length}", scores["pytorch"], scores[fmt], parity.pairs)
     if "onnx-int8" in scorers:
         _record_ranking(results["onnx-int8"], gate)
-    failures = [reason for r in results.values() if (reason := r.failure())]
+    failures = [reason for r in results.values() if (reason := r.failure())] + _copy_failures(folder)
     if failures:
         raise ParityError(str(folder), failures, list(results.values()))
     return list(results.values())
+
+
+def _copy_failures(folder: Path) -> list[str]:
+    """Each copy of :data:`FORMAT_COPIES` in ``folder`` that is not its format's file, byte for byte."""
+    failures = []
+    for copy, fmt in FORMAT_COPIES.items():
+        source = folder / FORMAT_FILES[fmt]
+        if (folder / copy).exists() and not (source.is_file() and filecmp.cmp(source, folder / copy, shallow=False)):
+            failures.append(f"{copy}: not the same bytes as {FORMAT_FILES[fmt]}, the file checked above")
+    return failures
 
 
 def _open(folder: Path, result: FormatParity) -> Scorer | None:

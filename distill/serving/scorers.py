@@ -25,6 +25,10 @@ FORMAT_FILES = {
     "torchscript": "model.torchscript.pt",
 }
 """The exported formats and their files in an export folder."""
+FORMAT_COPIES = {"onnx/model.onnx": "onnx"}
+"""Files of an export folder that repeat a format's file (a hard link, or a copy where the file system has none), where
+other runtimes look for it: sentence-transformers' ONNX backend (``CrossEncoder(folder, backend="onnx")``, through
+optimum, as Infinity's ``optimum`` engine) and text-embeddings-inference's ONNX backend read ``onnx/model.onnx``."""
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json")
 """A Hugging Face folder's weights: one file, or the index of its shards."""
