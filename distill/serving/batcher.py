@@ -49,7 +49,7 @@ from distill.serving.scorers import Scorer
 log = logging.getLogger(__name__)
 
 
-ROUND_BATCHES = 4
+ROUND_BATCHES = 2
 """A round takes at most this many batches' budget of tokens (the pairs' own) from the queue: enough for a few
 requests' pairs to sort together, few enough that the next requests are not held back long."""
 
