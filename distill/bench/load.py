@@ -42,6 +42,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -148,6 +149,15 @@ def answer_scores(answer: Answer) -> dict[int, float]:
     return {r["index"]: r["score" if isinstance(data, list) else "relevance_score"] for r in results}
 
 
+def answer_tokens(answer: Answer) -> int | None:
+    """The tokens a Cohere answer counts for its request (its pairs' query, document and special tokens); None for
+    another answer."""
+    if answer.status != 200:
+        return None
+    data = json.loads(answer.body)
+    return data["meta"]["tokens"]["input_tokens"] if isinstance(data, dict) and "meta" in data else None
+
+
 def check(answer: Answer, references: dict[tuple[int, int], np.ndarray], tolerance: float) -> tuple[str, float]:
     """``("ok" | what is wrong, max |Δscore|)`` of one answer against its request's expected status and scores."""
     request = answer.request
@@ -209,11 +219,13 @@ def summarise(
     tolerance: float,
 ) -> dict[str, Any]:
     """A cell's figures: counts (answered, wrong), throughput over the whole cell, latency percentiles over the
-    requests after each client's first (seconds), and every request's latency in the order they were sent (ms)."""
+    requests after each client's first (seconds), the requests' own spread (the tokens each answer counts: at
+    concurrency 1 its latency follows them), and every request's latency in the order they were sent (ms)."""
     verdicts = [check(a, references, tolerance) for a in answers]
     wrong = [(a, v) for a, v in zip(answers, verdicts, strict=True) if v[0] != "ok"]
     steady = [a.latency for a in answers if a.round > 0] or [a.latency for a in answers]
     pairs = sum(a.request.key[1] for a in answers if a.request.key is not None)
+    tokens = [n for a in answers if (n := answer_tokens(a)) is not None]
     p50 = percentile(steady, 50)
     return {
         "requests": len(answers),
@@ -231,6 +243,8 @@ def summarise(
         "max_s": max(steady),
         "p99_over_p50": percentile(steady, 99) / p50,
         "max_over_p50": max(steady) / p50,
+        "request_tokens_p50": percentile(tokens, 50),
+        "request_tokens_p99": percentile(tokens, 99),
         "latencies_ms": [round(a.latency * 1e3, 2) for a in sorted(answers, key=lambda a: a.sent)],
     }
 
@@ -454,9 +468,12 @@ def dl19_calls(path: str | Path | None = None, limit: int | None = None) -> list
     return [(c.query.text, [p.text for p in c.passages]) for c in data.candidates][:limit]
 
 
-def measure(plan: Plan, calls: Sequence[tuple[str, list[str]]], log: Any = print) -> dict[str, Any]:
-    """Every server's cells, then the robustness cell on the batched server; figures as :func:`summarise`'s."""
+def measure(plan: Plan, calls: Sequence[tuple[str, list[str]]], log: Any = None) -> dict[str, Any]:
+    """Every server's cells, then the robustness cell on the batched server; figures as :func:`summarise`'s; each
+    cell's line to ``log`` (default: printed as it is measured)."""
     import httpx
+
+    log = log or partial(print, flush=True)
 
     result: dict[str, Any] = {"servers": {}, "load_average_before": load_average()}
     for name in plan.servers:
