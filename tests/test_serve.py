@@ -342,8 +342,8 @@ def test_a_round_batches_the_queued_requests_pairs_by_length(reference: Reranker
 
 
 def test_rounds_keep_the_queue_first_in_first_out(reference: Reranker, call) -> None:
-    """A round takes pairs from the head of the queue up to its tokens (at least one): a later request's longer pairs
-    wait for the next rounds, however short the earlier request's are."""
+    """A round takes pairs from the head of the queue up to its tokens (at least a batch): a later request's longer
+    pairs wait for the next round, however short the earlier request's are."""
     query, passages = call
     words = passages[0].split()
     short, long = [" ".join(words[:3])] * 3, [" ".join(words[:50])] * 3
@@ -358,8 +358,27 @@ def test_rounds_keep_the_queue_first_in_first_out(reference: Reranker, call) -> 
     for future in (first, *futures):
         future.result(30)
     batcher.close()
-    short_lengths, (long_length, *_) = encoded[0].pair_lengths.tolist(), encoded[1].pair_lengths.tolist()
-    assert scorer.lengths[1:] == [short_lengths, *[[long_length]] * 3]  # a pair a round: each is over the round
+    # the long request's round is its first batch, whole, though it holds more tokens than the round takes
+    assert scorer.lengths[1:] == [encoded[0].pair_lengths.tolist(), encoded[1].pair_lengths.tolist()]
+
+
+def test_a_request_over_a_round_runs_in_the_rerankers_batches(reference: Reranker, call) -> None:
+    """A request too big for one round is taken a round of whole batches at a time: its batches are those of
+    ``Reranker.score`` (none part-full but its last), however the round's tokens cut it."""
+    from distill.core.batching import token_budget_batches
+
+    query, passages = call
+    encoded = encode_pairs(reference.tokenizer, [query] * 40, passages[:40], 512)
+    budget = 1024
+    expected = [len(b) for b in token_budget_batches(encoded.pair_lengths, budget)]
+    scorer = Gated(reference.scorer)
+    batcher = DynamicBatcher(scorer, reference.tokenizer, budget, max_wait=0.0)
+    scorer.release.set()
+    result = batcher.submit(encoded).result(30)
+    batcher.close()
+    assert batcher.round_tokens < int(encoded.pair_lengths.sum())  # several rounds
+    assert scorer.sizes == expected
+    assert result.scores.tolist() == pytest.approx(reference.score(query, passages[:40]), abs=TOLERANCE)
 
 
 def test_batching_off_scores_one_request_at_a_time(reference: Reranker, call) -> None:

@@ -203,7 +203,8 @@ class DynamicBatcher:
     def _take(self) -> tuple[list[_Part], bool]:
         """The rows the next round takes from the head of the queue (each request's longest first), and whether they
         fill it: the next row would take its tokens past :attr:`round_tokens` (without :attr:`share`: the head
-        request's rows, all of them)."""
+        request's rows, all of them). A request that fills a round alone gives it whole batches (those of
+        ``Reranker.score``), so that no batch of it runs part-full but its last."""
         parts: list[_Part] = []
         tokens = 0
         for job in self._queue:
@@ -218,11 +219,24 @@ class DynamicBatcher:
                     full = True
                     break
                 tokens, stop = tokens + length, stop + 1
+            if full and not parts:  # a request over the round alone: whole batches of it, as Reranker.score's
+                stop = start + self._whole_batches(lengths[job.order[start:]], stop - start)
             if stop > start:
                 parts.append(_Part(job, job.order[start:stop]))
             if full:
                 return parts, True
         return parts, False
+
+    def _whole_batches(self, lengths: np.ndarray, rows: int) -> int:
+        """How many of ``lengths`` (a request's remaining pairs, longest first) its token-budget batches hold, in
+        whole batches, within its first ``rows`` (at least its first batch)."""
+        taken = 0
+        while taken < len(lengths):
+            size = max(1, self.max_batch_tokens // int(lengths[taken]))
+            if taken and taken + size > rows:
+                break
+            taken += size
+        return min(taken, len(lengths))
 
     def _batches(self, taken: list[_Part]) -> list[list[_Part]]:
         """A round's rows as token-budget batches, longest first (ties in arrival order): each batch's rows grouped
@@ -349,7 +363,7 @@ class PredictLoop:
             self._queued += len(documents)
         return self._pool.submit(self._predict, query, documents, encoded, time.monotonic())
 
-    def close(self, timeout: float | None = None) -> None:
+    def close(self) -> None:
         """Score what is queued, then stop the worker."""
         self._pool.shutdown(wait=True)
 
