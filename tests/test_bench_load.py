@@ -75,7 +75,20 @@ def test_malformed_requests_are_the_kinds_named() -> None:
     valid = [json.loads(r.body) for r in requests if r.key is not None]
     assert {len(v.get("documents", v.get("texts"))) for v in valid} <= set(range(1, 11))
     assert all(v["raw_scores"] for v in valid)
-    assert tolerance_of("openvino-bf16") == 2e-2 and tolerance_of(PEER) == tolerance_of("onnx-fp32") == 1e-5
+    assert tolerance_of("openvino-bf16") == 2e-2 and tolerance_of("onnx-fp32") == 1e-5 and tolerance_of(PEER) == 1e-4
+
+
+def test_the_peer_serves_with_a_tokenizer_of_its_own(exported: Path, calls) -> None:
+    """The server tokenises requests (limits, token counts) on its thread while ``CrossEncoder.predict`` tokenises
+    another request on the model's: sharing the fast tokenizer's padding state failed requests with a 500."""
+    from distill.bench.peers import CrossEncoderLoop
+
+    model = CrossEncoderLoop.load(exported)
+    assert model.tokenizer is not model.encoder.tokenizer
+    query, passages = calls[0]
+    reference = Reranker.load(exported, backend="torch", interpolation=False).score(query, passages[:10])
+    assert model.predict(query, passages[:10]).tolist() == pytest.approx(reference, abs=1e-4)
+    assert model.settings == {"backend": PEER, "dtype": "float32", "batch_size": 100, "max_length": 512}
 
 
 def cell(documents: int, concurrency: int, qps: float, p50: float = 1.0, p99: float = 1.2) -> dict:

@@ -14,7 +14,7 @@ writes ``serve.json``, ``serve.md`` and ``serve.png`` into ``--out``:
   latency percentiles are over the rest, throughput over the whole cell (first send to last answer);
 - every answer is checked: status 200, one score per document, each equal to ``Reranker.score``'s on the same
   backend and pairs (fp32 within 1e-5, a 16-bit float within the export's fp16 bound, 2e-2; the peer against
-  PyTorch fp32);
+  PyTorch fp32 within the export's bound between fp32 runtimes, 1e-4: :func:`tolerance_of`);
 - the robustness cell: 10,000 requests to the batched server, 1% of them malformed (bad JSON, an empty query, a
   document that is not a string, ...) at random places, the others of 1 to 10 documents over the three rerank routes:
   every malformed one must get its 4xx, every other one its right scores, and the server must stay up;
@@ -162,7 +162,7 @@ def check(answer: Answer, references: dict[tuple[int, int], np.ndarray], toleran
     """``("ok" | what is wrong, max |Δscore|)`` of one answer against its request's expected status and scores."""
     request = answer.request
     if answer.status != request.expect:
-        return f"status {answer.status}, not {request.expect}", 0.0
+        return f"status {answer.status}, not {request.expect}: {answer.body[:300].decode(errors='replace')}", 0.0
     if request.key is None:
         error = json.loads(answer.body)
         return ("ok" if list(error) == ["error"] and error["error"] else "no one-line error"), 0.0
@@ -398,11 +398,16 @@ def serve_peer(model: str, host: str, port: int) -> None:
 
 def tolerance_of(backend: str) -> float:
     """The |Δscore| a backend's answers may have against ``Reranker.score`` on the same backend: 1e-5 for fp32, the
-    export's fp16 bound for a 16-bit float (bf16, fp16), the ONNX graphs' bound for int8."""
+    export's fp16 bound for a 16-bit float (bf16, fp16), the ONNX graphs' bound for int8; the peer's (PyTorch fp32 in
+    sentence-transformers' batches, against ``Reranker.score`` on PyTorch fp32) the export's bound between fp32
+    runtimes, 1e-4: its batches pad otherwise, and PyTorch's CPU threads sum in another order under load, which moves
+    scores of about 20 by more than 1e-5."""
     from distill.export.parity import SCORE_BOUNDS
     from distill.serving.backends import FP32_BACKENDS
 
-    if backend in FP32_BACKENDS or backend == PEER:
+    if backend == PEER:
+        return SCORE_BOUNDS["onnx"]
+    if backend in FP32_BACKENDS:
         return FP32_TOLERANCE
     return SCORE_BOUNDS["onnx-fp16"] if backend.endswith(("fp16", "bf16")) else SCORE_BOUNDS["onnx"]
 

@@ -158,9 +158,13 @@ class CrossEncoderLoop:
     backend_reason = "the peer: CrossEncoder.predict, one request at a time"
 
     def __init__(self, encoder: Any, folder: Path) -> None:
+        from distill.serving.encoding import load_tokenizer
+
         self.encoder = encoder
         self.folder = folder
-        self.tokenizer = encoder.tokenizer
+        # the server's own copy: a fast tokenizer's padding and truncation are state, and the server tokenising a
+        # request while predict tokenises another made predict's batch unpadded ("Unable to create tensor")
+        self.tokenizer = load_tokenizer(folder)
         self.max_length = int(encoder.max_length)
 
     @classmethod
