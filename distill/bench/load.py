@@ -1,9 +1,8 @@
 """The serving load benchmark: ``distill serve`` under a bounded, closed-loop HTTP load on loopback.
 
-``python -m distill.bench.load run --model checkpoints/quickstart/student/export`` starts the servers side by side,
-each in a process of its own (``--port 0``), drives each in turn with an async ``httpx`` client from this process,
-cell by cell (so that a spell of other load on the machine falls on every server's cell alike), stops them with
-SIGTERM, and writes ``serve.json``, ``serve.md`` and ``serve.png`` into ``--out``:
+``python -m distill.bench.load run --model checkpoints/quickstart/student/export`` starts each server in a process
+of its own (``--port 0``), drives it with an async ``httpx`` client from this process, stops it with SIGTERM, and
+writes ``serve.json``, ``serve.md`` and ``serve.png`` into ``--out``:
 
 - the servers: ``batched`` (``distill serve``, dynamic batching on), ``one-at-a-time`` (the same with ``--batching
   false``: a request's pairs are batched alone, requests in arrival order) and ``st-crossencoder`` (the peer:
@@ -476,71 +475,58 @@ def dl19_calls(path: str | Path | None = None, limit: int | None = None) -> list
 
 def measure(plan: Plan, calls: Sequence[tuple[str, list[str]]], log: Any = None) -> dict[str, Any]:
     """Every server's cells, then the robustness cell on the batched server; figures as :func:`summarise`'s; each
-    cell's line to ``log`` (default: printed as it is measured).
-
-    The servers run side by side (an idle one takes no CPU), and each cell is measured on every server in turn, so
-    that a spell of other load on the machine falls on the servers' cells alike rather than on one server's.
-    """
+    cell's line to ``log`` (default: printed as it is measured)."""
     import httpx
 
     log = log or partial(print, flush=True)
-    result: dict[str, Any] = {"load_average_before": load_average()}
-    servers: dict[str, Server] = {}
-    entries: dict[str, dict[str, Any]] = {}
-    references: dict[str, dict[tuple[int, int], np.ndarray]] = {}
-    try:
-        for name in plan.servers:
-            servers[name] = start(
-                name, server_command(name, plan.model, plan.backend, () if name == PEER else plan.serve_args)
-            )
-        for name, server in servers.items():
+
+    result: dict[str, Any] = {"servers": {}, "load_average_before": load_average()}
+    for name in plan.servers:
+        extra = plan.serve_args if name != PEER else ()
+        server = start(name, server_command(name, plan.model, plan.backend, extra))
+        try:
             info = httpx.get(f"{server.url}/info", timeout=30).json()
-            counts = plan.peer_requests if name == PEER else plan.requests
-            keys = {
-                (i % len(calls), d)
-                for d, n in zip(plan.documents, counts, strict=True)
-                for i in range(max(n, plan.warmup))
-            }
-            if name == "batched" and plan.robustness > 0:
+            backend = info["backend"]
+            tolerance = tolerance_of(backend)
+            peer = name == PEER
+            sizes = list(zip(plan.documents, plan.peer_requests if peer else plan.requests, strict=True))
+            keys = {(i % len(calls), d) for d, n in sizes for i in range(max(n, plan.warmup))}
+            robust = name == "batched" and plan.robustness > 0
+            if robust:
                 keys |= {(i % len(calls), d) for i in range(len(calls)) for d in range(1, 11)}
-            log(f"{name}: {info['backend']} at {server.url}; reference scores of {len(keys)} requests")
-            references[name] = reference_scores(plan.model, info["backend"], calls, keys)
-            for documents in plan.documents:
+            log(f"{name}: {backend} at {server.url}; reference scores of {len(keys)} requests")
+            references = reference_scores(plan.model, backend, calls, keys)
+            for documents, _ in sizes:
                 asyncio.run(drive(server.url, cell_requests(calls, documents, plan.warmup), 4, plan.timeout))
-            command = shlex.join(server.command)
-            entries[name] = {"command": command, "info": info, "tolerance": tolerance_of(info["backend"]), "cells": []}
-        for index, documents in enumerate(plan.documents):
-            for concurrency in sorted({*plan.concurrency, *plan.peer_concurrency}):
-                for name, server in servers.items():
-                    if concurrency not in (plan.peer_concurrency if name == PEER else plan.concurrency):
-                        continue
-                    count = (plan.peer_requests if name == PEER else plan.requests)[index]
+            cells = []
+            for documents, count in sizes:
+                for concurrency in plan.peer_concurrency if peer else plan.concurrency:
                     requests = cell_requests(calls, documents, count)
-                    entry = entries[name]
-                    cell = run_cell(server, requests, concurrency, references[name], entry["tolerance"], plan.timeout)
-                    entry["cells"].append({"documents": documents, "concurrency": concurrency, **cell})
+                    cell = run_cell(server, requests, concurrency, references, tolerance, plan.timeout)
+                    cells.append({"documents": documents, "concurrency": concurrency, **cell})
                     log(
                         f"{name} {documents} docs c={concurrency}: {cell['queries_per_s']:.2f} q/s, "
                         f"{cell['pairs_per_s']:.0f} pairs/s, p50 {cell['p50_s'] * 1e3:.0f} ms, "
                         f"p99 {cell['p99_s'] * 1e3:.0f} ms, wrong {cell['wrong']}"
                     )
-        if "batched" in servers and plan.robustness > 0:
-            server, requests = servers["batched"], robustness_requests(calls, plan.robustness, plan.malformed)
-            cell = run_cell(server, requests, 8, references["batched"], entries["batched"]["tolerance"], plan.timeout)
-            del cell["latencies_ms"]
-            cell["kinds"] = {k: sum(r.kind == k for r in requests) for k in sorted({r.kind for r in requests})}
-            cell["malformed"] = sum(r.key is None for r in requests)
-            cell["concurrency"] = 8
-            cell["alive_after"] = server.process.poll() is None
-            cell["health_after"] = httpx.get(f"{server.url}/health", timeout=30).status_code
-            entries["batched"]["robustness"] = cell
-            log(f"robustness: {cell['requests']} requests, {cell['wrong']} wrong, alive {cell['alive_after']}")
-    finally:
-        for name, server in servers.items():
-            status = server.stop()
-            if name in entries:
-                entries[name]["exit_status"] = status
-    result["servers"] = entries
+            entry: dict[str, Any] = {"command": shlex.join(server.command), "info": info, "tolerance": tolerance}
+            entry["cells"] = cells
+            if robust:
+                requests = robustness_requests(calls, plan.robustness, plan.malformed)
+                cell = run_cell(server, requests, 8, references, tolerance, plan.timeout)
+                del cell["latencies_ms"]
+                kinds = sorted({r.kind for r in requests})
+                cell["kinds"] = {k: sum(r.kind == k for r in requests) for k in kinds}
+                cell["malformed"] = sum(r.key is None for r in requests)
+                cell["concurrency"] = 8
+                cell["alive_after"] = server.process.poll() is None
+                cell["health_after"] = httpx.get(f"{server.url}/health", timeout=30).status_code
+                entry["robustness"] = cell
+                log(f"robustness: {cell['requests']} requests, {cell['wrong']} wrong, alive {cell['alive_after']}")
+        finally:
+            entry_status = server.stop()
+        entry["exit_status"] = entry_status
+        result["servers"][name] = entry
     result["load_average_after"] = load_average()
     return result
 
