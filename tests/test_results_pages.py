@@ -70,3 +70,20 @@ def test_check_exits_1_on_an_out_of_date_readme(tmp_path: Path, monkeypatch: pyt
     assert results_pages.main(["check"]) == 1
     assert results_pages.main(["readme"]) == 0
     assert results_pages.main(["check"]) == 0
+
+
+def test_the_serving_figures_follow_serve_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The load benchmark's run (``serve-cpu/serve.json``): its cells, targets and plot on the serving page, and the
+    README's serving row, each read from the file."""
+    results = tmp_path / "results"
+    shutil.copytree(results_pages.RESULTS, results)
+    path = results / results_pages.SERVE
+    data = json.loads(path.read_text())
+    batched = next(c for c in data["servers"]["batched"]["cells"] if (c["documents"], c["concurrency"]) == (10, 8))
+    batched["queries_per_s"] = 123.456
+    path.write_text(json.dumps(data))
+    monkeypatch.setattr(results_pages, "RESULTS", results)
+    assert "123.5 queries/s" in results_pages.headline(results_pages.Links(""))
+    page = results_pages.pages()["serving-cpu.md"]
+    assert "| 123.46 |" in page and "![serving](files/serve-cpu/serve.png)" in page
+    assert all(t["target"] in page for t in data["targets"]) and data["command"] in page
