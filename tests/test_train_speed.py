@@ -48,6 +48,20 @@ def cpu_trainer(*callbacks: Callback, **options) -> Trainer:
     )  # fmt: skip
 
 
+def capture_compiles(monkeypatch: pytest.MonkeyPatch) -> list[torch.fx.GraphModule]:
+    """Make ``torch.compile`` use a backend that runs each captured graph as it is and records it: the list fills
+    with every graph compiled from now on (dynamo's caches reset first)."""
+    graphs: list[torch.fx.GraphModule] = []
+
+    def capture(gm: torch.fx.GraphModule, example_inputs: list) -> object:
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend=capture))
+    return graphs
+
+
 def fit(module: CrossEncoderModule, dm: StudentDataModule, steps: int, *callbacks: Callback, **trainer) -> Trainer:
     trainer = cpu_trainer(*callbacks, max_steps=steps, limit_val_batches=0, num_sanity_val_steps=0, **trainer)
     trainer.fit(module, datamodule=dm)
@@ -331,14 +345,7 @@ def test_compiled_blocks_compile_a_handful_of_times_and_train_like_eager(
     """Compiled with a backend that runs the captured graphs as they are (no fused kernels), the encoder trains to
     the eager weights, and the graphs are captured a few times for many batch shapes (unpadded: a new number of
     real tokens every step)."""
-    graphs: list[torch.fx.GraphModule] = []
-
-    def capture(gm: torch.fx.GraphModule, example_inputs: list) -> object:
-        graphs.append(gm)
-        return gm.forward
-
-    torch._dynamo.reset()
-    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend=capture))
+    graphs = capture_compiles(monkeypatch)
     dm = data_module(teacher_dataset, tiny_bert, pad_to_multiple_of=16)  # many shapes, to count the compiles
     shapes = {tuple(b["input_ids"].shape) for b in dm.train_dataloader()}
     assert len(shapes) >= 4
@@ -386,14 +393,7 @@ def test_compiled_training_compiles_in_its_first_epoch_only(
     """What comes between epochs (the validation, eager in eval mode under inference mode, with its batches of other
     shapes; the switch back to training; the loader's restart) compiles nothing, and every epoch after the first
     reuses the first one's graphs: its batches have the same shapes in another order."""
-    graphs: list[torch.fx.GraphModule] = []
-
-    def capture(gm: torch.fx.GraphModule, example_inputs: list) -> object:
-        graphs.append(gm)
-        return gm.forward
-
-    torch._dynamo.reset()
-    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend=capture))
+    graphs = capture_compiles(monkeypatch)
     dm = data_module(teacher_dataset, tiny_bert, pad_to_multiple_of=16)  # many shapes
     counter = CountGraphs(graphs)
     trainer = cpu_trainer(counter, max_epochs=3)
