@@ -1,8 +1,9 @@
 """The serving load benchmark: ``distill serve`` under a bounded, closed-loop HTTP load on loopback.
 
-``python -m distill.bench.load run --model checkpoints/quickstart/student/export`` starts each server in a process
-of its own (``--port 0``), drives it with an async ``httpx`` client from this process, stops it with SIGTERM, and
-writes ``serve.json``, ``serve.md`` and ``serve.png`` into ``--out``:
+``python -m distill.bench.load run --model checkpoints/quickstart/student/export`` starts the servers side by side,
+each in a process of its own (``--port 0``), drives each in turn with an async ``httpx`` client from this process,
+cell by cell (so that a spell of other load on the machine falls on every server's cell alike), stops them with
+SIGTERM, and writes ``serve.json``, ``serve.md`` and ``serve.png`` into ``--out``:
 
 - the servers: ``batched`` (``distill serve``, dynamic batching on), ``one-at-a-time`` (the same with ``--batching
   false``: a request's pairs are batched alone, requests in arrival order) and ``st-crossencoder`` (the peer:
@@ -324,18 +325,22 @@ def server_metrics(url: str) -> dict[str, float]:
     import httpx
     from prometheus_client.parser import text_string_to_metric_families
 
-    wanted = re.compile(r"distill_(batch_(pairs|requests|padded_tokens|seconds)|queue_wait_seconds|tokenize_seconds)_")
+    wanted = re.compile(
+        r"distill_((batch_(pairs|requests|padded_tokens|seconds)|queue_wait_seconds|tokenize_seconds)_(sum|count)"
+        r"|tokens_total)$"
+    )
     samples = {}
     for family in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=30).text):
         for sample in family.samples:
-            if wanted.match(sample.name) and sample.name.endswith(("_sum", "_count")):
+            if wanted.match(sample.name):
                 samples[sample.name] = sample.value
     return samples
 
 
 def batching_figures(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
-    """A cell's batches from the metrics' difference: how many, their mean requests, pairs and padded tokens, the
-    backend's mean seconds per batch and share of the wall time, the mean queue wait and tokenising time (s)."""
+    """A cell's batches from the metrics' difference: how many, their mean requests, pairs, padded tokens and the
+    pairs' own tokens, the backend's mean seconds per batch and share of the wall time, the mean queue wait and
+    tokenising time (s)."""
     delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after}
     batches = delta.get("distill_batch_pairs_count", 0.0)
     requests = delta.get("distill_queue_wait_seconds_count", 0.0)
@@ -348,6 +353,7 @@ def batching_figures(before: dict[str, float], after: dict[str, float]) -> dict[
         "requests_per_batch": mean("distill_batch_requests_sum", batches),
         "pairs_per_batch": mean("distill_batch_pairs_sum", batches),
         "padded_tokens_per_batch": mean("distill_batch_padded_tokens_sum", batches),
+        "tokens_per_batch": mean("distill_tokens_total", batches),
         "backend_s_per_batch": mean("distill_batch_seconds_sum", batches),
         "backend_s": delta.get("distill_batch_seconds_sum", 0.0),
         "queue_wait_s": mean("distill_queue_wait_seconds_sum", requests),
@@ -475,58 +481,71 @@ def dl19_calls(path: str | Path | None = None, limit: int | None = None) -> list
 
 def measure(plan: Plan, calls: Sequence[tuple[str, list[str]]], log: Any = None) -> dict[str, Any]:
     """Every server's cells, then the robustness cell on the batched server; figures as :func:`summarise`'s; each
-    cell's line to ``log`` (default: printed as it is measured)."""
+    cell's line to ``log`` (default: printed as it is measured).
+
+    The servers run side by side (an idle one takes no CPU), and each cell is measured on every server in turn, so
+    that a spell of other load on the machine falls on the servers' cells alike rather than on one server's.
+    """
     import httpx
 
     log = log or partial(print, flush=True)
-
-    result: dict[str, Any] = {"servers": {}, "load_average_before": load_average()}
-    for name in plan.servers:
-        extra = plan.serve_args if name != PEER else ()
-        server = start(name, server_command(name, plan.model, plan.backend, extra))
-        try:
+    result: dict[str, Any] = {"load_average_before": load_average()}
+    servers: dict[str, Server] = {}
+    entries: dict[str, dict[str, Any]] = {}
+    references: dict[str, dict[tuple[int, int], np.ndarray]] = {}
+    try:
+        for name in plan.servers:
+            servers[name] = start(
+                name, server_command(name, plan.model, plan.backend, () if name == PEER else plan.serve_args)
+            )
+        for name, server in servers.items():
             info = httpx.get(f"{server.url}/info", timeout=30).json()
-            backend = info["backend"]
-            tolerance = tolerance_of(backend)
-            peer = name == PEER
-            sizes = list(zip(plan.documents, plan.peer_requests if peer else plan.requests, strict=True))
-            keys = {(i % len(calls), d) for d, n in sizes for i in range(max(n, plan.warmup))}
-            robust = name == "batched" and plan.robustness > 0
-            if robust:
+            counts = plan.peer_requests if name == PEER else plan.requests
+            keys = {
+                (i % len(calls), d)
+                for d, n in zip(plan.documents, counts, strict=True)
+                for i in range(max(n, plan.warmup))
+            }
+            if name == "batched" and plan.robustness > 0:
                 keys |= {(i % len(calls), d) for i in range(len(calls)) for d in range(1, 11)}
-            log(f"{name}: {backend} at {server.url}; reference scores of {len(keys)} requests")
-            references = reference_scores(plan.model, backend, calls, keys)
-            for documents, _ in sizes:
+            log(f"{name}: {info['backend']} at {server.url}; reference scores of {len(keys)} requests")
+            references[name] = reference_scores(plan.model, info["backend"], calls, keys)
+            for documents in plan.documents:
                 asyncio.run(drive(server.url, cell_requests(calls, documents, plan.warmup), 4, plan.timeout))
-            cells = []
-            for documents, count in sizes:
-                for concurrency in plan.peer_concurrency if peer else plan.concurrency:
+            command = shlex.join(server.command)
+            entries[name] = {"command": command, "info": info, "tolerance": tolerance_of(info["backend"]), "cells": []}
+        for index, documents in enumerate(plan.documents):
+            for concurrency in sorted({*plan.concurrency, *plan.peer_concurrency}):
+                for name, server in servers.items():
+                    if concurrency not in (plan.peer_concurrency if name == PEER else plan.concurrency):
+                        continue
+                    count = (plan.peer_requests if name == PEER else plan.requests)[index]
                     requests = cell_requests(calls, documents, count)
-                    cell = run_cell(server, requests, concurrency, references, tolerance, plan.timeout)
-                    cells.append({"documents": documents, "concurrency": concurrency, **cell})
+                    entry = entries[name]
+                    cell = run_cell(server, requests, concurrency, references[name], entry["tolerance"], plan.timeout)
+                    entry["cells"].append({"documents": documents, "concurrency": concurrency, **cell})
                     log(
                         f"{name} {documents} docs c={concurrency}: {cell['queries_per_s']:.2f} q/s, "
                         f"{cell['pairs_per_s']:.0f} pairs/s, p50 {cell['p50_s'] * 1e3:.0f} ms, "
                         f"p99 {cell['p99_s'] * 1e3:.0f} ms, wrong {cell['wrong']}"
                     )
-            entry: dict[str, Any] = {"command": shlex.join(server.command), "info": info, "tolerance": tolerance}
-            entry["cells"] = cells
-            if robust:
-                requests = robustness_requests(calls, plan.robustness, plan.malformed)
-                cell = run_cell(server, requests, 8, references, tolerance, plan.timeout)
-                del cell["latencies_ms"]
-                kinds = sorted({r.kind for r in requests})
-                cell["kinds"] = {k: sum(r.kind == k for r in requests) for k in kinds}
-                cell["malformed"] = sum(r.key is None for r in requests)
-                cell["concurrency"] = 8
-                cell["alive_after"] = server.process.poll() is None
-                cell["health_after"] = httpx.get(f"{server.url}/health", timeout=30).status_code
-                entry["robustness"] = cell
-                log(f"robustness: {cell['requests']} requests, {cell['wrong']} wrong, alive {cell['alive_after']}")
-        finally:
-            entry_status = server.stop()
-        entry["exit_status"] = entry_status
-        result["servers"][name] = entry
+        if "batched" in servers and plan.robustness > 0:
+            server, requests = servers["batched"], robustness_requests(calls, plan.robustness, plan.malformed)
+            cell = run_cell(server, requests, 8, references["batched"], entries["batched"]["tolerance"], plan.timeout)
+            del cell["latencies_ms"]
+            cell["kinds"] = {k: sum(r.kind == k for r in requests) for k in sorted({r.kind for r in requests})}
+            cell["malformed"] = sum(r.key is None for r in requests)
+            cell["concurrency"] = 8
+            cell["alive_after"] = server.process.poll() is None
+            cell["health_after"] = httpx.get(f"{server.url}/health", timeout=30).status_code
+            entries["batched"]["robustness"] = cell
+            log(f"robustness: {cell['requests']} requests, {cell['wrong']} wrong, alive {cell['alive_after']}")
+    finally:
+        for name, server in servers.items():
+            status = server.stop()
+            if name in entries:
+                entries[name]["exit_status"] = status
+    result["servers"] = entries
     result["load_average_after"] = load_average()
     return result
 
@@ -552,7 +571,16 @@ def targets(result: dict[str, Any]) -> list[dict[str, Any]]:
 
     batched = result["servers"].get("batched", {})
     ratio("10 docs, concurrency 8: batched / one at a time", ("batched", 10, 8), ("one-at-a-time", 10, 8), 1.5)
-    ratio("10 docs: batched at concurrency 8 / concurrency 1", ("batched", 10, 8), ("one-at-a-time", 10, 1), 1.5)
+    ratio("10 docs: batched at concurrency 8 / concurrency 1", ("batched", 10, 8), ("batched", 10, 1), 1.5)
+    if alone := cell(result, "one-at-a-time", 10, 8):
+        figures = alone["batching"]
+        row(
+            "10 docs, concurrency 8: one at a time's padded tokens / the pairs' own (batching's gain, were its "
+            "batches unpadded at the same cost a token)",
+            figures["padded_tokens_per_batch"] / figures["tokens_per_batch"],
+            "reported",
+            None,
+        )
     for c in (8, 32):
         ratio(
             f"100 docs, concurrency {c}: batched / one at a time", ("batched", 100, c), ("one-at-a-time", 100, c), 0.95
