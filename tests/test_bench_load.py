@@ -102,14 +102,17 @@ def cell(documents: int, concurrency: int, qps: float, p50: float = 1.0, p99: fl
         "wrong": 0,
         "requests": 10,
         "answered": 10,
+        "batching": {"pairs_per_batch": 5.0, "padded_tokens_per_batch": 630.0, "tokens_per_batch": 500.0},
     }
 
 
 def test_targets_are_the_issues_bounds() -> None:
     result = {
         "servers": {
-            "batched": {"cells": [cell(10, 8, 30.0), cell(100, 8, 3.0), cell(100, 32, 3.0, p99=2.0)]},
-            "one-at-a-time": {"cells": [cell(10, 1, 15.0), cell(10, 8, 21.0), cell(100, 8, 3.0), cell(100, 32, 3.3)]},
+            "batched": {
+                "cells": [cell(10, 1, 15.0), cell(10, 8, 30.0), cell(100, 8, 3.0), cell(100, 32, 3.0, p99=2.0)]
+            },
+            "one-at-a-time": {"cells": [cell(10, 1, 16.0), cell(10, 8, 21.0), cell(100, 8, 3.0), cell(100, 32, 3.3)]},
             PEER: {"cells": [cell(10, 8, 5.0), cell(100, 8, 1.1)]},
         }
     }
@@ -117,6 +120,10 @@ def test_targets_are_the_issues_bounds() -> None:
     assert found["10 docs, concurrency 8: batched / one at a time"] == (pytest.approx(30 / 21), False)
     assert found["10 docs: batched at concurrency 8 / concurrency 1"] == (2.0, True)
     assert found["100 docs, concurrency 32: batched / one at a time"] == (pytest.approx(3 / 3.3), False)
+    unpadded = next(
+        value for target, (value, _) in found.items() if target.startswith("10 docs, concurrency 8: one at")
+    )
+    assert unpadded == pytest.approx(1.26)  # one at a time's 630 padded tokens a batch over its pairs' own 500
     assert found["10 docs, concurrency 8: batched / CrossEncoder.predict"] == (6.0, True)
     assert found["100 docs, concurrency 8: batched / CrossEncoder.predict"] == (pytest.approx(3 / 1.1), False)
     assert found["100 docs, concurrency 32: p99 / p50 (batched)"] == (2.0, False)

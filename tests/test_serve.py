@@ -369,7 +369,7 @@ def test_a_request_over_a_round_runs_in_the_rerankers_batches(reference: Reranke
 
     query, passages = call
     encoded = encode_pairs(reference.tokenizer, [query] * 40, passages[:40], 512)
-    budget = 1024
+    budget = 400  # a round (ROUND_BATCHES budgets) under the request's 3,846 tokens
     expected = [len(b) for b in token_budget_batches(encoded.pair_lengths, budget)]
     scorer = Gated(reference.scorer)
     batcher = DynamicBatcher(scorer, reference.tokenizer, budget, max_wait=0.0)
