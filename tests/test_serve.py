@@ -13,9 +13,10 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 
 import httpx
@@ -83,6 +84,14 @@ def metric(url: str, name: str, **labels: str) -> float:
             if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
                 return sample.value
     raise AssertionError(f"no sample {name}{labels} in /metrics")
+
+
+def wait_for(condition: Callable[[], bool], seconds: float = 10) -> None:
+    """Poll ``condition`` until it holds; fail after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
 
 
 def test_cohere_sdk_reranks_with_the_rerankers_scores(server: str, reference: Reranker, call) -> None:
@@ -231,18 +240,25 @@ class Poisoned:
 
 
 def test_a_backend_failure_is_a_500_for_that_request_and_the_server_goes_on(exported: Path, reference, call) -> None:
-    reranker = Reranker.load(exported, backend="onnx", interpolation=False)
-    reranker.scorer = Poisoned(reranker.scorer, reranker.tokenizer.convert_tokens_to_ids("poison"))
+    reranker = Reranker.load(exported, backend="onnx", interpolation=False, max_batch_tokens=2**16)
+    reranker.scorer = gate = Gated(Poisoned(reranker.scorer, reranker.tokenizer.convert_tokens_to_ids("poison")))
     query, passages = call
-    with running(create_app(exported, reranker, ServerOptions(max_wait_ms=200))) as url:
+    with running(create_app(exported, reranker, ServerOptions(max_wait_ms=0))) as url:
         bad = {"query": query, "texts": ["a poison pill", *passages[:3]], "raw_scores": True}
         good = {"query": query, "texts": passages[:10], "raw_scores": True}
-        with ThreadPoolExecutor(2) as pool:  # both in the window: one batch, rerun a request at a time
-            failed, fine = pool.map(lambda body: httpx.post(f"{url}/rerank", json=body, timeout=60), [bad, good])
+        with ThreadPoolExecutor(3) as pool:
+            post = partial(httpx.post, f"{url}/rerank", timeout=60)
+            first = pool.submit(post, json=good)  # its batch holds the gate while the other two queue
+            assert gate.busy.wait(30)
+            failed, fine = pool.submit(post, json=bad), pool.submit(post, json=good)
+            wait_for(lambda: metric(url, "distill_queued_pairs") == 14)
+            gate.release.set()  # the next round: one batch of both, which fails, then each request alone
+            first, failed, fine = first.result(), failed.result(), fine.result()
+        assert len(gate.sizes) == 4 and gate.sizes[1] == 14  # the shared batch, then each request's
         assert failed.status_code == 500
         assert failed.json() == {"error": "the backend failed on this request: RuntimeError: poisoned batch"}
         raw = reference.score(query, passages[:10])
-        for answer in (fine, httpx.post(f"{url}/rerank", json=good)):
+        for answer in (first, fine, httpx.post(f"{url}/rerank", json=good)):
             assert answer.status_code == 200
             assert {r["index"]: r["score"] for r in answer.json()} == {
                 i: pytest.approx(s, abs=TOLERANCE) for i, s in enumerate(raw)
@@ -251,9 +267,10 @@ def test_a_backend_failure_is_a_500_for_that_request_and_the_server_goes_on(expo
 
 def test_concurrent_requests_share_batches_and_keep_their_order(exported: Path, reference: Reranker, call) -> None:
     reranker = Reranker.load(exported, backend="onnx", interpolation=False, max_batch_tokens=2**16)
+    reranker.scorer = gate = Gated(reranker.scorer)
     query, passages = call
     requests = [(f"{query} {i}", passages[7 * i : 7 * i + 10][:: 1 if i % 2 else -1]) for i in range(6)]
-    with running(create_app(exported, reranker, ServerOptions(max_wait_ms=500))) as url:
+    with running(create_app(exported, reranker, ServerOptions(max_wait_ms=0))) as url:
 
         def post(request: tuple[str, list[str]]) -> list[float]:
             body = {"query": request[0], "documents": request[1], "raw_scores": True}
@@ -261,7 +278,13 @@ def test_concurrent_requests_share_batches_and_keep_their_order(exported: Path, 
             return [s for _, s in sorted((r["index"], r["relevance_score"]) for r in results)]
 
         with ThreadPoolExecutor(len(requests)) as pool:
-            answers = list(pool.map(post, requests))
+            first = pool.submit(post, requests[0])  # its batch holds the gate while the others queue
+            assert gate.busy.wait(30)
+            rest = [pool.submit(post, request) for request in requests[1:]]
+            wait_for(lambda: metric(url, "distill_queued_pairs") == 50)
+            gate.release.set()
+            answers = [future.result() for future in (first, *rest)]
+        assert gate.sizes == [10, 50]
         for (q, documents), scores in zip(requests, answers, strict=True):
             assert scores == pytest.approx(reference.score(q, documents), abs=TOLERANCE)
         batches = metric(url, "distill_batch_requests_count")
@@ -379,6 +402,29 @@ def test_a_request_over_a_round_runs_in_the_rerankers_batches(reference: Reranke
     assert batcher.round_tokens < int(encoded.pair_lengths.sum())  # several rounds
     assert scorer.sizes == expected
     assert result.scores.tolist() == pytest.approx(reference.score(query, passages[:40]), abs=TOLERANCE)
+
+
+def test_a_round_waits_for_company_only_while_a_request_is_arriving(reference: Reranker, call) -> None:
+    """A round that is not full waits (up to ``max_wait``) while the server has a request on its way, being
+    tokenised; with none, a request alone is scored at once, however long the window."""
+    query, passages = call
+    encoded = [encode_pairs(reference.tokenizer, [query] * 3, passages[i : i + 3], 512) for i in (0, 3)]
+    arriving, stats = [0], []
+    batcher = DynamicBatcher(
+        reference.scorer, reference.tokenizer, 2**16, 60.0, on_batch=stats.append, arriving=lambda: arriving[0]
+    )
+    try:
+        batcher.submit(encoded[0]).result(10)  # nothing arriving: not a 60 s wait
+        arriving[0] = 1
+        first = batcher.submit(encoded[0])
+        time.sleep(0.3)
+        assert not first.done()  # waiting for the request on its way
+        arriving[0] = 0
+        second = batcher.submit(encoded[1])
+        first.result(10), second.result(10)
+    finally:
+        batcher.close(10)
+    assert [b.requests for b in stats] == [1, 2]
 
 
 def test_batching_off_scores_one_request_at_a_time(reference: Reranker, call) -> None:
@@ -540,8 +586,6 @@ def test_the_cli_refuses_a_missing_model_a_bad_limit_and_a_busy_port(exported: P
 @pytest.mark.slow
 def test_sigterm_finishes_requests_in_flight_and_refuses_new_ones(exported: Path, reference: Reranker, call) -> None:
     command = [sys.executable, "-m", "distill", "serve", "--model", str(exported), "--backend", "onnx", "--port", "0"]
-    # a request that does not fill the batch waits 4 s in the batching window: in flight when SIGTERM comes
-    command += ["--max_wait_ms", "4000", "--max_batch_tokens", "65536"]
     process = subprocess.Popen(
         command, cwd=REPO, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}
     )
@@ -553,24 +597,26 @@ def test_sigterm_finishes_requests_in_flight_and_refuses_new_ones(exported: Path
                 break
         assert url, "the server did not start"
         query, passages = call
-        body = {"query": query, "texts": passages[:10], "raw_scores": True}
-        with ThreadPoolExecutor(1) as pool:
-            in_flight = pool.submit(httpx.post, f"{url}/rerank", json=body, timeout=60)
-            deadline = time.monotonic() + 10
-            while metric(url, "distill_queued_pairs") < 10:
-                assert time.monotonic() < deadline, "the request was not queued"
-                time.sleep(0.05)
+        body = json.dumps({"query": query, "texts": passages[:10], "raw_scores": True}).encode()
+        host, port = url.removeprefix("http://").rsplit(":", 1)
+        # in flight when SIGTERM comes: its headers and half its body are sent, the rest after
+        with socket.create_connection((host, int(port)), timeout=60) as slow:
+            head = f"POST /rerank HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+            slow.sendall(f"{head}Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body[:20])
+            wait_for(lambda: metric(url, "distill_in_flight_requests") == 2)  # it and this GET /metrics
             process.send_signal(signal.SIGTERM)
-            deadline = time.monotonic() + 10
-            while (refused := httpx.post(f"{url}/rerank", json=body)).status_code != 503:
-                assert time.monotonic() < deadline, "not draining"
-                time.sleep(0.05)
+            wait_for(lambda: httpx.post(f"{url}/rerank", content=body).status_code == 503)
+            refused = httpx.post(f"{url}/rerank", content=body)
             assert refused.json() == {"error": "the server is shutting down"}
             assert httpx.get(f"{url}/health").status_code == 503
-            answer = in_flight.result(60)
-        assert answer.status_code == 200
+            slow.sendall(body[20:])
+            answer = b""
+            while chunk := slow.recv(65536):
+                answer += chunk
+        status, _, payload = answer.partition(b"\r\n\r\n")
+        assert status.startswith(b"HTTP/1.1 200 ")
         raw = reference.score(query, passages[:10])
-        assert {r["index"]: r["score"] for r in answer.json()} == {
+        assert {r["index"]: r["score"] for r in json.loads(payload)} == {
             i: pytest.approx(s, abs=TOLERANCE) for i, s in enumerate(raw)
         }
         assert process.wait(30) == 0

@@ -4,9 +4,11 @@ A request's pairs, already tokenised (:class:`~distill.serving.encoding.Encoded`
 queue. One worker thread runs the model in rounds: it takes pairs from the head of the queue (each request's longest
 first) until the next pair would take the round past ``round_tokens`` (the pairs' own tokens; by default
 :data:`ROUND_BATCHES` batches' budget), or until the oldest waiting request has waited ``max_wait`` seconds, whichever
-comes first; it sorts the round's pairs by length, across requests, cuts them into batches of at most
-``max_batch_tokens`` padded tokens (``rows × longest row``, :func:`~distill.core.batching.token_budget_batches`), pads
-each batch with numpy and scores the batches one after another. Requests queued while a round runs make the next. So:
+comes first, waiting only while another request is on its way (``arriving``: the server's requests being tokenised),
+so that a request alone is scored at once; it sorts the round's pairs by length, across requests, cuts them into
+batches of at most ``max_batch_tokens`` padded tokens (``rows × longest row``,
+:func:`~distill.core.batching.token_budget_batches`), pads each batch with numpy and scores the batches one after
+another. Requests queued while a round runs make the next. So:
 
 - requests that arrive together, or while the backend is busy, are scored in the same batches, their pairs of
   similar lengths together, so their batches carry less padding than one request's pairs alone (``python -m
@@ -121,6 +123,9 @@ class DynamicBatcher:
         share: whether a round takes several requests' pairs (off: one request's, without waiting).
         round_tokens: the most tokens (the pairs' own) a round takes from the queue; default :data:`ROUND_BATCHES`
             times ``max_batch_tokens``. A pair over it runs in a round of its own.
+        arriving: how many requests are on their way to :meth:`submit` (the server's, being tokenised); a round that
+            is not full waits for company only while it is positive (and at most ``max_wait``). None: a round always
+            waits ``max_wait``. Whoever counts them calls :meth:`wake` when the count falls.
     """
 
     def __init__(
@@ -132,6 +137,7 @@ class DynamicBatcher:
         on_batch: Callable[[BatchStats], None] | None = None,
         share: bool = True,
         round_tokens: int | None = None,
+        arriving: Callable[[], int] | None = None,
     ) -> None:
         if max_batch_tokens < 1 or max_wait < 0:
             raise ValueError(f"max_batch_tokens must be positive and max_wait >= 0, got {max_batch_tokens}, {max_wait}")
@@ -142,6 +148,7 @@ class DynamicBatcher:
         self.on_batch = on_batch
         self.share = share
         self.round_tokens = round_tokens or ROUND_BATCHES * max_batch_tokens
+        self.arriving = arriving
         self._queue: deque[_Job] = deque()
         self._changed = threading.Condition()
         self._closed = False
@@ -170,6 +177,11 @@ class DynamicBatcher:
             self._changed.notify()
         return future
 
+    def wake(self) -> None:
+        """Have a round that waits for company look again (``arriving`` has fallen)."""
+        with self._changed:
+            self._changed.notify()
+
     def close(self, timeout: float | None = None) -> None:
         """Score what is queued, then stop the worker (waiting at most ``timeout`` seconds for it)."""
         with self._changed:
@@ -191,7 +203,12 @@ class DynamicBatcher:
                     return None
                 self._changed.wait()
             deadline = self._queue[0].enqueued + self.max_wait
-            while not self._closed and not self._take()[1] and (left := deadline - time.monotonic()) > 0:
+            while (
+                not self._closed
+                and (self.arriving is None or self.arriving() > 0)
+                and not self._take()[1]
+                and (left := deadline - time.monotonic()) > 0
+            ):
                 self._changed.wait(left)
             taken, _ = self._take()
             now = time.monotonic()

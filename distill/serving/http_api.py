@@ -205,6 +205,9 @@ class RerankService:
         # one thread: a fast tokenizer encodes a request's documents in parallel itself, and its Python path (a query
         # too long for the pair) sets the tokenizer's truncation, which concurrent calls must not share
         self.tokenizing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rerank-tokenize")
+        self.arriving = 0
+        """Requests being tokenised: a round of the batcher waits for company only while some are (a request alone
+        would wait ``max_wait_ms`` for nothing: 18 against 22 queries/s at concurrency 1 in the load benchmark)."""
         self.batcher: DynamicBatcher | PredictLoop
         if isinstance(reranker, Reranker):
             self.batcher = DynamicBatcher(
@@ -214,6 +217,7 @@ class RerankService:
                 options.max_wait_ms / 1000,
                 metrics.observe_batch,
                 share=options.batching,
+                arriving=lambda: self.arriving,
             )
         else:
             self.batcher = PredictLoop(reranker, metrics.observe_batch)
@@ -240,9 +244,15 @@ class RerankService:
         if not documents:
             return Scores(np.empty(0, np.float32), 0)
         start = time.perf_counter()
-        encoded = await asyncio.get_running_loop().run_in_executor(
-            self.tokenizing, self._encode, query, documents, truncate, max_tokens_per_doc, field
-        )
+        self.arriving += 1
+        try:
+            encoded = await asyncio.get_running_loop().run_in_executor(
+                self.tokenizing, self._encode, query, documents, truncate, max_tokens_per_doc, field
+            )
+        finally:
+            self.arriving -= 1
+            if isinstance(self.batcher, DynamicBatcher):
+                self.batcher.wake()
         self.metrics.tokenize.observe(time.perf_counter() - start)
         self.metrics.truncated.inc(encoded.truncated)
         try:

@@ -76,7 +76,7 @@ class ServeConfig(ServingOptions):
 
 
 def bind(host: str, port: int) -> socket.socket:
-    """A TCP socket bound to ``host:port`` (port 0: a free one), for uvicorn to listen on.
+    """A TCP socket bound to ``host:port`` (port 0: a free one) and listening, for uvicorn to serve on.
 
     Raises:
         InputError: the address cannot be bound (in use, not this machine's, ...).
@@ -88,6 +88,7 @@ def bind(host: str, port: int) -> socket.socket:
         sock = socket.socket(family, kind, protocol)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(address)
+        sock.listen(2048)  # connections queue from here on, before uvicorn starts: "listening on" is true when printed
     except OSError as e:
         raise InputError(f"serve: cannot listen on {host}:{port}: {e.strerror or e}") from None
     return sock
