@@ -1085,8 +1085,10 @@ SERVE_FINDINGS = """## What the tables show
   and no request waits much longer than the others (max / p50).
 - **Batching gains what padding it saves.** The backend's time a padded token is about the same in one request's
   batches as in shared ones (the batch column), so what concurrent requests gain is their pairs sorted by length
-  together, with fewer padded tokens a pair: short of the issue's 1.5× for 10 candidates. Alone in the queue, a
-  request waits `--max_wait_ms` for company, which costs a little at concurrency 1.
+  together, with fewer padded tokens a pair: short of the issue's 1.5× for 10 candidates, which is out of reach
+  here while one request's batches already keep both cores busy (the paragraph above each table bounds it). A
+  request alone is scored at once: the batching window waits only for requests being tokenised, so concurrency 1
+  costs the same batched or not.
 - **100 candidates are compute-bound:** a request fills whole batches by itself, so batching neither gains nor
   costs much there.
 - **The peer,** `CrossEncoder.predict` in PyTorch fp32 one request at a time, is slower by the backend (bf16

@@ -87,7 +87,8 @@ class ServerOptions:
     """The batching window and the limits of a request (``distill serve``'s options of the same names)."""
 
     max_wait_ms: float = 5.0
-    """How long a batch that is not full waits for other requests' pairs, from its oldest request's arrival (ms)."""
+    """How long a round that is not full waits for requests on their way (being tokenised), from its oldest
+    request's arrival (ms); with none on their way, it does not wait."""
     max_documents: int = 1000
     """The most documents a request may send (more: 413)."""
     max_tokens_per_doc: int | None = None

@@ -43,7 +43,8 @@ class ServeConfig(ServingOptions):
     port: int = 8080
     """The TCP port (0: any free port; the line the server prints names it)."""
     max_wait_ms: float = ServerOptions.max_wait_ms
-    """How long a batch that is not full waits for other requests' pairs (ms; 0: never)."""
+    """How long a round that is not full waits for requests being tokenised (ms; 0: never); a request alone is
+    scored at once."""
     max_documents: int = ServerOptions.max_documents
     """The most documents a request may send; more is a 413 naming the limit."""
     max_tokens_per_doc: int | None = ServerOptions.max_tokens_per_doc
