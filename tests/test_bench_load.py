@@ -162,3 +162,29 @@ def test_a_run_starts_each_server_and_writes_its_results(exported: Path, calls, 
     assert all(c["answered"] == c["requests"] and c["wrong"] == 0 for c in every)
     assert all(np.isfinite(c["p99_s"]) and c["batching"]["batches"] > 0 for c in every)
     assert re.search(r"\| batched \(onnx-fp32\) \| 10 \(\d+ / \d+\) \| 4 \|", (tmp_path / "serve.md").read_text())
+
+
+@pytest.mark.slow
+def test_sigterm_stops_the_servers_it_started(exported: Path, tmp_path: Path) -> None:
+    """A benchmark stopped by SIGTERM stops its servers, as Ctrl-C does, rather than leaving them running."""
+    import signal
+    import subprocess
+    import sys
+
+    import httpx
+
+    command = [sys.executable, "-m", "distill.bench.load", "run", "--model", str(exported), "--backend", "onnx"]
+    command += ["--servers", "batched", "--documents", "10", "--requests", "100000", "--concurrency", "1"]
+    command += ["--robustness", "0", "--queries", "2", "--out", str(tmp_path)]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    try:
+        url = next((m.group(1) for line in process.stdout if (m := re.search(r" at (http://\S+);", line))), None)
+        assert url, "no server started"
+        assert httpx.get(f"{url}/health").status_code == 200
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(60) == 128 + signal.SIGTERM
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(f"{url}/health")
+    finally:
+        process.kill()
+        process.wait()

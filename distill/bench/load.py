@@ -718,6 +718,7 @@ def main(argv: list[str] | None = None) -> int:
         tuple(shlex.split(args.serve_args)),
     )
     given = argv if argv is not None else sys.argv[1:]
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))  # as Ctrl-C: the servers are stopped
     calls = dl19_calls(args.input, args.queries)
     result = run(plan, args.out, "python -m distill.bench.load " + shlex.join(given), calls)
     from distill.bench.results_pages import serve_tables
