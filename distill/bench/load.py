@@ -652,6 +652,8 @@ def run(plan: Plan, out: Path, command: str, calls: Sequence[tuple[str, list[str
     env = environment(torch.device("cpu"), dtype)
     env["cores"] = os.cpu_count()
     env["affinity"] = sorted(os.sched_getaffinity(0))
+    # the servers' tokenizer threads: distill serve sets false unless the environment it inherits says otherwise
+    env["tokenizers_parallelism"] = os.environ.get("TOKENIZERS_PARALLELISM", "false")
     result = {
         "what": "distill serve under a closed-loop HTTP load on loopback: throughput and latency per request size "
         "and concurrency, batched, one request at a time and the CrossEncoder.predict peer, and a robustness cell",

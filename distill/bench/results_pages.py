@@ -1021,7 +1021,8 @@ def serve_tables(result: dict[str, Any]) -> str:
             _command(result["command"]),
             "",
             f"Model: `{result['model']}`. Machine: {environment(env)}, {env['cores']} cores; pinning: "
-            f"{result['pinning']}. Load average (1, 5, 15 min) before / after: {result['load_average_before']} / "
+            f"{result['pinning']}; the servers' TOKENIZERS_PARALLELISM: {env.get('tokenizers_parallelism', 'false')}"
+            f". Load average (1, 5, 15 min) before / after: {result['load_average_before']} / "
             f"{result['load_average_after']}.",
             "",
             serve_table(result),
