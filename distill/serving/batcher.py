@@ -54,9 +54,9 @@ log = logging.getLogger(__name__)
 ROUND_BATCHES = 8
 """A round takes at most this many batches' budget of tokens (the pairs' own) from the queue: enough for the pairs of
 eight requests of 10 documents to sort together (8,192 tokens on a CPU, about 80 DL19 pairs), few enough that a
-request of 100 documents spans rounds. With 2, at 10 documents and concurrency 8, a batch held 6.8 pairs of 2.2
-requests and 116 padded tokens a pair; with 8, 8.2 pairs of 3.8 requests and 109, and the server answered 9% more
-requests a second (``python -m distill.bench.load``)."""
+request of 100 documents spans rounds. At 10 documents and concurrency 8 (``python -m distill.bench.load``, the
+committed ``benchmarks/results/serve-cpu`` before and after the change), a batch held 6.8 pairs of 2.2 requests and
+116 padded tokens a pair with 2, and 8.2 pairs of 3.8 requests and 108 with 8."""
 
 
 @dataclass(frozen=True)

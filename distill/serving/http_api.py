@@ -208,7 +208,7 @@ class RerankService:
         self.tokenizing = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rerank-tokenize")
         self.arriving = 0
         """Requests being tokenised: a round of the batcher waits for company only while some are (a request alone
-        would wait ``max_wait_ms`` for nothing: 18 against 22 queries/s at concurrency 1 in the load benchmark)."""
+        would wait ``max_wait_ms`` for nothing), which also keeps their tokenising out of the backend's batches."""
         self.batcher: DynamicBatcher | PredictLoop
         if isinstance(reranker, Reranker):
             self.batcher = DynamicBatcher(
