@@ -464,6 +464,12 @@ class Plan:
     timeout: float = 600.0
     """Seconds a request may take before it counts as lost."""
 
+    def cells_of(self, server: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """``server``'s requests per cell (one per entry of :attr:`documents`) and concurrencies: the peer's own."""
+        if server == PEER:
+            return self.peer_requests, self.peer_concurrency
+        return self.requests, self.concurrency
+
 
 def load_average() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
@@ -500,7 +506,7 @@ def measure(plan: Plan, calls: Sequence[tuple[str, list[str]]], log: Any = None)
             )
         for name, server in servers.items():
             info = httpx.get(f"{server.url}/info", timeout=30).json()
-            counts = plan.peer_requests if name == PEER else plan.requests
+            counts, _ = plan.cells_of(name)
             keys = {
                 (i % len(calls), d)
                 for d, n in zip(plan.documents, counts, strict=True)
@@ -517,10 +523,10 @@ def measure(plan: Plan, calls: Sequence[tuple[str, list[str]]], log: Any = None)
         for index, documents in enumerate(plan.documents):
             for concurrency in sorted({*plan.concurrency, *plan.peer_concurrency}):
                 for name, server in servers.items():
-                    if concurrency not in (plan.peer_concurrency if name == PEER else plan.concurrency):
+                    counts, concurrencies = plan.cells_of(name)
+                    if concurrency not in concurrencies:
                         continue
-                    count = (plan.peer_requests if name == PEER else plan.requests)[index]
-                    requests = cell_requests(calls, documents, count)
+                    requests = cell_requests(calls, documents, counts[index])
                     entry = entries[name]
                     cell = run_cell(server, requests, concurrency, references[name], entry["tolerance"], plan.timeout)
                     entry["cells"].append({"documents": documents, "concurrency": concurrency, **cell})
