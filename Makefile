@@ -31,8 +31,7 @@ demo: setup
 	$(VENV)/bin/distill run --config configs/quickstart.yaml
 
 # The suite on TEST_WORKERS pytest-xdist workers: 2, a 2-core machine's cores, where most tests keep one core busy
-# (the suite took 9 min 52 s on two workers there, against 13 min 31 s in one process in the CI run before).
-# TEST_WORKERS=0 runs it in one process.
+# (a fresh clone's .ci/run on two workers: benchmarks/results/ci-fresh-clone.txt). TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 2
 
 test: setup
