@@ -10,7 +10,8 @@ pair:
 - ``offsets.npy`` ``[n + 1]`` int64, ``lengths.npy`` ``[n]`` int32: where each pair's tokens are;
 - ``query_lengths.npy`` ``[n]`` int32: the tokens of the first segment (``[CLS] query [SEP]``): token type 0
   before, 1 from there on (all 0 for a tokenizer without token types);
-- ``manifest.json``, written last: the key and what it was made of, the counts and the file sizes.
+- ``manifest.json``, written last: the key and what it was made of, the counts, and each file's size and checksum
+  (XXH3-128, :mod:`distill.core.checksums`).
 
 The key is a digest of everything that changes the tokens (:func:`store_key`): each source folder's contents
 (its ``teacher.json``, its Arrow state and file sizes), which of its rows are read and in what order (this is
@@ -20,9 +21,11 @@ them.
 
 A store is built in a hidden sibling folder and renamed into place, so a killed build never leaves a folder
 under the key: it leaves a ``.<key>.partial-*`` folder, removed by the next build. A store whose manifest is
-missing, names another key, or disagrees with its files' sizes is rebuilt, never read. Builders of one key take
-a file lock, so ranks (or jobs) that share a cache build it once: under Lightning, ``prepare_data`` builds it on
-each node's first rank while the others wait, and every rank then maps the same files.
+missing, names another key, or disagrees with its files' sizes or checksums is rebuilt (one warning line naming
+the file), never read. Opening a store hashes each of its files once, in blocks (a process that built or checked
+the same files, still unchanged, does not hash them again). Builders of one key take a file lock, so ranks (or
+jobs) that share a cache build it once: under Lightning, ``prepare_data`` builds it on each node's first rank
+while the others wait, and every rank then maps the same files.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from typing import Any
 import numpy as np
 
 from distill.core.batching import segments
+from distill.core.checksums import file_checksum
 from distill.core.schema import InputError
 from distill.core.teacher_data import METADATA_FILE, TeacherDataset
 
@@ -55,6 +59,8 @@ MANIFEST = "manifest.json"
 CHUNK_PAIRS = 4096
 """Pairs tokenised per call: the tokenizer spreads a call over its threads (Rust, one per core)."""
 _FILES = ("tokens.bin", "offsets.npy", "lengths.npy", "query_lengths.npy")
+_checked: dict[Path, tuple[Any, ...]] = {}
+"""Stores whose files this process built or checked: folder -> the files' identity then (:func:`_identity`)."""
 
 
 def folder_fingerprint(folder: str | Path) -> str:
@@ -104,6 +110,9 @@ class TokenStore:
 
     path: Path
     manifest: dict[str, Any]
+    verify_seconds: float = 0.0
+    """Seconds this open spent hashing the files against the manifest's checksums (0 for a store just built, or
+    already checked by this process)."""
 
     def __post_init__(self) -> None:
         self._arrays: dict[str, np.ndarray] | None = None
@@ -112,7 +121,7 @@ class TokenStore:
         return {"path": self.path, "manifest": self.manifest}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.path, self.manifest, self._arrays = state["path"], state["manifest"], None
+        self.path, self.manifest, self.verify_seconds, self._arrays = state["path"], state["manifest"], 0.0, None
 
     def _array(self, name: str) -> np.ndarray:
         if self._arrays is None:
@@ -197,29 +206,63 @@ def open_store(
     if store is not None:
         return store
     with _locked(cache_dir / f".{key}.lock"):
-        store = _complete(path, key)  # built by another process while this one waited
+        store = _complete(path, key, warn=False)  # built by another process while this one waited
         if store is None:
             store = _build(path, key, parts, sources, source, source_row, tokenizer, max_length)
     return store
 
 
-def _complete(path: Path, key: str) -> TokenStore | None:
-    """The store at ``path`` if it is complete and its files agree with its manifest; else None (and why, logged)."""
+def _complete(path: Path, key: str, warn: bool = True) -> TokenStore | None:
+    """The store at ``path`` if it is complete and its files agree with its manifest (sizes, then checksums); else
+    None, and why in one warning line (with ``warn``)."""
+    problem = None
     manifest_path = path / MANIFEST
     if not manifest_path.is_file():
         if path.exists():
-            log.warning("student tokens: %s has no manifest (an unfinished build?): rebuilding it", path)
-        return None
-    try:
-        manifest = json.loads(manifest_path.read_text())
-        sizes = {name: (path / name).stat().st_size for name in _FILES}
-    except (OSError, ValueError) as e:
-        log.warning("student tokens: %s is unreadable (%s): rebuilding it", path, e)
-        return None
-    if manifest.get("key") != key or manifest.get("sizes") != sizes:
-        log.warning("student tokens: %s does not match its manifest: rebuilding it", path)
-        return None
-    return TokenStore(path, manifest)
+            problem = f"{path} has no manifest (an unfinished build?)"
+    else:
+        try:
+            manifest = json.loads(manifest_path.read_text())
+            sizes = {name: (path / name).stat().st_size for name in _FILES}
+            identity = _identity(path)
+        except (OSError, ValueError) as e:
+            problem = f"{path} is unreadable ({e})"
+        else:
+            if manifest.get("key") != key or manifest.get("sizes") != sizes:
+                problem = f"{path} does not match its manifest"
+            elif _checked.get(path) == identity:
+                return TokenStore(path, manifest)
+            else:
+                started = time.perf_counter()
+                problem = _verify(path, manifest.get("checksums"))
+                if problem is None:
+                    _checked[path] = identity
+                    return TokenStore(path, manifest, time.perf_counter() - started)
+    _checked.pop(path, None)
+    if problem is not None and warn:
+        log.warning("student tokens: %s: rebuilding the store", problem)
+    return None
+
+
+def _verify(path: Path, checksums: Any) -> str | None:
+    """What is wrong with the files of the store at ``path`` against the manifest's ``checksums`` (file ->
+    checksum), or None."""
+    if not isinstance(checksums, dict) or set(checksums) != set(_FILES):
+        return f"{path / MANIFEST} has no checksums (made by an earlier version)"
+    for name in _FILES:
+        try:
+            actual = file_checksum(path / name)
+        except OSError as e:
+            return f"{path / name} is unreadable ({e.strerror})"
+        if actual != checksums[name]:
+            return f"{path / name} does not match its checksum in {MANIFEST} (changed since it was written)"
+    return None
+
+
+def _identity(path: Path) -> tuple[Any, ...]:
+    """The store's files as the file system identifies them (inode, size, modification time), and its manifest."""
+    stats = [(path / name).stat() for name in (*_FILES, MANIFEST)]
+    return tuple((s.st_ino, s.st_size, s.st_mtime_ns) for s in stats)
 
 
 @contextlib.contextmanager
@@ -352,9 +395,11 @@ def _build(
         "truncated": truncated,
         "seconds": round(time.perf_counter() - started, 3),
         "sizes": {name: (work / name).stat().st_size for name in _FILES},
+        "checksums": {name: file_checksum(work / name) for name in _FILES},
     }
     (work / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     work.rename(path)
+    _checked[path] = _identity(path)
     log.info(
         "student tokens: %d pairs, %d tokens (%s) in %.1f s", n, manifest["tokens"], dtype.name, manifest["seconds"]
     )

@@ -137,6 +137,60 @@ def test_a_killed_or_damaged_build_is_rebuilt_never_read(
     assert store_of(DL2122[:1], tokenizer, tmp_path).manifest["key"] == rebuilt.manifest["key"]
 
 
+def damage(path: Path, how: str) -> None:
+    """Zero the file at ``path`` (its size kept), or flip one byte in its middle."""
+    data = bytearray(path.read_bytes())
+    if how == "zeroed":
+        data = bytearray(len(data))
+    else:
+        data[len(data) // 2] ^= 0x01
+    path.write_bytes(bytes(data))
+    token_store._checked.clear()  # as a later process finds it: nothing checked yet
+
+
+@pytest.mark.parametrize(
+    ("name", "how"), [("tokens.bin", "zeroed"), ("tokens.bin", "flipped"), ("lengths.npy", "flipped")]
+)
+def test_a_store_damaged_at_the_same_size_is_rebuilt_with_one_warning(
+    tokenizer, tmp_path: Path, caplog: pytest.LogCaptureFixture, name: str, how: str
+) -> None:
+    store = store_of(DL2122[:1], tokenizer, tmp_path)
+    good, sizes = store.tokens.tolist(), store.manifest["sizes"]
+    assert set(store.manifest["checksums"]) == set(sizes)
+    assert all(c.startswith("xxh3_128:") for c in store.manifest["checksums"].values())
+    token_store._checked.clear()
+    reopened = store_of(DL2122[:1], tokenizer, tmp_path)
+    assert reopened.verify_seconds > 0 and reopened.manifest == store.manifest  # checked, not rebuilt
+    del store, reopened  # their maps
+    damage(tmp_path / good_key(tmp_path) / name, how)
+    assert (tmp_path / good_key(tmp_path) / name).stat().st_size == sizes[name]
+    with caplog.at_level("WARNING", logger="students.token_store"):
+        rebuilt = store_of(DL2122[:1], tokenizer, tmp_path)
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and f"/{name} does not match its checksum" in warnings[0], warnings
+    assert rebuilt.tokens.tolist() == good and rebuilt.verify_seconds == 0.0
+    # rebuilt once: the next open (in a later process) finds it whole
+    caplog.clear()
+    token_store._checked.clear()
+    with caplog.at_level("WARNING", logger="students.token_store"):
+        assert store_of(DL2122[:1], tokenizer, tmp_path).tokens.tolist() == good
+    assert not caplog.records
+
+
+def good_key(cache: Path) -> str:
+    [folder] = [p.name for p in cache.iterdir() if p.is_dir() and not p.name.startswith(".")]
+    return folder
+
+
+def test_a_store_of_an_earlier_version_without_checksums_is_rebuilt(tokenizer, tmp_path: Path) -> None:
+    store = store_of(DL2122[:1], tokenizer, tmp_path)
+    manifest = dict(store.manifest)
+    del manifest["checksums"]
+    (store.path / "manifest.json").write_text(json.dumps(manifest))
+    token_store._checked.clear()
+    assert "checksums" in store_of(DL2122[:1], tokenizer, tmp_path).manifest
+
+
 def data_module(cache: Path, backbone: str, **options) -> StudentDataModule:
     return StudentDataModule(
         DL2122, label="cis", backbone=backbone, val_queries=8, cache_dir=str(cache), seed=3, **options
@@ -204,3 +258,25 @@ def test_the_data_module_maps_one_store_and_holds_no_texts(tiny_bert: Path, tmp_
 
     state = pickle.dumps(dm.train.store)
     assert len(state) < 10_000 and pickle.loads(state).tokens.tolist()[:50] == dm.train.store.tokens.tolist()[:50]
+
+
+def test_training_data_from_a_zeroed_token_file_is_the_rebuilt_tokens_not_padding(
+    tiny_bert: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A ``tokens.bin`` zeroed at its own size (every id ``[PAD]``): the next training's data rebuilds the store
+    with one warning, and its batches hold the real tokens where the attention mask is set."""
+    dm = data_module(tmp_path, str(tiny_bert))
+    dm.setup("fit")
+    good = dm.train.store.tokens.tolist()
+    path = dm.train.store.path / "tokens.bin"
+    del dm
+    damage(path, "zeroed")
+    with caplog.at_level("WARNING", logger="students.token_store"):
+        again = data_module(tmp_path, str(tiny_bert))
+        again.setup("fit")
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and str(path) in warnings[0], warnings
+    assert again.train.store.tokens.tolist() == good
+    batch = next(iter(again.train_dataloader()))
+    real = batch["input_ids"][batch["attention_mask"].bool()]
+    assert not (real == again.tokenizer.pad_token_id).any()

@@ -1,0 +1,41 @@
+"""Checksums of the files a cache reuses between runs: XXH3 (128 bits, :mod:`xxhash`) of a file's bytes.
+
+XXH3 is not a cryptographic hash: it tells a file that was zeroed, truncated or had a byte flipped from the one
+written, not a file forged to match. It hashes at memory speed, so checking a cache is bound by reading it. A
+checksum is written as ``xxh3_128:<32 hex digits>``; :func:`digest` is the hex digits alone (for file names).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import xxhash
+
+ALGORITHM = "xxh3_128"
+BLOCK_BYTES = 8 << 20
+"""Bytes read at a time: one reused buffer, so a file of any size is hashed in a constant resident set."""
+
+
+def digest(data: bytes | memoryview) -> str:
+    """The XXH3-128 of ``data``: 32 hex digits."""
+    return xxhash.xxh3_128_hexdigest(data)
+
+
+def file_digest(path: str | Path) -> str:
+    """The XXH3-128 of the file at ``path``, read in :data:`BLOCK_BYTES` blocks: 32 hex digits.
+
+    Raises:
+        OSError: the file cannot be read.
+    """
+    hasher = xxhash.xxh3_128()
+    buffer = bytearray(BLOCK_BYTES)
+    view = memoryview(buffer)
+    with open(path, "rb", buffering=0) as f:
+        while read := f.readinto(buffer):
+            hasher.update(view[:read])
+    return hasher.hexdigest()
+
+
+def file_checksum(path: str | Path) -> str:
+    """``xxh3_128:<digest>`` of the file at ``path`` (:func:`file_digest`)."""
+    return f"{ALGORITHM}:{file_digest(path)}"
