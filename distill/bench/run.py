@@ -291,9 +291,12 @@ def run_bench(config: BenchConfig, command: str | None = None) -> dict[str, Any]
     with tempfile.TemporaryDirectory(prefix="cis-distill-bench-") as scratch:
         folder = _random_student(config, Path(scratch)) if config.random_weights else student_folder(config.student)
         out = default_output(config, None if config.random_weights else folder, device)
-        output_folder(out, "bench", "output")  # before any work: a file there, or a folder that takes no file
         source = shipped(config.input, "input") if config.input == DEFAULT_INPUT else config.input
         qrels = shipped(config.qrels, "qrels") if config.qrels == DEFAULT_QRELS else config.qrels
+        # Before any work: a file there, a folder that takes no file, an input or inside one.
+        inputs = [("student", None if config.random_weights else folder), ("input", source), ("qrels", qrels)]
+        inputs += [("peer_student", config.peer_student)]
+        output_folder(out, "bench", "output", inputs)
         data = load_candidates(source, qrels=qrels)
         workloads = _workloads(config, data, load_tokenizer(folder))
         quality = QualitySet.of(data) if config.quality else None

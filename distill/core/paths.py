@@ -1,5 +1,6 @@
 """Path arguments, checked before any work: an input that is there and readable, an output that can be written and
-is no input, a folder where a folder is wanted and a file where a file is.
+is no input (nor inside an input folder: a model, a data set, a cache), a folder where a folder is wanted and a file
+where a file is.
 
 Each check raises :class:`~distill.core.schema.InputError` (or :class:`~distill.core.schema.MissingFileError`) of
 one line, ``<command>: <option>: <path>: <what is wrong>``, and creates nothing.
@@ -57,9 +58,17 @@ def _writable_parent(path: Path, command: str, key: str) -> None:
         raise InputError(f"{_named(command, key, path)}: cannot write in {existing}: {e.strerror}") from None
 
 
+def is_inside(path: str | Path, folder: str | Path) -> bool:
+    """Whether ``path`` is ``folder`` or lies under it (through links and ``..``)."""
+    path, folder = Path(path).resolve(), Path(folder).resolve()
+    return path.is_relative_to(folder) or same_path(path, folder)
+
+
 def _not_an_input(
     path: Path, command: str, key: str, inputs: Iterable[tuple[str, str | Path | None]], replaced: bool = False
 ) -> None:
+    """``path``, an output, is none of ``inputs``, not inside an input folder and, where the command replaces the
+    whole folder (``replaced``), holds none of them."""
     for input_key, given in inputs:
         if given is None:
             continue
@@ -69,7 +78,12 @@ def _not_an_input(
                 f"{_named(command, key, path)}: is also an input ({input_key}), which would be overwritten: "
                 "choose another output"
             )
-        if replaced and path.is_dir() and given.resolve().is_relative_to(path.resolve()):
+        if not given.is_file() and is_inside(path, given):  # a folder, or one to be made (a cache)
+            raise InputError(
+                f"{_named(command, key, path)}: is inside an input folder ({input_key}: {given}), which it would "
+                "change: choose an output outside it"
+            )
+        if replaced and is_inside(given, path):
             raise InputError(
                 f"{_named(command, key, path)}: holds an input ({input_key}: {given}), which would be overwritten: "
                 "choose another output"
@@ -77,8 +91,8 @@ def _not_an_input(
 
 
 def output_file(path: str | Path, command: str, key: str, inputs: Iterable[tuple[str, str | Path | None]] = ()) -> Path:
-    """``path``, a file to write: not a folder, its folder can be made and written in, and none of ``inputs``
-    (``(option, path)`` pairs: the command's inputs, which it would overwrite).
+    """``path``, a file to write: not a folder, its folder can be made and written in, none of ``inputs``
+    (``(option, path)`` pairs: every path the command reads, which it would overwrite) and inside none of them.
 
     Raises:
         InputError: naming the option, the path and what is wrong.
@@ -101,7 +115,7 @@ def output_folder(
     replaced: bool = False,
 ) -> Path:
     """``path``, a folder to write into: not a file, can be made (or is there) and written in, not one of
-    ``inputs``, nor, where the command replaces the whole folder (``replaced``), a folder holding one.
+    ``inputs`` nor inside one, nor, where the command replaces the whole folder (``replaced``), a folder holding one.
 
     Raises:
         InputError: naming the option, the path and what is wrong.

@@ -195,13 +195,15 @@ def evaluate(cfg: EvalConfig, command: str | None = None) -> EvalResult:
 
 
 def check_paths(cfg: EvalConfig) -> None:
-    """Every path of ``cfg`` before any work: the inputs are there, ``json`` can be written and is no input.
+    """Every path of ``cfg`` before any work: the inputs are there, ``json`` can be written and is no input, nor
+    inside an input folder.
 
     Raises:
         InputError: ``eval: <option>: <path>: <what is wrong>``.
     """
     from distill.core.loaders.irds import is_irds
     from distill.core.paths import input_path, output_file
+    from distill.core.run_folder import student_folder
 
     inputs = [("run", path) for path in cfg.run]
     if cfg.qrels:
@@ -212,6 +214,8 @@ def check_paths(cfg: EvalConfig) -> None:
         inputs.append(("input", cfg.input))
     teachers = [cfg.teacher] if isinstance(cfg.teacher, str) else [f for fs in (cfg.teacher or {}).values() for f in fs]
     inputs += [("teacher", path) for path in teachers]
+    if cfg.held_out:
+        inputs.append(("held_out", student_folder(input_path(cfg.held_out, "eval", "held_out"), exported=False)))
     if cfg.json:
         output_file(cfg.json, "eval", "json", inputs)
 

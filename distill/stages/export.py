@@ -66,9 +66,10 @@ def export(cfg: ExportConfig) -> ExportReport:
         raise InputError("export: checkpoint is required (a training run or an HF folder)")
     model = student_folder(cfg.checkpoint, exported=False)
     check_model_folder(model)  # before any work: a malformed JSON file or truncated weights, named
-    output = output_folder(
-        cfg.output or RunLayout.of(model).export, "export", "output", [("checkpoint", model)], replaced=True
-    )
+    inputs = [("checkpoint", model), ("parity_input", cfg.parity_input), ("validation_input", cfg.validation_input)]
+    inputs += [("validation_qrels", cfg.validation_qrels)]
+    inputs += [("calibration.inputs", path) for path in cfg.calibration.inputs]
+    output = output_folder(cfg.output or RunLayout.of(model).export, "export", "output", inputs, replaced=True)
     if cfg.parity_input:
         parity = ParitySet.from_data(load_candidates(cfg.parity_input), cfg.parity_queries, cfg.parity_depth, 0)
     else:

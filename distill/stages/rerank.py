@@ -122,17 +122,24 @@ def rerank(cfg: RerankConfig) -> RerankReport:
 
 
 def check_paths(cfg: RerankConfig) -> None:
-    """Every path of ``cfg`` before any work: the inputs are there, the output can be written and is no input.
+    """Every path of ``cfg`` before any work: the inputs are there, the output can be written and is no input, nor
+    inside an input folder or a student's model folder (a training run's other folders, ``eval/`` say, take
+    outputs).
 
     Raises:
         InputError: ``rerank: <option>: <path>: <what is wrong>``.
     """
     from distill.core.loaders.irds import is_irds
     from distill.core.paths import input_path, output_file
+    from distill.core.run_folder import student_folder
 
     inputs = [("input", path) for path in cfg.input if not is_irds(path)]
     inputs += [(key, getattr(cfg, key)) for key in ("queries", "corpus") if getattr(cfg, key)]
     for key, path in inputs:
         input_path(path, "rerank", key, "any" if key == "input" else "file")
     input_path(cfg.model, "rerank", "model")
-    output_file(cfg.output, "rerank", "output", [*inputs, ("model", cfg.model)])
+    inputs.append(("model", student_folder(cfg.model, exported=cfg.backend != "torch")))
+    if cfg.held_out:
+        input_path(cfg.held_out, "rerank", "held_out")
+        inputs.append(("held_out", student_folder(cfg.held_out, exported=False)))
+    output_file(cfg.output, "rerank", "output", inputs)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from distill.core.schema import InputError
 from distill.retrieval.dense import DEFAULT_ENCODER
@@ -56,13 +57,19 @@ class RetrieveReport:
 
 
 def retrieve(cfg: RetrieveConfig) -> RetrieveReport:
-    from distill.core.paths import input_path, output_file
+    from distill.core.paths import input_path, output_file, output_folder
     from distill.retrieval.retrieve import retrieve as run_retrieval
 
-    inputs = [("corpus", input_path(cfg.corpus, "retrieve", "corpus"))]  # before any index is built
+    # Before any index is built or encoder loaded: the output and the index (a cache, read and written) are no input
+    # nor inside one, and the output is not inside the index.
+    inputs = [("corpus", input_path(cfg.corpus, "retrieve", "corpus"))]
     if cfg.queries:
         inputs.append(("queries", input_path(cfg.queries, "retrieve", "queries", "file")))
-    output_file(cfg.output, "retrieve", "output", inputs)
+    if cfg.method == "dense" and Path(cfg.encoder).exists():
+        inputs.append(("encoder", cfg.encoder))
+    if cfg.index:
+        output_folder(cfg.index, "retrieve", "index", inputs)
+    output_file(cfg.output, "retrieve", "output", [*inputs, ("index", cfg.index)])
     result = run_retrieval(
         cfg.corpus,
         cfg.queries,
