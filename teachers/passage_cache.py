@@ -4,12 +4,20 @@ Entries are keyed by a hash of the passage's token ids, in a folder per teacher 
 (weights, dtype, start token). Writers add whole segment files atomically (write, then
 rename), so concurrent processes never see a partial file and a killed run loses at most
 the segment it was writing.
+
+A segment is JSON lines (``[key, log p(K)]`` a line) named by the XXH3-128 of its bytes,
+``seg-xxh3-<32 hex digits>.jsonl`` (:mod:`distill.core.checksums`), and checked against its name
+when read: a segment changed since it was written (a flipped byte, a zeroed block) is deleted with
+one warning line naming it, and its passages are missing from the cache, so they are scored again;
+every other segment is kept. A segment of an earlier version (``seg-<uuid>.jsonl``, no checksum)
+that parses is rewritten under its checksum's name.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import uuid
 from collections.abc import Sequence
@@ -18,30 +26,95 @@ from typing import Any
 
 import numpy as np
 
+from distill.core.checksums import digest
+
+log = logging.getLogger(__name__)
+
+PREFIX = "seg-xxh3-"
+"""The name of a checked segment: ``PREFIX + <digest of its bytes> + ".jsonl"``."""
+
 
 def passage_key(ids: Sequence[int]) -> str:
     """Content hash of a passage's token ids."""
     return hashlib.sha256(np.asarray(ids, dtype=np.int64).tobytes()).hexdigest()[:32]
 
 
+def _entries(data: bytes) -> list[tuple[str, float]]:
+    """The ``(key, log p(K))`` lines of a segment's bytes.
+
+    Raises:
+        ValueError: a line is not ``[32-character key, number]``.
+    """
+    entries = []
+    for number, line in enumerate(data.decode().splitlines(), start=1):
+        entry = json.loads(line)
+        if (
+            not isinstance(entry, list)
+            or len(entry) != 2
+            or not isinstance(entry[0], str)
+            or len(entry[0]) != 32
+            or isinstance(entry[1], bool)
+            or not isinstance(entry[1], int | float)
+        ):
+            raise ValueError(f"line {number} is not [key, log p(K)]")
+        entries.append((entry[0], float(entry[1])))
+    return entries
+
+
 class PassageLogProbCache:
     """``key -> log p(K)`` (float, nats) for one teacher setting, stored under ``root``."""
 
     def __init__(self, root: str | Path, setting: dict[str, Any]) -> None:
-        digest = hashlib.sha256(json.dumps(setting, sort_keys=True).encode()).hexdigest()[:16]
-        self.dir = Path(root) / digest
+        setting_digest = hashlib.sha256(json.dumps(setting, sort_keys=True).encode()).hexdigest()[:16]
+        self.dir = Path(root) / setting_digest
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / "setting.json").write_text(json.dumps(setting, indent=2, sort_keys=True))
         self._values: dict[str, float] = {}
+        self._read: set[str] = set()
+        """Segments already read (and checked) by this object, by name."""
         self.reload()
 
     def reload(self) -> None:
-        """Read every segment written so far, by this process or others."""
+        """Read every segment written since the last read, by this process or others (each checked against its
+        checksum; a damaged one is deleted, its entries left out)."""
         for segment in sorted(self.dir.glob("seg-*.jsonl")):
-            with segment.open() as f:
-                for line in f:
-                    key, value = json.loads(line)
-                    self._values[key] = value
+            if segment.name not in self._read:
+                self._values.update(self._segment(segment))
+                self._read.add(segment.name)
+
+    def _segment(self, segment: Path) -> list[tuple[str, float]]:
+        """The entries of ``segment`` if it is whole, else none (and the segment deleted, with one warning)."""
+        try:
+            data = segment.read_bytes()
+        except FileNotFoundError:  # deleted by another process since the listing
+            return []
+        checked = segment.name.startswith(PREFIX)
+        if checked and digest(data) != segment.name.removeprefix(PREFIX).removesuffix(".jsonl"):
+            return self._drop(segment, "does not match the checksum in its name (changed since it was written)")
+        try:
+            entries = _entries(data)
+        except ValueError as e:  # a JSON or UTF-8 error is a ValueError too
+            return self._drop(segment, f"is malformed ({e})")
+        if not checked:  # an earlier version's segment: from now on, under its checksum
+            self._write(data)
+            segment.unlink(missing_ok=True)
+        return entries
+
+    def _drop(self, segment: Path, why: str) -> list[tuple[str, float]]:
+        log.warning("p(K) cache: %s %s: deleted; its passages are scored again", segment, why)
+        segment.unlink(missing_ok=True)
+        return []
+
+    def _write(self, data: bytes) -> None:
+        """Write ``data`` as the segment named by its checksum (atomically: a temporary file, then a rename)."""
+        name = f"{PREFIX}{digest(data)}.jsonl"
+        tmp = self.dir / f".tmp-{uuid.uuid4().hex}"
+        with tmp.open("wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        tmp.rename(self.dir / name)
+        self._read.add(name)
 
     def __contains__(self, key: str) -> bool:
         return key in self._values
@@ -56,11 +129,6 @@ class PassageLogProbCache:
         """Store entries as one new segment file."""
         if not keys:
             return
-        tmp = self.dir / f".tmp-{uuid.uuid4().hex}"
-        with tmp.open("w") as f:
-            for key, value in zip(keys, values, strict=True):
-                f.write(json.dumps([key, float(value)]) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        tmp.rename(self.dir / f"seg-{uuid.uuid4().hex}.jsonl")
+        lines = [json.dumps([key, float(value)]) + "\n" for key, value in zip(keys, values, strict=True)]
+        self._write("".join(lines).encode())
         self._values.update(zip(keys, map(float, values), strict=True))

@@ -1,7 +1,8 @@
 """The teacher stage: score every (query, candidate) pair with a causal LM and save triplets.
 
 Work is cut into deterministic chunks (passages for log p(K), then pairs), chunk ``i`` going
-to process ``i mod world_size``. Each chunk is scored as one unit and written atomically, so
+to process ``i mod world_size``. Each chunk is scored as one unit and written atomically under
+its checksum (:mod:`distill.stages.teach_chunks`; a damaged one is scored again), so
 
 - one process and N processes (``accelerate launch``) produce the same dataset;
 - after a crash or ``kill -9``, the same command resumes and gives the same dataset as an
@@ -16,7 +17,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +24,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 from tqdm.auto import tqdm
 
 from distill.core.loaders import OnBadInput
@@ -33,6 +32,7 @@ from distill.core.models import cache_home
 from distill.core.paths import input_path, output_folder
 from distill.core.schema import ExistingOutputError, InputError
 from distill.core.teacher_data import TeacherDataset, TeacherMetadata
+from distill.stages.teach_chunks import chunk_file, read_chunks, write_chunk
 from distill.stages.teach_input import InputOptions, PairRows, candidate_stream, write_pair_rows
 from teachers.causal_lm import ScorerOptions
 from teachers.passage_cache import PassageLogProbCache, passage_key
@@ -143,12 +143,6 @@ class TeachConfig:
 
 def _chunks(n: int, size: int) -> list[range]:
     return [range(start, min(start + size, n)) for start in range(0, n, size)]
-
-
-def _atomic_write_parquet(table: pa.Table, path: Path) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    pq.write_table(table, tmp)
-    tmp.replace(path)
 
 
 @dataclass(frozen=True)
@@ -363,7 +357,7 @@ def _score_pairs(
     mine = [
         (j, chunk)
         for j, chunk in enumerate(chunks)
-        if j % state.num_processes == state.process_index and not (work / "chunks" / f"{j:06d}.parquet").exists()
+        if j % state.num_processes == state.process_index and chunk_file(work / "chunks", j, len(chunk)) is None
     ]
     with _progress(cfg, state, sum(len(c) for _, c in mine), "pairs", "pair", len(pair_terms)) as bar:
         for j, chunk in mine:
@@ -386,13 +380,12 @@ def _score_pairs(
             }
             columns.update({score: SCORES[score](values) for score in cfg.score_columns})
             columns.update({term: values[term] for term in terms})
-            _atomic_write_parquet(pa.table(columns), work / "chunks" / f"{j:06d}.parquet")
+            write_chunk(pa.table(columns), work / "chunks", j)
 
 
 def _merge(work: Path, output: Path, n_pairs: int, cfg: TeachConfig, fingerprint: dict[str, Any]) -> None:
     """Join the chunks into the final dataset folder, then swap it into place."""
-    n_chunks = len(_chunks(n_pairs, cfg.chunk_size))
-    table = pa.concat_tables([pq.read_table(work / "chunks" / f"{j:06d}.parquet") for j in range(n_chunks)])
+    table = read_chunks(work / "chunks", [len(chunk) for chunk in _chunks(n_pairs, cfg.chunk_size)])
     if table.num_rows != n_pairs:
         raise RuntimeError(f"merged {table.num_rows} rows for {n_pairs} pairs")
     staging = work / "dataset"
