@@ -10,7 +10,8 @@ A segment is JSON lines (``[key, log p(K)]`` a line) named by the XXH3-128 of it
 when read: a segment changed since it was written (a flipped byte, a zeroed block) is deleted with
 one warning line naming it, and its passages are missing from the cache, so they are scored again;
 every other segment is kept. A segment of an earlier version (``seg-<uuid>.jsonl``, no checksum)
-that parses is rewritten under its checksum's name.
+is read where it is, its lines checked for their form only (a cache may be committed: reading it
+leaves its files as they are).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import hashlib
 import json
 import logging
 import os
+import time
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -72,6 +74,8 @@ class PassageLogProbCache:
         self._values: dict[str, float] = {}
         self._read: set[str] = set()
         """Segments already read (and checked) by this object, by name."""
+        self.verify_seconds = 0.0
+        """Seconds spent hashing segments against their names' checksums, over every read so far."""
         self.reload()
 
     def reload(self) -> None:
@@ -89,15 +93,15 @@ class PassageLogProbCache:
         except FileNotFoundError:  # deleted by another process since the listing
             return []
         checked = segment.name.startswith(PREFIX)
-        if checked and digest(data) != segment.name.removeprefix(PREFIX).removesuffix(".jsonl"):
+        started = time.perf_counter()
+        whole = not checked or digest(data) == segment.name.removeprefix(PREFIX).removesuffix(".jsonl")
+        self.verify_seconds += time.perf_counter() - started
+        if not whole:
             return self._drop(segment, "does not match the checksum in its name (changed since it was written)")
         try:
             entries = _entries(data)
         except ValueError as e:  # a JSON or UTF-8 error is a ValueError too
             return self._drop(segment, f"is malformed ({e})")
-        if not checked:  # an earlier version's segment: from now on, under its checksum
-            self._write(data)
-            segment.unlink(missing_ok=True)
         return entries
 
     def _drop(self, segment: Path, why: str) -> list[tuple[str, float]]:

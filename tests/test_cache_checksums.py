@@ -55,19 +55,26 @@ def test_a_flipped_byte_in_a_pk_segment_drops_that_segment_only(
     assert not warnings_of(caplog)
 
 
-def test_a_zeroed_pk_segment_and_an_earlier_versions_segment(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_zeroed_pk_segment_and_an_earlier_versions_segments(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     cache = PassageLogProbCache(tmp_path, SETTING)
     cache.add(["a" * 32], [-1.0])
     [segment] = cache.dir.glob("seg-*.jsonl")
     segment.write_bytes(bytes(segment.stat().st_size))
-    legacy = cache.dir / "seg-0123456789abcdef0123456789abcdef.jsonl"  # no checksum: read, then renamed under one
+    legacy = cache.dir / "seg-0123456789abcdef0123456789abcdef.jsonl"  # no checksum: read where it is
     legacy.write_text(json.dumps(["d" * 32, -4.0]) + "\n")
     with caplog.at_level("WARNING", logger="teachers.passage_cache"):
         again = PassageLogProbCache(tmp_path, SETTING)
     [warning] = warnings_of(caplog)
     assert str(segment) in warning
     assert "a" * 32 not in again and again["d" * 32] == -4.0
-    assert not legacy.exists() and [p.name.startswith(PREFIX) for p in cache.dir.glob("seg-*.jsonl")] == [True]
+    assert list(cache.dir.glob("seg-*.jsonl")) == [legacy]
+    # an earlier version's segment that does not parse is deleted the same way
+    legacy.write_text(json.dumps(["d" * 32, -4.0])[:-3] + "\n")
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="teachers.passage_cache"):
+        assert "d" * 32 not in PassageLogProbCache(tmp_path, SETTING)
+    [warning] = warnings_of(caplog)
+    assert str(legacy) in warning and "is malformed" in warning and not legacy.exists()
 
 
 def config(tiny_llama: Path, sample_file: Path, tmp_path: Path, output: str = "out") -> TeachConfig:

@@ -863,33 +863,38 @@ def page_gpu(links: Links, folder: str) -> str:
 
 
 def scale_table(result: dict[str, Any]) -> str:
-    """A scale run (``scale.json``) as a Markdown table: one row a size."""
+    """A scale run (``scale.json``) as a Markdown table: one row a size (a run from before the stores' checksums
+    shows none: "-")."""
     rows = []
     for r in result["rows"]:
         cold, cached, loaders, teacher = r["student_cold"], r["student_cached"], r["loader"], r["teacher_input"]
         peaks = " / ".join(f"{x['peak_above_baseline_bytes'] / 2**20:.0f}" for x in (cold, cached))
         rates = " / ".join(f"{x['batches_per_s']:.1f}" for x in loaders)
+        verify = f" ({cached['verify_seconds']:.2f} s)" if "verify_seconds" in cached else ""
+        pk = r.get("pk_cache")
         rows.append(
             [
                 f"{r['pairs']:,}",
                 f"{cold['seconds']:.1f} s",
-                f"{cached['seconds']:.2f} s",
+                f"{cached['seconds']:.2f} s{verify}",
                 f"{peaks} MiB",
                 f"{cold['cache_bytes'] / 2**20:.0f} MiB",
                 f"{loaders[0]['first_batch_s'] * 1000:.0f} ms",
                 rates,
                 f"{teacher['seconds']:.1f} s, {teacher['peak_rss_bytes'] / 2**20:.0f} MiB",
+                f"{pk['seconds']:.2f} s ({pk['verify_seconds']:.2f} s)" if pk else "-",
             ]
         )
     header = [
         "pairs",
         "setup cold",
-        "setup cached",
+        "setup cached (checksums)",
         "peak RSS above baseline (cold / cached)",
         "token cache",
         "first batch",
         "batches/s, 0 / 2 workers",
         "teacher input: time, peak RSS",
+        "p(K) cache reopened (checksums)",
     ]
     return _table(header, rows)
 
@@ -901,8 +906,10 @@ def page_scale(links: Links) -> str:
         _generated(),
         "The student's data layer against the number of training pairs (synthetic teacher data made of the DL21",
         "and DL22 rows under new query ids), each measurement in a fresh process: setup cold (tokenising) and",
-        "cached, peak RSS above the process's baseline, the token cache on disk, the training loader's batches/s",
-        "at the GPU config's 65,536-token budget, and the teacher stage's input pass. See",
+        "cached (in brackets, the part of it spent checking the token files against their checksums), peak RSS",
+        "above the process's baseline, the token cache on disk, the training loader's batches/s at the GPU config's",
+        "65,536-token budget, the teacher stage's input pass, and reopening a p(K) cache of one entry a pair (in",
+        "brackets, hashing its segments). See",
         "[Train](../stages/train.md#scale-millions-of-pairs).",
         "",
     ]

@@ -7,11 +7,15 @@ has N/100 distinct queries as a real distillation set would. Each measurement th
 (``python -m distill.bench.scale measure WHAT OPTIONS``), so that its peak resident set is its own:
 
 - ``student_cold``: :class:`students.data.StudentDataModule` ``setup`` with an empty token cache (tokenising);
-- ``student_cached``: the same setup again, reopening the cache;
+- ``student_cached``: the same setup again, reopening the cache, with the part of it spent checking the token
+  files against their checksums (read and hashed in blocks: ``verify_seconds``);
 - ``loader``: the first batch's latency and the training loader's batches a second at the GPU config's
   budget (65,536 padded tokens, padded to a multiple of 64), with 0 and 2 workers;
 - ``teacher_input``: the teacher stage's input pass over the same pairs as a rank_llm JSON-lines file (one query a
-  line), read a query at a time into its row file: seconds and the process's peak RSS.
+  line), read a query at a time into its row file: seconds and the process's peak RSS;
+- ``pk_cache``: reopening a p(K) cache of N entries (every passage distinct, the most a run of N pairs keeps), in
+  segments of the teacher stage's default chunk (256 passages): seconds, and the part of it spent hashing the
+  segments against their checksums.
 
 Peak RSS is the process's ``VmHWM`` (reset after the imports and the tokenizer, so "above baseline" is what the
 phase itself adds). Every result records the CPU and its flags.
@@ -48,6 +52,9 @@ BUDGET = 65_536
 PAD_MULTIPLE = 64
 WRITE_ROWS = 200_000
 """Rows written to the synthetic dataset at a time (its writer's memory)."""
+PK_SEGMENT = 256
+"""Entries a synthetic p(K) segment: ``distill teach``'s default ``chunk_size``."""
+PK_SETTING = {"teacher": "synthetic", "dtype": "float32", "start_token_id": 0}
 
 
 def synthetic_teacher_data(n: int, folder: Path) -> Path:
@@ -86,6 +93,43 @@ def _block(base: Any, start: int, end: int) -> Any:
     repeat = rows // base.num_rows
     qids = [f"{q}-{k}" for q, k in zip(table.column("qid").to_pylist(), repeat.tolist(), strict=True)]
     return table.set_column(0, "qid", pa.array(qids, pa.string()))
+
+
+def synthetic_pk_cache(n: int, root: Path) -> Path:
+    """Write a p(K) cache of ``n`` entries under ``root`` (kept if already there with ``n`` entries), as
+    :class:`teachers.passage_cache.PassageLogProbCache` writes them: segments of :data:`PK_SEGMENT` entries, each
+    named by its checksum."""
+    from distill.core.checksums import digest
+    from teachers.passage_cache import PREFIX, PassageLogProbCache
+
+    stamp = root / "entries"
+    if stamp.is_file() and stamp.read_text() == str(n):
+        return root
+    shutil.rmtree(root, ignore_errors=True)
+    folder = PassageLogProbCache(root, PK_SETTING).dir
+    values = np.random.default_rng(0).normal(-60.0, 20.0, n)
+    for start in range(0, n, PK_SEGMENT):
+        lines = [json.dumps([f"{i:032x}", float(values[i])]) + "\n" for i in range(start, min(start + PK_SEGMENT, n))]
+        data = "".join(lines).encode()
+        (folder / f"{PREFIX}{digest(data)}.jsonl").write_bytes(data)
+    stamp.write_text(str(n))
+    return root
+
+
+def measure_pk_cache(root: Path) -> dict[str, Any]:
+    """Reopen the p(K) cache under ``root``: seconds, and the part spent hashing its segments."""
+    from teachers.passage_cache import PassageLogProbCache
+
+    start = time.perf_counter()
+    cache = PassageLogProbCache(root, PK_SETTING)
+    seconds = time.perf_counter() - start
+    return {
+        "seconds": seconds,
+        "verify_seconds": cache.verify_seconds,
+        "entries": len(cache),
+        "segments": len(list(cache.dir.glob("seg-*.jsonl"))),
+        "cache_bytes": _folder_bytes(cache.dir),
+    }
 
 
 def rank_llm_lines(teacher_data: Path, path: Path) -> Path:
@@ -182,6 +226,7 @@ def measure_setup(folder: Path, cache_dir: Path) -> dict[str, Any]:
         "peak_rss_bytes": peak,
         "peak_above_baseline_bytes": peak - baseline,
         "cache_bytes": _folder_bytes(store.path),
+        "verify_seconds": store.verify_seconds,
         "tokens": store.manifest["tokens"],
         "train_pairs": len(dm.train),
     }
@@ -239,6 +284,7 @@ def run(sizes: list[int], work: Path, batches: int, seconds: float, keep: bool) 
         row["student_cached"] = _measure_in_process("setup", folder=folder, cache_dir=cache)
         lines = rank_llm_lines(folder, work / f"rank-llm-{n}.jsonl")
         row["teacher_input"] = _measure_in_process("teacher_input", lines=lines, rows=work / f"rows-{n}")
+        row["pk_cache"] = _measure_in_process("pk_cache", root=synthetic_pk_cache(n, work / f"pk-{n}"))
         row["loader"] = [
             _measure_in_process("loader", folder=folder, cache_dir=cache, workers=w, batches=batches, seconds=seconds)
             for w in (0, 2)
@@ -248,7 +294,8 @@ def run(sizes: list[int], work: Path, batches: int, seconds: float, keep: bool) 
         if not keep:
             shutil.rmtree(cache, ignore_errors=True)
     return {
-        "what": "student data setup, cold and cached, and the training loader, against the number of pairs",
+        "what": "student data setup, cold and cached (and its checksum check), the training loader and the p(K) "
+        "cache's reopening, against the number of pairs",
         "backbone": BACKBONE,
         "max_length": 512,
         "budget_tokens": BUDGET,
@@ -348,13 +395,16 @@ def run_sizes(options: Scale, invocation: dict[str, Any]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m distill.bench.scale ARGS``, or ``measure WHAT OPTIONS`` (one measurement in this process, the
-    runner's child: ``setup``, ``loader`` or ``teacher_input`` with its JSON keyword arguments); the exit status."""
+    runner's child: ``setup``, ``loader``, ``teacher_input`` or ``pk_cache`` with its JSON keyword arguments); the
+    exit status."""
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] != ["measure"]:
         return phases.main(Scale, run_sizes, "distill.bench.scale", argv)
     what, options = argv[1], json.loads(argv[2])
     if what == "teacher_input":
         result = measure_teacher_input(Path(options["lines"]), Path(options["rows"]))
+    elif what == "pk_cache":
+        result = measure_pk_cache(Path(options["root"]))
     else:
         folder, cache = Path(options.pop("folder")), Path(options.pop("cache_dir"))
         result = measure_setup(folder, cache) if what == "setup" else measure_loader(folder, cache, **options)

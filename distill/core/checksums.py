@@ -7,13 +7,14 @@ checksum is written as ``xxh3_128:<32 hex digits>``; :func:`digest` is the hex d
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import xxhash
 
 ALGORITHM = "xxh3_128"
 BLOCK_BYTES = 8 << 20
-"""Bytes read at a time: one reused buffer, so a file of any size is hashed in a constant resident set."""
+"""Bytes read at a time (at most): one reused buffer, so a file of any size is hashed in a constant resident set."""
 
 
 def digest(data: bytes | memoryview) -> str:
@@ -28,9 +29,9 @@ def file_digest(path: str | Path) -> str:
         OSError: the file cannot be read.
     """
     hasher = xxhash.xxh3_128()
-    buffer = bytearray(BLOCK_BYTES)
-    view = memoryview(buffer)
     with open(path, "rb", buffering=0) as f:
+        buffer = bytearray(max(1, min(BLOCK_BYTES, os.fstat(f.fileno()).st_size)))  # a small file: a small buffer
+        view = memoryview(buffer)
         while read := f.readinto(buffer):
             hasher.update(view[:read])
     return hasher.hexdigest()
