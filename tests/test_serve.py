@@ -28,7 +28,7 @@ from distill.serving.batcher import BatchStats, DynamicBatcher
 from distill.serving.encoding import encode_pairs
 from distill.serving.http_api import ServerOptions, create_app
 from distill.serving.reranker import Reranker
-from distill.serving.server import bind
+from distill.serving.server import bind, drain_server, uvicorn_config
 
 from .conftest import REPO
 
@@ -38,11 +38,10 @@ TOLERANCE = 1e-5
 
 @contextmanager
 def running(app) -> Iterator[str]:
-    """``app`` served by uvicorn on a free loopback port, in a thread: its base URL."""
-    import uvicorn
-
+    """``app`` served on a free loopback port as ``distill serve`` serves it (uvicorn, its config and drain), in a
+    thread: its base URL."""
     sock = bind("127.0.0.1", 0)
-    server = uvicorn.Server(uvicorn.Config(app, lifespan="on", log_level="warning"))
+    server = drain_server(uvicorn_config(app), app.state.serving)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
@@ -196,17 +195,49 @@ BAD_REQUESTS = {
     "too many documents": ("/v1/rerank", {"query": "q", "documents": ["a"] * 121}, 413, "limit of 120"),
     "oversized body": ("/rerank", {"query": "q", "texts": ["a" * 2**20]}, 413, "body: "),
     "unknown route": ("/v1/embed", {"query": "q"}, 404, "Not Found"),
+    "lone surrogate in the query": (
+        "/v1/rerank",
+        b'{"query": "flea \\ud800", "documents": ["a"]}',
+        422,
+        "query: has a lone UTF-16 surrogate (\\ud800) at character 5",
+    ),
+    "lone surrogate in a document": (
+        "/v2/rerank",
+        b'{"query": "q", "documents": ["a", {"text": "b\\udc00"}]}',
+        422,
+        "documents[1]: has a lone UTF-16 surrogate (\\udc00) at character 1",
+    ),
+    "NUL in a text": (
+        "/rerank",
+        b'{"query": "q", "texts": ["a\\u0000b"]}',
+        422,
+        "texts[0]: has a NUL character (\\u0000) at character 1",
+    ),
+    "NUL in the query": ("/rerank", {"query": "q\x00", "texts": ["a"]}, 422, "query: has a NUL character"),
+    "text/plain body": (
+        "/v1/rerank",
+        ("text/plain", b'{"query": "q", "documents": ["a"]}'),
+        415,
+        "content-type: text/plain is not JSON; send application/json",
+    ),
+    "no content type": (
+        "/rerank",
+        (None, b'{"query": "q", "texts": ["a"]}'),
+        415,
+        "content-type: missing; send application/json",
+    ),
 }
 
 
 @pytest.mark.parametrize("case", list(BAD_REQUESTS))
 def test_bad_requests_get_a_one_line_error_naming_the_field(server: str, case: str) -> None:
     path, body, status, expected = BAD_REQUESTS[case]
-    sent = (
-        {"content": body, "headers": {"content-type": "application/json"}}
-        if isinstance(body, bytes)
-        else {"json": body}
-    )
+    if isinstance(body, bytes):
+        body = ("application/json", body)
+    if isinstance(body, tuple):  # the content type (None: none) and the bytes
+        sent = {"content": body[1], "headers": {"content-type": body[0]} if body[0] else {}}
+    else:
+        sent = {"json": body}
     answer = httpx.post(f"{server}{path}", **sent)
     assert answer.status_code == status, answer.text
     error = answer.json()

@@ -25,7 +25,9 @@ With ``share`` off (``distill serve --batching false``) a batch holds one reques
 a time, in arrival order, each batched as ``Reranker.score`` batches it (the load benchmark's baseline).
 
 A batch whose backend call fails is run again one request at a time: the request that fails alone gets the error,
-the others their scores, and the worker goes on.
+the others their scores, and the worker goes on. A request whose future is cancelled (the server cancels it when its
+client has gone) is dropped from the queue, and its rows leave the batches still to run, so that nobody's work waits
+behind scores no one will read.
 
 :class:`PredictLoop` serves a model that tokenises and batches a request itself (:class:`WholeRequests`: the load
 benchmark's ``CrossEncoder.predict`` peer) one request at a time, in arrival order, on one thread.
@@ -38,7 +40,8 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
+from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -159,10 +162,11 @@ class DynamicBatcher:
     def queued_pairs(self) -> int:
         """Pairs waiting for a batch."""
         with self._changed:
-            return sum(len(job.order) - job.cursor for job in self._queue)
+            return sum(len(job.order) - job.cursor for job in self._queue if not job.future.done())
 
     def submit(self, encoded: Encoded) -> Future[Scored]:
-        """Queue a request's pairs; the future gives their scores, or the backend's exception."""
+        """Queue a request's pairs; the future gives their scores, or the backend's exception. Cancelling it drops
+        the request's rows still to be scored."""
         future: Future[Scored] = Future()
         lengths = encoded.pair_lengths
         order = np.lexsort((np.arange(len(lengths)), -lengths))  # longest first, ties in input order
@@ -198,7 +202,7 @@ class DynamicBatcher:
         """The next round's batches, once its pairs fill :attr:`round_tokens` or the oldest request has waited
         ``max_wait``; None once the batcher is closed and its queue empty."""
         with self._changed:
-            while not self._queue:
+            while not self._drop_cancelled():
                 if self._closed:
                     return None
                 self._changed.wait()
@@ -218,7 +222,14 @@ class DynamicBatcher:
                     part.job.started = now
             while self._queue and self._queue[0].cursor == len(self._queue[0].order):
                 self._queue.popleft()
-        return self._batches(taken)
+        return self._batches(taken) if taken else []
+
+    def _drop_cancelled(self) -> bool:
+        """Drop the queued requests that are done before their last row is taken (cancelled: their client has gone);
+        whether any request is left. Called with :attr:`_changed` held."""
+        if any(job.future.done() for job in self._queue):
+            self._queue = deque(job for job in self._queue if not job.future.done())
+        return bool(self._queue)
 
     def _take(self) -> tuple[list[_Part], bool]:
         """The rows the next round takes from the head of the queue (each request's longest first), and whether they
@@ -228,6 +239,8 @@ class DynamicBatcher:
         parts: list[_Part] = []
         tokens = 0
         for job in self._queue:
+            if job.future.done():  # cancelled since the queue was last looked at
+                continue
             lengths = job.encoded.pair_lengths
             start = stop = job.cursor
             if not self.share:
@@ -276,7 +289,7 @@ class DynamicBatcher:
     def _score(self, parts: list[_Part]) -> None:
         """Score a batch and hand each request its scores; where the backend fails on a batch of several requests,
         each request's rows again on their own, so that only the failing request gets the error."""
-        parts = [part for part in parts if not part.job.future.done()]  # a request failed in an earlier batch
+        parts = [part for part in parts if not part.job.future.done()]  # failed in an earlier batch, or cancelled
         if not parts:
             return
         try:
@@ -299,7 +312,8 @@ class DynamicBatcher:
             job.scores[part.rows] = part_scores
             job.remaining -= len(part.rows)
             if job.remaining == 0:
-                job.future.set_result(Scored(job.scores, job.started - job.enqueued))
+                with suppress(InvalidStateError):  # cancelled while its last batch ran
+                    job.future.set_result(Scored(job.scores, job.started - job.enqueued))
 
     def _run_batch(self, parts: list[_Part]) -> tuple[np.ndarray, BatchStats]:
         """The backend's ``[rows]`` scores of the parts' rows, back to back: padded to one width, or packed for a
@@ -330,7 +344,7 @@ class DynamicBatcher:
         with self._changed:
             if job in self._queue:
                 self._queue.remove(job)
-        if not job.future.done():
+        with suppress(InvalidStateError):  # cancelled meanwhile
             job.future.set_exception(error)
 
 
@@ -378,10 +392,16 @@ class PredictLoop:
 
     def submit(self, query: str, documents: Sequence[str], encoded: Encoded) -> Future[Scored]:
         """Queue a request (``encoded``: its pairs as the server tokenised them, for the metrics); the future gives
-        its scores, or the model's exception."""
+        its scores, or the model's exception. Cancelled before its turn, it is never scored."""
         with self._lock:
             self._queued += len(documents)
-        return self._pool.submit(self._predict, query, documents, encoded, time.monotonic())
+        future = self._pool.submit(self._predict, query, documents, encoded, time.monotonic())
+        future.add_done_callback(lambda _: self._unqueue(len(documents)))  # scored, failed or cancelled
+        return future
+
+    def _unqueue(self, pairs: int) -> None:
+        with self._lock:
+            self._queued -= pairs
 
     def close(self) -> None:
         """Score what is queued, then stop the worker."""
@@ -389,11 +409,7 @@ class PredictLoop:
 
     def _predict(self, query: str, documents: Sequence[str], encoded: Encoded, enqueued: float) -> Scored:
         started = time.monotonic()
-        try:
-            scores = np.asarray(self.model.predict(query, documents), dtype=np.float32)
-        finally:
-            with self._lock:
-                self._queued -= len(documents)
+        scores = np.asarray(self.model.predict(query, documents), dtype=np.float32)
         seconds = time.monotonic() - started
         if scores.shape != (len(documents),):
             raise RuntimeError(f"the model returned scores of shape {scores.shape} for {len(documents)} pairs")

@@ -25,10 +25,13 @@ not carry). Requests are tokenised on a thread (off the event loop) and scored b
 :class:`~distill.serving.batcher.DynamicBatcher`, which batches concurrent requests' pairs together.
 
 Every refused request gets a 4xx and a one-line ``{"error": "..."}`` naming the field or the limit: 400 for a body
-that is not JSON, 422 for a field that is wrong (an empty query, a document that is not a string, a negative
-``top_n``), 413 for a request over a limit (the body's bytes, the documents, a document's tokens without
-truncation). A backend failure is a 500 for the requests it hit; the server goes on. Once draining (SIGTERM), every
-new request gets a 503 while those in flight finish.
+that is not JSON, 408 for a body not complete within the read timeout (the connection is then closed), 415 for a
+rerank body whose content type is not JSON, 422 for a field that is wrong (an empty query, a document that is not a
+string, a negative ``top_n``, text with a lone UTF-16 surrogate or a NUL), 413 for a request over a limit (the body's
+bytes, the documents, a document's tokens without truncation). A backend failure is a 500 for the requests it hit;
+the server goes on. A request whose client disconnects before its answer is cancelled, and the batcher skips its
+batches still to run. Once draining (SIGTERM), every new request gets a 503 while those in flight finish, until the
+drain's deadline cuts those still open (:meth:`ServingState.cut`).
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +72,7 @@ from distill.serving.http_schemas import (
     Tokens,
     Usage,
 )
+from distill.serving.options import ServerOptions
 from distill.serving.reranker import Reranker
 
 log = logging.getLogger(__name__)
@@ -80,33 +84,6 @@ SCORES = {
 """What each rerank route's scores are (``/info`` shows it; ``/v2/rerank`` is ``/v1/rerank``'s)."""
 ROUTES = ("/v1/rerank", "/v2/rerank", "/rerank", "/health", "/metrics", "/info")
 """The routes the metrics name; any other path counts as ``other``."""
-
-
-@dataclass(frozen=True)
-class ServerOptions:
-    """The batching window and the limits of a request (``distill serve``'s options of the same names)."""
-
-    max_wait_ms: float = 5.0
-    """How long a round that is not full waits for requests on their way (being tokenised), from its oldest
-    request's arrival (ms); with none on their way, it does not wait."""
-    max_documents: int = 1000
-    """The most documents a request may send (more: 413)."""
-    max_tokens_per_doc: int | None = None
-    """Each document is cut to this many tokens (without ``truncate``: 413); default: what the model's pair length
-    leaves after the query."""
-    max_body_bytes: int = 16 * 2**20
-    """The largest request body (more: 413)."""
-    batching: bool = True
-    """Whether concurrent requests share batches (false: one request at a time, in arrival order, each batched as
-    ``Reranker.score`` batches it; the load benchmark's baseline)."""
-
-    def __post_init__(self) -> None:
-        if self.max_wait_ms < 0:
-            raise InputError(f"serve: max_wait_ms must be >= 0, got {self.max_wait_ms}")
-        for name in ("max_documents", "max_tokens_per_doc", "max_body_bytes"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise InputError(f"serve: {name} must be positive, got {value}")
 
 
 class RequestError(InputError):
@@ -125,10 +102,24 @@ class BackendFailure(RuntimeError):
 class ServingState:
     """What the server's shutdown reads and sets (:mod:`distill.serving.server`)."""
 
+    options: ServerOptions = field(default_factory=ServerOptions)
+    """The app's options (the server reads its timeouts here)."""
     draining: bool = False
     """Set on SIGTERM: new requests get 503."""
     in_flight: int = 0
     """Requests being answered."""
+    cutting: bool = False
+    """Set by :meth:`cut`: the drain's deadline has passed."""
+    open: set[asyncio.Task] = field(default_factory=set)
+    """The tasks that run the routes of the requests in flight."""
+
+    def cut(self) -> int:
+        """Cut every request in flight (the drain's deadline has passed): each route's task is cancelled, and a
+        request not yet answered gets a 503; how many were cut. Called on the event loop."""
+        self.cutting = True
+        for task in self.open:
+            task.cancel()
+        return len(self.open)
 
 
 class Metrics:
@@ -324,55 +315,167 @@ def _validation_message(error: RequestValidationError) -> tuple[int, str]:
     return 422, f"{field}: {first['msg']}{more}"
 
 
-class _Gate:
-    """ASGI middleware in front of the routes: 503 while draining, 413 for a body over the limit, and each request's
-    count, status and latency in the metrics."""
+JSON_ROUTES = ("/v1/rerank", "/v2/rerank", "/rerank")
+"""The routes whose POST bodies are JSON: another media type is a 415."""
 
-    def __init__(self, app: Any, state: ServingState, metrics: Metrics, max_body_bytes: int) -> None:
-        self.app, self.state, self.metrics, self.max_body_bytes = app, state, metrics, max_body_bytes
+
+def _not_json(headers: dict[bytes, bytes]) -> str | None:
+    """Why a body's ``content-type`` is not JSON, in one line naming the header; None for ``application/json`` (or
+    a ``+json`` type, as FastAPI reads them)."""
+    value = headers.get(b"content-type")
+    if value is None:
+        return "content-type: missing; send application/json"
+    media = value.decode("latin-1").split(";", 1)[0].strip().lower()
+    if media == "application/json" or (media.startswith("application/") and media.endswith("+json")):
+        return None
+    return f"content-type: {media or 'empty'} is not JSON; send application/json"
+
+
+def _closing(status: int, message: str) -> JSONResponse:
+    """:func:`_error`, and the connection closed after it."""
+    response = _error(status, message)
+    response.headers["connection"] = "close"
+    return response
+
+
+class _Exchange:
+    """One request through :class:`_Gate`: the route runs in a task of its own, and reads the body through
+    :meth:`receive`, which holds it to the size limit and the read timeout; once the body is read, a watch waits for
+    the client to leave, and cancels the route if it leaves before its answer (so that the batcher skips the
+    request's batches still to run). The drain's deadline cancels the route too (:meth:`ServingState.cut`)."""
+
+    def __init__(self, gate: _Gate, scope: dict, receive: Callable[[], Awaitable[dict]], send: Any) -> None:
+        self.gate, self.scope, self._receive, self._send = gate, scope, receive, send
+        self.length = dict(scope["headers"]).get(b"content-length", b"").decode("latin-1")
+        self.start = time.perf_counter()
+        self.deadline = asyncio.get_running_loop().time() + gate.read_timeout
+        self.status = 500
+        self.started = False
+        self.answered = False
+        self.received = 0
+        self.body_read = False
+        self.gone = False
+        self.task: asyncio.Task | None = None
+        self.watch: asyncio.Task | None = None
+
+    async def send(self, message: dict) -> None:
+        if message["type"] == "http.response.start":
+            self.status, self.started = message["status"], True
+        elif message["type"] == "http.response.body" and not message.get("more_body", False):
+            self.answered = True
+        await self._send(message)
+
+    async def receive(self) -> dict:
+        """The next message of the request: its body within the size limit (413) and the read timeout (408); once
+        the body is read, what comes next (the client's leaving)."""
+        if self.body_read:
+            return await self._receive()
+        left = self.deadline - asyncio.get_running_loop().time()
+        try:
+            message = await asyncio.wait_for(self._receive(), max(left, 0.0))
+        except asyncio.TimeoutError:
+            timeout = self.gate.read_timeout
+            came = f"{self.received} of {self.length or 'unknown'} bytes came"
+            log.warning(
+                "request read timeout: %s %s from %s: the body was not complete within %g s (%s); answered 408 and "
+                "closed the connection",
+                self.scope["method"],
+                self.scope["path"],
+                _client(self.scope),
+                timeout,
+                came,
+            )
+            raise HTTPException(
+                408, f"body: not complete within {timeout:g} s ({came})", headers={"connection": "close"}
+            ) from None
+        if message["type"] == "http.request":
+            self.received += len(message.get("body", b""))
+            if self.received > self.gate.max_body_bytes:
+                raise HTTPException(413, f"body: over this server's limit of {self.gate.max_body_bytes} bytes")
+            if not message.get("more_body", False):
+                self.body_read = True
+                self.watch = asyncio.ensure_future(self._watch())
+        return message
+
+    async def _watch(self) -> None:
+        """Wait for the client to leave; if it leaves before its answer is sent, cancel the route."""
+        message = await self._receive()
+        if message["type"] == "http.disconnect" and not self.answered and self.task and not self.task.done():
+            self.gone = True
+            self.task.cancel()
+
+    async def run(self, app: Any) -> None:
+        """Run the route; a route cancelled because the client left ends without an answer (status 499 in the
+        metrics), one cut by the drain's deadline gets a 503 if it has no answer yet."""
+        state = self.gate.state
+        self.task = asyncio.ensure_future(app(self.scope, self.receive, self.send))
+        state.open.add(self.task)
+        try:
+            await self.task
+        except asyncio.CancelledError:
+            if self.gone:
+                self.status = 499  # nginx's "client closed request"
+                log.info(
+                    "client gone: %s %s from %s cancelled after %.1f s",
+                    self.scope["method"],
+                    self.scope["path"],
+                    _client(self.scope),
+                    time.perf_counter() - self.start,
+                )
+            elif state.cutting:
+                if not self.started:
+                    await _closing(503, "the server is shutting down: its drain deadline passed")(
+                        self.scope, self._receive, self.send
+                    )
+            else:
+                raise
+        finally:
+            state.open.discard(self.task)
+            if self.watch is not None:
+                self.watch.cancel()
+
+
+def _client(scope: dict) -> str:
+    """``host:port`` of the request's client (``unknown`` where the server does not say)."""
+    client = scope.get("client")
+    return f"{client[0]}:{client[1]}" if client else "unknown"
+
+
+class _Gate:
+    """ASGI middleware in front of the routes: 503 while draining, 415 for a rerank body that is not JSON, 413 for a
+    body over the limit, 408 for a body not complete within the read timeout, a request cancelled once its client has
+    gone and cut at the drain's deadline (:class:`_Exchange`), and each request's count, status and latency in the
+    metrics."""
+
+    def __init__(self, app: Any, state: ServingState, metrics: Metrics) -> None:
+        self.app, self.state, self.metrics = app, state, metrics
+        self.max_body_bytes = state.options.max_body_bytes
+        self.read_timeout = state.options.request_read_timeout
 
     async def __call__(self, scope: dict, receive: Callable[[], Awaitable[dict]], send: Any) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         route = scope["path"] if scope["path"] in ROUTES else "other"
-        start = time.perf_counter()
-        status = 500
-
-        async def sending(message: dict) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
-        limit = f"over this server's limit of {self.max_body_bytes} bytes"
-        received = 0
-
-        async def receiving() -> dict:
-            nonlocal received
-            message = await receive()
-            received += len(message.get("body", b""))
-            if received > self.max_body_bytes:
-                raise HTTPException(413, f"body: {limit}")
-            return message
-
-        length = dict(scope["headers"]).get(b"content-length", b"")
+        exchange = _Exchange(self, scope, receive, send)
+        length = exchange.length
         self.state.in_flight += 1
         self.metrics.in_flight.inc()
         try:
             if self.state.draining:
-                response = _error(503, "the server is shutting down")
-                response.headers["connection"] = "close"
-                await response(scope, receive, sending)
+                await _closing(503, "the server is shutting down")(scope, receive, exchange.send)
+            elif scope["method"] == "POST" and route in JSON_ROUTES and (wrong := _not_json(dict(scope["headers"]))):
+                await _error(415, wrong)(scope, receive, exchange.send)
             elif length.isdigit() and int(length) > self.max_body_bytes:
-                await _error(413, f"body: {int(length)} bytes, {limit}")(scope, receive, sending)
+                limit = f"over this server's limit of {self.max_body_bytes} bytes"
+                await _error(413, f"body: {int(length)} bytes, {limit}")(scope, receive, exchange.send)
             else:
-                await self.app(scope, receiving, sending)
+                await exchange.run(self.app)
         finally:
             self.state.in_flight -= 1
             self.metrics.in_flight.dec()
-            self.metrics.requests.labels(route, str(status)).inc()
-            self.metrics.latency.labels(route).observe(time.perf_counter() - start)
+            self.metrics.requests.labels(route, str(exchange.status)).inc()
+            self.metrics.latency.labels(route).observe(time.perf_counter() - exchange.start)
 
 
 def model_info(folder: Path, reranker: Reranker | WholeRequests, options: ServerOptions) -> dict[str, Any]:
@@ -403,7 +506,7 @@ def create_app(folder: str | Path, reranker: Reranker | WholeRequests, options: 
     folder = Path(folder)
     options = options or ServerOptions()
     metrics = Metrics()
-    state = ServingState()
+    state = ServingState(options)
     info = model_info(folder, reranker, options)
     service: RerankService | None = None
 
@@ -422,8 +525,10 @@ def create_app(folder: str | Path, reranker: Reranker | WholeRequests, options: 
         lifespan=lifespan,
     )
     app.state.serving = state
-    app.add_middleware(_Gate, state=state, metrics=metrics, max_body_bytes=options.max_body_bytes)
-    errors: dict[int | str, dict[str, Any]] = {code: {"model": ErrorBody} for code in (400, 413, 422, 500, 503)}
+    app.add_middleware(_Gate, state=state, metrics=metrics)
+    errors: dict[int | str, dict[str, Any]] = {
+        code: {"model": ErrorBody} for code in (400, 408, 413, 415, 422, 500, 503)
+    }
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, error: RequestValidationError) -> JSONResponse:
@@ -435,7 +540,9 @@ def create_app(folder: str | Path, reranker: Reranker | WholeRequests, options: 
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, error: HTTPException) -> JSONResponse:
-        return _error(error.status_code, str(error.detail))
+        response = _error(error.status_code, str(error.detail))
+        response.headers.update(error.headers or {})
+        return response
 
     @app.exception_handler(BackendFailure)
     async def backend_failed(request: Request, error: BackendFailure) -> JSONResponse:

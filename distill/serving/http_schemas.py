@@ -10,8 +10,28 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, field_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, field_validator
 from pydantic_core import PydanticCustomError
+
+
+def _valid_text(text: str) -> str:
+    """``text`` itself, if a tokenizer (and the answer's JSON) can take it: no NUL character and no lone UTF-16
+    surrogate (``"\\ud800"``, which JSON's escapes can spell but UTF-8 cannot)."""
+    if "\x00" in text:
+        raise PydanticCustomError(
+            "invalid_text",
+            "has a NUL character (\\u0000) at character {position}; send text without it",
+            {"position": text.index("\x00")},
+        )
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise PydanticCustomError(
+            "invalid_text",
+            "has a lone UTF-16 surrogate (\\u{code}) at character {position}, which is no text; send valid Unicode",
+            {"code": f"{ord(text[e.start]):04x}", "position": e.start},
+        ) from None
+    return text
 
 
 def _document_text(value: Any) -> Any:
@@ -26,6 +46,7 @@ def _document_text(value: Any) -> Any:
 Document = Annotated[
     str,
     BeforeValidator(_document_text),
+    AfterValidator(_valid_text),
     WithJsonSchema(
         {
             "anyOf": [
@@ -47,7 +68,7 @@ class _Request(BaseModel):
     def _not_blank(cls, query: str) -> str:
         if not query.strip():
             raise PydanticCustomError("empty", "must not be empty")
-        return query
+        return _valid_text(query)
 
 
 class CohereRequest(_Request):

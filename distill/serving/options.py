@@ -1,6 +1,8 @@
-"""How a student is served, in one dataclass: :class:`ServingOptions`, the options of
+"""How a student is served, in two dataclasses: :class:`ServingOptions`, the options of
 :meth:`Reranker.load <distill.serving.reranker.Reranker.load>`, ``distill rerank`` and ``distill serve`` (whose configs
-extend it, so each flag is declared, documented and defaulted here once) and the methods ``distill bench`` times."""
+extend it, so each flag is declared, documented and defaulted here once) and the methods ``distill bench`` times; and
+:class:`ServerOptions`, the HTTP server's batching window, limits and timeouts, which ``distill serve``'s config
+extends too."""
 
 from __future__ import annotations
 
@@ -61,3 +63,43 @@ class ServingOptions(TorchOptions):
     def serving(self) -> ServingOptions:
         """These options alone, as :class:`ServingOptions` (from a config that extends it with its own fields)."""
         return ServingOptions(**{f.name: getattr(self, f.name) for f in fields(ServingOptions)})
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    """The HTTP server's batching window, the limits of a request and its timeouts (``distill serve``'s options of the
+    same names; :func:`~distill.serving.http_api.create_app` takes them)."""
+
+    max_wait_ms: float = 5.0
+    """How long a round that is not full waits for requests being tokenised (ms; 0: never), from its oldest request's
+    arrival; a request alone is scored at once."""
+    max_documents: int = 1000
+    """The most documents a request may send; more is a 413 naming the limit."""
+    max_tokens_per_doc: int | None = None
+    """Cut each document to this many tokens (default: what the model's pair length leaves after the query); a
+    request without truncation gets a 413 naming the limit instead."""
+    max_body_bytes: int = 16 * 2**20
+    """The largest request body in bytes; larger is a 413."""
+    batching: bool = True
+    """Concurrent requests share batches; ``false``: one request at a time, in arrival order (each batched as
+    ``Reranker.score`` batches it), the load benchmark's baseline."""
+    request_read_timeout: float = 10.0
+    """Seconds a client has to send a request's head (from its connection or its first byte) and then its body (from
+    the head): a body not complete in time gets a 408 and the connection is closed, a head not complete in time the
+    connection closed (after a 408 if part of it came); each is one line in the log."""
+    graceful_timeout: float = 40.0
+    """Seconds the drain on SIGTERM waits for the requests in flight (new ones get 503) before it cuts those still
+    open (a 503 to each not yet answered) and the process exits 0. The default is a request read within
+    ``request_read_timeout`` and then scored at ``max_documents`` documents of the model's longest pairs on a
+    two-core CPU, with a few seconds to spare (``docs/serving.md`` gives the figures): raise it with the documents or
+    on a slower machine, lower it under an orchestrator that kills sooner."""
+
+    def __post_init__(self) -> None:
+        if self.max_wait_ms < 0:
+            raise InputError(f"serve: max_wait_ms must be >= 0, got {self.max_wait_ms}")
+        for name in ("max_documents", "max_tokens_per_doc", "max_body_bytes", "request_read_timeout"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise InputError(f"serve: {name} must be positive, got {value}")
+        if self.graceful_timeout < 0:
+            raise InputError(f"serve: graceful_timeout must be >= 0, got {self.graceful_timeout}")

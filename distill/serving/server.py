@@ -3,7 +3,9 @@
 The app is FastAPI's (:mod:`distill.serving.http_api`, which says why FastAPI) on uvicorn, one process: the model runs
 on one worker thread fed by the dynamic batcher, so more processes would only split the CPU's cores between copies of
 the model. On SIGTERM (or Ctrl-C) the server drains: new requests get 503, those in flight finish, then it exits
-(exit status 0); a second signal stops it at once.
+(exit status 0); at ``--graceful_timeout`` it cuts the requests still open and exits all the same, and a second
+signal stops it at once. A client that stalls holds nothing for long: a request's head and then its body must come
+within ``--request_read_timeout`` (:func:`timed_h11`, and the app's gate).
 
 The server tokenises on one thread, while the backend runs a batch on every core: it sets
 ``TOKENIZERS_PARALLELISM=false`` (unless it is set already), so that the Rust tokenizer's own threads do not take
@@ -18,21 +20,22 @@ import logging
 import os
 import socket
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from distill.core.schema import InputError
-from distill.serving.http_api import ServerOptions, ServingState
-from distill.serving.options import ServingOptions
+from distill.serving.http_api import ServingState
+from distill.serving.options import ServerOptions, ServingOptions
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class ServeConfig(ServingOptions):
+class ServeConfig(ServingOptions, ServerOptions):
     """Options of ``distill serve``: serve a student over HTTP (Cohere's ``/v1/rerank``, TEI's ``/rerank``). How the
     student is served (backend, device, dtype, the batch budget that concurrent requests' pairs fill together, the
-    levers) are :class:`~distill.serving.options.ServingOptions`' fields, declared there once; ``auto`` is named with
+    levers) are :class:`~distill.serving.options.ServingOptions`' fields, and the server's batching window, limits
+    and timeouts :class:`~distill.serving.options.ServerOptions`', each declared there once; ``auto`` is named with
     its reason by ``GET /info``. Requests carry no first-stage scores, so ``interpolation`` must stay unset."""
 
     model: str | None = None
@@ -42,19 +45,6 @@ class ServeConfig(ServingOptions):
     """The address to listen on (``0.0.0.0``: every interface)."""
     port: int = 8080
     """The TCP port (0: any free port; the line the server prints names it)."""
-    max_wait_ms: float = ServerOptions.max_wait_ms
-    """How long a round that is not full waits for requests being tokenised (ms; 0: never); a request alone is
-    scored at once."""
-    max_documents: int = ServerOptions.max_documents
-    """The most documents a request may send; more is a 413 naming the limit."""
-    max_tokens_per_doc: int | None = ServerOptions.max_tokens_per_doc
-    """Cut each document to this many tokens (default: what the model's pair length leaves after the query); a
-    request without truncation gets a 413 naming the limit instead."""
-    max_body_bytes: int = ServerOptions.max_body_bytes
-    """The largest request body in bytes; larger is a 413."""
-    batching: bool = ServerOptions.batching
-    """Concurrent requests share batches; ``false``: one request at a time, in arrival order (each batched as
-    ``Reranker.score`` batches it), the load benchmark's baseline."""
 
     def __post_init__(self) -> None:
         if not self.model:
@@ -64,16 +54,14 @@ class ServeConfig(ServingOptions):
         if self.interpolation:
             raise InputError("serve: interpolation needs first-stage scores, which requests do not carry")
         try:
-            super().__post_init__()
+            ServingOptions.__post_init__(self)
         except InputError as e:
             raise InputError(f"serve: {e}") from None
-        self.options  # noqa: B018  (checks the batching window and the limits)
+        ServerOptions.__post_init__(self)  # the batching window, the limits and the timeouts
 
     @property
     def options(self) -> ServerOptions:
-        return ServerOptions(
-            self.max_wait_ms, self.max_documents, self.max_tokens_per_doc, self.max_body_bytes, self.batching
-        )
+        return ServerOptions(**{f.name: getattr(self, f.name) for f in fields(ServerOptions)})
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -95,23 +83,129 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+CUT_GRACE = 1.0
+"""Seconds the requests cut at the drain's deadline have to end (their 503 sent), and then uvicorn's shutdown to close
+the connections, before the server stops regardless (a client that reads no answer cannot hold it)."""
+
+
+def timed_h11(read_timeout: float) -> type:
+    """uvicorn's h11 protocol with a deadline for each request's head: a connection that has sent no complete head
+    within ``read_timeout`` seconds of its opening, or of the head's first byte (between kept-alive requests, uvicorn's
+    keep-alive timeout applies), is closed, after a 408 if part of a head came (one log line). The body's deadline is
+    the app's (:class:`~distill.serving.http_api.ServingState`'s options)."""
+    import asyncio
+
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class TimedH11Protocol(H11Protocol):
+        head_timer: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            self.head_timer = self.loop.call_later(read_timeout, self._timed_out)
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if not self._partial_head():
+                self._disarm()
+            elif self.head_timer is None:
+                self.head_timer = self.loop.call_later(read_timeout, self._timed_out)
+
+        def _partial_head(self) -> int:
+            """The bytes of a request's head that h11 holds, incomplete (0: none)."""
+            return len(self.conn.trailing_data[0]) if self.conn.their_state is h11.IDLE else 0
+
+        def _disarm(self) -> None:
+            if self.head_timer is not None:
+                self.head_timer.cancel()
+                self.head_timer = None
+
+        def _timed_out(self) -> None:
+            self.head_timer = None
+            answering = self.cycle is not None and not self.cycle.response_complete
+            if self.transport.is_closing() or answering:
+                return
+            if partial := self._partial_head():
+                client = f"{self.client[0]}:{self.client[1]}" if self.client else "unknown"
+                log.warning(
+                    "request read timeout: %s sent %d bytes of a request head, not a complete head, within %g s; "
+                    "answered 408 and closed the connection",
+                    client,
+                    partial,
+                    read_timeout,
+                )
+                body = f'{{"error": "request head: not complete within {read_timeout:g} s"}}'.encode()
+                self.transport.write(
+                    b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
+                    + f"content-length: {len(body)}\r\n\r\n".encode()
+                    + body
+                )
+            self.transport.close()
+
+    return TimedH11Protocol
+
+
+def uvicorn_config(app: Any, **settings: Any) -> Any:
+    """uvicorn's config for an app of :func:`~distill.serving.http_api.create_app`: h11 with the head's deadline of
+    its options' ``request_read_timeout`` (:func:`timed_h11`), no access log, warnings only, and :data:`CUT_GRACE`
+    for the connections left after a drain (``settings`` go to ``uvicorn.Config`` too)."""
+    import uvicorn
+
+    state: ServingState = app.state.serving
+    return uvicorn.Config(
+        app,
+        **{
+            "lifespan": "on",
+            "access_log": False,
+            "log_level": "warning",
+            "http": timed_h11(state.options.request_read_timeout),
+            "timeout_graceful_shutdown": CUT_GRACE,
+            **settings,
+        },
+    )
+
+
 def drain_server(config: Any, state: ServingState) -> Any:
     """A uvicorn server that drains on SIGTERM or SIGINT (``state.draining``: the app answers new requests with
-    503) and stops once no request is in flight; a second signal stops it at once."""
+    503) and stops once no request is in flight, or once its options' ``graceful_timeout`` has passed: then it cuts
+    the requests still open (:meth:`ServingState.cut`) and stops within :data:`CUT_GRACE`. A second signal stops it
+    at once."""
+    import time
+
     import uvicorn
 
     class DrainingServer(uvicorn.Server):
+        deadline = float("inf")
+
         def handle_exit(self, sig: int, frame: Any) -> None:
             if state.draining:
                 super().handle_exit(sig, frame)
                 self.force_exit = True
                 return
             state.draining = True
-            log.warning("draining: new requests get 503; %d in flight", state.in_flight)
+            self.deadline = time.monotonic() + state.options.graceful_timeout
+            log.warning(
+                "draining: new requests get 503; %d in flight, cut after %g s (--graceful_timeout)",
+                state.in_flight,
+                state.options.graceful_timeout,
+            )
 
         async def on_tick(self, counter: int) -> bool:
-            if state.draining and state.in_flight == 0:
-                self.should_exit = True
+            if state.draining:
+                late = time.monotonic() - self.deadline
+                if state.in_flight == 0 or late >= CUT_GRACE:
+                    self.should_exit = True
+                elif late >= 0 and not state.cutting:
+                    log.warning(
+                        "drain deadline: %g s passed (--graceful_timeout); cut %d request(s) in flight",
+                        state.options.graceful_timeout,
+                        state.cut(),
+                    )
             return await super().on_tick(counter)
 
     return DrainingServer(config)
@@ -119,8 +213,6 @@ def drain_server(config: Any, state: ServingState) -> Any:
 
 def serve(config: ServeConfig) -> None:
     """Load the student, then serve it until SIGTERM or Ctrl-C (see the module's docstring)."""
-    import uvicorn
-
     from distill.core.run_folder import student_folder
     from distill.serving.http_api import create_app
     from distill.serving.reranker import Reranker
@@ -137,7 +229,6 @@ def serve(config: ServeConfig) -> None:
         print(f"distill serve: {folder} on {reranker.backend}{auto}", file=sys.stderr)
         address = f"[{host}]" if ":" in host else host
         print(f"distill serve: listening on http://{address}:{port}", file=sys.stderr, flush=True)
-        uvicorn_config = uvicorn.Config(app, lifespan="on", access_log=False, log_level="warning")
-        drain_server(uvicorn_config, app.state.serving).run(sockets=[sock])
+        drain_server(uvicorn_config(app), app.state.serving).run(sockets=[sock])
     finally:
         sock.close()
