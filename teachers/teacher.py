@@ -32,6 +32,23 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return DTYPES[dtype]
 
 
+START_TOKEN_KEYS = ("start_token_id", "start_token")
+"""The keys of :meth:`CausalLMTeacher.describe` that need the teacher's tokenizer: :func:`teacher_setting` has the
+others."""
+
+
+def teacher_setting(identity: str, dtype: torch.dtype, max_passage_tokens: int, prompt: str) -> dict[str, Any]:
+    """:meth:`CausalLMTeacher.describe` but its start token (:data:`START_TOKEN_KEYS`), which a teacher's name, dtype
+    and options give before it loads."""
+    return {
+        "teacher": identity,
+        "dtype": str(dtype).removeprefix("torch."),
+        "max_passage_tokens": max_passage_tokens,
+        "prompt": prompt,
+        "upr_prompt": [UPR_PASSAGE_PREFIX, UPR_PASSAGE_TOKENS, UPR_QUESTION_PREFIX],
+    }
+
+
 class CausalLMTeacher:
     """Computes the terms of :mod:`teachers.scores` for (query, passage) pairs.
 
@@ -133,13 +150,9 @@ class CausalLMTeacher:
     def describe(self) -> dict[str, Any]:
         """Everything the scores depend on, for dataset metadata and cache keys."""
         return {
-            "teacher": self.identity,
-            "dtype": str(self.dtype).removeprefix("torch."),
+            **teacher_setting(self.identity, self.dtype, self.max_passage_tokens, self.prompt),
             "start_token_id": self.start_token_id,
             "start_token": self.tokenizer.convert_ids_to_tokens(self.start_token_id),
-            "max_passage_tokens": self.max_passage_tokens,
-            "prompt": self.prompt,
-            "upr_prompt": [UPR_PASSAGE_PREFIX, UPR_PASSAGE_TOKENS, UPR_QUESTION_PREFIX],
         }
 
     def tokenize(self, texts: Sequence[str]) -> list[list[int]]:

