@@ -252,8 +252,7 @@ def test_an_output_that_cannot_be_written_is_one_line_before_the_teacher_loads(
     if Path("/proc/self").is_dir():  # a folder that takes no new file, even for root (mkdir there: FileNotFoundError)
         cases.append(("--output", Path("/proc/self/out"), "teach: output: /proc/self/out: cannot write in /proc/self"))
     for flag, path, message in cases:
-        args = ["teach", "--input", str(sample_file), "--output", str(tmp_path / "o")]
-        args += ["--cache_dir", str(tmp_path / "pk")]  # beside the output: an output inside the cache is refused
+        args = ["teach", "--input", str(sample_file), "--output", str(tmp_path / "o"), "--cache_dir", str(tmp_path)]
         args[args.index(flag) + 1] = str(path)
         assert main(args) == 2, path
         err = capsys.readouterr().err
@@ -406,3 +405,67 @@ def test_migrate_moves_legacy_metadata_to_teacher_json_and_keeps_every_row(
     assert rows(legacy) == rows(teacher_dataset)
     assert main(["migrate", "--paths", str(tmp_path)]) == 2
     assert "not a teacher dataset" in capsys.readouterr().err
+
+
+def test_reuse_gives_the_same_dataset_as_a_fresh_run_and_scores_only_the_new_pairs(
+    tiny_llama: Path, dl19_sample: list[dict], sample_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from teachers.teacher import CausalLMTeacher
+
+    scores = ["cis", "upr", "cis_q"]
+    fresh = run_teach(config(tiny_llama, sample_file, tmp_path / "fresh", scores=scores))
+    # An earlier dataset of the same teacher: 8 of the first 2 queries' 12 candidates, more scores than needed.
+    part = tmp_path / "part.json"
+    part.write_text(json.dumps([{"query": e["query"], "hits": e["hits"][:8]} for e in dl19_sample[:2]]))
+    earlier = run_teach(config(tiny_llama, part, tmp_path / "earlier", scores=[*scores, "cis_mean"]))
+
+    scored = {"passages": 0, "pairs": 0, "queries": 0}
+    originals = {n: getattr(CausalLMTeacher, n) for n in ("passage_logprobs", "pair_terms", "query_terms")}
+
+    def counting(name: str, kind: str):
+        def wrapper(self, items, *args, **kwargs):
+            scored[kind] += len(items)
+            return originals[name](self, items, *args, **kwargs)
+
+        return wrapper
+
+    monkeypatch.setattr(CausalLMTeacher, "passage_logprobs", counting("passage_logprobs", "passages"))
+    monkeypatch.setattr(CausalLMTeacher, "pair_terms", counting("pair_terms", "pairs"))
+    monkeypatch.setattr(CausalLMTeacher, "query_terms", counting("query_terms", "queries"))
+    report = teach(config(tiny_llama, sample_file, tmp_path / "reuse", scores=scores, reuse=[str(earlier)]))
+    assert report.reused == 16 and "reused 16 pairs, scored 20 new" in report.format()
+    assert scored == {"passages": 20, "pairs": 20, "queries": 1}  # p(K) and query terms come from there too
+    assert metadata(report.output).reused == {"datasets": [str(earlier)], "pairs_reused": 16, "pairs_new": 20}
+    assert metadata(report.output).fingerprint == metadata(fresh).fingerprint
+
+    got, want = rows(report.output), rows(fresh)
+    assert [{k: r[k] for k in ("qid", "docid", "query", "passage")} for r in got] == [
+        {k: r[k] for k in ("qid", "docid", "query", "passage")} for r in want
+    ]
+    assert list(got[0]) == list(want[0])
+    for column in got[0]:
+        if isinstance(want[0][column], float):
+            np.testing.assert_allclose([r[column] for r in got], [r[column] for r in want], rtol=1e-5, atol=1e-5)
+        else:
+            assert [r[column] for r in got] == [r[column] for r in want], column
+    # The reused pairs carry the earlier dataset's values exactly.
+    before = {(r["qid"], r["docid"]): r for r in rows(earlier)}
+    for r in got:
+        if (r["qid"], r["docid"]) in before:
+            assert all(r[c] == before[r["qid"], r["docid"]][c] for c in ("cis", "upr", "cis_q", "logp_uncond"))
+
+
+def test_reuse_of_another_teacher_fingerprint_is_refused_in_one_line(
+    tiny_llama: Path, sample_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    earlier = run_teach(config(tiny_llama, sample_file, tmp_path / "earlier", scores=["cis"], max_passage_tokens=64))
+    args = ["teach", "--input", str(sample_file), "--output", str(tmp_path / "out"), "--teacher", str(tiny_llama)]
+    args += ["--cache-dir", str(tmp_path / "cache"), "--chunk-size", "5", "--max-batch-tokens", "256"]
+    capsys.readouterr()
+    assert main([*args, "--reuse", str(earlier), "--progress", "false"]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+    assert errors == [
+        f"distill teach: error: teach: reuse {earlier} was made under another teacher fingerprint: "
+        "max_passage_tokens is 64 there, 256 here"
+    ]
+    assert not (tmp_path / "out").exists()

@@ -43,6 +43,9 @@ class TeacherMetadata:
     """The candidate inputs, as given."""
     fingerprint: dict[str, Any]
     """Everything the scores depend on (teacher identity, dtype, start token, prompt, input digest, ...)."""
+    reused: dict[str, Any] | None = None
+    """With ``distill teach --reuse``: the datasets reused and the pairs taken from them (``pairs_reused``) or
+    scored (``pairs_new``); None (and absent from the file) otherwise."""
 
     @classmethod
     def read(cls, folder: Path) -> TeacherMetadata:
@@ -54,7 +57,7 @@ class TeacherMetadata:
 
         values = read_json_object(path)
         known = {f.name for f in fields(cls)}
-        if missing := sorted(known - set(values)):
+        if missing := sorted(known - set(values) - {"reused"}):
             raise InputError(f"{path}: missing key(s) {missing}")
         if isinstance(values["input"], str):  # written so by older versions: one input
             values["input"] = [values["input"]]
@@ -64,7 +67,8 @@ class TeacherMetadata:
         return cls(**{k: v for k, v in values.items() if k in known})
 
     def write(self, folder: Path) -> None:
-        _write_text_atomic(folder / METADATA_FILE, json.dumps(asdict(self), indent=2, sort_keys=True) + "\n")
+        values = {k: v for k, v in asdict(self).items() if k != "reused" or v is not None}
+        _write_text_atomic(folder / METADATA_FILE, json.dumps(values, indent=2, sort_keys=True) + "\n")
 
 
 class TeacherDataset:

@@ -7,7 +7,9 @@ its checksum (:mod:`distill.stages.teach_chunks`; a damaged one is scored again)
 - one process and N processes (``accelerate launch``) produce the same dataset;
 - after a crash or ``kill -9``, the same command resumes and gives the same dataset as an
   uninterrupted run;
-- log p(K) is computed once per distinct passage and kept in a disk cache across runs.
+- log p(K) is computed once per distinct passage and kept in a disk cache across runs;
+- with ``reuse``, pairs already scored in other datasets of the same teacher setting take their values from
+  there (and their passages' log p(K) and queries' terms seed the caches), and only the other pairs are scored.
 
 The output is a :class:`~distill.core.teacher_data.TeacherDataset` folder.
 """
@@ -99,6 +101,11 @@ class TeachConfig:
     """``error``: stop at the first bad record, naming it; ``skip``: skip bad records and count them."""
     repair_mojibake: bool = True
     """Repair MS MARCO's mojibake (``â\\x80\\x99`` for ``’``) where ``latin-1 -> utf-8`` decodes."""
+    reuse: list[str] = field(default_factory=list)
+    """Teacher dataset folders made under the same teacher fingerprint (everything but the input and the scores):
+    pairs found there (same qid, docid, query and passage text) take their terms from there instead of being
+    scored, and their passages' log p(K) and queries' terms seed the caches. A folder of another fingerprint is
+    refused; one without every term these scores need lends only its log p(K) and query terms."""
     overwrite: bool = False
     """Replace an output (or partial results) made by another configuration."""
     progress: bool = True
@@ -109,6 +116,8 @@ class TeachConfig:
             self.input = [self.input]
         if isinstance(self.scores, str):
             self.scores = [s.strip() for s in self.scores.split(",") if s.strip()]
+        if isinstance(self.reuse, str):
+            self.reuse = [s.strip() for s in self.reuse.split(",") if s.strip()]
         if not self.input:
             raise InputError("teach: input is required (--input or input: in the config)")
         if not self.output:
@@ -141,6 +150,94 @@ class TeachConfig:
         )
 
 
+REUSE_FREE = ("input", "scores")
+"""Fingerprint keys a reused dataset may differ in: what was scored, not how."""
+REUSE_KEY = ("qid", "docid", "query", "passage")
+
+
+@dataclass
+class _Reuse:
+    """What the ``reuse`` datasets hold for this run's pairs."""
+
+    rows: np.ndarray
+    """``[n]`` each pair's row in :attr:`terms`, or -1: the pair is scored."""
+    terms: dict[str, np.ndarray]
+    """Pair term -> its values of the reused rows."""
+    passages: dict[str, float]
+    """Passage text -> log p(K), from every reused row."""
+    query_values: dict[str, dict[str, float]]
+    """Query term -> {query text: value}, from every reused row."""
+
+    @classmethod
+    def load(cls, cfg: TeachConfig, fingerprint: dict[str, Any], pairs: PairRows) -> _Reuse:
+        """Check each reused folder's fingerprint against ``fingerprint`` and match this run's pairs to its rows.
+
+        Raises:
+            InputError: a folder was made under another teacher setting (one line naming it and the key).
+        """
+        terms = required_terms(cfg.score_columns)
+        pair_terms = [t for t in PAIR_TERMS if t in terms]
+        query_terms = [t for t in QUERY_TERMS if t in terms]
+        found: dict[tuple[str, ...], int] = {}
+        values: dict[str, list[float]] = {t: [] for t in pair_terms}
+        passages: dict[str, float] = {}
+        query_values: dict[str, dict[str, float]] = {t: {} for t in query_terms}
+        for folder in cfg.reuse:
+            dataset = TeacherDataset.open(folder)
+            theirs = dataset.metadata.fingerprint
+            for key in sorted(set(fingerprint) | set(theirs)):
+                if key not in REUSE_FREE and theirs.get(key) != fingerprint.get(key):
+                    raise InputError(
+                        f"teach: reuse {folder} was made under another teacher fingerprint: {key} is "
+                        f"{theirs.get(key)!r} there, {fingerprint.get(key)!r} here"
+                    )
+            table = dataset.table()
+            names = set(table.column_names)
+            for row in table.select([c for c in (*REUSE_KEY, "logp_uncond") if c in names]).to_pylist():
+                passages.setdefault(row["passage"], row["logp_uncond"])
+            for term in (t for t in query_terms if t in names):
+                for query, value in zip(table.column("query").to_pylist(), table.column(term).to_pylist(), strict=True):
+                    query_values[term].setdefault(query, value)
+            if missing := [t for t in pair_terms if t not in names]:
+                log.warning("teach: reuse %s lacks %s: only its log p(K) and query terms are reused", folder, missing)
+                continue
+            keys = zip(*(table.column(c).to_pylist() for c in REUSE_KEY), strict=True)
+            columns = {t: table.column(t).to_pylist() for t in pair_terms}
+            for i, key in enumerate(keys):
+                if key not in found:
+                    found[key] = len(found)
+                    for t in pair_terms:
+                        values[t].append(columns[t][i])
+        rows = np.full(len(pairs), -1, dtype=np.int64)
+        if found:
+            start = 0
+            for chunk in _chunks(len(pairs), 4096):
+                batch = pairs.rows(chunk, REUSE_KEY)
+                keys = zip(*(batch[c] for c in REUSE_KEY), strict=True)
+                rows[start : start + len(chunk)] = [found.get(key, -1) for key in keys]
+                start += len(chunk)
+        terms_out = {t: np.asarray(v, dtype=np.float64) for t, v in values.items()}
+        return cls(rows, terms_out, passages, query_values)
+
+    def seed(self, keys: np.ndarray, pairs: PairRows, cache: PassageLogProbCache) -> None:
+        """Add the reused log p(K) of this run's passages that ``cache`` lacks."""
+        if not self.passages:
+            return
+        new: dict[str, float] = {}
+        for chunk in _chunks(len(pairs), 4096):
+            for i, passage in zip(chunk, pairs.rows(chunk, ["passage"])["passage"], strict=True):
+                key = keys[i].decode()
+                if passage in self.passages and key not in cache and key not in new:
+                    new[key] = self.passages[passage]
+        cache.add(list(new), list(new.values()))
+
+    def summary(self, folders: list[str], reused: int) -> dict[str, Any] | None:
+        """``teacher.json``'s record of the reuse, or None without ``reuse``."""
+        if not folders:
+            return None
+        return {"datasets": list(folders), "pairs_reused": reused, "pairs_new": len(self.rows) - reused}
+
+
 def _chunks(n: int, size: int) -> list[range]:
     return [range(start, min(start + size, n)) for start in range(0, n, size)]
 
@@ -157,10 +254,14 @@ class TeachReport:
     """The output was already complete for this configuration: nothing was scored."""
     skipped: dict[str, int]
     """Bad input records skipped (``on_bad_input: skip``), by reason."""
+    reused: int = 0
+    """Pairs whose values came from the ``reuse`` datasets; the others were scored."""
 
     def format(self) -> str:
         done = "up to date" if self.up_to_date else "wrote"
         lines = [f"{done} {self.output}: {self.pairs} pairs of {self.queries} queries, scores {', '.join(self.scores)}"]
+        if self.reused:
+            lines.append(f"reused {self.reused} pairs, scored {self.pairs - self.reused} new")
         if self.skipped:
             lines.append(f"skipped bad input records: {self.skipped}")
         return "\n".join(lines)
@@ -174,7 +275,14 @@ def teach(cfg: TeachConfig) -> TeachReport:
     options = cfg.scorer_options(state.device)
     output = Path(cfg.output)
     cache_root = Path(cfg.cache_dir) if cfg.cache_dir else cache_home() / "pk"
-    check_paths(cfg, output, cache_root)  # before anything is loaded or scored, a bad path loses nothing
+    # Before anything is loaded or scored, a bad path loses nothing.
+    for path in cfg.input:
+        if not is_irds(path):
+            input_path(path, "teach", "input")
+    inputs = [("queries", cfg.queries), ("corpus", cfg.corpus), ("run", cfg.run)]
+    inputs += [("input", path) for path in cfg.input if not is_irds(path)]
+    output_folder(output, "teach", "output", inputs, replaced=True)
+    output_folder(cache_root, "teach", "cache_dir", inputs)
     # Each process reads the inputs into rows of its own, so that a bad record stops every process alike.
     rows_folder = output.with_name(f".{output.name}.pairs-{state.process_index}")
     candidates, skipped = candidate_stream(InputOptions(**cfg.input_options))
@@ -187,94 +295,6 @@ def teach(cfg: TeachConfig) -> TeachReport:
         shutil.rmtree(rows_folder, ignore_errors=True)
 
 
-def check_paths(cfg: TeachConfig, output: Path, cache_root: Path) -> None:
-    """Every path of ``cfg``: the inputs are there; the output (replaced when done) is none of the paths the stage
-    reads (inputs, qrels, a local teacher, the log p(K) cache), inside none of their folders and
-    holds none of them; the cache (read and written) is no input nor inside one.
-
-    Raises:
-        InputError: ``teach: <option>: <path>: <what is wrong>``.
-    """
-    for path in cfg.input:
-        if not is_irds(path):
-            input_path(path, "teach", "input")
-    for key in ("queries", "corpus", "run", "qrels"):
-        if getattr(cfg, key) is not None:
-            input_path(getattr(cfg, key), "teach", key, "file")
-    inputs = [(key, getattr(cfg, key)) for key in ("queries", "corpus", "run", "qrels")]
-    inputs += [("input", path) for path in cfg.input if not is_irds(path)]
-    if Path(cfg.teacher).expanduser().exists():
-        inputs.append(("teacher", Path(cfg.teacher).expanduser()))
-    output_folder(output, "teach", "output", [*inputs, ("cache_dir", cache_root)], replaced=True)
-    output_folder(cache_root, "teach", "cache_dir", inputs)
-
-
-def _fingerprint(setting: dict[str, Any], digest: str, cfg: TeachConfig, options: ScorerOptions) -> dict[str, Any]:
-    """What a dataset's scores depend on: the teacher's ``setting`` (:meth:`CausalLMTeacher.describe`), the input
-    rows' ``digest`` and the stage's options."""
-    return {
-        **setting,
-        "input": digest,
-        "scores": cfg.score_columns,
-        "chunk_size": cfg.chunk_size,
-        "max_batch_tokens": cfg.max_batch_tokens,
-        # Only the levers away from the exact path (the CPU's defaults): a CPU run keeps its earlier fingerprints.
-        **options.changed(),
-    }
-
-
-def _fingerprint_before_load(cfg: TeachConfig, device: Any, digest: str, options: ScorerOptions) -> dict[str, Any]:
-    """The fingerprint without the keys only the loaded teacher knows (:data:`~teachers.teacher.START_TOKEN_KEYS`)."""
-    from distill.core.models import resolve_model
-    from teachers.teacher import resolve_dtype, teacher_setting
-
-    dtype = resolve_dtype(cfg.dtype, device)
-    setting = teacher_setting(resolve_model(cfg.teacher).identity, dtype, cfg.max_passage_tokens, cfg.prompt)
-    return _fingerprint(setting, digest, cfg, options)
-
-
-def _differs(theirs: dict[str, Any] | None, known: dict[str, Any]) -> list[str]:
-    """The fingerprint keys in which ``theirs`` differs from ``known`` (which may lack the start token's keys)."""
-    from teachers.teacher import START_TOKEN_KEYS
-
-    theirs = theirs or {}
-    keys = (set(theirs) | set(known)) - ({*START_TOKEN_KEYS} - set(known))
-    return sorted(key for key in keys if theirs.get(key) != known.get(key))
-
-
-def _other_output(output: Path) -> ExistingOutputError:
-    return ExistingOutputError(
-        f"{output} exists and was not made by this configuration: pass --overwrite or another --output"
-    )
-
-
-def _other_partial(work: Path, differs: list[str]) -> InputError:
-    return InputError(
-        f"{work} holds partial results of another configuration (differs in {differs}): "
-        "pass --overwrite to discard them, or choose another --output"
-    )
-
-
-def _check_earlier_results(output: Path, work: Path, known: dict[str, Any], overwrite: bool) -> None:
-    """Before the teacher loads: refuse an output, or partial results, that another configuration made, by ``known``
-    (the fingerprint but the start token's keys); once the teacher has loaded, the whole fingerprint decides.
-
-    Raises:
-        ExistingOutputError, InputError: without ``overwrite``, as :func:`_is_complete` and :func:`_prepare_work_dir`.
-    """
-    if overwrite:
-        return
-    if output.exists():
-        if not TeacherDataset.is_complete(output) or _differs(TeacherDataset.open(output).metadata.fingerprint, known):
-            raise _other_output(output)
-        return  # up to date, unless the start token differs
-    stamp = work / "fingerprint.json"
-    if work.exists():
-        differs = _differs(json.loads(stamp.read_text()) if stamp.is_file() else None, known)
-        if differs:
-            raise _other_partial(work, differs)
-
-
 def _teach(
     cfg: TeachConfig, state: Any, options: ScorerOptions, output: Path, cache_root: Path, pairs: PairRows
 ) -> TeachReport:
@@ -282,9 +302,6 @@ def _teach(
     from teachers.teacher import CausalLMTeacher
 
     summary = pairs.summary
-    work = output.with_name(output.name + ".partial")
-    known = _fingerprint_before_load(cfg, state.device, summary.digest, options)
-    _check_earlier_results(output, work, known, cfg.overwrite)
 
     teacher = CausalLMTeacher.load(
         cfg.teacher,
@@ -299,11 +316,23 @@ def _teach(
         options=options,
     )
     setting = teacher.describe()
-    fingerprint = _fingerprint(setting, summary.digest, cfg, options)
-    report = TeachReport(output, len(pairs), summary.queries, cfg.score_columns, True, summary.skipped)
+    fingerprint = {
+        **setting,
+        "input": summary.digest,
+        "scores": cfg.score_columns,
+        "chunk_size": cfg.chunk_size,
+        "max_batch_tokens": cfg.max_batch_tokens,
+        # Only the levers away from the exact path (the CPU's defaults): a CPU run keeps its earlier fingerprints.
+        **options.changed(),
+    }
+    reuse = _Reuse.load(cfg, fingerprint, pairs)
+    report = TeachReport(
+        output, len(pairs), summary.queries, cfg.score_columns, True, summary.skipped, int((reuse.rows >= 0).sum())
+    )
     if _is_complete(output, fingerprint, cfg.overwrite):
         return report
 
+    work = output.with_name(output.name + ".partial")
     if state.is_main_process:
         _prepare_work_dir(work, fingerprint, cfg.overwrite)
     state.wait_for_everyone()
@@ -311,14 +340,18 @@ def _teach(
     keys = _passage_keys(teacher, pairs, cfg.chunk_size)
     cache_setting = {k: setting[k] for k in ("teacher", "dtype", "start_token_id")}
     cache = PassageLogProbCache(cache_root, cache_setting)
+    if state.is_main_process:
+        reuse.seed(keys, pairs, cache)
+    state.wait_for_everyone()
+    cache.reload()
     _score_passages(teacher, keys, pairs, cache, cfg, state)
     state.wait_for_everyone()
     cache.reload()
-    query_values = _score_queries(teacher, pairs, cfg, state)
-    _score_pairs(teacher, pairs, keys, cache, query_values, work, cfg, state)
+    query_values = _score_queries(teacher, pairs, cfg, state, reuse.query_values)
+    _score_pairs(teacher, pairs, keys, cache, query_values, reuse, work, cfg, state)
     state.wait_for_everyone()
     if state.is_main_process:
-        _merge(work, output, len(pairs), cfg, fingerprint)
+        _merge(work, output, len(pairs), cfg, fingerprint, reuse.summary(cfg.reuse, report.reused))
     return dataclasses.replace(report, up_to_date=False)
 
 
@@ -337,7 +370,9 @@ def _is_complete(output: Path, fingerprint: dict[str, Any], overwrite: bool) -> 
     if TeacherDataset.is_complete(output) and TeacherDataset.open(output).metadata.fingerprint == fingerprint:
         return True
     if not overwrite:
-        raise _other_output(output)
+        raise ExistingOutputError(
+            f"{output} exists and was not made by this configuration: pass --overwrite or another --output"
+        )
     return False
 
 
@@ -350,7 +385,11 @@ def _prepare_work_dir(work: Path, fingerprint: dict[str, Any], overwrite: bool) 
             log.info("resuming from %s", work)
             return
         if not overwrite:
-            raise _other_partial(work, _differs(previous, fingerprint))
+            differs = sorted(k for k in fingerprint if (previous or {}).get(k) != fingerprint[k])
+            raise InputError(
+                f"{work} holds partial results of another configuration (differs in {differs}): "
+                "pass --overwrite to discard them, or choose another --output"
+            )
         shutil.rmtree(work)
     (work / "chunks").mkdir(parents=True)
     stamp.write_text(json.dumps(fingerprint, indent=2, sort_keys=True))
@@ -394,19 +433,27 @@ def _score_passages(
                 cache.add([keys[i].decode() for i in chunk], values)
 
 
-def _score_queries(teacher: Any, pairs: PairRows, cfg: TeachConfig, state: Any) -> dict[str, dict[str, Any]]:
+def _score_queries(
+    teacher: Any, pairs: PairRows, cfg: TeachConfig, state: Any, seeded: dict[str, dict[str, float]]
+) -> dict[str, dict[str, Any]]:
     """The query-only terms and ``n_query_tokens`` of every distinct query text: term -> {query: value}.
 
-    Every process scores all distinct queries in the same batches (one short sequence each), so all
-    processes and all chunks see the same value for a query.
+    A term's value ``seeded`` for a query (from a reused dataset) is kept; every process scores the other
+    distinct queries in the same batches (one short sequence each), so all processes and all chunks see the
+    same value for a query.
     """
     queries = list(dict.fromkeys(q for batch in pairs.column("query") for q in batch))
-    values: dict[str, Any] = {"n_query_tokens": [len(ids) for ids in teacher.encode_queries(queries)]}
-    wanted = [t for t in QUERY_TERMS if t in required_terms(cfg.score_columns)]
-    if wanted:
-        with _progress(cfg, state, len(queries), "query terms", "query") as bar:
-            values.update(teacher.query_terms(queries, wanted, on_batch=bar.update))
-    return {name: dict(zip(queries, column, strict=True)) for name, column in values.items()}
+    out: dict[str, dict[str, Any]] = {
+        "n_query_tokens": dict(zip(queries, (len(ids) for ids in teacher.encode_queries(queries)), strict=True))
+    }
+    for term in (t for t in QUERY_TERMS if t in required_terms(cfg.score_columns)):
+        known = seeded.get(term, {})
+        todo = [q for q in queries if q not in known]
+        out[term] = {q: known[q] for q in queries if q in known}
+        if todo:
+            with _progress(cfg, state, len(todo), "query terms", "query") as bar:
+                out[term].update(zip(todo, teacher.query_terms(todo, [term], on_batch=bar.update)[term], strict=True))
+    return out
 
 
 def _score_pairs(
@@ -415,11 +462,13 @@ def _score_pairs(
     keys: np.ndarray,
     cache: PassageLogProbCache,
     query_values: dict[str, dict[str, Any]],
+    reuse: _Reuse,
     work: Path,
     cfg: TeachConfig,
     state: Any,
 ) -> None:
-    """Score this process's share of pair chunks that are not on disk yet."""
+    """Score this process's share of pair chunks that are not on disk yet; pairs found in a reused dataset take
+    their pair terms from there."""
     terms = required_terms(cfg.score_columns)
     pair_terms = [t for t in PAIR_TERMS if t in terms]
     chunks = _chunks(len(pairs), cfg.chunk_size)
@@ -428,11 +477,23 @@ def _score_pairs(
         for j, chunk in enumerate(chunks)
         if j % state.num_processes == state.process_index and chunk_file(work / "chunks", j, len(chunk)) is None
     ]
-    with _progress(cfg, state, sum(len(c) for _, c in mine), "pairs", "pair", len(pair_terms)) as bar:
+    todo = sum(int((reuse.rows[c.start : c.stop] < 0).sum()) for _, c in mine)
+    with _progress(cfg, state, todo, "pairs", "pair", len(pair_terms)) as bar:
         for j, chunk in mine:
             rows = pairs.rows(chunk)
             passage_ids = teacher.encode_passages(rows["passage"])
-            values = teacher.pair_terms(rows["query"], passage_ids, pair_terms, on_batch=bar.update)
+            found = reuse.rows[chunk.start : chunk.stop]
+            new = np.flatnonzero(found < 0)
+            scored = {term: np.empty(0) for term in pair_terms}
+            if len(new):
+                queries, ids = [rows["query"][i] for i in new], [passage_ids[i] for i in new]
+                scored = teacher.pair_terms(queries, ids, pair_terms, on_batch=bar.update)
+            values: dict[str, Any] = {}
+            for term in pair_terms:
+                column = np.empty(len(chunk), dtype=np.float64)
+                column[found >= 0] = reuse.terms[term][found[found >= 0]]
+                column[new] = scored[term]
+                values[term] = column
             values["logp_uncond"] = np.array([cache[keys[i].decode()] for i in chunk])
             for name, by_query in query_values.items():
                 values[name] = np.array([by_query[query] for query in rows["query"]])
@@ -452,7 +513,14 @@ def _score_pairs(
             write_chunk(pa.table(columns), work / "chunks", j)
 
 
-def _merge(work: Path, output: Path, n_pairs: int, cfg: TeachConfig, fingerprint: dict[str, Any]) -> None:
+def _merge(
+    work: Path,
+    output: Path,
+    n_pairs: int,
+    cfg: TeachConfig,
+    fingerprint: dict[str, Any],
+    reused: dict[str, Any] | None,
+) -> None:
     """Join the chunks into the final dataset folder, then swap it into place."""
     table = read_chunks(work / "chunks", [len(chunk) for chunk in _chunks(n_pairs, cfg.chunk_size)])
     if table.num_rows != n_pairs:
@@ -460,7 +528,8 @@ def _merge(work: Path, output: Path, n_pairs: int, cfg: TeachConfig, fingerprint
     staging = work / "dataset"
     if staging.exists():
         shutil.rmtree(staging)
-    TeacherDataset.write(table, TeacherMetadata(cfg.scores[0], cfg.score_columns, cfg.input, fingerprint), staging)
+    metadata = TeacherMetadata(cfg.scores[0], cfg.score_columns, cfg.input, fingerprint, reused)
+    TeacherDataset.write(table, metadata, staging)
     if output.exists():
         shutil.rmtree(output)
     staging.rename(output)
