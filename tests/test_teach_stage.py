@@ -252,7 +252,8 @@ def test_an_output_that_cannot_be_written_is_one_line_before_the_teacher_loads(
     if Path("/proc/self").is_dir():  # a folder that takes no new file, even for root (mkdir there: FileNotFoundError)
         cases.append(("--output", Path("/proc/self/out"), "teach: output: /proc/self/out: cannot write in /proc/self"))
     for flag, path, message in cases:
-        args = ["teach", "--input", str(sample_file), "--output", str(tmp_path / "o"), "--cache_dir", str(tmp_path)]
+        args = ["teach", "--input", str(sample_file), "--output", str(tmp_path / "o")]
+        args += ["--cache_dir", str(tmp_path / "pk")]  # beside the output: an output inside the cache is refused
         args[args.index(flag) + 1] = str(path)
         assert main(args) == 2, path
         err = capsys.readouterr().err

@@ -275,14 +275,7 @@ def teach(cfg: TeachConfig) -> TeachReport:
     options = cfg.scorer_options(state.device)
     output = Path(cfg.output)
     cache_root = Path(cfg.cache_dir) if cfg.cache_dir else cache_home() / "pk"
-    # Before anything is loaded or scored, a bad path loses nothing.
-    for path in cfg.input:
-        if not is_irds(path):
-            input_path(path, "teach", "input")
-    inputs = [("queries", cfg.queries), ("corpus", cfg.corpus), ("run", cfg.run)]
-    inputs += [("input", path) for path in cfg.input if not is_irds(path)]
-    output_folder(output, "teach", "output", inputs, replaced=True)
-    output_folder(cache_root, "teach", "cache_dir", inputs)
+    check_paths(cfg, output, cache_root)  # before anything is loaded or scored, a bad path loses nothing
     # Each process reads the inputs into rows of its own, so that a bad record stops every process alike.
     rows_folder = output.with_name(f".{output.name}.pairs-{state.process_index}")
     candidates, skipped = candidate_stream(InputOptions(**cfg.input_options))
@@ -295,6 +288,97 @@ def teach(cfg: TeachConfig) -> TeachReport:
         shutil.rmtree(rows_folder, ignore_errors=True)
 
 
+def check_paths(cfg: TeachConfig, output: Path, cache_root: Path) -> None:
+    """Every path of ``cfg``: the inputs are there; the output (replaced when done) is none of the paths the stage
+    reads (inputs, qrels, a local teacher, reused datasets, the log p(K) cache), inside none of their folders and
+    holds none of them; the cache (read and written) is no input nor inside one.
+
+    Raises:
+        InputError: ``teach: <option>: <path>: <what is wrong>``.
+    """
+    for path in cfg.input:
+        if not is_irds(path):
+            input_path(path, "teach", "input")
+    for path in cfg.reuse:
+        input_path(path, "teach", "reuse")
+    for key in ("queries", "corpus", "run", "qrels"):
+        if getattr(cfg, key) is not None:
+            input_path(getattr(cfg, key), "teach", key, "file")
+    inputs = [(key, getattr(cfg, key)) for key in ("queries", "corpus", "run", "qrels")]
+    inputs += [("input", path) for path in cfg.input if not is_irds(path)]
+    inputs += [("reuse", path) for path in cfg.reuse]
+    if Path(cfg.teacher).expanduser().exists():
+        inputs.append(("teacher", Path(cfg.teacher).expanduser()))
+    output_folder(output, "teach", "output", [*inputs, ("cache_dir", cache_root)], replaced=True)
+    output_folder(cache_root, "teach", "cache_dir", inputs)
+
+
+def _fingerprint(setting: dict[str, Any], digest: str, cfg: TeachConfig, options: ScorerOptions) -> dict[str, Any]:
+    """What a dataset's scores depend on: the teacher's ``setting`` (:meth:`CausalLMTeacher.describe`), the input
+    rows' ``digest`` and the stage's options."""
+    return {
+        **setting,
+        "input": digest,
+        "scores": cfg.score_columns,
+        "chunk_size": cfg.chunk_size,
+        "max_batch_tokens": cfg.max_batch_tokens,
+        # Only the levers away from the exact path (the CPU's defaults): a CPU run keeps its earlier fingerprints.
+        **options.changed(),
+    }
+
+
+def _fingerprint_before_load(cfg: TeachConfig, device: Any, digest: str, options: ScorerOptions) -> dict[str, Any]:
+    """The fingerprint without the keys only the loaded teacher knows (:data:`~teachers.teacher.START_TOKEN_KEYS`)."""
+    from distill.core.models import resolve_model
+    from teachers.teacher import resolve_dtype, teacher_setting
+
+    dtype = resolve_dtype(cfg.dtype, device)
+    setting = teacher_setting(resolve_model(cfg.teacher).identity, dtype, cfg.max_passage_tokens, cfg.prompt)
+    return _fingerprint(setting, digest, cfg, options)
+
+
+def _differs(theirs: dict[str, Any] | None, known: dict[str, Any]) -> list[str]:
+    """The fingerprint keys in which ``theirs`` differs from ``known`` (which may lack the start token's keys)."""
+    from teachers.teacher import START_TOKEN_KEYS
+
+    theirs = theirs or {}
+    keys = (set(theirs) | set(known)) - ({*START_TOKEN_KEYS} - set(known))
+    return sorted(key for key in keys if theirs.get(key) != known.get(key))
+
+
+def _other_output(output: Path) -> ExistingOutputError:
+    return ExistingOutputError(
+        f"{output} exists and was not made by this configuration: pass --overwrite or another --output"
+    )
+
+
+def _other_partial(work: Path, differs: list[str]) -> InputError:
+    return InputError(
+        f"{work} holds partial results of another configuration (differs in {differs}): "
+        "pass --overwrite to discard them, or choose another --output"
+    )
+
+
+def _check_earlier_results(output: Path, work: Path, known: dict[str, Any], overwrite: bool) -> None:
+    """Before the teacher loads: refuse an output, or partial results, that another configuration made, by ``known``
+    (the fingerprint but the start token's keys); once the teacher has loaded, the whole fingerprint decides.
+
+    Raises:
+        ExistingOutputError, InputError: without ``overwrite``, as :func:`_is_complete` and :func:`_prepare_work_dir`.
+    """
+    if overwrite:
+        return
+    if output.exists():
+        if not TeacherDataset.is_complete(output) or _differs(TeacherDataset.open(output).metadata.fingerprint, known):
+            raise _other_output(output)
+        return  # up to date, unless the start token differs
+    stamp = work / "fingerprint.json"
+    if work.exists():
+        differs = _differs(json.loads(stamp.read_text()) if stamp.is_file() else None, known)
+        if differs:
+            raise _other_partial(work, differs)
+
+
 def _teach(
     cfg: TeachConfig, state: Any, options: ScorerOptions, output: Path, cache_root: Path, pairs: PairRows
 ) -> TeachReport:
@@ -302,6 +386,9 @@ def _teach(
     from teachers.teacher import CausalLMTeacher
 
     summary = pairs.summary
+    work = output.with_name(output.name + ".partial")
+    known = _fingerprint_before_load(cfg, state.device, summary.digest, options)
+    _check_earlier_results(output, work, known, cfg.overwrite)
 
     teacher = CausalLMTeacher.load(
         cfg.teacher,
@@ -316,15 +403,7 @@ def _teach(
         options=options,
     )
     setting = teacher.describe()
-    fingerprint = {
-        **setting,
-        "input": summary.digest,
-        "scores": cfg.score_columns,
-        "chunk_size": cfg.chunk_size,
-        "max_batch_tokens": cfg.max_batch_tokens,
-        # Only the levers away from the exact path (the CPU's defaults): a CPU run keeps its earlier fingerprints.
-        **options.changed(),
-    }
+    fingerprint = _fingerprint(setting, summary.digest, cfg, options)
     reuse = _Reuse.load(cfg, fingerprint, pairs)
     report = TeachReport(
         output, len(pairs), summary.queries, cfg.score_columns, True, summary.skipped, int((reuse.rows >= 0).sum())
@@ -332,7 +411,6 @@ def _teach(
     if _is_complete(output, fingerprint, cfg.overwrite):
         return report
 
-    work = output.with_name(output.name + ".partial")
     if state.is_main_process:
         _prepare_work_dir(work, fingerprint, cfg.overwrite)
     state.wait_for_everyone()
@@ -370,9 +448,7 @@ def _is_complete(output: Path, fingerprint: dict[str, Any], overwrite: bool) -> 
     if TeacherDataset.is_complete(output) and TeacherDataset.open(output).metadata.fingerprint == fingerprint:
         return True
     if not overwrite:
-        raise ExistingOutputError(
-            f"{output} exists and was not made by this configuration: pass --overwrite or another --output"
-        )
+        raise _other_output(output)
     return False
 
 
@@ -385,11 +461,7 @@ def _prepare_work_dir(work: Path, fingerprint: dict[str, Any], overwrite: bool) 
             log.info("resuming from %s", work)
             return
         if not overwrite:
-            differs = sorted(k for k in fingerprint if (previous or {}).get(k) != fingerprint[k])
-            raise InputError(
-                f"{work} holds partial results of another configuration (differs in {differs}): "
-                "pass --overwrite to discard them, or choose another --output"
-            )
+            raise _other_partial(work, _differs(previous, fingerprint))
         shutil.rmtree(work)
     (work / "chunks").mkdir(parents=True)
     stamp.write_text(json.dumps(fingerprint, indent=2, sort_keys=True))
