@@ -2,13 +2,21 @@
 
 Read from the ``flags`` line of ``/proc/cpuinfo`` (Linux; ``Features`` on ARM). Elsewhere, or where the file cannot be
 read, no feature is known, and only fp32 backends are chosen (:mod:`distill.serving.auto`).
+
+``CIS_DISTILL_CPU_PROFILE`` (:data:`PROFILE_ENV`) names one of :data:`PROFILES` to decide as that class of CPU would,
+whatever this machine is: the test suite checks every class's choices on one machine with it. Only the decisions
+change (which backend ``auto`` picks, what the export's quality gate can check); the runtimes still run on this
+CPU, and a bf16 graph on a CPU without bf16 is computed in fp32.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
+
+from distill.core.schema import InputError
 
 CPUINFO = Path("/proc/cpuinfo")
 FEATURES = ("amx_bf16", "amx_int8", "amx_tile", "avx512_vnni", "avx512_bf16", "avx_vnni", "avx512f", "avx2")
@@ -21,6 +29,8 @@ and AVX-512 BF16 on an AMD CPU: Zen 4 and later); int8 dot products (AVX-512 VNN
 (AVX2, AVX-512 without VNNI, ARM, unknown). An Intel CPU with AVX-512 BF16 but no AMX is ``vnni``: OpenVINO's bf16
 ran slower than its fp32 there (:data:`distill.serving.auto.PREFERENCES` gives the figures)."""
 AMD = "AuthenticAMD"
+INTEL = "GenuineIntel"
+PROFILE_ENV = "CIS_DISTILL_CPU_PROFILE"
 
 
 @dataclass(frozen=True)
@@ -30,6 +40,9 @@ class CpuFeatures:
     flags: frozenset[str]
     vendor: str = ""
     """``vendor_id`` of ``/proc/cpuinfo`` (``GenuineIntel``, ``AuthenticAMD``); empty where unknown."""
+    profile: str = ""
+    """The name in :data:`PROFILES` these features were taken from (``CIS_DISTILL_CPU_PROFILE``); empty when they
+    are this machine's."""
 
     @classmethod
     def parse(cls, cpuinfo: str) -> CpuFeatures:
@@ -46,9 +59,19 @@ class CpuFeatures:
         return cls(frozenset(words) & frozenset(FEATURES), fields.get("vendor_id", ""))
 
     @classmethod
-    def read(cls, path: str | Path = CPUINFO) -> CpuFeatures:
-        """The features of this machine's CPU (``path``: a ``/proc/cpuinfo``-format file); none where it cannot be
-        read."""
+    def read(cls, path: str | Path | None = None) -> CpuFeatures:
+        """The features of the CPU that decisions are made for: the profile named by ``CIS_DISTILL_CPU_PROFILE``
+        where it is set, else this machine's (``path``: a ``/proc/cpuinfo``-format file, default :data:`CPUINFO`);
+        none where the file cannot be read.
+
+        Raises:
+            InputError: ``CIS_DISTILL_CPU_PROFILE`` names no profile.
+        """
+        if path is None:
+            name = os.environ.get(PROFILE_ENV, "").strip()
+            if name:
+                return profile(name)
+            path = CPUINFO
         try:
             return cls.parse(Path(path).read_text())
         except OSError:
@@ -74,7 +97,32 @@ class CpuFeatures:
         return "fp32"
 
     def describe(self) -> str:
-        """The vendor and features in one phrase, e.g. ``"AuthenticAMD avx2 avx512_bf16 avx512_vnni avx512f"``."""
-        return " ".join([*([self.vendor] if self.vendor else []), *sorted(self.flags)]) or "none of " + "/".join(
+        """The vendor and features in one phrase, e.g. ``"AuthenticAMD avx2 avx512_bf16 avx512_vnni avx512f"``,
+        preceded by ``profile NAME:`` when they come from :data:`PROFILES`."""
+        features = " ".join([*([self.vendor] if self.vendor else []), *sorted(self.flags)]) or "none of " + "/".join(
             FEATURES
         )
+        return f"profile {self.profile}: {features}" if self.profile else features
+
+
+_AVX512 = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx_vnni")
+PROFILES: dict[str, CpuFeatures] = {
+    "avx2": CpuFeatures(frozenset({"avx2"}), AMD, "avx2"),
+    "avx512-vnni": CpuFeatures(frozenset(_AVX512), INTEL, "avx512-vnni"),
+    "avx512-vnni-bf16": CpuFeatures(frozenset(_AVX512), AMD, "avx512-vnni-bf16"),
+    "amx": CpuFeatures(frozenset({*_AVX512, "amx_tile", "amx_bf16", "amx_int8"}), INTEL, "amx"),
+}
+"""One CPU of each :data:`Tier`, by the name ``CIS_DISTILL_CPU_PROFILE`` takes: AVX2 only (AMD Zen 2/3), AVX-512
+VNNI and BF16 on an Intel CPU without AMX (Ice Lake, Cooper Lake), the same on an AMD CPU (Zen 4), and AMX
+(Sapphire Rapids)."""
+
+
+def profile(name: str) -> CpuFeatures:
+    """The features of the profile ``name`` (a key of :data:`PROFILES`).
+
+    Raises:
+        InputError: ``name`` is no profile.
+    """
+    if name not in PROFILES:
+        raise InputError(f"{PROFILE_ENV}={name!r} names no CPU profile: use one of {', '.join(PROFILES)}")
+    return PROFILES[name]
