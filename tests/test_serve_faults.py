@@ -104,7 +104,7 @@ def test_the_timeouts_are_options_of_distill_serve() -> None:
 def test_a_stalled_body_gets_a_408_and_one_log_line(tiny_bert: Path, tiny: Reranker, caplog) -> None:
     caplog.set_level(logging.WARNING)
     body = json.dumps({"query": "q", "texts": ["a", "b"]}).encode()
-    with running(create_app(tiny_bert, tiny, ServerOptions(request_read_timeout=0.5))) as url:
+    with running(create_app(tiny_bert, tiny, ServerOptions(request_read_timeout=1.0))) as url:
         host, port = address(url)
         with socket.create_connection((host, port), timeout=10) as sock:
             start = time.monotonic()
@@ -119,10 +119,10 @@ def test_a_stalled_body_gets_a_408_and_one_log_line(tiny_bert: Path, tiny: Reran
             sock.sendall(body[10:])
             assert read_answer(sock)[0] == 200
     assert status == 408 and b"connection: close" in head.lower()
-    assert error == {"error": f"body: not complete within 0.5 s (10 of {len(body)} bytes came)"}
-    assert 0.5 <= waited < 5
+    assert error == {"error": f"body: not complete within 1 s (10 of {len(body)} bytes came)"}
+    assert 1 <= waited < 5
     (line,) = timeouts(caplog)
-    assert "POST /rerank" in line and "not complete within 0.5 s" in line and "\n" not in line
+    assert "POST /rerank" in line and "not complete within 1 s" in line and "\n" not in line
 
 
 def test_a_stalled_head_gets_a_408_and_a_silent_connection_is_closed(tiny_bert: Path, tiny: Reranker, caplog) -> None:
@@ -186,7 +186,7 @@ def test_sigterm_cuts_a_stalled_request_at_the_drain_deadline_and_exits_0(tiny_b
         process.kill()
         process.wait()
     assert status == 503 and error == {"error": "the server is shutting down: its drain deadline passed"}
-    assert deadline <= cut < deadline + 1
+    assert deadline <= cut < deadline + 2
     assert exited < deadline + CUT_GRACE + 3, exited
     assert len(re.findall(r"drain deadline: 2 s passed \(--graceful_timeout\); cut 1 request\(s\) in flight", log)) == 1
     assert "Traceback" not in log
