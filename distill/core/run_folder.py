@@ -63,12 +63,33 @@ class RunLayout:
             return cls(path.parent)
         return cls(path)
 
+    @property
+    def last_checkpoint(self) -> Path | None:
+        """``checkpoints/last.ckpt``, the run's newest state, where training saved one."""
+        last = self.checkpoints / "last.ckpt"
+        return last if last.exists() else None
+
+    def no_student(self) -> str:
+        """Why the run has no student: ``hf/`` is written at each best validation, and none ran if training saved
+        a state without one (the message names that state and how to go on from it)."""
+        if self.last_checkpoint is None:
+            return f"{self.root}: no student here (no hf/{MODEL_CONFIG} or export/{MODEL_CONFIG})"
+        return (
+            f"{self.root}: no student here: no validation ran, so there is no best student in hf/ (written at each "
+            f"best validation), and distill export takes none; the newest state is {self.last_checkpoint}: resume "
+            "it with distill train --ckpt_path last and let a validation run (trainer.val_check_interval)"
+        )
+
     def student(self, *, exported: bool = True) -> Path:
-        """The student's model folder: ``export/`` (if ``exported`` and it is there), else ``hf/``."""
+        """The student's model folder: ``export/`` (if ``exported`` and it is there), else ``hf/``.
+
+        Raises:
+            MissingFileError: neither is there (:meth:`no_student` says why).
+        """
         for folder in (self.export, self.hf) if exported else (self.hf,):
             if (folder / MODEL_CONFIG).is_file():
                 return folder
-        raise MissingFileError(f"{self.root}: no student here (no hf/{MODEL_CONFIG} or export/{MODEL_CONFIG})")
+        raise MissingFileError(self.no_student())
 
 
 def student_folder(path: str | Path, *, exported: bool = True) -> Path:

@@ -28,7 +28,7 @@ from pytorch_lightning.cli import LightningCLI
 from pytorch_lightning.loggers import WandbLogger
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
-from distill.core.config import argument_error
+from distill.core.config import argument_error, read_yaml_file
 from distill.core.run_folder import RunLayout
 from distill.core.schema import InputError
 from students.checkpointing import (
@@ -89,9 +89,19 @@ class DistillCLI(LightningCLI):
     def run_dir(self) -> Path:
         return Path(self.config.checkpoint_root) / self.config.run_name
 
+    reads_files = True
+    """Check that the files the config names are there (not so for a pipeline's stage, whose teacher data an
+    earlier stage makes)."""
+    resume_from: str | Path | None = None
+    """The checkpoint ``--ckpt_path`` names, checked (:func:`resume_checkpoint`)."""
+
     def before_instantiate_classes(self) -> None:
-        """The config's contracts, checked before anything is built (and by :func:`check_train_args`)."""
+        """The config's contracts and paths, checked before anything is built or loaded (and by
+        :func:`check_train_args`)."""
         check_loss_groups(self.config.model.loss, self.config.data.group_size)
+        check_train_paths(self.config, self.run_dir, self.reads_files)
+        if self.reads_files:
+            self.resume_from = resume_checkpoint(self.config.ckpt_path, RunLayout(self.run_dir).checkpoints)
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         # The data is read and checked before any logger (or wandb run) exists: bad data fails fast and cleanly.
@@ -142,15 +152,20 @@ class DistillCLI(LightningCLI):
 
 @dataclass(frozen=True)
 class TrainReport:
-    """Where the run is and its last validation's metrics."""
+    """Where the run is, where its best student is, and its last validation's metrics."""
 
     run_dir: Path
     metrics: dict[str, float]
     """``val/...`` -> value, of the last validation (held-out queries)."""
+    validated: bool = True
+    """A validation ran (in this run or before it resumed): ``hf/`` holds the best student."""
 
     def format(self) -> str:
         layout = RunLayout(self.run_dir)
-        lines = [f"run folder: {self.run_dir}  (best student as a Hugging Face folder: {layout.hf})"]
+        if self.validated:
+            lines = [f"run folder: {self.run_dir}  (best student as a Hugging Face folder: {layout.hf})"]
+        else:
+            lines = [f"run folder: {self.run_dir}  ({layout.no_student().removeprefix(f'{self.run_dir}: ')})"]
         if self.metrics:
             lines.append("last validation, held-out queries:")
             lines += [f"  {key:<28} {self.metrics[key]:10.4f}" for key in sorted(self.metrics)]
@@ -167,9 +182,8 @@ def train(argv: list[str]) -> TrainReport | None:
     """
     cli = build_cli(argv, save_config_kwargs={"overwrite": True})
     checkpoints = RunLayout(cli.run_dir).checkpoints
-    ckpt_path = resume_checkpoint(cli.config.ckpt_path, checkpoints)
     try:
-        cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt_path)
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=cli.resume_from)
     except Preempted as stop:
         if cli.trainer.is_global_zero:
             log.warning("%s, %s saved: resume with --ckpt_path last", stop, find_last(checkpoints))
@@ -178,7 +192,8 @@ def train(argv: list[str]) -> TrainReport | None:
         return None
     finish_wandb(cli.trainer)
     metrics = {k: float(v) for k, v in cli.trainer.callback_metrics.items() if k.startswith("val/")}
-    return TrainReport(cli.run_dir, metrics)
+    best = next((c for c in cli.trainer.checkpoint_callbacks if isinstance(c, AtomicModelCheckpoint)), None)
+    return TrainReport(cli.run_dir, metrics, best is not None and bool(best.best_model_path))
 
 
 def build_cli(argv: list[str], where: str = "", cli: type[DistillCLI] = DistillCLI, **kwargs: Any) -> DistillCLI:
@@ -190,6 +205,8 @@ def build_cli(argv: list[str], where: str = "", cli: type[DistillCLI] = DistillC
     """
     from jsonargparse import ArgumentError
 
+    for path in yaml_files(argv):
+        read_yaml_file(path)  # jsonargparse names no file in a parse error
     try:
         with _quiet_args_warning():
             return cli(
@@ -203,6 +220,23 @@ def build_cli(argv: list[str], where: str = "", cli: type[DistillCLI] = DistillC
             )
     except ArgumentError as e:
         raise argument_error(e, where) from None
+
+
+def yaml_files(argv: list[str]) -> list[str]:
+    """The YAML files ``argv`` names: each ``--config``'s (but options given inline), and any other option's value
+    that is a ``.yaml`` or ``.yml`` file (LightningCLI takes a section's options from a file, ``--model m.yaml``)."""
+    files = []
+    for i, arg in enumerate(argv):
+        flag, eq, value = arg.partition("=")
+        if not flag.startswith("--"):
+            continue
+        if not eq:
+            value = argv[i + 1] if i + 1 < len(argv) else ""
+        inline = any(c in value for c in ":{\n")  # --config also takes the options themselves, as YAML
+        yaml_file = Path(value).suffix in (".yaml", ".yml") and Path(value).is_file()
+        if (flag == "--config" and not inline) or yaml_file:
+            files.append(value)
+    return files
 
 
 def finish_wandb(trainer: Trainer) -> None:
@@ -248,6 +282,31 @@ def resume_checkpoint(given: str | None, checkpoints: Path) -> str | Path | None
         if rank_zero_only.rank == 0:
             log.warning("--ckpt_path last: %s; resuming from %s instead (an earlier state of this run)", e, best)
         return best
+
+
+def check_train_paths(config: Any, run_dir: Path, exist: bool = True) -> None:
+    """The paths of a ``distill train`` config: each teacher dataset is there (where ``exist``), and the run folder
+    is none of the paths training reads (teacher data, qrels, a local backbone, the token cache) nor inside one, and
+    its ``hf/``, replaced at each best validation, holds none of them.
+
+    Raises:
+        InputError: ``train: <key>: <path>: <what is wrong>``.
+    """
+    from distill.core.models import cache_home
+    from distill.core.paths import output_folder
+    from distill.core.teacher_data import TeacherDataset
+
+    data, given = config.data, config.data.teacher_data
+    folders = [f for fs in given.values() for f in fs] if isinstance(given, dict) else list(given or [])
+    if exist:
+        for folder in folders:
+            TeacherDataset.open(folder)
+    inputs = [("data.teacher_data", folder) for folder in folders]
+    inputs += [("data.qrels", data.qrels), ("data.cache_dir", data.cache_dir or cache_home() / "student-tokens")]
+    if Path(config.model.backbone).expanduser().exists():
+        inputs.append(("model.backbone", Path(config.model.backbone).expanduser()))
+    output_folder(run_dir, "train", "checkpoint_root/run_name", inputs)
+    output_folder(RunLayout(run_dir).hf, "train", "checkpoint_root/run_name", inputs, replaced=True)
 
 
 def check_loss_groups(loss: str, group_size: int | None) -> None:
@@ -340,7 +399,9 @@ def _quiet_args_warning() -> Iterator[None]:
 
 
 class _ParseOnly(DistillCLI):
-    """Parses and checks ``distill train`` arguments; builds and seeds nothing."""
+    """Parses and checks ``distill train`` arguments; builds and seeds nothing, and reads no file but the configs."""
+
+    reads_files = False
 
     def _set_seed(self) -> None:
         pass
