@@ -353,6 +353,19 @@ CASES = [
         lambda w: f"output: {w.sample}: is a file, not a folder",
     ),
     Case(
+        "bench",
+        "output inside the student",
+        lambda w: [
+            "--student",
+            str(w.copy(w.export, "exp")),
+            "--output",
+            str(w.root / "exp" / "b"),
+            "--teacher",
+            "none",
+        ],
+        lambda w: f"output: {w.root / 'exp' / 'b'}: is inside an input folder (student: {w.root / 'exp'})",
+    ),
+    Case(
         "migrate",
         "not a teacher dataset",
         lambda w: [str(w.teacher_data), str(w.sample)],

@@ -289,14 +289,14 @@ def run_bench(config: BenchConfig, command: str | None = None) -> dict[str, Any]
     if not config.random_weights and not config.student:
         raise InputError("--student is required (a run, export or HF folder), unless --random-weights is given")
     with tempfile.TemporaryDirectory(prefix="cis-distill-bench-") as scratch:
-        folder = _random_student(config, Path(scratch)) if config.random_weights else student_folder(config.student)
-        out = default_output(config, None if config.random_weights else folder, device)
+        given = None if config.random_weights else student_folder(config.student)
+        out = default_output(config, given, device)
         source = shipped(config.input, "input") if config.input == DEFAULT_INPUT else config.input
         qrels = shipped(config.qrels, "qrels") if config.qrels == DEFAULT_QRELS else config.qrels
-        # Before any work: a file there, a folder that takes no file, an input or inside one.
-        inputs = [("student", None if config.random_weights else folder), ("input", source), ("qrels", qrels)]
-        inputs += [("peer_student", config.peer_student)]
+        # Before any work or model: a file there, a folder that takes no file, an input or inside one.
+        inputs = [("student", given), ("input", source), ("qrels", qrels), ("peer_student", config.peer_student)]
         output_folder(out, "bench", "output", inputs)
+        folder = given or _random_student(config, Path(scratch))
         data = load_candidates(source, qrels=qrels)
         workloads = _workloads(config, data, load_tokenizer(folder))
         quality = QualitySet.of(data) if config.quality else None
