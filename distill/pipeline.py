@@ -307,9 +307,33 @@ def run_pipeline(pipeline: Pipeline, force: set[str] | None = None) -> PipelineR
     return report
 
 
+def check_inputs(pipeline: Pipeline) -> None:
+    """The inputs of the later stages that no earlier stage makes are there, before the first stage loads a model:
+    the rerank candidates (and their queries and corpus), and the eval qrels, runs and teachers.
+
+    Raises:
+        MissingFileError, InputError: ``<stage>: <option>: <path>: <what is wrong>``.
+    """
+    from distill.core.loaders.irds import is_irds
+    from distill.core.paths import input_path, same_path
+
+    rerank, evaluate = pipeline.rerank, pipeline.eval
+    teachers = evaluate.teacher if isinstance(evaluate.teacher, dict) else {"": [evaluate.teacher]}
+    checks = [("rerank", "input", path, "any") for path in rerank.input]
+    checks += [("rerank", key, getattr(rerank, key), "file") for key in ("queries", "corpus")]
+    checks += [("eval", "qrels", evaluate.qrels, "file"), *(("eval", "run", path, "any") for path in evaluate.run)]
+    checks += [("eval", "teacher", path, "any") for paths in teachers.values() for path in paths]
+    made = [pipeline.teach.output, rerank.output]
+    for stage, key, path, kind in checks:
+        if path is not None and not is_irds(str(path)) and not any(same_path(path, output) for output in made):
+            input_path(path, stage, key, kind)
+
+
 def run(cfg: RunConfig) -> PipelineReport:
-    """``distill run``: read the pipeline, then run it."""
-    return run_pipeline(load_pipeline(cfg.config), set(cfg.force))
+    """``distill run``: read the pipeline, check the inputs its stages do not make, then run it."""
+    pipeline = load_pipeline(cfg.config)
+    check_inputs(pipeline)
+    return run_pipeline(pipeline, set(cfg.force))
 
 
 # ----------------------------------------------------------------------------- the summary

@@ -439,6 +439,12 @@ CASES = [
         lambda w: f"{w.root / 'train.yaml'}:3:1: malformed YAML",
     ),
     Case(
+        "run",
+        "the eval qrels missing, found before the teacher loads",
+        lambda w: ["--config", str(_pipeline(w, eval={"qrels": str(w.root / "qrels.txt")}))],
+        lambda w: f"eval: qrels: {w.root / 'qrels.txt'}: no such file",
+    ),
+    Case(
         "teach",
         "output of another configuration, the Gemma teacher named",
         lambda w: [
