@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +20,7 @@ from distill.core.devices import TRAIN_PAD_MULTIPLE, DeviceType, device_type
 from distill.core.label_table import QUERY, SOURCE, SOURCE_ROW, LabelTable, load_label_table
 from distill.core.loaders import load_qrels
 from distill.core.schema import InputError, Qrels
+from distill.core.teacher_data import TeacherDataset
 from distill.core.unpadding import lengths_packing
 from students.sampling import (
     LengthGroupedBatches,
@@ -67,6 +69,21 @@ class Split:
     def lengths(self) -> np.ndarray:
         """``[n]`` int32: each pair's tokens."""
         return np.asarray(self.store.lengths[self.rows])
+
+
+@dataclass(frozen=True)
+class FirstStageList:
+    """One first stage's candidate lists of the validation queries, with its own scores: α is chosen for that first
+    stage on them (a pair in several first stages' lists is one pair of the validation split, scored once)."""
+
+    positions: np.ndarray
+    """``[m]`` int64: each pair's position in the validation split."""
+    scores: np.ndarray
+    """``[m]`` float64: the first stage's score of each pair."""
+    chosen_on: list[str]
+    """The candidate files (the teacher datasets' inputs) the lists come from."""
+    queries: int
+    """The validation queries of the lists that the qrels judge."""
 
 
 class _Positions(Dataset):
@@ -150,6 +167,86 @@ def split_queries(qids: list[str], val_queries: int | float, seed: int) -> set[s
     return set(np.random.default_rng(seed).permutation(distinct)[:count].tolist())
 
 
+def check_first_stages(first_stages: dict[str, list[str]] | None, alpha_from: dict[str, str | float] | None) -> None:
+    """``data.first_stages`` and ``data.alpha_from``, checked before anything is read.
+
+    Raises:
+        InputError: ``data.<option>: ...``: a first stage without candidate files, a rule for a first stage that has
+            validation lists, or a rule that names no first stage of ``first_stages`` (nor is a number in [0, 1]).
+    """
+    from distill.core.student_card import DEFAULT_FIRST_STAGE
+
+    for name, files in (first_stages or {}).items():
+        if not files or isinstance(files, str):
+            raise InputError(f"data.first_stages: {name}: expected a list of candidate files, got {files!r}")
+    known = list(first_stages or [DEFAULT_FIRST_STAGE])
+    for name, rule in (alpha_from or {}).items():
+        if name in known:
+            raise InputError(f"data.alpha_from: {name} has validation lists: its alpha is chosen on them")
+        number = isinstance(rule, (int, float)) and not isinstance(rule, bool)
+        if not (rule in known if isinstance(rule, str) else number and 0 <= rule <= 1):
+            raise InputError(
+                f"data.alpha_from: {name}: {rule!r} is neither a first stage with validation lists "
+                f"({', '.join(known)}) nor an alpha in [0, 1]"
+            )
+
+
+def _same_file(a: str, b: str) -> bool:
+    """Whether two paths, as given, name the same file."""
+    return os.path.normpath(a) == os.path.normpath(b) or Path(a).resolve() == Path(b).resolve()
+
+
+def first_stage_lists(
+    first_stages: dict[str, list[str]], inputs: dict[str, list[str]], val: Split, held_out: set[str], qrels: Qrels
+) -> dict[str, FirstStageList]:
+    """Each first stage's validation lists: the pairs of the ``held_out`` queries in the teacher datasets made from
+    its candidate files (``inputs``: folder -> its candidate files), with those datasets' first-stage scores.
+
+    Raises:
+        InputError: ``data.first_stages: ...``: a first stage that no teacher dataset was made from, or a teacher
+            dataset made from the candidates of two first stages.
+    """
+    import pandas as pd
+
+    folders: dict[str, list[str]] = {name: [] for name in first_stages}
+    for folder, files in inputs.items():
+        names = [name for name, given in first_stages.items() if any(_same_file(f, g) for f in files for g in given)]
+        if len(names) > 1:
+            raise InputError(
+                f"data.first_stages: {folder} holds the candidates of {' and '.join(names)}: validating each on its "
+                "own lists needs a teacher dataset for each"
+            )
+        if names:
+            folders[names[0]].append(folder)
+    positions = val.ids.iloc[val.rows].reset_index(drop=True).assign(position=np.arange(len(val)))
+    lists = {}
+    for name, found in folders.items():
+        if not found:
+            raise InputError(
+                f"data.first_stages: {name}: no teacher dataset of data.teacher_data was made from "
+                f"{', '.join(first_stages[name])}"
+            )
+        frames, chosen_on = [], []
+        for folder in found:
+            frame = TeacherDataset.open(folder).to_pandas(["qid", "docid", "first_stage_score"], arrow_strings=True)
+            frame = frame[frame.qid.isin(held_out)]
+            if len(frame):
+                frames.append(frame)
+                chosen_on += [f for f in inputs[folder] if f not in chosen_on]
+        if not frames:  # no validation query among its lists: no α is chosen for it
+            lists[name] = FirstStageList(np.zeros(0, np.int64), np.zeros(0), [], 0)
+            continue
+        pairs = pd.concat(frames, ignore_index=True).drop_duplicates(["qid", "docid"])
+        pairs = pairs.merge(positions, on=["qid", "docid"], how="inner")
+        lists[name] = FirstStageList(
+            pairs.position.to_numpy(dtype=np.int64),
+            pairs.first_stage_score.to_numpy(dtype=np.float64),
+            chosen_on,
+            len(set(pairs.qid.unique().tolist()) & set(qrels)),
+        )
+    return lists
+
+
 class StudentDataModule(LightningDataModule):
     """Teacher triplets for the student: split by query (never by pair), tokenised, batched.
 
@@ -167,6 +264,15 @@ class StudentDataModule(LightningDataModule):
             ``qrels``), so that unjudged training queries (DL22, say) never take a validation slot.
         train_depth: train on each query's first N candidates by first-stage rank only (None: all); validation
             always keeps every candidate.
+        first_stages: the first stages whose candidates the teacher data holds, each validated on its own lists:
+            name -> its candidate files, as the teacher datasets' ``teacher.json`` ``input`` names them
+            (``{bm25: [data/trec-dl21/bm25_top100.json], splade: [data/trec-dl21/splade_top100.json]}``). With qrels,
+            α of the interpolation with the first stage is chosen for each on its validation queries' lists (their
+            every candidate and its score there) and written in the student's card. None: one first stage,
+            :data:`~distill.core.student_card.DEFAULT_FIRST_STAGE`, validated on the validation split as read.
+        alpha_from: first stages without validation lists, each with the rule that gives its α: the name of a first
+            stage of ``first_stages`` whose α it takes, or a number (``{tasb: splade}``); recorded as such in the
+            card.
         target_scaling: ``none``, ``global`` or ``per_query`` standardisation of the teacher scores.
         batch_size: pairs per training batch (pointwise), or ``group_size`` x queries per batch; unused with
             ``max_batch_tokens``.
@@ -200,6 +306,8 @@ class StudentDataModule(LightningDataModule):
         val_queries: int | float = 0.2,
         val_pool: Literal["any", "judged"] = "any",
         train_depth: int | None = None,
+        first_stages: dict[str, list[str]] | None = None,
+        alpha_from: dict[str, str | float] | None = None,
         target_scaling: ScalingKind = "none",
         batch_size: int = 32,
         max_batch_tokens: int | None = None,
@@ -217,6 +325,7 @@ class StudentDataModule(LightningDataModule):
         for key, value in {**sizes, "bucket_window": bucket_window}.items():
             if value is not None and value < 1:
                 raise InputError(f"data.{key}: must be positive, got {value}")
+        check_first_stages(first_stages, alpha_from)
         self.save_hyperparameters()
         self.train: Split | None = None
         self.val: Split | None = None
@@ -228,6 +337,10 @@ class StudentDataModule(LightningDataModule):
         """The named teachers the label uses (name -> folders), once set up; empty for one unnamed teacher."""
         self.members: dict[str, str] = {}
         """Each term of a label that sums two or more: name -> its column."""
+        self.first_stage_lists: dict[str, FirstStageList] = {}
+        """Each first stage of ``first_stages``: its validation lists, once set up (empty without ``first_stages``)."""
+        self.val_inputs: list[str] = []
+        """The candidate files of the teacher datasets that hold validation queries, once set up."""
 
     def prepare_data(self) -> None:
         """Tokenise the pairs into the cache (:mod:`students.token_store`), once: Lightning calls this on each
@@ -302,6 +415,11 @@ class StudentDataModule(LightningDataModule):
         self.train, self.val = split(is_train), split(is_val)
         self.truncated = store.truncated
         self.qrels = {q: j for q, j in qrels.items() if q in held_out}
+        inputs = {folder: TeacherDataset.open(folder).metadata.input for folder in labelled.sources}
+        held = table[SOURCE].to_numpy()[is_val]
+        self.val_inputs = list(dict.fromkeys(i for n in np.unique(held) for i in inputs[labelled.sources[n]]))
+        if h.first_stages:
+            self.first_stage_lists = first_stage_lists(h.first_stages, inputs, self.val, held_out, self.qrels)
         log.info(
             "student data: %d train pairs (%d queries), %d validation pairs (%d queries); "
             "%d of %d pairs truncated to max_length=%d",

@@ -13,7 +13,7 @@ from pytorch_lightning import Callback, LightningModule, Trainer
 from pytorch_lightning.callbacks import ModelCheckpoint
 
 from distill.core.label_table import teacher_identities
-from distill.core.student_card import StudentCard
+from distill.core.student_card import DEFAULT_FIRST_STAGE, StudentCard
 from students.model import save_student
 
 log = logging.getLogger(__name__)
@@ -37,7 +37,7 @@ class ExportBestToHF(Callback):
     The folder loads with ``AutoModelForSequenceClassification`` and ``CrossEncoder``; its
     ``config.cis_distill`` is its :class:`~distill.core.student_card.StudentCard`: the teacher data (and the
     named teachers, each with the teacher identity of its datasets), label, target scaling, the held-out
-    (validation) query ids and the validation metric.
+    (validation) query ids and the validation metric, and the α of each first stage (:func:`card_interpolation`).
     """
 
     def __init__(self, checkpoints: ModelCheckpoint, dirpath: str | Path, interpolate: bool = False) -> None:
@@ -73,10 +73,45 @@ class ExportBestToHF(Callback):
             monitor=checkpoints.monitor,
             best_score=float(checkpoints.best_model_score) if checkpoints.best_model_score is not None else None,
             checkpoint=os.path.relpath(best, self.dirpath.parent),
-            interpolation=validation.get("interp_alpha"),
+            interpolation=card_interpolation(validation, data),
             interpolate=self.interpolate,
             teachers=teacher_identities(data.teachers),
             extra={"validation": validation},
         )
         save_student(model, data.tokenizer, self.dirpath, card)
         log.info("exported %s to %s", best, self.dirpath)
+
+
+def card_interpolation(validation: dict[str, float], data: Any) -> dict[str, dict[str, Any]] | None:
+    """The card's ``interpolation``: each first stage's α from the best checkpoint's ``validation`` figures, with the
+    candidate files and the number of judged queries it was chosen on (the data module's ``first_stages``, or
+    :data:`~distill.core.student_card.DEFAULT_FIRST_STAGE` for the validation split as a whole), then the α of each
+    first stage of ``data.alpha_from``, by its rule. A first stage whose lists held no judged validation query
+    gets no α, nor does a rule that names it; None: no α at all (no qrels)."""
+    lists = data.first_stage_lists
+    if lists:
+        chosen = {
+            name: {"alpha": validation[f"interp_alpha/{name}"], "chosen_on": ", ".join(lists[name].chosen_on),
+                   "queries": lists[name].queries}
+            for name in lists
+            if f"interp_alpha/{name}" in validation
+        }  # fmt: skip
+    elif "interp_alpha" in validation:
+        chosen = {
+            DEFAULT_FIRST_STAGE: {
+                "alpha": validation["interp_alpha"],
+                "chosen_on": ", ".join(data.val_inputs),
+                "queries": len(data.qrels),
+            }
+        }
+    else:
+        chosen = {}
+    for name, rule in (data.hparams.get("alpha_from") or {}).items():
+        if isinstance(rule, str):
+            if rule in chosen:
+                chosen[name] = {"alpha": chosen[rule]["alpha"], "taken_from": rule}
+            else:
+                log.warning("data.alpha_from: %s takes the alpha of %s, which has none (no judged queries)", name, rule)
+        else:
+            chosen[name] = {"alpha": float(rule), "declared": True}
+    return {name: {**entry, "alpha": float(entry["alpha"])} for name, entry in chosen.items()} or None

@@ -162,7 +162,8 @@ class CrossEncoderModule(LightningModule):
             return
         rows = sorted(self._val_scores)  # all of the split, unless limit_val_batches cut it short
         scores = np.array([self._val_scores[i] for i in rows])
-        metrics = validation_metrics(self.trainer.datamodule.val, rows, scores, self.trainer.datamodule.qrels)
+        data = self.trainer.datamodule
+        metrics = validation_metrics(data.val, rows, scores, data.qrels, getattr(data, "first_stage_lists", None))
         for name, value in metrics.items():
             self.log(f"val/{name}", value, prog_bar=name == "nDCG@10", sync_dist=True)
         self._last_validation = metrics
@@ -200,7 +201,9 @@ class CrossEncoderModule(LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
 
-def validation_metrics(val: Any, rows: list[int], scores: np.ndarray, qrels: dict) -> dict[str, float]:
+def validation_metrics(
+    val: Any, rows: list[int], scores: np.ndarray, qrels: dict, first_stages: dict[str, Any] | None = None
+) -> dict[str, float]:
     """The validation figures of the student's ``scores`` on the pairs ``rows`` of the split ``val``.
 
     - ``pearson``, ``spearman``: correlations with the teacher's labels, pooled over all pairs;
@@ -209,7 +212,10 @@ def validation_metrics(val: Any, rows: list[int], scores: np.ndarray, qrels: dic
       the same against each of them too (``fidelity_spearman/gemma.cis``, ``fidelity_spearman/first_stage``);
     - with qrels: ``nDCG@10`` of the student, the teacher and the first stage, and ``interp_alpha`` with its
       ``interp_nDCG@10``: the best α of ``α · z(student) + (1 − α) · z(first stage)``
-      (:mod:`distill.core.interpolation`).
+      (:mod:`distill.core.interpolation`);
+    - with qrels, for each first stage of ``first_stages`` (name -> its
+      :class:`~students.data.FirstStageList`) with judged validation queries: the same on its own lists,
+      ``nDCG@10/<name>``, ``first_stage_nDCG@10/<name>``, ``interp_alpha/<name>``, ``interp_nDCG@10/<name>``.
     """
     from distill.core.fidelity import fidelity_per_query, mean_fidelity
     from distill.core.interpolation import choose_alpha
@@ -235,4 +241,19 @@ def validation_metrics(val: Any, rows: list[int], scores: np.ndarray, qrels: dic
             ]
         alpha, by_alpha = choose_alpha(scores, first_stage, qids, docids, qrels)
         metrics["interp_alpha"], metrics["interp_nDCG@10"] = alpha, by_alpha[alpha]
+        scored = np.full(len(val), np.nan)
+        scored[rows] = scores
+        for name, lists in (first_stages or {}).items():
+            keep = np.isfinite(scored[lists.positions])  # all of them, unless limit_val_batches cut the split
+            positions, first = lists.positions[keep], lists.scores[keep]
+            list_qids = val.ids.qid.iloc[val.rows[positions]].tolist()
+            if not set(list_qids) & set(qrels):
+                continue
+            list_docids = val.ids.docid.iloc[val.rows[positions]].tolist()
+            student = scored[positions]
+            for prefix, values in (("", student), ("first_stage_", first)):
+                run = run_from_columns(list_qids, list_docids, values.tolist())
+                metrics[f"{prefix}nDCG@10/{name}"] = evaluate(run, qrels, ["nDCG@10"])["nDCG@10"]
+            alpha, by_alpha = choose_alpha(student, first, list_qids, list_docids, qrels)
+            metrics[f"interp_alpha/{name}"], metrics[f"interp_nDCG@10/{name}"] = alpha, by_alpha[alpha]
     return metrics

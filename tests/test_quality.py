@@ -116,5 +116,5 @@ def test_reranker_interpolates_as_asked_or_as_its_card_says(exported: Path, tmp_
         config["cis_distill"].update(interpolation=0.6, interpolate=interpolate_by_default)
         (folder / "config.json").write_text(json.dumps(config))
         assert Reranker.load(folder, backend="onnx").alpha == applied
-        assert StudentCard.read(folder).interpolation == 0.6
+        assert StudentCard.read(folder).alphas() == {"first_stage": 0.6}  # a card's single α, as written before
     assert Reranker.load(folder, backend="onnx", interpolation=False).alpha is None

@@ -60,8 +60,9 @@ def test_load_names_an_unknown_option_and_a_bad_one(tiny_bert: Path) -> None:
         Reranker.load(tiny_bert, dtype="float16")
     with pytest.raises(InputError, match="rerank: overlap is a number of pairs"):
         RerankConfig(model="m", input=["i"], output="o", overlap=-1)
-    with pytest.raises(InputError, match="serve: interpolation needs first-stage scores"):
-        ServeConfig(model="m", interpolation=True)
+    ServeConfig(model="m", interpolation=True)  # requests that send first-stage scores are fused
+    with pytest.raises(InputError, match="serve: first_stage 'bm25' takes its alpha from the student's card"):
+        ServeConfig(model="m", first_stage="bm25", interpolation=0.5)
 
 
 def test_options_and_changes_combine(tiny_bert: Path) -> None:

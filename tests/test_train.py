@@ -81,7 +81,10 @@ def test_train_validates_checkpoints_and_exports(
     assert model.config.num_labels == 1 and meta["label"] == "cis" and meta["target_scaling"]["kind"] == "global"
     assert meta["monitor"] == "val/nDCG@10" and (hf / "model.safetensors").is_file()
     best_epoch = max(val, key=lambda r: float(r["val/nDCG@10"]))
-    assert meta["interpolation"] == float(best_epoch["val/interp_alpha"]) and meta["interpolate"] is False
+    alpha = float(best_epoch["val/interp_alpha"])  # one first stage: the validation split's, as read
+    chosen = {"alpha": alpha, "chosen_on": str(teacher_dataset.parent / "in.json"), "queries": 1}
+    assert meta["interpolation"] == {"first_stage": chosen}
+    assert meta["interpolate"] is False
     assert meta["extra"]["validation"]["interp_nDCG@10"] == pytest.approx(float(best_epoch["val/interp_nDCG@10"]))
     sample = {line.split()[0] for line in (teacher_dataset / "runs" / "cis.trec").read_text().splitlines()}
     assert len(meta["val_queries"]) == 1 and set(meta["val_queries"]) < sample  # the held-out query

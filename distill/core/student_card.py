@@ -12,6 +12,11 @@ from distill.core.run_folder import MODEL_CONFIG
 from distill.core.schema import InputError, MissingFileError
 
 CONFIG_KEY = "cis_distill"
+DEFAULT_FIRST_STAGE = "first_stage"
+"""The name of the one first stage of a student validated without named first stages (and of a card's single α
+written before α was kept per first stage)."""
+ALPHA_KEYS = {"alpha", "chosen_on", "queries", "taken_from", "declared"}
+"""The keys of a first stage's entry in :attr:`StudentCard.interpolation`."""
 
 
 @dataclass
@@ -39,8 +44,12 @@ class StudentCard:
     best_score: float | None = None
     checkpoint: str | None = None
     """The checkpoint these weights come from, relative to the run folder."""
-    interpolation: float | None = None
-    """α of ``α · z(student) + (1 − α) · z(first stage)``, chosen on the validation queries; None: not chosen."""
+    interpolation: dict[str, dict[str, Any]] | float | None = None
+    """α of ``α · z(student) + (1 − α) · z(first stage)`` for each first stage: name -> ``{"alpha": ...,
+    "chosen_on": the candidate files of its validation lists, "queries": the judged validation queries it was chosen
+    on}``, or, for a first stage without validation lists, ``{"alpha": ..., "taken_from": the first stage whose α it
+    takes}`` or ``{"alpha": ..., "declared": true}`` (a number given in the config). A single number (cards written
+    before α was kept per first stage) reads as the α of :data:`DEFAULT_FIRST_STAGE`. None: not chosen."""
     interpolate: bool = False
     """Whether rerankers apply ``interpolation`` by default (they always can when asked)."""
     teachers: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
@@ -49,6 +58,20 @@ class StudentCard:
     before teachers had names)."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Anything else worth keeping (validation metrics at the best checkpoint, ...)."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.interpolation, (int, float)) and not isinstance(self.interpolation, bool):
+            self.interpolation = {DEFAULT_FIRST_STAGE: {"alpha": float(self.interpolation)}}
+        for name, entry in (self.interpolation or {}).items():
+            alpha = entry.get("alpha") if isinstance(entry, dict) else None
+            if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or not 0 <= alpha <= 1:
+                raise InputError(f"interpolation: {name}: expected {{'alpha': a number in [0, 1], ...}}, not {entry!r}")
+            if unknown := sorted(set(entry) - ALPHA_KEYS):
+                raise InputError(f"interpolation: {name}: unknown key(s) {unknown}")
+
+    def alphas(self) -> dict[str, float]:
+        """The α of each first stage (empty: none chosen)."""
+        return {name: float(entry["alpha"]) for name, entry in (self.interpolation or {}).items()}
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -60,7 +83,7 @@ class StudentCard:
             raise InputError(f"{where}: {CONFIG_KEY}: unknown key(s) {unknown}")
         try:
             return cls(**values)
-        except TypeError as e:
+        except (TypeError, InputError) as e:
             raise InputError(f"{where}: {CONFIG_KEY}: {e}") from None
 
     @classmethod

@@ -56,6 +56,7 @@ def render_model_card(card: dict[str, Any], model_id: str, license: str) -> str:
         "relevant.",
         _training(student, card.get("teacher_data") or {}),
         _validation(student),
+        _fusion(student),
         _precisions(card.get("quality_gate"), card.get("formats") or {}),
         _usage(model_id, remote, student, card["max_length"]),
         _limitations(student, remote, card["max_length"]),
@@ -153,6 +154,34 @@ def _validation(student: dict[str, Any]) -> str | None:
     )
 
 
+def _fusion(student: dict[str, Any]) -> str | None:
+    """Each first stage's α, with what it was chosen on (or the rule that gave it)."""
+    alphas = student.get("interpolation")
+    if alphas is None:
+        return None
+    if not isinstance(alphas, dict):  # a card written before α was kept per first stage
+        alphas = {"first_stage": {"alpha": alphas}}
+    rows = []
+    for name, entry in alphas.items():
+        if entry.get("taken_from"):
+            how = f"no validation lists: the α of {entry['taken_from']}"
+        elif entry.get("declared"):
+            how = "no validation lists: declared in the training config"
+        elif entry.get("chosen_on"):
+            files = ", ".join(f"`{shown_path(f)}`" for f in entry["chosen_on"].split(", "))
+            how = f"the best nDCG@10 on the lists of {entry.get('queries', '?')} judged validation queries: {files}"
+        else:
+            how = "on the validation queries (what it was chosen on is not recorded)"
+        rows.append(f"| {name} | {entry['alpha']:.2f} | {how} |")
+    return (
+        "## Fusion with the first stage\n\nThe student's score fused with the first stage's, α · z(student) + "
+        "(1 − α) · z(first stage) (z standardises over a query's candidates), with the α of the first stage whose "
+        "candidates are reranked: `Reranker.load(folder, first_stage=NAME)`, `distill rerank --first_stage NAME`, or "
+        "`distill serve` with a request's `first_stage_scores` and `first_stage`. α = 1 is the student alone.\n\n"
+        "| first stage | α | chosen |\n|---|---|---|\n" + "\n".join(rows)
+    )
+
+
 def _number(key: str, value: Any) -> str:
     if not isinstance(value, (int, float)):
         return str(value)
@@ -208,7 +237,7 @@ def _usage(model_id: str, remote: bool, student: dict[str, Any], max_length: int
         else f'reranker.rerank("{EXAMPLE_QUERY}", passages, top_k=10)'
     )
     note = (
-        f"\n\nIts card interpolates with the first stage (α {student.get('interpolation')}): `Reranker` needs each "
+        "\n\nIts card interpolates with the first stage (see Fusion with the first stage): `Reranker` needs each "
         "passage's first-stage score; the other loaders give the student's own scores."
         if interpolate
         else ""

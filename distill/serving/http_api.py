@@ -20,15 +20,18 @@ Routes:
   chose it, the export's quality gate, the limits).
 
 A raw score is the student's output for the pair, the value :meth:`Reranker.score
-<distill.serving.reranker.Reranker.score>` gives (without interpolation with a first stage, which a request does
-not carry). Requests are tokenised on a thread (off the event loop) and scored by a
-:class:`~distill.serving.batcher.DynamicBatcher`, which batches concurrent requests' pairs together.
+<distill.serving.reranker.Reranker.score>` gives; a request that sends ``first_stage_scores`` (an extension of both
+APIs) gets the fused score ``α · z(student) + (1 − α) · z(first stage)`` instead, with the α of the first stage it
+names in ``first_stage`` (:class:`~distill.serving.fusion.Fusion`), and is ranked by it. Requests are tokenised on
+a thread (off the event loop) and scored by a :class:`~distill.serving.batcher.DynamicBatcher`, which batches
+concurrent requests' pairs together.
 
 Every refused request gets a 4xx and a one-line ``{"error": "..."}`` naming the field or the limit: 400 for a body
 that is not JSON, 408 for a body not complete within the read timeout (the connection is then closed), 415 for a
 rerank body whose content type is not JSON, 422 for a field that is wrong (an empty query, a document that is not a
-string, a negative ``top_n``, text with a lone UTF-16 surrogate or a NUL), 413 for a request over a limit (the body's
-bytes, the documents, a document's tokens without truncation). A backend failure is a 500 for the requests it hit;
+string, a negative ``top_n``, text with a lone UTF-16 surrogate or a NUL, first-stage scores that are not one
+finite number per document or name an unknown first stage), 413 for a request over a limit (the body's bytes, the
+documents, a document's tokens without truncation). A backend failure is a 500 for the requests it hit;
 the server goes on. A request whose client disconnects before its answer is cancelled, and the batcher skips its
 batches still to run. Once draining (SIGTERM), every new request gets a 503 while those in flight finish, until the
 drain's deadline cuts those still open (:meth:`ServingState.cut`).
@@ -54,10 +57,12 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
 from distill.core.files import read_json_object
+from distill.core.interpolation import interpolate
 from distill.core.schema import InputError
 from distill.serving.auto import quality_gate
 from distill.serving.batcher import BatchStats, DynamicBatcher, PredictLoop, WholeRequests
 from distill.serving.encoding import Encoded, encode_pairs
+from distill.serving.fusion import Fusion
 from distill.serving.http_schemas import (
     ApiVersion,
     BilledUnits,
@@ -289,6 +294,50 @@ class RerankService:
         return encoded
 
 
+def _fusion_alpha(fusion: Fusion, body: Any, documents: int, field: str) -> float | None:
+    """The α that fuses the request's ``first_stage_scores`` (None: it sends none), checked before any scoring.
+
+    Raises:
+        RequestError: 422 naming the field: not one score per document, a first stage without scores or unknown to
+            the student's card, or a server that does not fuse.
+    """
+    if body.first_stage_scores is None:
+        if body.first_stage is not None:
+            raise RequestError(422, "first_stage: names the first stage of first_stage_scores, which are not sent")
+        return None
+    if len(body.first_stage_scores) != documents:
+        raise RequestError(
+            422,
+            f"first_stage_scores: {len(body.first_stage_scores)} scores for {documents} {field}; send one per document",
+        )
+    if not fusion.enabled:
+        raise RequestError(
+            422, "first_stage_scores: this server does not fuse with a first stage (interpolation: false)"
+        )
+    if fusion.fixed is not None:
+        return fusion.fixed
+    if not fusion.alphas:
+        raise RequestError(
+            422, "first_stage_scores: the student's card has no interpolation alpha (start the server with one)"
+        )
+    name = body.first_stage if body.first_stage is not None else fusion.first_stage
+    if name is None and len(fusion.alphas) > 1:
+        raise RequestError(
+            422, f"first_stage: not sent; this student has an alpha for each of {fusion.known()}: name one"
+        )
+    if name is not None and name not in fusion.alphas:
+        raise RequestError(422, f"first_stage: {name!r} is not one of this student's first stages: {fusion.known()}")
+    return fusion.alpha(name)
+
+
+def _fused(raw: np.ndarray, body: Any, alpha: float | None) -> np.ndarray:
+    """The request's scores: the student's ``raw`` scores, fused with its first-stage scores by ``alpha``."""
+    if alpha is None:
+        return raw
+    first_stage = np.asarray(body.first_stage_scores, dtype=np.float64)
+    return interpolate(raw.astype(np.float64), first_stage, [body.query] * len(raw), alpha)
+
+
 def _sigmoid(raw: np.ndarray) -> np.ndarray:
     """``1 / (1 + exp(-raw))`` in float64, as ``(1 + tanh(raw / 2)) / 2``: no overflow for any score."""
     return 0.5 * (1.0 + np.tanh(0.5 * raw.astype(np.float64)))
@@ -496,18 +545,26 @@ def model_info(folder: Path, reranker: Reranker | WholeRequests, options: Server
     }
 
 
-def create_app(folder: str | Path, reranker: Reranker | WholeRequests, options: ServerOptions | None = None) -> FastAPI:
+def create_app(
+    folder: str | Path,
+    reranker: Reranker | WholeRequests,
+    options: ServerOptions | None = None,
+    fusion: Fusion | None = None,
+) -> FastAPI:
     """The app serving ``reranker`` (loaded from ``folder``; or a :class:`WholeRequests` model, scored one request at
-    a time); ``app.state.serving`` is its :class:`ServingState`.
+    a time); ``app.state.serving`` is its :class:`ServingState`. ``fusion`` fuses the requests that send first-stage
+    scores (default: as the student's card in ``folder`` says).
 
     The batcher's and the tokeniser's threads start with the app (its lifespan) and stop with it, once the queued
     requests are scored.
     """
     folder = Path(folder)
     options = options or ServerOptions()
+    fusion = fusion or Fusion.of(folder, None, None)
     metrics = Metrics()
     state = ServingState(options)
     info = model_info(folder, reranker, options)
+    info["fusion"] = {"alphas": fusion.alphas, "first_stage": fusion.first_stage, "interpolation": fusion.interpolation}
     service: RerankService | None = None
 
     @asynccontextmanager
@@ -554,16 +611,18 @@ def create_app(folder: str | Path, reranker: Reranker | WholeRequests, options: 
 
     async def cohere(body: CohereRequest, request: Request) -> CohereResponse:
         assert service is not None
+        alpha = _fusion_alpha(fusion, body, len(body.documents), "documents")
         scores = await service.score(body.query, body.documents, body.truncate, body.max_tokens_per_doc, "documents")
         metrics.documents.labels(request.url.path).inc(len(body.documents))
-        shown = scores.raw if body.raw_scores else _sigmoid(scores.raw)
+        raw = _fused(scores.raw, body, alpha)
+        shown = raw if body.raw_scores else _sigmoid(raw)
         results = [
             CohereResult(
                 index=i,
                 relevance_score=float(shown[i]),
                 document=CohereDocument(text=body.documents[i]) if body.return_documents else None,
             )
-            for i in _ranked(scores.raw, body.top_n)
+            for i in _ranked(raw, body.top_n)
         ]
         return CohereResponse(
             id=str(uuid.uuid4()),
@@ -591,12 +650,14 @@ def create_app(folder: str | Path, reranker: Reranker | WholeRequests, options: 
     async def tei(body: TeiRequest, request: Request) -> list[TeiResult]:
         """text-embeddings-inference's rerank."""
         assert service is not None
+        alpha = _fusion_alpha(fusion, body, len(body.texts), "texts")
         scores = await service.score(body.query, body.texts, body.truncate, None, "texts")
         metrics.documents.labels(request.url.path).inc(len(body.texts))
-        shown = scores.raw if body.raw_scores else _sigmoid(scores.raw)
+        raw = _fused(scores.raw, body, alpha)
+        shown = raw if body.raw_scores else _sigmoid(raw)
         return [
             TeiResult(index=i, score=float(shown[i]), text=body.texts[i] if body.return_text else None)
-            for i in _ranked(scores.raw, None)
+            for i in _ranked(raw, None)
         ]
 
     @app.get("/health")

@@ -4,6 +4,9 @@ OpenAPI schema (``GET /openapi.json``, ``/docs``).
 Cohere's rerank (``POST /v1/rerank``, ``/v2/rerank``), which also takes Jina's requests (documents as ``{"text":
 ...}`` objects), and text-embeddings-inference's (``POST /rerank``). Unknown fields are ignored, as those servers'
 clients send fields of their own (``model``, ``rank_fields``, ``truncation_direction``, ...).
+
+Both APIs take two fields of cis-distill's own: ``first_stage_scores``, the first stage's score of each document, which
+fuses the student's score with it, and ``first_stage``, which names that first stage (its α in the student's card).
 """
 
 from __future__ import annotations
@@ -62,6 +65,17 @@ class _Request(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     query: str = Field(description="The query; not empty.")
+    first_stage_scores: list[Annotated[float, Field(allow_inf_nan=False)]] | None = Field(
+        None,
+        description="cis-distill's extension: the first stage's score of each document, in their order; the score is "
+        "then α · z(student) + (1 − α) · z(first stage), z standardising over the request's documents, with the α "
+        "of the student's card for the first stage. Without it, the student's score alone.",
+    )
+    first_stage: str | None = Field(
+        None,
+        description="cis-distill's extension: the first stage of first_stage_scores (bm25, splade, ...), whose α "
+        "fuses them (default: the server's --first_stage, else the student's one first stage).",
+    )
 
     @field_validator("query")
     @classmethod

@@ -39,8 +39,14 @@ class ServingOptions(TorchOptions):
     """Padded tokens per batch (default :data:`~distill.core.devices.STUDENT_BATCH_TOKENS`: 1024 on a CPU, 32768 on a
     GPU, which takes a query's 100 candidates in one batch)."""
     interpolation: bool | float | None = None
-    """Fuse with the first stage, α · z(student) + (1 − α) · z(first stage): ``null`` as the student's card says,
-    ``true`` the card's α (chosen on validation), ``false`` never, a number that α."""
+    """Fuse with the first stage, α · z(student) + (1 − α) · z(first stage): ``null`` as the student's card says
+    (or with ``first_stage`` named, that first stage's α), ``true`` the card's α (chosen on validation), ``false``
+    never, a number that α. ``distill serve`` fuses only the requests that send first-stage scores."""
+    first_stage: str | None = None
+    """The first stage whose candidates are reranked (``bm25``, ``splade``, ...): the fusion takes the α the student's
+    card holds for it (each first stage's α is chosen on its own validation lists); an unknown name is refused, naming
+    the card's. Default: the card's one first stage (a card with several needs one named to fuse); for ``distill
+    serve``, the first stage of requests that name none."""
     threads: int = 0
     """Intra-op threads of the onnx and openvino backends (0: one per physical core); torch's are process-wide."""
     overlap: int = 0
@@ -54,6 +60,11 @@ class ServingOptions(TorchOptions):
             raise InputError(f"overlap is a number of pairs (0: off), not {self.overlap}")
         if self.max_batch_tokens is not None and self.max_batch_tokens < 1:
             raise InputError(f"max_batch_tokens must be positive, got {self.max_batch_tokens}")
+        if self.first_stage is not None and self.interpolation is not None and self.interpolation is not True:
+            raise InputError(
+                f"first_stage {self.first_stage!r} takes its alpha from the student's card: interpolation "
+                f"{self.interpolation!r} says otherwise (leave it unset, or unset first_stage)"
+            )
 
     @property
     def levers(self) -> TorchOptions:

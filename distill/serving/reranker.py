@@ -21,10 +21,10 @@ from distill.core.devices import STUDENT_BATCH_TOKENS, device_type
 from distill.core.files import check_model_folder
 from distill.core.interpolation import interpolate
 from distill.core.schema import InputError, MissingFileError
-from distill.core.student_card import StudentCard
 from distill.serving.auto import choose_backend
 from distill.serving.backends import BACKENDS, ONNX_DTYPES, OPENVINO_DTYPES, backend_name
 from distill.serving.encoding import Batch, Packed, encode_pairs, load_tokenizer, model_max_length
+from distill.serving.fusion import Fusion
 from distill.serving.options import ServingOptions
 from distill.serving.scorers import Scorer, changed_levers, load_scorer, require_file
 
@@ -49,6 +49,8 @@ class Reranker:
 
     With ``alpha`` set, a query's scores are interpolated with its first-stage scores (given to :meth:`score`):
     ``alpha · z(student) + (1 − alpha) · z(first stage)``, ``z`` standardising over the query's passages.
+    :meth:`load` takes ``alpha`` from the student's card, the α of the first stage named (``first_stage``), or as
+    ``interpolation`` says (:class:`~distill.serving.fusion.Fusion`).
 
     Attributes:
         truncated: how many pairs, over all calls, were longer than ``max_length`` and cut.
@@ -84,6 +86,8 @@ class Reranker:
         self.backend_reason = backend_reason
         self.overlap = overlap
         self.truncated = 0
+        self.first_stage: str | None = None
+        """The first stage whose α ``alpha`` is (None: a number given, or no fusion)."""
 
     @classmethod
     def load(cls, path: str | Path, options: ServingOptions | None = None, **changes: Any) -> Reranker:
@@ -92,7 +96,8 @@ class Reranker:
         ``options`` (:class:`~distill.serving.options.ServingOptions`, default all its defaults) says how it is
         served: the backend (``auto``, default: the fastest this machine, the folder's files, the installed runtimes
         and the export's quality gate allow; it is logged and kept in ``reranker.backend``), the device and dtype,
-        the longest pair, the batch budget, the first-stage fusion, the ONNX runtimes' threads, tokenising ahead
+        the longest pair, the batch budget, the first-stage fusion (``interpolation``, ``first_stage``: the α of that
+        first stage in the student's card), the ONNX runtimes' threads, tokenising ahead
         and the torch backend's levers (recorded in :attr:`settings`). ``changes`` replace some of them by name:
         ``Reranker.load(folder, backend="onnx", dtype="int8")``.
 
@@ -115,6 +120,8 @@ class Reranker:
         require_file(path, "config.json")
         require_file(path, "tokenizer_config.json")
         check_model_folder(path)  # each JSON file parses, the tokenizer's vocabulary is there, the weights whole
+        fused = Fusion.of(path, options.interpolation, options.first_stage).applied()  # before the model loads
+        first_stage, alpha = fused if fused is not None else (None, None)
         reason = ""
         if backend == "auto":
             levers = changed_levers(options.levers, device)
@@ -135,9 +142,10 @@ class Reranker:
         if max_length is not None and max_length > limit:
             raise InputError(f"{path}: max_length {max_length} is over the model's {limit}")
         budget = options.max_batch_tokens or STUDENT_BATCH_TOKENS[device_type(device)]
-        alpha = _alpha(path, options.interpolation)
         name = backend_name(backend, dtype)
-        return cls(scorer, tokenizer, max_length or limit, budget, alpha, name, reason, options.overlap)
+        reranker = cls(scorer, tokenizer, max_length or limit, budget, alpha, name, reason, options.overlap)
+        reranker.first_stage = first_stage
+        return reranker
 
     @property
     def settings(self) -> dict[str, object]:
@@ -221,16 +229,3 @@ class Reranker:
         scores = self.score(query, passages, first_stage_scores)
         order = sorted(range(len(scores)), key=lambda i: (-scores[i], i))
         return [(i, scores[i]) for i in order[:top_k]]
-
-
-def _alpha(folder: Path, interpolation: bool | float | None) -> float | None:
-    """The α to interpolate with (None: none), from the argument and the student's card."""
-    if interpolation is False:
-        return None
-    if interpolation is not None and interpolation is not True:
-        return float(interpolation)
-    card = StudentCard.find(folder)
-    alpha = card.interpolation if card is not None else None
-    if interpolation is True and alpha is None:
-        raise InputError(f"{folder}: its card has no interpolation alpha (trained without qrels?): give a number")
-    return alpha if interpolation is True or (card is not None and card.interpolate) else None

@@ -36,7 +36,9 @@ class ServeConfig(ServingOptions, ServerOptions):
     student is served (backend, device, dtype, the batch budget that concurrent requests' pairs fill together, the
     levers) are :class:`~distill.serving.options.ServingOptions`' fields, and the server's batching window, limits
     and timeouts :class:`~distill.serving.options.ServerOptions`', each declared there once; ``auto`` is named with
-    its reason by ``GET /info``. Requests carry no first-stage scores, so ``interpolation`` must stay unset."""
+    its reason by ``GET /info``. A request that sends first-stage scores is fused with the α of the first stage it
+    names, else of ``first_stage`` (``interpolation``: ``false`` refuses such requests, a number fuses them all with
+    it); one without is scored by the student alone."""
 
     model: str | None = None
     """The student (required): an export folder (``distill export``), a training run (its export), or a Hugging Face
@@ -51,8 +53,6 @@ class ServeConfig(ServingOptions, ServerOptions):
             raise InputError("serve: missing required option(s): model")
         if not 0 <= self.port < 65536:
             raise InputError(f"serve: port must be in 0..65535, got {self.port}")
-        if self.interpolation:
-            raise InputError("serve: interpolation needs first-stage scores, which requests do not carry")
         try:
             ServingOptions.__post_init__(self)
         except InputError as e:
@@ -214,16 +214,18 @@ def drain_server(config: Any, state: ServingState) -> Any:
 def serve(config: ServeConfig) -> None:
     """Load the student, then serve it until SIGTERM or Ctrl-C (see the module's docstring)."""
     from distill.core.run_folder import student_folder
+    from distill.serving.fusion import Fusion
     from distill.serving.http_api import create_app
     from distill.serving.reranker import Reranker
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # read by the tokenizer on each call (see above)
     options = config.options
     folder = student_folder(config.model, exported=config.backend != "torch")
+    fusion = Fusion.of(folder, config.interpolation, config.first_stage)
     sock = bind(config.host, config.port)
     try:
-        reranker = Reranker.load(folder, config.serving(), interpolation=False)
-        app = create_app(folder, reranker, options)
+        reranker = Reranker.load(folder, config.serving(), interpolation=False, first_stage=None)
+        app = create_app(folder, reranker, options, fusion)
         host, port = sock.getsockname()[:2]
         auto = f" (auto: {reranker.backend_reason})" if reranker.backend_reason else ""
         print(f"distill serve: {folder} on {reranker.backend}{auto}", file=sys.stderr)

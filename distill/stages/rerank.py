@@ -67,9 +67,12 @@ class RerankReport:
     backend: str | None = None
     """The named backend that scored (``openvino-int8``, ...), and why where ``auto`` chose it."""
     backend_reason: str = ""
+    first_stage: str | None = None
+    """The first stage whose alpha (in the student's card) fused the scores; None: a number given, or no fusion."""
 
     def format(self) -> str:
-        fused = "" if self.alpha is None else f", interpolated with the first stage (alpha {self.alpha:g})"
+        stage = f" {self.first_stage}" if self.first_stage else ""
+        fused = "" if self.alpha is None else f", interpolated with the first stage{stage} (alpha {self.alpha:g})"
         line = f"wrote {self.output}: {self.queries} queries, {self.pairs} pairs, {self.truncated} truncated{fused}"
         if self.skipped:
             line += f", {self.skipped} bad input record(s) skipped"
@@ -118,6 +121,7 @@ def rerank(cfg: RerankConfig) -> RerankReport:
         reranker.alpha,
         reranker.backend,
         reranker.backend_reason,
+        reranker.first_stage,
     )
 
 
