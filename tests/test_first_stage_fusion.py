@@ -247,6 +247,14 @@ def test_serve_fuses_requests_that_send_first_stage_scores(spread_bert: Path, tm
                 [{r["index"]: r["score"] for r in answer}[i] for i in range(4)], expected, atol=1e-4
             )
 
+        from cohere import Client  # Cohere's SDK sends the extension as extra body parameters
+
+        extension = {"first_stage_scores": FIRST_STAGE, "first_stage": "splade"}
+        answer = Client(api_key="unused", base_url=url).rerank(
+            query=QUERY, documents=PASSAGES, request_options={"additional_body_parameters": extension}
+        )
+        assert [r.index for r in answer.results] == np.lexsort((np.arange(4), -fused(0.3))).tolist()
+
         bad = (
             ({"first_stage_scores": FIRST_STAGE[:3]}, "first_stage_scores: 3 scores for 4 {field}; send one per"),
             ({"first_stage_scores": [1, "x", 2, 3]}, "first_stage_scores[1]: Input should be a valid number"),
