@@ -185,6 +185,8 @@ def test_train_writes_each_first_stages_alpha_in_the_card(two_first_stages, tiny
     splade_alpha = card.interpolation["splade"]["alpha"]
     assert f"| splade | {splade_alpha:.2f} | the best nDCG@10 on the lists of 2 judged validation queries" in shown
     assert f"| tasb | {splade_alpha:.2f} | no validation lists: the α of splade |" in shown
+    first = validation["first_stage_nDCG@10/splade"]
+    assert f"| nDCG@10 of the first stage, on splade's lists | {first:.2f} |" in shown
 
 
 def test_reranker_and_rerank_fuse_with_the_named_first_stages_alpha(

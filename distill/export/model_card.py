@@ -146,12 +146,24 @@ def _validation(student: dict[str, Any]) -> str | None:
         return None
     queries = len(student.get("val_queries") or [])
     keys = [k for k in VALIDATION if k in figures] + sorted(set(figures) - set(VALIDATION))
-    rows = "\n".join(f"| {VALIDATION.get(k, k)} | {_number(k, figures[k])} |" for k in keys)
+    rows = "\n".join(f"| {_figure(k)} | {_number(k, figures[k])} |" for k in keys)
     return (
         f"## Validation\n\nOn the {queries} held-out validation queries of its teacher data (their every candidate), "
         f"at the checkpoint chosen by `{student.get('monitor')}`. nDCG@10 is x100 (trec_eval); fidelity is how "
         f"closely the student's ranking of each query copies its teacher's.\n\n| figure | value |\n|---|---|\n{rows}"
     )
+
+
+PER_FIRST_STAGE = ("nDCG@10", "first_stage_nDCG@10", "interp_nDCG@10", "interp_alpha")
+"""The validation figures also measured on each first stage's own lists (``interp_alpha/splade``)."""
+
+
+def _figure(key: str) -> str:
+    """What a validation figure is: :data:`VALIDATION`'s words, on a first stage's lists for ``<figure>/<name>``."""
+    base, _, name = key.partition("/")
+    if name and base in PER_FIRST_STAGE:
+        return f"{VALIDATION[base]}, on {name}'s lists"
+    return VALIDATION.get(key, key)
 
 
 def _fusion(student: dict[str, Any]) -> str | None:
