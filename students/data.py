@@ -196,18 +196,14 @@ def _same_file(a: str, b: str) -> bool:
     return os.path.normpath(a) == os.path.normpath(b) or Path(a).resolve() == Path(b).resolve()
 
 
-def first_stage_lists(
-    first_stages: dict[str, list[str]], inputs: dict[str, list[str]], val: Split, held_out: set[str], qrels: Qrels
-) -> dict[str, FirstStageList]:
-    """Each first stage's validation lists: the pairs of the ``held_out`` queries in the teacher datasets made from
-    its candidate files (``inputs``: folder -> its candidate files), with those datasets' first-stage scores.
+def first_stage_folders(first_stages: dict[str, list[str]], inputs: dict[str, list[str]]) -> dict[str, list[str]]:
+    """Each first stage's teacher datasets: those made from its candidate files (``inputs``: folder -> its candidate
+    files, as its ``teacher.json`` names them).
 
     Raises:
         InputError: ``data.first_stages: ...``: a first stage that no teacher dataset was made from, or a teacher
             dataset made from the candidates of two first stages.
     """
-    import pandas as pd
-
     folders: dict[str, list[str]] = {name: [] for name in first_stages}
     for folder, files in inputs.items():
         names = [name for name, given in first_stages.items() if any(_same_file(f, g) for f in files for g in given)]
@@ -218,14 +214,25 @@ def first_stage_lists(
             )
         if names:
             folders[names[0]].append(folder)
-    positions = val.ids.iloc[val.rows].reset_index(drop=True).assign(position=np.arange(len(val)))
-    lists = {}
     for name, found in folders.items():
         if not found:
             raise InputError(
                 f"data.first_stages: {name}: no teacher dataset of data.teacher_data was made from "
                 f"{', '.join(first_stages[name])}"
             )
+    return folders
+
+
+def first_stage_lists(
+    folders: dict[str, list[str]], inputs: dict[str, list[str]], val: Split, held_out: set[str], qrels: Qrels
+) -> dict[str, FirstStageList]:
+    """Each first stage's validation lists: the pairs of the ``held_out`` queries in its teacher datasets
+    (``folders``, :func:`first_stage_folders`), with those datasets' first-stage scores."""
+    import pandas as pd
+
+    positions = val.ids.iloc[val.rows].reset_index(drop=True).assign(position=np.arange(len(val)))
+    lists = {}
+    for name, found in folders.items():
         frames, chosen_on = [], []
         for folder in found:
             frame = TeacherDataset.open(folder).to_pandas(["qid", "docid", "first_stage_score"], arrow_strings=True)
@@ -345,7 +352,15 @@ class StudentDataModule(LightningDataModule):
     def prepare_data(self) -> None:
         """Tokenise the pairs into the cache (:mod:`students.token_store`), once: Lightning calls this on each
         node's first rank, before every rank's :meth:`setup` maps the same files."""
-        self._store(self._labelled())
+        labelled = self._labelled()
+        self._first_stage_folders(labelled)  # checked before the tokenising
+        self._store(labelled)
+
+    def _first_stage_folders(self, labelled: LabelTable) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+        """Each teacher dataset's candidate files, and each first stage's datasets (none without ``first_stages``)."""
+        inputs = {folder: TeacherDataset.open(folder).metadata.input for folder in labelled.sources}
+        first_stages = self.hparams.first_stages
+        return inputs, first_stage_folders(first_stages, inputs) if first_stages else {}
 
     def _labelled(self) -> LabelTable:
         h = self.hparams
@@ -377,6 +392,7 @@ class StudentDataModule(LightningDataModule):
         h = self.hparams
         labelled = self._labelled()
         table, self.teachers, self.members = labelled.table, labelled.teachers, labelled.expression.members
+        inputs, stage_folders = self._first_stage_folders(labelled)
         store = self._store(labelled)
         qrels = load_qrels(Path(h.qrels)) if h.qrels else {}
         pool = table.qid.unique().tolist()
@@ -415,11 +431,9 @@ class StudentDataModule(LightningDataModule):
         self.train, self.val = split(is_train), split(is_val)
         self.truncated = store.truncated
         self.qrels = {q: j for q, j in qrels.items() if q in held_out}
-        inputs = {folder: TeacherDataset.open(folder).metadata.input for folder in labelled.sources}
         held = table[SOURCE].to_numpy()[is_val]
         self.val_inputs = list(dict.fromkeys(i for n in np.unique(held) for i in inputs[labelled.sources[n]]))
-        if h.first_stages:
-            self.first_stage_lists = first_stage_lists(h.first_stages, inputs, self.val, held_out, self.qrels)
+        self.first_stage_lists = first_stage_lists(stage_folders, inputs, self.val, held_out, self.qrels)
         log.info(
             "student data: %d train pairs (%d queries), %d validation pairs (%d queries); "
             "%d of %d pairs truncated to max_length=%d",

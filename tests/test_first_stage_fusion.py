@@ -150,8 +150,10 @@ def test_first_stages_that_match_no_teacher_data_or_rules_that_name_none_are_ref
         cache_dir=str(tmp_path / "tokens"),
         **common,
     )
-    with pytest.raises(InputError, match=r"data.first_stages: tasb: no teacher dataset .* made from lists/tasb.json"):
-        data.setup()
+    for step in (data.prepare_data, data.setup):
+        with pytest.raises(InputError, match=r"data.first_stages: tasb: no teacher dataset .* from lists/tasb.json"):
+            step()
+    assert not (tmp_path / "tokens").exists()  # refused before any tokenising
 
 
 def test_train_writes_each_first_stages_alpha_in_the_card(two_first_stages, tiny_bert: Path, tmp_path: Path) -> None:
