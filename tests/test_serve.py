@@ -37,6 +37,26 @@ TOLERANCE = 1e-5
 
 
 @contextmanager
+def serve_process(command: list[str]) -> Iterator[tuple[subprocess.Popen, str]]:
+    """``distill serve`` started by ``command`` in a process of its own, and its URL once it listens (its stderr
+    read up to the 'listening on' line); killed on leaving."""
+    process = subprocess.Popen(
+        command, cwd=REPO, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}
+    )
+    try:
+        url = None
+        for line in process.stderr:
+            if match := re.search(r"listening on (http://\S+)", line):
+                url = match.group(1)
+                break
+        assert url, "the server did not start"
+        yield process, url
+    finally:
+        process.kill()
+        process.wait()
+
+
+@contextmanager
 def running(app) -> Iterator[str]:
     """``app`` served on a free loopback port as ``distill serve`` serves it (uvicorn, its config and drain), in a
     thread: its base URL."""
@@ -617,16 +637,7 @@ def test_the_cli_refuses_a_missing_model_a_bad_limit_and_a_busy_port(exported: P
 @pytest.mark.slow
 def test_sigterm_finishes_requests_in_flight_and_refuses_new_ones(exported: Path, reference: Reranker, call) -> None:
     command = [sys.executable, "-m", "distill", "serve", "--model", str(exported), "--backend", "onnx", "--port", "0"]
-    process = subprocess.Popen(
-        command, cwd=REPO, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}
-    )
-    try:
-        url = None
-        for line in process.stderr:
-            if match := re.search(r"listening on (http://\S+)", line):
-                url = match.group(1)
-                break
-        assert url, "the server did not start"
+    with serve_process(command) as (process, url):
         query, passages = call
         body = json.dumps({"query": query, "texts": passages[:10], "raw_scores": True}).encode()
         host, port = url.removeprefix("http://").rsplit(":", 1)
@@ -651,6 +662,3 @@ def test_sigterm_finishes_requests_in_flight_and_refuses_new_ones(exported: Path
             i: pytest.approx(s, abs=TOLERANCE) for i, s in enumerate(raw)
         }
         assert process.wait(30) == 0
-    finally:
-        process.kill()
-        process.wait()

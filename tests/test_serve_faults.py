@@ -8,11 +8,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
 import re
 import signal
 import socket
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -28,8 +26,7 @@ from distill.serving.options import ServerOptions
 from distill.serving.reranker import Reranker
 from distill.serving.server import CUT_GRACE, ServeConfig
 
-from .conftest import REPO
-from .test_serve import Gated, metric, running, wait_for
+from .test_serve import Gated, metric, running, serve_process, wait_for
 
 
 @pytest.fixture(scope="module")
@@ -154,16 +151,7 @@ def test_sigterm_cuts_a_stalled_request_at_the_drain_deadline_and_exits_0(tiny_b
     deadline = 2.0
     command = [sys.executable, "-m", "distill", "serve", "--model", str(tiny_bert), "--backend", "torch"]
     command += ["--port", "0", "--graceful_timeout", str(deadline), "--request_read_timeout", "600"]
-    process = subprocess.Popen(
-        command, cwd=REPO, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}
-    )
-    try:
-        url = None
-        for line in process.stderr:
-            if match := re.search(r"listening on (http://\S+)", line):
-                url = match.group(1)
-                break
-        assert url, "the server did not start"
+    with serve_process(command) as (process, url):
         host, port = address(url)
         body = json.dumps({"query": "q", "texts": ["a", "b"]}).encode()
         with (
@@ -182,9 +170,6 @@ def test_sigterm_cuts_a_stalled_request_at_the_drain_deadline_and_exits_0(tiny_b
         assert process.wait(30) == 0
         exited = time.monotonic() - signalled
         log = process.stderr.read()
-    finally:
-        process.kill()
-        process.wait()
     assert status == 503 and error == {"error": "the server is shutting down: its drain deadline passed"}
     assert deadline <= cut < deadline + 2
     assert exited < deadline + CUT_GRACE + 3, exited

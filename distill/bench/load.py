@@ -726,9 +726,20 @@ def main(argv: list[str] | None = None) -> int:
         tuple(shlex.split(args.serve_args)),
     )
     given = argv if argv is not None else sys.argv[1:]
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))  # as Ctrl-C: the servers are stopped
-    calls = dl19_calls(args.input, args.queries)
-    result = run(plan, args.out, "python -m distill.bench.load " + shlex.join(given), calls)
+    terminated = []
+
+    def stop(*_: Any) -> None:
+        terminated.append(True)
+        sys.exit(128 + signal.SIGTERM)  # as Ctrl-C: unwinding stops the servers
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        calls = dl19_calls(args.input, args.queries)
+        result = run(plan, args.out, "python -m distill.bench.load " + shlex.join(given), calls)
+    except BaseException:
+        if terminated:  # the exit may surface as another exception, say inside a C extension's import
+            raise SystemExit(128 + signal.SIGTERM) from None
+        raise
     from distill.bench.results_pages import serve_tables
 
     print(serve_tables(result))
