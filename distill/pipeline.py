@@ -15,7 +15,8 @@ Everything goes under ``<root>/<name>/``::
     teacher/            the teacher's triplets (distill teach)
     student/            the training run (distill train): checkpoints/, hf/, logs/, export/, bench/; an
                         interrupted run with unchanged options resumes from its last checkpoint
-    eval/               student.trec (distill rerank) and eval.json (distill eval)
+    eval/               student.trec (distill rerank), student-fused.trec (with ``fuse``) and eval.json
+                        (distill eval)
     summary.json        the final table
     stages/<stage>.json the key each stage last finished with
 
@@ -79,6 +80,9 @@ class PipelineFile:
     root: str = "checkpoints"
     eval_queries: Literal["held_out", "all"] = "held_out"
     """Rerank and evaluate the student's held-out (validation) queries, or every query of the rerank input."""
+    fuse: bool = False
+    """Also rerank with the student's scores fused with the first stage's, by the α its card chose on the
+    validation queries (``eval/student-fused.trec``), and evaluate it beside the student alone."""
     teach: dict[str, Any] | str | None = None
     train: dict[str, Any] | str | None = None
     export: dict[str, Any] | str | None = None
@@ -103,6 +107,8 @@ class Pipeline:
     bench: Any
     rerank: Any
     eval: Any
+    rerank_fused: Any = None
+    """``rerank`` fused with the first stage (``fuse``), or None."""
 
     @property
     def run(self) -> RunLayout:
@@ -170,12 +176,19 @@ def load_pipeline(path: str | Path) -> Pipeline:
     student_run = str(folder / "eval" / "student.trec")
     joined = {"model": str(run.root), "output": student_run, "held_out": held_out, "input": rerank_input}
     rerank = build("rerank", joined)
+    students = [student_run]
+    rerank_fused = None
+    if top.fuse:
+        students.append(str(folder / "eval" / "student-fused.trec"))
+        rerank_fused = build("rerank", {**joined, "output": students[-1], "interpolation": True})
     runs = sections["eval"].get("run") or [str(folder / "teacher")]
     runs = [runs] if isinstance(runs, str) else list(runs)
-    joined = {"run": [*runs, student_run], "held_out": held_out, "qrels": qrels, "queries": "common"}
+    joined = {"run": [*runs, *students], "held_out": held_out, "qrels": qrels, "queries": "common"}
     evaluate = build("eval", {**joined, "json": str(folder / "eval" / "eval.json")})
     bench = build("bench", {"student": str(run.root), "output": str(run.bench)})
-    return Pipeline(top.name, folder, top.eval_queries, teach, train, train_joined, export, bench, rerank, evaluate)
+    return Pipeline(
+        top.name, folder, top.eval_queries, teach, train, train_joined, export, bench, rerank, evaluate, rerank_fused
+    )
 
 
 def _train_sets_teacher_data(train: dict[str, Any]) -> bool:
@@ -298,8 +311,9 @@ def run_pipeline(pipeline: Pipeline, force: set[str] | None = None) -> PipelineR
     runner.run(exported, lambda: export(pipeline.export))
     benched = Stage("bench", _key(asdict(pipeline.bench), [exported.key]), run.bench / "bench.json")
     runner.run(benched, lambda: bench(pipeline.bench, f"distill run (bench stage of {pipeline.name})"))
-    reranked = Stage("rerank", _key(asdict(pipeline.rerank), [exported.key]), Path(pipeline.rerank.output))
-    runner.run(reranked, lambda: rerank(pipeline.rerank))
+    reranks = [c for c in (pipeline.rerank, pipeline.rerank_fused) if c is not None]
+    reranked = Stage("rerank", _key([asdict(c) for c in reranks], [exported.key]), Path(reranks[-1].output))
+    runner.run(reranked, lambda: Reports([rerank(c) for c in reranks]))
     evaluated = Stage("eval", _key(asdict(pipeline.eval), [taught.key, reranked.key]), Path(pipeline.eval.json))
     runner.run(evaluated, lambda: evaluate(pipeline.eval, f"distill run (eval stage of {pipeline.name})"))
     report = PipelineReport(summarize(pipeline))
@@ -323,7 +337,7 @@ def check_inputs(pipeline: Pipeline) -> None:
     checks += [("rerank", key, getattr(rerank, key), "file") for key in ("queries", "corpus")]
     checks += [("eval", "qrels", evaluate.qrels, "file"), *(("eval", "run", path, "any") for path in evaluate.run)]
     checks += [("eval", "teacher", path, "any") for paths in teachers.values() for path in paths]
-    made = [pipeline.teach.output, rerank.output]
+    made = [pipeline.teach.output, rerank.output, *([pipeline.rerank_fused.output] if pipeline.rerank_fused else [])]
     for stage, key, path, kind in checks:
         if path is not None and not is_irds(str(path)) and not any(same_path(path, output) for output in made):
             input_path(path, stage, key, kind)
@@ -355,6 +369,8 @@ def summarize(pipeline: Pipeline) -> dict[str, Any]:
                 if method != "teacher cis" and (c := report.cell(bench, method, workload)):
                     latency[workload][method] = c["p50_s"]
     names = {pipeline.rerank.output: f"student ({pipeline.rerank.backend})"}
+    if pipeline.rerank_fused is not None:
+        names[pipeline.rerank_fused.output] = f"student ({pipeline.rerank.backend}) fused with the first stage"
     queries = max(evaluation["queries"].values())
     return {
         "name": pipeline.name,
@@ -369,6 +385,16 @@ def summarize(pipeline: Pipeline) -> dict[str, Any]:
             "evaluation": str(Path(pipeline.eval.json).parent),
         },
     }
+
+
+@dataclass(frozen=True)
+class Reports:
+    """Several reports of one stage, printed in turn."""
+
+    reports: list[Any]
+
+    def format(self) -> str:
+        return "\n".join(report.format() for report in self.reports)
 
 
 @dataclass(frozen=True)

@@ -5,11 +5,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
 from distill.cli import main
+from distill.core.interpolation import interpolate
+from distill.core.loaders import load_candidates
 from distill.core.runs import read_trec_run
+from distill.core.student_card import StudentCard
 from distill.pipeline import load_pipeline
 
 from .conftest import DL19_QRELS
@@ -45,6 +49,7 @@ def write_pipeline(tmp_path: Path, sample_file: Path, tiny_llama: Path, tiny_ber
             **bench,
         },
         "rerank": {"backend": "onnx"},
+        "fuse": True,
     }
     path = tmp_path / "pipeline.yaml"
     path.write_text(yaml.safe_dump(config))
@@ -68,11 +73,23 @@ def test_pipeline_runs_every_stage_then_skips_what_is_up_to_date(
     summary = json.loads((folder / "summary.json").read_text())
     held_out = json.loads((folder / "student/hf/config.json").read_text())["cis_distill"]["val_queries"]
     assert summary["eval_queries"] == len(held_out) == 1
-    assert list(summary["nDCG@10"]) == ["teacher/first_stage", "teacher/cis", "teacher/upr", "student (onnx)"]
+    fused = "student (onnx) fused with the first stage"
+    assert list(summary["nDCG@10"]) == ["teacher/first_stage", "teacher/cis", "teacher/upr", "student (onnx)", fused]
     evaluation = json.loads((folder / "eval/eval.json").read_text())
     student = str(folder / "eval/student.trec")
     assert set(evaluation["per_query"][student]["nDCG@10"]) == set(held_out)
     assert set(read_trec_run(folder / "eval/student.trec")) == set(held_out)
+    # fuse: the student's scores fused with the first stage's by the α its card chose on the validation queries
+    (alpha,) = StudentCard.find(folder / "student/export").alphas().values()
+    (query,) = [c for c in load_candidates(sample_file).candidates if c.query.qid == held_out[0]]
+    first_stage = {p.docid: score for p, score in zip(query.passages, query.scores, strict=True)}
+    alone, together = read_trec_run(student)[held_out[0]], read_trec_run(folder / "eval/student-fused.trec")
+    docids = sorted(alone)
+    expected = interpolate(
+        np.array([alone[d] for d in docids]), np.array([first_stage[d] for d in docids]), held_out * len(docids), alpha
+    )
+    np.testing.assert_allclose([together[held_out[0]][d] for d in docids], expected, atol=1e-4, rtol=0)
+    assert f"interpolated with the first stage (alpha {alpha:g})" in printed
     assert set(summary["latency_p50_s"]) == {"200 tokens", "12 candidates"}
     assert "teacher cis" in summary["latency_p50_s"]["200 tokens"]
     assert "nDCG@10 on 1 evaluation query ==" in printed and "faster than the teacher" in printed
