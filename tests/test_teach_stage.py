@@ -456,10 +456,13 @@ def test_reuse_gives_the_same_dataset_as_a_fresh_run_and_scores_only_the_new_pai
             assert all(r[c] == before[r["qid"], r["docid"]][c] for c in ("cis", "upr", "cis_q", "logp_uncond"))
 
 
-def test_reuse_of_another_teacher_fingerprint_is_refused_in_one_line(
-    tiny_llama: Path, sample_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+def test_reuse_of_another_teacher_fingerprint_is_refused_in_one_line_before_the_teacher_loads(
+    tiny_llama: Path, sample_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch
 ) -> None:
+    from teachers.teacher import CausalLMTeacher
+
     earlier = run_teach(config(tiny_llama, sample_file, tmp_path / "earlier", scores=["cis"], max_passage_tokens=64))
+    monkeypatch.setattr(CausalLMTeacher, "load", lambda *a, **k: pytest.fail("the teacher loaded before the check"))
     args = ["teach", "--input", str(sample_file), "--output", str(tmp_path / "out"), "--teacher", str(tiny_llama)]
     args += ["--cache-dir", str(tmp_path / "cache"), "--chunk-size", "5", "--max-batch-tokens", "256"]
     capsys.readouterr()

@@ -182,16 +182,9 @@ class _Reuse:
         values: dict[str, list[float]] = {t: [] for t in pair_terms}
         passages: dict[str, float] = {}
         query_values: dict[str, dict[str, float]] = {t: {} for t in query_terms}
+        _check_reused(cfg.reuse, fingerprint)
         for folder in cfg.reuse:
-            dataset = TeacherDataset.open(folder)
-            theirs = dataset.metadata.fingerprint
-            for key in sorted(set(fingerprint) | set(theirs)):
-                if key not in REUSE_FREE and theirs.get(key) != fingerprint.get(key):
-                    raise InputError(
-                        f"teach: reuse {folder} was made under another teacher fingerprint: {key} is "
-                        f"{theirs.get(key)!r} there, {fingerprint.get(key)!r} here"
-                    )
-            table = dataset.table()
+            table = TeacherDataset.open(folder).table()
             names = set(table.column_names)
             for row in table.select([c for c in (*REUSE_KEY, "logp_uncond") if c in names]).to_pylist():
                 passages.setdefault(row["passage"], row["logp_uncond"])
@@ -346,6 +339,24 @@ def _differs(theirs: dict[str, Any] | None, known: dict[str, Any]) -> list[str]:
     return sorted(key for key in keys if theirs.get(key) != known.get(key))
 
 
+def _check_reused(folders: list[str], known: dict[str, Any]) -> None:
+    """Each reused dataset was made under the teacher setting of ``known`` (a fingerprint, which before the teacher
+    loads lacks the start token's keys): they may differ only in :data:`REUSE_FREE`.
+
+    Raises:
+        InputError: one line naming the first folder made otherwise and the key.
+    """
+    for folder in folders:
+        theirs = TeacherDataset.open(folder).metadata.fingerprint
+        differs = [key for key in _differs(theirs, known) if key not in REUSE_FREE]
+        if differs:
+            key = differs[0]
+            raise InputError(
+                f"teach: reuse {folder} was made under another teacher fingerprint: {key} is "
+                f"{theirs.get(key)!r} there, {known.get(key)!r} here"
+            )
+
+
 def _other_output(output: Path) -> ExistingOutputError:
     return ExistingOutputError(
         f"{output} exists and was not made by this configuration: pass --overwrite or another --output"
@@ -389,6 +400,7 @@ def _teach(
     work = output.with_name(output.name + ".partial")
     known = _fingerprint_before_load(cfg, state.device, summary.digest, options)
     _check_earlier_results(output, work, known, cfg.overwrite)
+    _check_reused(cfg.reuse, known)
 
     teacher = CausalLMTeacher.load(
         cfg.teacher,
