@@ -82,3 +82,19 @@ def test_cis_convention_on_the_real_tokenizer(smollm2: CausalLMTeacher, judged: 
     cond, uncond = naive_logprob(model, prefix, ids[0]), naive_logprob(model, [1], ids[0])
     assert terms["logp_cond"][0] == pytest.approx(cond, abs=2e-3)
     assert SCORES["cis"](terms)[0] == pytest.approx(cond - uncond, abs=4e-3)
+
+
+def test_the_packaged_gguf_loads_without_its_conversion_bar_where_bars_are_off(capfd) -> None:
+    """The embedded teacher is a GGUF file inside a package: with the hub's progress bars off (as the command line
+    turns them off), transformers' GGUF conversion draws none either."""
+    from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
+
+    was_disabled = are_progress_bars_disabled()
+    disable_progress_bars()
+    try:
+        capfd.readouterr()
+        CausalLMTeacher.load("smollm2-135m")
+        assert "de-quantizing GGUF tensors" not in capfd.readouterr().err
+    finally:
+        if not was_disabled:
+            enable_progress_bars()

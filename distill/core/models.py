@@ -227,7 +227,7 @@ def _gguf_bar_as_configured(source: ModelSource) -> Iterator[None]:
     bars honour it): where that is set (the command line sets it by default), the conversion draws none either."""
     from huggingface_hub.utils import are_progress_bars_disabled
 
-    if source.kind != "gguf" or not are_progress_bars_disabled():
+    if not source.gguf_file or not are_progress_bars_disabled():  # a GGUF file of its own or of a package
         yield
         return
     from transformers import modeling_gguf_pytorch_utils as gguf_utils
