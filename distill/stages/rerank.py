@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from distill.core.loaders._common import OnBadInput
 from distill.core.runs import Run
 from distill.core.schema import Candidates, InputError, RerankingData
+from distill.core.student_card import DEFAULT_FIRST_STAGE
 from distill.serving.options import ServingOptions
 
 if TYPE_CHECKING:
@@ -71,7 +72,7 @@ class RerankReport:
     """The first stage whose alpha (in the student's card) fused the scores; None: a number given, or no fusion."""
 
     def format(self) -> str:
-        stage = f" {self.first_stage}" if self.first_stage else ""
+        stage = f" {self.first_stage}" if self.first_stage not in (None, DEFAULT_FIRST_STAGE) else ""
         fused = "" if self.alpha is None else f", interpolated with the first stage{stage} (alpha {self.alpha:g})"
         line = f"wrote {self.output}: {self.queries} queries, {self.pairs} pairs, {self.truncated} truncated{fused}"
         if self.skipped:
