@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from distill.core.batching import round_up
 from distill.core.devices import TRAIN_PAD_MULTIPLE, DeviceType, device_type
-from distill.core.label_table import QUERY, SOURCE, SOURCE_ROW, LabelTable, load_label_table
+from distill.core.label_table import ID_COLUMNS, QUERY, SOURCE, SOURCE_ROW, LabelTable, load_label_table
 from distill.core.loaders import load_qrels
 from distill.core.schema import InputError, Qrels
 from distill.core.teacher_data import TeacherDataset
@@ -401,13 +401,14 @@ class StudentDataModule(LightningDataModule):
                 raise InputError("data.val_pool: judged needs data.qrels")
             pool = [q for q in pool if q in qrels]
         held_out = split_queries(pool, h.val_queries, h.seed)
-        is_val = table.qid.isin(held_out).to_numpy()
-        if is_val.all():
+        in_val = table.qid.isin(held_out).to_numpy()
+        if in_val.all():
             raise InputError(f"val_queries={h.val_queries} holds out every query: nothing is left to train on")
+        is_val = in_val & ~table.duplicated(list(ID_COLUMNS)).to_numpy()  # a pair of several lists, scored once
         if h.train_depth is not None:
-            is_train = ~is_val & (table.first_stage_rank <= h.train_depth).to_numpy()
+            is_train = ~in_val & (table.first_stage_rank <= h.train_depth).to_numpy()
         else:
-            is_train = ~is_val
+            is_train = ~in_val
         labels = table["label"].to_numpy(dtype=np.float64)
         self.scaling = TargetScaling.fit(h.target_scaling, labels[is_train])
         queries = table[QUERY].to_numpy()

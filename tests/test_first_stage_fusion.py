@@ -133,6 +133,44 @@ def test_alpha_is_chosen_on_each_first_stages_lists(two_first_stages, tiny_bert:
     StudentCard("bert", "cis", "mse", [], {"kind": "none"}, 512, ["q1"], interpolation=table)  # a valid card
 
 
+def test_a_pair_of_two_first_stages_lists_trains_in_each_and_validates_once(
+    two_first_stages, tiny_bert: Path, tmp_path: Path
+) -> None:
+    """Each first stage's list of a query is its own list: a pair in both trains twice, its label standardised
+    within each list with that list's first-stage score; validation scores it once."""
+    from distill.core.label_table import load_label_table
+    from distill.core.labels import per_query_z
+    from students.data import StudentDataModule
+
+    bm25, splade = two_first_stages
+    labelled = load_label_table([str(bm25), str(splade)], "z(first_stage)")
+    table = labelled.table
+    assert len(table) == 12 * table.qid.nunique() + 8 * table.qid.nunique()
+    assert table.duplicated(["qid", "docid"]).sum() == 8 * table.qid.nunique()
+    assert table["query"].nunique() == 2 * table.qid.nunique()
+    for source in (0, 1):  # each list's label: its own first stage, standardised within the list alone
+        rows = table[table.source == source]
+        expected = per_query_z(rows.first_stage_score.to_numpy(), rows.qid.to_numpy())
+        np.testing.assert_allclose(rows.label.to_numpy(), expected)
+    shared = table[table.duplicated(["qid", "docid"], keep=False)].groupby(["qid", "docid"]).label
+    assert (shared.nunique() == 2).all()  # reversed scores: the two lists rank the shared pairs apart
+
+    data = StudentDataModule(
+        [str(bm25), str(splade)],
+        backbone=str(tiny_bert),
+        qrels=str(DL19_QRELS),
+        val_queries=2,
+        label="z(first_stage)",
+        first_stages={"bm25": ["lists/bm25.json"], "splade": ["lists/splade.json"]},
+        cache_dir=str(tmp_path / "tokens"),
+    )
+    data.setup()
+    train_queries = len(set(data.train.qid))
+    assert len(data.train) == 20 * train_queries and len(np.unique(data.train.query)) == 2 * train_queries
+    assert len(data.val) == 2 * 12 and len(set(zip(data.val.qid, data.val.docid, strict=True))) == len(data.val)
+    assert not set(data.train.qid) & set(data.val.qid)
+
+
 def test_first_stages_that_match_no_teacher_data_or_rules_that_name_none_are_refused(
     two_first_stages, tiny_bert: Path, tmp_path: Path
 ) -> None:

@@ -159,6 +159,7 @@ def test_single_teacher_labels_are_unchanged(teacher_dataset: Path) -> None:
         "first_stage_rank",
         "first_stage_score",
         "cis",
+        "candidates",
         "source",
         "source_row",
         "query",

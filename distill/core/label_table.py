@@ -1,9 +1,12 @@
 """The pairs a student learns from and their label: the teacher datasets read, joined, and the label computed.
 
-The teacher data is a list of ``distill teach`` folders (one teacher: their union, each (qid, docid) once, the
-first kept) or a mapping name -> folders (named teachers, each the union of its folders, joined on (qid, docid):
-they must hold the same pairs). The label is a :class:`~distill.core.labels.LabelExpression` over them; a
-named teacher the label does not use is not read.
+The teacher data is a list of ``distill teach`` folders (one teacher: their union) or a mapping name -> folders
+(named teachers, each the union of its folders, joined on (qid, docid) within each candidate list: they must hold
+the same pairs). A candidate list is one query's candidates in one input (the folder's candidate files): a pair in
+two first stages' lists (BM25's and SPLADE's) is a row of each, with that list's first-stage score, and every
+per-query operation (standardising a term, grouping a within-query loss) acts on each list on its own. Folders of
+the same candidate files hold each (qid, docid) once, the first kept. The label is a
+:class:`~distill.core.labels.LabelExpression` over them; a named teacher the label does not use is not read.
 
 The table holds ids and scores only, never the texts: its strings are Arrow-backed (a few bytes a pair, not a
 Python object each), and each row names where its texts are (``source``, ``source_row``: a row of one of
@@ -30,10 +33,14 @@ TeacherData = list[str] | dict[str, list[str]]
 """Folders of one teacher, or named teachers: name -> folders."""
 _NAME = re.compile(r"[A-Za-z_]\w*")
 ID_COLUMNS = ("qid", "docid")
+CANDIDATES = "candidates"
+"""Each row's candidate files: its folder's inputs, joined by newlines (one string per distinct input)."""
+KEY_COLUMNS = (CANDIDATES, *ID_COLUMNS)
 SOURCE, SOURCE_ROW = "source", "source_row"
 """Where a row's texts are: the index of its folder in :attr:`LabelTable.sources`, and its row there."""
 QUERY = "query"
-"""Each row's query as a number, int64 (0, 1, ... in order of first appearance)."""
+"""Each row's candidate list as a number, int64 (0, 1, ... in order of first appearance): its query within its
+candidate files."""
 
 
 @dataclass(frozen=True)
@@ -41,10 +48,10 @@ class LabelTable:
     """The joined pairs with their label."""
 
     table: Any
-    """A DataFrame, one row per pair: ``qid``, ``docid`` (Arrow-backed strings), ``first_stage_rank``,
-    ``first_stage_score`` (the first named teacher's), each term's column (``cis``; ``gemma.cis`` for a named
-    teacher), ``label``, ``query`` (the query as a number, :data:`QUERY`), and ``source``, ``source_row``: where
-    the pair's texts are."""
+    """A DataFrame, one row per pair of each candidate list: ``qid``, ``docid``, ``candidates`` (Arrow-backed
+    strings), ``first_stage_rank``, ``first_stage_score`` (the first named teacher's), each term's column (``cis``;
+    ``gemma.cis`` for a named teacher), ``label``, ``query`` (the candidate list as a number, :data:`QUERY`), and
+    ``source``, ``source_row``: where the pair's texts are."""
     expression: LabelExpression
     teachers: dict[str, list[str]]
     """The named teachers the label uses: name -> folders; empty for one unnamed teacher."""
@@ -106,28 +113,33 @@ def load_label_table(
         tables = {name: _union(folders, scores.get(name, []), name) for name, folders in used.items()}
         table = _join(tables, used, data_key)
     columns = {term.column: table[term.column].to_numpy(dtype=np.float64) for term in expression.terms}
-    table[QUERY] = query_codes(table.qid)
+    table[QUERY] = query_codes(table.qid, table[CANDIDATES])
     table["label"] = expression.values(columns, table[QUERY].to_numpy())
     sources = next(iter(used.values())) if used else list(teacher_data)
     return LabelTable(table, expression, used, list(sources))
 
 
-def query_codes(qids: Any) -> np.ndarray:
-    """``[n]`` int64 codes of a column of query ids (0, 1, ... in order of first appearance)."""
+def query_codes(qids: Any, candidates: Any) -> np.ndarray:
+    """``[n]`` int64 codes of the candidate lists of columns of query ids and candidate files (0, 1, ... in order
+    of first appearance)."""
     import pandas as pd
 
-    return pd.factorize(qids)[0].astype(np.int64, copy=False)
+    lists = pd.MultiIndex.from_arrays([qids, candidates])
+    return pd.factorize(lists)[0].astype(np.int64, copy=False)
 
 
 def _union(folders: list[str], scores: list[str], name: str | None) -> Any:
-    """The rows of ``folders``, each (qid, docid) once (the first kept), with the columns ``scores`` (renamed
-    ``name.score`` for a named teacher) and where each row is (``source``, ``source_row``); no texts."""
+    """The rows of ``folders``, each (qid, docid) once per candidate files (the first kept), with the columns
+    ``scores`` (renamed ``name.score`` for a named teacher), the candidate files and where each row is
+    (``source``, ``source_row``); no texts."""
     import pandas as pd
 
     frames = []
     for index, path in enumerate(folders):
         columns = [*ID_COLUMNS, "first_stage_rank", FIRST_STAGE_COLUMN, *scores]
-        frame = TeacherDataset.open(path).to_pandas(list(dict.fromkeys(columns)), arrow_strings=True)
+        dataset = TeacherDataset.open(path)
+        frame = dataset.to_pandas(list(dict.fromkeys(columns)), arrow_strings=True)
+        frame[CANDIDATES] = pd.Series("\n".join(dataset.metadata.input), index=frame.index, dtype=frame.qid.dtype)
         for score in dict.fromkeys(scores):
             bad = ~np.isfinite(frame[score].to_numpy(dtype=np.float64))
             if bad.any():
@@ -139,14 +151,14 @@ def _union(folders: list[str], scores: list[str], name: str | None) -> Any:
     if len(frames) == 1:  # a teacher dataset holds each pair once: the teacher stage refuses duplicates
         table = frames[0]
     else:
-        table = pd.concat(frames, ignore_index=True).drop_duplicates(list(ID_COLUMNS), keep="first")
+        table = pd.concat(frames, ignore_index=True).drop_duplicates(list(KEY_COLUMNS), keep="first")
         table = table.reset_index(drop=True)
     return table.rename(columns={score: f"{name}.{score}" for score in scores}) if name else table
 
 
 def _join(tables: dict[str, Any], folders: dict[str, list[str]], key: str) -> Any:
     """The first teacher's rows (its texts and first stage) with every other teacher's score columns, joined on
-    (qid, docid).
+    (candidate files, qid, docid).
 
     Raises:
         InputError: ``<key>: ...``: two teachers do not hold the same pairs (counted, with examples).
@@ -155,15 +167,15 @@ def _join(tables: dict[str, Any], folders: dict[str, list[str]], key: str) -> An
     for name, other in others:
         _check_same_pairs(first, table, name, other, folders, key)
         scores = [c for c in other.columns if c.startswith(f"{name}.")]
-        table = table.merge(other[[*ID_COLUMNS, *scores]], on=list(ID_COLUMNS), how="left", validate="one_to_one")
+        table = table.merge(other[[*KEY_COLUMNS, *scores]], on=list(KEY_COLUMNS), how="left", validate="one_to_one")
     return table
 
 
 def _check_same_pairs(a: str, table_a: Any, b: str, table_b: Any, folders: dict[str, list[str]], key: str) -> None:
     import pandas as pd
 
-    keys_a = pd.MultiIndex.from_frame(table_a[list(ID_COLUMNS)])
-    keys_b = pd.MultiIndex.from_frame(table_b[list(ID_COLUMNS)])
+    keys_a = pd.MultiIndex.from_frame(table_a[list(KEY_COLUMNS)])
+    keys_b = pd.MultiIndex.from_frame(table_b[list(KEY_COLUMNS)])
     missing = []
     for name, other, rows in ((a, b, table_a[~keys_a.isin(keys_b)]), (b, a, table_b[~keys_b.isin(keys_a)])):
         if len(rows):
