@@ -4,7 +4,6 @@ dynamic batcher; errors and limits; draining on SIGTERM."""
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 import signal
@@ -75,10 +74,6 @@ def running(app) -> Iterator[str]:
         thread.join(30)
 
 
-def sigmoid(x: float) -> float:
-    return 1.0 / (1.0 + math.exp(-x))
-
-
 @pytest.fixture(scope="module")
 def reference(exported: Path) -> Reranker:
     """The export on onnxruntime fp32, as ``Reranker.score`` scores it: what the server must answer."""
@@ -118,6 +113,8 @@ def test_cohere_sdk_reranks_with_the_rerankers_scores(server: str, reference: Re
 
     query, passages = call
     raw = reference.score(query, passages)
+    probability = reference.probabilities(query, passages)
+    assert reference.calibration is not None  # the export fitted one on its quality gate's judged pairs
     best = sorted(range(len(raw)), key=lambda i: (-raw[i], i))[:5]
     tokens = int(encode_pairs(reference.tokenizer, [query] * len(passages), passages, reference.max_length).ids.size)
 
@@ -126,7 +123,7 @@ def test_cohere_sdk_reranks_with_the_rerankers_scores(server: str, reference: Re
     )
     assert [r.index for r in v1.results] == best
     for result in v1.results:
-        assert result.relevance_score == pytest.approx(sigmoid(raw[result.index]), abs=TOLERANCE)
+        assert result.relevance_score == pytest.approx(probability[result.index], abs=TOLERANCE)
         assert result.document.text == passages[result.index]
     assert v1.meta.tokens.input_tokens == tokens
     assert v1.id
@@ -134,7 +131,7 @@ def test_cohere_sdk_reranks_with_the_rerankers_scores(server: str, reference: Re
     v2 = cohere.ClientV2(api_key="unused", base_url=server).rerank(model="any", query=query, documents=passages)
     assert [r.index for r in v2.results] == sorted(range(len(raw)), key=lambda i: (-raw[i], i))
     assert [r.relevance_score for r in v2.results] == [
-        pytest.approx(sigmoid(raw[r.index]), abs=TOLERANCE) for r in v2.results
+        pytest.approx(probability[r.index], abs=TOLERANCE) for r in v2.results
     ]
     assert v2.meta.api_version.version == "2"
 
@@ -152,14 +149,15 @@ def test_jina_documents_and_raw_scores(server: str, reference: Reranker, call) -
     assert answer["usage"]["total_tokens"] == answer["meta"]["tokens"]["input_tokens"] > 0
 
 
-def test_tei_rerank_is_sorted_and_sigmoid_unless_raw(server: str, reference: Reranker, call) -> None:
+def test_tei_rerank_is_sorted_and_calibrated_unless_raw(server: str, reference: Reranker, call) -> None:
     query, passages = call
     texts = passages[30:45]
     raw = reference.score(query, texts)
+    probability = reference.probabilities(query, texts)
     order = sorted(range(len(texts)), key=lambda i: (-raw[i], i))
     normalised = httpx.post(f"{server}/rerank", json={"query": query, "texts": texts, "truncate": True}).json()
     assert [r["index"] for r in normalised] == order
-    assert [r["score"] for r in normalised] == [pytest.approx(sigmoid(raw[i]), abs=TOLERANCE) for i in order]
+    assert [r["score"] for r in normalised] == [pytest.approx(probability[i], abs=TOLERANCE) for i in order]
     assert all(set(r) == {"index", "score"} for r in normalised)
     body = {"query": query, "texts": texts, "truncate": True, "raw_scores": True, "return_text": True}
     scored = httpx.post(f"{server}/rerank", json=body).json()

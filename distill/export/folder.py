@@ -29,8 +29,10 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from distill.core.files import check_model_folder
-from distill.core.schema import ExistingOutputError, InputError
+from distill.core.schema import ExistingOutputError, InputError, Qrels
 from distill.core.student_card import StudentCard
 from distill.core.teacher_data import TeacherDataset
 from distill.export.model_card import render_model_card
@@ -41,6 +43,7 @@ from distill.export.quality_gate import QualityGate, measure_quality_gate, valid
 from distill.export.quantize import INT8_RUNTIMES, Calibration, Int8Mode
 from distill.export.remote_code import write_remote_code
 from distill.serving.auto import EXPORT_CARD
+from distill.serving.calibration import ScoreCalibration, fit_platt
 from distill.serving.encoding import encode_pairs, input_names, load_tokenizer, model_max_length, pad_batch
 from distill.serving.scorers import FORMAT_COPIES, FORMAT_FILES, WEIGHT_FILES, require_file
 
@@ -74,6 +77,8 @@ class ExportReport:
     """The modeling file written for ``trust_remote_code`` loaders (None: ``transformers`` knows the head)."""
     hub_url: str | None = None
     """Where ``--push_to_hub`` uploaded the folder."""
+    score_calibration: ScoreCalibration | None = None
+    """Platt scaling of the raw scores, fitted on the quality gate's judged pairs; None without them."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -81,6 +86,7 @@ class ExportReport:
             "optimizations": self.optimizations,
             "parity": [asdict(p) for p in self.parity],
             "quality_gate": self.quality_gate.to_dict() if self.quality_gate else None,
+            "score_calibration": self.score_calibration.to_dict() if self.score_calibration else None,
             "remote_code": self.remote_code,
         }
 
@@ -101,6 +107,13 @@ class ExportReport:
             )
         if self.quality_gate is not None:
             lines.append(self.quality_gate.format())
+        if (calibration := self.score_calibration) is not None and calibration.quality is not None:
+            q = calibration.quality
+            lines.append(
+                f"score calibration (Platt, on {q.pairs} pairs of the gate, {q.relevant} relevant): "
+                f"p = sigmoid({calibration.scale:.4g} * raw + {calibration.bias:.4g}); Brier {q.brier:.4f}, "
+                f"ECE {q.ece:.4f}, 5th-95th percentile {q.p05:.3f}-{q.p95:.3f}"
+            )
         lines.append(f"wrote {self.out_dir} (card.json has the parity figures, {MODEL_CARD} the model card)")
         if self.hub_url:
             lines.append(f"uploaded to {self.hub_url}")
@@ -168,6 +181,7 @@ def export_student(
             gate = measure_quality_gate(staging, parity, int8_runtime)
             results = verify_export(staging, parity, int8_runtime, gate)
             report = ExportReport(out_dir, written, optimizations, results, gate, remote_code)
+            report.score_calibration = fit_score_calibration(gate, parity.qrels)
             card = _card(hf_dir, out_dir, staging, report)
             (staging / CARD).write_text(json.dumps(card, indent=2) + "\n")
             (staging / MODEL_CARD).write_text(render_model_card(card, hub_id or f"path/to/{out_dir.name}", license))
@@ -180,6 +194,28 @@ def export_student(
             shutil.rmtree(out_dir)
         staging.rename(out_dir)
     return report
+
+
+def fit_score_calibration(gate: QualityGate | None, qrels: Qrels) -> ScoreCalibration | None:
+    """Platt scaling of PyTorch fp32's raw scores of the gate's pairs against their judgments: a pair is relevant
+    at the qrels' binary level (:func:`~distill.core.metrics.default_rel_level`), and an unjudged candidate counts
+    as not relevant, as nDCG@10 counts it. None without the gate's pairs, or where they hold one class only."""
+    from distill.core.metrics import default_rel_level
+
+    if gate is None or not gate.reference:
+        return None
+    level = default_rel_level(qrels)
+    raw, relevant = [], []
+    for qid, scores in gate.reference.items():
+        judged = qrels.get(qid, {})
+        for docid, score in scores.items():
+            raw.append(score)
+            relevant.append(judged.get(docid, 0) >= level)
+    try:
+        return fit_platt(np.array(raw), np.array(relevant), gate.pairs)
+    except InputError as error:
+        log.warning("no score calibration: %s", error)
+        return None
 
 
 STAGING = re.compile(r"\.(?P<name>.+)\.tmp(?P<pid>\d+)")

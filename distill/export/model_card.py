@@ -57,6 +57,7 @@ def render_model_card(card: dict[str, Any], model_id: str, license: str) -> str:
         _training(student, card.get("teacher_data") or {}),
         _validation(student),
         _fusion(student),
+        _calibration(card.get("score_calibration")),
         _precisions(card.get("quality_gate"), card.get("formats") or {}),
         _usage(model_id, remote, student, card["max_length"]),
         _limitations(student, remote, card["max_length"]),
@@ -198,6 +199,25 @@ def _number(key: str, value: Any) -> str:
     if not isinstance(value, (int, float)):
         return str(value)
     return f"{value:.2f}" if "nDCG" in key else f"{value:.3f}"
+
+
+def _calibration(calibration: dict[str, Any] | None) -> str:
+    if not calibration:
+        return ""
+    text = (
+        "## Scores\n\nThe raw score is the model's output. The normalised score that `distill serve` returns "
+        f"(and `Reranker.probabilities`) is a probability of relevance, score calibration by Platt scaling: "
+        f"`sigmoid({calibration['scale']:.6g} * raw + {calibration['bias']:.6g})`, fitted on "
+        f"{calibration['fitted_on'] or 'the judged validation pairs'}. It ranks as the raw score does."
+    )
+    quality = calibration.get("quality")
+    if quality:
+        text += (
+            f" On those {quality['pairs']} pairs ({quality['relevant']} relevant; an unjudged candidate counts as not "
+            f"relevant): Brier score {quality['brier']:.4f}, expected calibration error {quality['ece']:.4f}, and "
+            f"the probabilities' 5th to 95th percentiles {quality['p05']:.3f} to {quality['p95']:.3f}."
+        )
+    return text
 
 
 def _precisions(gate: dict[str, Any] | None, formats: dict[str, str]) -> str:

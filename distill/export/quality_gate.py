@@ -152,6 +152,9 @@ class QualityGate:
     """PyTorch fp32's nDCG@10 x100."""
     backends: dict[str, BackendQuality] = field(default_factory=dict)
     rule: GateRule = RULE
+    reference: Run = field(default_factory=dict, repr=False)
+    """PyTorch fp32's raw scores of the ranked pairs, qid -> docid -> score (not in card.json: the score
+    calibration is fitted on them, :func:`distill.export.folder.fit_score_calibration`)."""
 
     @property
     def bound(self) -> float:
@@ -284,7 +287,7 @@ def measure_quality_gate(folder: Path, ranking: ParitySet, int8_runtime: str = "
     lists = list(_by_query(ranking.ranking))
     reference = _run(folder, REFERENCE, lists)
     reference_ndcg = evaluate(reference, ranking.qrels, ["nDCG@10"])["nDCG@10"]
-    gate = QualityGate(ranking.ranking_source, len(lists), reference_ndcg)
+    gate = QualityGate(ranking.ranking_source, len(lists), reference_ndcg, reference=reference)
     for name, reason in gate_candidates(folder, int8_runtime).items():
         if reason is not None:
             gate.backends[name] = BackendQuality(not_checked=reason)

@@ -10,12 +10,13 @@ Routes:
 - ``POST /v1/rerank`` (and ``/v2/rerank``, where Cohere's ``ClientV2`` posts): Cohere's request (``query``,
   ``documents`` as strings or ``{"text": ...}`` objects, as Jina's, ``top_n``, ``return_documents``,
   ``max_tokens_per_doc``) and response (``results: [{index, relevance_score, document?}]``, ``id``, ``meta``, and
-  Jina's ``usage``). ``relevance_score`` is normalised: the sigmoid of the model's raw score, in (0, 1) as Cohere's
-  are (``raw_scores: true``, as Infinity takes it, gives the raw score). Documents too long for the model are cut,
-  as Cohere does, unless ``truncate: false``.
+  Jina's ``usage``). ``relevance_score`` is normalised: the export's calibrated probability of relevance
+  (:mod:`distill.serving.calibration`; the plain sigmoid for a fused score or a folder without a calibration), in
+  (0, 1) as Cohere's are (``raw_scores: true``, as Infinity takes it, gives the raw score). Documents too long for
+  the model are cut, as Cohere does, unless ``truncate: false``.
 - ``POST /rerank``: TEI's request (``query``, ``texts``, ``truncate``, ``raw_scores``, ``return_text``) and response
-  (``[{index, score, text?}]``, best first). ``score`` is the sigmoid of the raw score unless ``raw_scores``, as in
-  TEI; a text too long for the model is a 413 unless ``truncate: true`` (TEI's default).
+  (``[{index, score, text?}]``, best first). ``score`` is the normalised score, as Cohere's route gives it, unless
+  ``raw_scores``, as in TEI; a text too long for the model is a 413 unless ``truncate: true`` (TEI's default).
 - ``GET /health``, ``GET /metrics`` (Prometheus), ``GET /info`` (the model, its head, the backend and why ``auto``
   chose it, the export's quality gate, the limits).
 
@@ -61,6 +62,7 @@ from distill.core.interpolation import interpolate
 from distill.core.schema import InputError
 from distill.serving.auto import quality_gate
 from distill.serving.batcher import BatchStats, DynamicBatcher, PredictLoop, WholeRequests
+from distill.serving.calibration import normalised, read_calibration
 from distill.serving.encoding import Encoded, encode_pairs
 from distill.serving.fusion import Fusion
 from distill.serving.http_schemas import (
@@ -83,8 +85,8 @@ from distill.serving.reranker import Reranker
 log = logging.getLogger(__name__)
 
 SCORES = {
-    "/v1/rerank": "relevance_score = sigmoid(raw score), in (0, 1); the raw score with raw_scores: true",
-    "/rerank": "score = sigmoid(raw score), in (0, 1); the raw score with raw_scores: true (as TEI)",
+    "/v1/rerank": "relevance_score = the calibrated probability, in (0, 1); the raw score with raw_scores: true",
+    "/rerank": "score = the calibrated probability, in (0, 1); the raw score with raw_scores: true (as TEI)",
 }
 """What each rerank route's scores are (``/info`` shows it; ``/v2/rerank`` is ``/v1/rerank``'s)."""
 ROUTES = ("/v1/rerank", "/v2/rerank", "/rerank", "/health", "/metrics", "/info")
@@ -338,11 +340,6 @@ def _fused(raw: np.ndarray, body: Any, alpha: float | None) -> np.ndarray:
     return interpolate(raw.astype(np.float64), first_stage, [body.query] * len(raw), alpha)
 
 
-def _sigmoid(raw: np.ndarray) -> np.ndarray:
-    """``1 / (1 + exp(-raw))`` in float64, as ``(1 + tanh(raw / 2)) / 2``: no overflow for any score."""
-    return 0.5 * (1.0 + np.tanh(0.5 * raw.astype(np.float64)))
-
-
 def _ranked(raw: np.ndarray, top_n: int | None) -> list[int]:
     """The documents' indices, best first (ties in request order), the first ``top_n``."""
     return np.lexsort((np.arange(len(raw)), -raw))[:top_n].tolist()
@@ -561,10 +558,12 @@ def create_app(
     folder = Path(folder)
     options = options or ServerOptions()
     fusion = fusion or Fusion.of(folder, None, None)
+    calibration = read_calibration(folder)
     metrics = Metrics()
     state = ServingState(options)
     info = model_info(folder, reranker, options)
     info["fusion"] = {"alphas": fusion.alphas, "first_stage": fusion.first_stage, "interpolation": fusion.interpolation}
+    info["score_calibration"] = calibration.to_dict() if calibration else None
     service: RerankService | None = None
 
     @asynccontextmanager
@@ -615,7 +614,7 @@ def create_app(
         scores = await service.score(body.query, body.documents, body.truncate, body.max_tokens_per_doc, "documents")
         metrics.documents.labels(request.url.path).inc(len(body.documents))
         raw = _fused(scores.raw, body, alpha)
-        shown = raw if body.raw_scores else _sigmoid(raw)
+        shown = raw if body.raw_scores else normalised(raw, calibration, alpha is not None)
         results = [
             CohereResult(
                 index=i,
@@ -654,7 +653,7 @@ def create_app(
         scores = await service.score(body.query, body.texts, body.truncate, None, "texts")
         metrics.documents.labels(request.url.path).inc(len(body.texts))
         raw = _fused(scores.raw, body, alpha)
-        shown = raw if body.raw_scores else _sigmoid(raw)
+        shown = raw if body.raw_scores else normalised(raw, calibration, alpha is not None)
         return [
             TeiResult(index=i, score=float(shown[i]), text=body.texts[i] if body.return_text else None)
             for i in _ranked(raw, None)

@@ -98,7 +98,7 @@ class CohereRequest(_Request):
         True, description="Cut documents too long for the model (as Cohere does); false: a 413 names the limit."
     )
     raw_scores: bool = Field(
-        False, description="relevance_score is the model's raw score rather than its sigmoid (as Infinity's)."
+        False, description="relevance_score is the model's raw score, not its calibrated probability (as Infinity's)."
     )
 
 
@@ -108,7 +108,7 @@ class CohereDocument(BaseModel):
 
 class CohereResult(BaseModel):
     index: int = Field(description="The document's position in the request.")
-    relevance_score: float = Field(description="sigmoid(raw score) in (0, 1), or the raw score with raw_scores.")
+    relevance_score: float = Field(description="The calibrated probability, in (0, 1); the raw score with raw_scores.")
     document: CohereDocument | None = None
 
 
@@ -151,13 +151,13 @@ class TeiRequest(_Request):
 
     texts: list[Document] = Field(description="The documents to score (strings).")
     truncate: bool = Field(False, description="Cut texts too long for the model; false (TEI's default): a 413.")
-    raw_scores: bool = Field(False, description="The model's raw scores rather than their sigmoid (TEI's default).")
+    raw_scores: bool = Field(False, description="The raw scores, not their calibrated probability (TEI's default).")
     return_text: bool = Field(False, description="Return each text.")
 
 
 class TeiResult(BaseModel):
     index: int
-    score: float = Field(description="sigmoid(raw score) in (0, 1), or the raw score with raw_scores.")
+    score: float = Field(description="The calibrated probability, in (0, 1); the raw score with raw_scores.")
     text: str | None = None
 
 

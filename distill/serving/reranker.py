@@ -23,6 +23,7 @@ from distill.core.interpolation import interpolate
 from distill.core.schema import InputError, MissingFileError
 from distill.serving.auto import choose_backend
 from distill.serving.backends import BACKENDS, ONNX_DTYPES, OPENVINO_DTYPES, backend_name
+from distill.serving.calibration import ScoreCalibration, normalised, read_calibration
 from distill.serving.encoding import Batch, Packed, encode_pairs, load_tokenizer, model_max_length
 from distill.serving.fusion import Fusion
 from distill.serving.options import ServingOptions
@@ -88,6 +89,9 @@ class Reranker:
         self.truncated = 0
         self.first_stage: str | None = None
         """The first stage whose α ``alpha`` is (None: a number given, or no fusion)."""
+        self.calibration: ScoreCalibration | None = None
+        """The export's score calibration (:mod:`distill.serving.calibration`), which :meth:`probabilities`
+        applies; None for a folder without one."""
 
     @classmethod
     def load(cls, path: str | Path, options: ServingOptions | None = None, **changes: Any) -> Reranker:
@@ -145,6 +149,7 @@ class Reranker:
         name = backend_name(backend, dtype)
         reranker = cls(scorer, tokenizer, max_length or limit, budget, alpha, name, reason, options.overlap)
         reranker.first_stage = first_stage
+        reranker.calibration = read_calibration(path)
         return reranker
 
     @property
@@ -179,6 +184,15 @@ class Reranker:
             student, np.asarray(first_stage_scores, dtype=np.float64), [query] * len(student), self.alpha
         )
         return fused.tolist()
+
+    def probabilities(
+        self, query: str, passages: Sequence[str], first_stage_scores: Sequence[float] | None = None
+    ) -> list[float]:
+        """The normalised scores of :meth:`score`, each in (0, 1), in the order of ``passages``: the student's
+        calibrated probability of relevance (:attr:`calibration`), or the sigmoid of a fused score or of a student
+        without a calibration. Monotone in :meth:`score`'s raw scores, so both rank the same."""
+        raw = np.asarray(self.score(query, passages, first_stage_scores), dtype=np.float64)
+        return normalised(raw, self.calibration, self.alpha is not None).tolist()
 
     def _student_scores(self, query: str, passages: Sequence[str]) -> np.ndarray:
         scores = np.empty(len(passages), dtype=np.float32)
