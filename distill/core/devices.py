@@ -16,11 +16,9 @@ if TYPE_CHECKING:
 DeviceType = Literal["cpu", "cuda"]
 
 STUDENT_BATCH_TOKENS: dict[DeviceType, int] = {"cpu": 1024, "cuda": 32768}
-"""Padded tokens per student (cross-encoder) batch. Small batches keep a CPU's caches warm (on 2 cores, compare
-``benchmarks/results/bench-cpu-minilm-dl19-all-cis`` with its ``-batch16384`` twin); a GPU wants large ones: 32768
-takes a query's 100 candidates in one batch up to 327 tokens a pair (100 x 256 fits). On an H100, 16384 split a DL19
-query's 100 candidates into 90 x 182 and 10 x 64 tokens, 45.8 ms for the two batches against 32.1 ms for one
-(``../shared/gpu-h100/README.md``, bert-large fp16)."""
+"""Padded tokens per student (cross-encoder) batch. Small batches keep a CPU's caches warm; a GPU wants large ones:
+32768 takes a query's 100 candidates in one batch up to 327 tokens a pair (100 x 256 fits), where a smaller budget
+splits them into batches that each pay the launch cost (the docs' CPU latency and GPU results pages time both)."""
 TEACHER_BATCH_TOKENS: dict[DeviceType, int] = {"cpu": 8192, "cuda": 16384}
 """Padded tokens per teacher forward pass in the benchmarks (the teach stage's own default is its config's)."""
 TRAIN_PAD_MULTIPLE: dict[DeviceType, int] = {"cpu": 1, "cuda": 64}
@@ -32,19 +30,17 @@ TEACHER_LEVERS: dict[DeviceType, dict[str, int | bool]] = {
     "cuda": {"bucket": 64, "packing": True, "compile": True},
 }
 """The teacher scorer's speed levers by default (:class:`teachers.causal_lm.ScorerOptions`). A CPU keeps the exact
-path, whose scores never change; on an H200 the three levers together scored all of DL19 at 76.0% of the bf16
-ceiling and 1.30x the plain loop, against 62.7% and 1.03x without them (``benchmarks/results/gpu-suite-h200/``:
-``teacher-levers-dl19.json`` against ``summary.json``)."""
+path, whose scores never change; a GPU buckets lengths, packs sequences and compiles, which together keep its
+matrix units busy (the docs' GPU results pages measure the levers against the plain loop)."""
 RERANKER_LEVERS: dict[DeviceType, dict[str, bool]] = {
     "cpu": {"unpad": False, "cuda_graphs": False},
     "cuda": {"unpad": True, "cuda_graphs": True},
 }
 """The torch reranker's speed levers by default (:class:`distill.serving.scorers.TorchOptions`' ``unpad`` and
 ``cuda_graphs``, where they are not given). A CPU keeps the padded path, whose scores never change. On CUDA the
-encoder runs on the real tokens only (an H200 reranked a DL19 query's 100 candidates with bert-large fp16 in 44.1 ms
-unpadded against 46.1 padded, its kernels 12 ms against 26), replayed from CUDA graphs, which remove the ~10 ms
-that launching each call's kernels from Python cost there (``benchmarks/results/gpu-suite-h200/``). unpad applies to
-BERT encoders only: another model keeps the padded path by default."""
+encoder runs on the real tokens only, replayed from CUDA graphs, which remove the cost of launching each call's
+kernels from Python (the docs' GPU results pages measure both). unpad applies to BERT encoders only: another model
+keeps the padded path by default."""
 MATMUL_SIZE: dict[DeviceType, int] = {"cpu": 2048, "cuda": 8192}
 """Side of the square matmul whose rate FLOP floors and ceilings are measured against."""
 

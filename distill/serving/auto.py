@@ -47,21 +47,14 @@ PREFERENCES: dict[Tier | str, tuple[str, ...]] = {
     "cuda": ("torch-fp16", "torch-fp32"),
 }
 """CPU tier (:data:`~distill.serving.hardware.Tier`) or ``cuda`` -> the named backends (keys of
-:data:`~distill.serving.backends.NAMED_BACKENDS`), fastest first. What backs the order (``distill bench``, 2 threads,
-a DL19 query's 100 BM25 candidates; the docs' results page "CPU latency"):
+:data:`~distill.serving.backends.NAMED_BACKENDS`), fastest first, as ``distill bench`` ranked them on each tier (the
+docs' results page "CPU latency" gives the timings):
 
-- ``amx``: on an AMX Xeon the quickstart's bench timed OpenVINO bf16 at 3.1x PyTorch fp32 (26.9 against 83.9 ms,
-  issue 21); int8 is next, as on VNNI.
-- ``vnni_bf16``: on an AMD EPYC with AVX-512 VNNI and BF16 (``benchmarks/results/bench-cpu-auto-dl2122-final``, the
-  final student), OpenVINO int8 2.91x PyTorch fp32, OpenVINO bf16 2.39x, onnxruntime's run of the int8 graph 1.38x,
-  onnxruntime fp32 1.45x, OpenVINO fp32 1.20-1.39x: native bf16 dot products make bf16 the next choice after int8
-  (when the gate refuses int8, as it did for that student), and onnxruntime fp32 leads fp32, as on the earlier EPYC.
-- ``vnni``: on an AVX-512 VNNI Xeon without AMX (``benchmarks/results/bench-cpu-dl2122-seg-hybrid-lr3e-5``, the
-  final student), OpenVINO int8 2.04x PyTorch fp32, OpenVINO fp32 1.19x, onnxruntime fp32 0.84x (slower than
-  PyTorch, so it is left out of the AVX-512 lists), OpenVINO bf16 0.69x (AVX-512 BF16 without AMX is slower than
-  fp32); onnxruntime's dynamic int8 took 593 ms against its fp32's 1004 (:mod:`distill.bench.onnx_cpu`).
-- ``fp32``: on an AMD EPYC (``benchmarks/results/bench-cpu-minilm-dl19-all-cis``), onnxruntime fp32 1.53x PyTorch
-  fp32 (763 against 1168 ms); OpenVINO fp32 before it, as it was 1.43x faster than onnxruntime on the Xeon.
+- ``amx``: AMX makes bf16 matrix products native, so OpenVINO bf16 leads; int8 is next, as on VNNI.
+- ``vnni_bf16``: VNNI makes int8 fastest; AVX-512 BF16 dot products make bf16 the next choice (where the gate
+  refuses int8), and onnxruntime fp32 leads fp32.
+- ``vnni``: int8 first; without native bf16, OpenVINO computes bf16 slower than fp32, so bf16 is left out.
+- ``fp32``: no int8 or bf16 instructions: the fp32 runtimes, OpenVINO's first.
 - ``cuda``: PyTorch fp16 on the GPU (the export's ONNX graphs are CPU-tuned).
 
 PyTorch fp32 ends every list: it runs every folder with the Hugging Face weights."""

@@ -56,10 +56,9 @@ log = logging.getLogger(__name__)
 
 ROUND_BATCHES = 8
 """A round takes at most this many batches' budget of tokens (the pairs' own) from the queue: enough for the pairs of
-eight requests of 10 documents to sort together (8,192 tokens on a CPU, about 80 DL19 pairs), few enough that a
-request of 100 documents spans rounds. At 10 documents and concurrency 8 (``python -m distill.bench.load``, the
-committed ``benchmarks/results/serve-cpu`` before and after the change), a batch held 6.8 pairs of 2.2 requests and
-116 padded tokens a pair with 2, and 8.2 pairs of 3.8 requests and 108 with 8."""
+eight requests of 10 documents to sort together by length (fewer padded tokens a pair, more requests a batch), few
+enough that a request of 100 documents spans rounds and does not hold back the requests behind it. The docs' serving
+results page measures the batches it makes."""
 
 
 @dataclass(frozen=True)

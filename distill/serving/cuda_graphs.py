@@ -1,7 +1,7 @@
 """CUDA graphs of the unpadded encoder: a batch is scored by replaying a graph captured once for its shape.
 
-An eager bert-large forward launches its kernels one by one from Python, which costs about 10 ms a call whatever the
-call's size (an H200 took 10.4 ms for 4 pairs; ``benchmarks/results/gpu-suite-h200``). A CUDA graph launches them
+An eager bert-large forward launches its kernels one by one from Python, a fixed cost per call whatever the call's
+size, which dominates small batches on a fast GPU (the docs' GPU results pages measure it). A CUDA graph launches them
 all at once, but replays fixed shapes and fixed buffers. So a packed batch of ``B`` pairs and ``N`` tokens, the
 longest ``L``, is padded up to a :class:`Shape` (:func:`static_shape`, :func:`pad_to`), of which there are few:
 

@@ -61,7 +61,7 @@ def _unreadable_model(path: Path, detail: str) -> InputError:
 
 @dataclass(frozen=True)
 class TorchOptions:
-    """The torch backend's speed levers (issue 19). Each is recorded in :meth:`TorchScorer.settings` and
+    """The torch backend's speed levers. Each is recorded in :meth:`TorchScorer.settings` and
     :attr:`Reranker.settings <distill.serving.reranker.Reranker.settings>`.
 
     Every model that has an SDPA path (``torch.nn.functional.scaled_dot_product_attention``: fused flash or

@@ -9,9 +9,7 @@ within ``--request_read_timeout`` (:func:`timed_h11`, and the app's gate).
 
 The server tokenises on one thread, while the backend runs a batch on every core: it sets
 ``TOKENIZERS_PARALLELISM=false`` (unless it is set already), so that the Rust tokenizer's own threads do not take
-cores from the backend's. In the load benchmark (``benchmarks/results/serve-cpu-tokenizers-parallel-{true,false}``:
-10 documents a request, 8 clients, a 2-core AVX-512 EPYC) the batched server answered 23.9 queries/s with them, at
-38 µs of backend time a padded token, and 25.7 without, at 35 µs.
+cores from the backend's (the docs' serving results page compares both settings).
 """
 
 from __future__ import annotations
