@@ -41,7 +41,9 @@ drain's deadline cuts those still open (:meth:`ServingState.cut`).
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
+import os
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
@@ -363,6 +365,24 @@ def _validation_message(error: RequestValidationError) -> tuple[int, str]:
 
 JSON_ROUTES = ("/v1/rerank", "/v2/rerank", "/rerank")
 """The routes whose POST bodies are JSON: another media type is a 415."""
+OPEN_ROUTES = ("/health",)
+"""The routes that need no API key: an orchestrator's probes carry none."""
+API_KEY_ENV = "CIS_DISTILL_API_KEY"
+"""The environment variable that gives the API key where ``api_key`` is not set."""
+RETRY_AFTER_S = 1
+"""``Retry-After`` of a 429: a batch round lasts well under a second, so a second later the queue has moved."""
+
+
+def api_key(options: ServerOptions) -> str | None:
+    """The key the server requires: ``options.api_key``, else ``$CIS_DISTILL_API_KEY``, else None (no auth)."""
+    return options.api_key or os.environ.get(API_KEY_ENV) or None
+
+
+def _authorised(headers: dict[bytes, bytes], key: str) -> bool:
+    """Whether the request's ``Authorization`` header is ``Bearer <key>`` (compared in constant time)."""
+    given = headers.get(b"authorization", b"").decode("latin-1")
+    scheme, _, token = given.partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key.encode())
 
 
 def _not_json(headers: dict[bytes, bytes]) -> str | None:
@@ -497,6 +517,10 @@ class _Gate:
         self.app, self.state, self.metrics = app, state, metrics
         self.max_body_bytes = state.options.max_body_bytes
         self.read_timeout = state.options.request_read_timeout
+        self.max_queued = state.options.max_queued_requests
+        self.api_key = api_key(state.options)
+        self.reranking = 0
+        """Rerank requests admitted and not yet answered."""
 
     async def __call__(self, scope: dict, receive: Callable[[], Awaitable[dict]], send: Any) -> None:
         if scope["type"] != "http":
@@ -507,17 +531,31 @@ class _Gate:
         length = exchange.length
         self.state.in_flight += 1
         self.metrics.in_flight.inc()
+        headers = dict(scope["headers"])
+        reranks = scope["method"] == "POST" and route in JSON_ROUTES
+        admitted = False
         try:
             if self.state.draining:
                 await _closing(503, "the server is shutting down")(scope, receive, exchange.send)
-            elif scope["method"] == "POST" and route in JSON_ROUTES and (wrong := _not_json(dict(scope["headers"]))):
+            elif self.api_key and scope["path"] not in OPEN_ROUTES and not _authorised(headers, self.api_key):
+                refusal = _error(401, "authorization: a missing or wrong bearer token (Authorization: Bearer <key>)")
+                refusal.headers["www-authenticate"] = "Bearer"
+                await refusal(scope, receive, exchange.send)
+            elif reranks and (wrong := _not_json(headers)):
                 await _error(415, wrong)(scope, receive, exchange.send)
             elif length.isdigit() and int(length) > self.max_body_bytes:
                 limit = f"over this server's limit of {self.max_body_bytes} bytes"
                 await _error(413, f"body: {int(length)} bytes, {limit}")(scope, receive, exchange.send)
+            elif reranks and self.reranking >= self.max_queued:
+                busy = _error(429, f"busy: {self.reranking} requests queued, this server's limit (max_queued_requests)")
+                busy.headers["retry-after"] = str(RETRY_AFTER_S)
+                await busy(scope, receive, exchange.send)
             else:
+                admitted = reranks
+                self.reranking += admitted
                 await exchange.run(self.app)
         finally:
+            self.reranking -= admitted
             self.state.in_flight -= 1
             self.metrics.in_flight.dec()
             self.metrics.requests.labels(route, str(exchange.status)).inc()
@@ -537,7 +575,7 @@ def model_info(folder: Path, reranker: Reranker | WholeRequests, options: Server
         "backend_reason": reranker.backend_reason or "named by --backend",
         "quality_gate": None if gate is None else {"backend": gate.get(reranker.backend), "backends": gate},
         "settings": reranker.settings,
-        "options": asdict(options),
+        "options": {**asdict(options), "api_key": "set" if api_key(options) else None},
         "scores": SCORES,
     }
 
@@ -582,8 +620,18 @@ def create_app(
     )
     app.state.serving = state
     app.add_middleware(_Gate, state=state, metrics=metrics)
+    if options.cors_allow_origin:  # outside the gate: a preflight carries no API key
+        from starlette.middleware.cors import CORSMiddleware
+
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(options.cors_allow_origin),
+            allow_methods=["GET", "POST"],
+            allow_headers=["authorization", "content-type"],
+            expose_headers=["retry-after"],
+        )
     errors: dict[int | str, dict[str, Any]] = {
-        code: {"model": ErrorBody} for code in (400, 408, 413, 415, 422, 500, 503)
+        code: {"model": ErrorBody} for code in (400, 401, 408, 413, 415, 422, 429, 500, 503)
     }
 
     @app.exception_handler(RequestValidationError)

@@ -105,10 +105,23 @@ class ServerOptions:
     two-core CPU, with a few seconds to spare (``docs/serving.md`` gives the figures): raise it with the documents or
     on a slower machine, lower it under an orchestrator that kills sooner."""
 
+    max_queued_requests: int = 256
+    """The most rerank requests admitted at once (being read, queued or scored); one more gets a 429 with
+    ``Retry-After``, so that overload shows as refusals a client can back off from, not as growing latency."""
+    api_key: str | None = None
+    """The bearer token every route but ``/health`` requires (``Authorization: Bearer <key>``); a missing or wrong
+    one gets a 401. Default: ``$CIS_DISTILL_API_KEY`` where it is set, else no authentication."""
+    cors_allow_origin: list[str] | None = None
+    """Origins a browser may call the server from (``["https://app.example.com"]``, or ``["*"]``); CORS preflights
+    are answered for them. Default: none (a preflight gets 405)."""
+
     def __post_init__(self) -> None:
         if self.max_wait_ms < 0:
             raise InputError(f"serve: max_wait_ms must be >= 0, got {self.max_wait_ms}")
-        for name in ("max_documents", "max_tokens_per_doc", "max_body_bytes", "request_read_timeout"):
+        if self.api_key is not None and not self.api_key.strip():
+            raise InputError("serve: api_key is empty: give a key, or leave it out for no authentication")
+        for name in ("max_documents", "max_tokens_per_doc", "max_body_bytes", "request_read_timeout",
+                     "max_queued_requests"):  # fmt: skip
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise InputError(f"serve: {name} must be positive, got {value}")

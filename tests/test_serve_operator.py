@@ -1,0 +1,109 @@
+"""What an operator puts in front of users: an API key (401), CORS for browsers, and a bound on queued requests
+(429 with ``Retry-After``); each an option of ``distill serve``."""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+import httpx
+import pytest
+
+from distill.core.schema import InputError
+from distill.serving.http_api import create_app
+from distill.serving.options import ServerOptions
+from distill.serving.reranker import Reranker
+from distill.serving.server import ServeConfig
+
+from .test_serve import running
+from .test_serve_faults import address, post_head, read_answer
+
+BODY = {"query": "what is a rhino", "texts": ["Rhinos are large.", "A flea is small."]}
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_bert: Path) -> Reranker:
+    return Reranker.load(tiny_bert, backend="torch", interpolation=False)
+
+
+def test_the_options_are_distill_serves() -> None:
+    config = ServeConfig(model="m", api_key="k", cors_allow_origin=["https://a.example"], max_queued_requests=3)
+    assert (config.options.api_key, config.options.cors_allow_origin, config.options.max_queued_requests) == (
+        "k",
+        ["https://a.example"],
+        3,
+    )
+    with pytest.raises(InputError, match="serve: max_queued_requests must be positive, got 0"):
+        ServerOptions(max_queued_requests=0)
+    with pytest.raises(InputError, match="serve: api_key is empty"):
+        ServerOptions(api_key=" ")
+
+
+def test_a_missing_or_wrong_bearer_token_gets_a_401(tiny_bert: Path, tiny: Reranker) -> None:
+    with running(create_app(tiny_bert, tiny, ServerOptions(api_key="s3cret"))) as url:
+        missing = httpx.post(f"{url}/rerank", json=BODY)
+        wrong = httpx.post(f"{url}/rerank", json=BODY, headers={"Authorization": "Bearer nope"})
+        info = httpx.get(f"{url}/info")
+        health = httpx.get(f"{url}/health")
+        right = httpx.post(
+            f"{url}/v1/rerank", json={"query": "q", "documents": ["a"]}, headers={"Authorization": "Bearer s3cret"}
+        )
+        info_ok = httpx.get(f"{url}/info", headers={"Authorization": "bearer s3cret"})
+    for answer in (missing, wrong, info):
+        assert answer.status_code == 401 and answer.headers["www-authenticate"] == "Bearer"
+        assert "bearer token" in answer.json()["error"]
+    assert health.status_code == 200 and right.status_code == 200 and info_ok.status_code == 200
+    assert info_ok.json()["options"]["api_key"] == "set"  # never the key itself
+    assert "s3cret" not in info_ok.text
+
+
+def test_the_key_comes_from_the_environment_where_no_option_gives_it(tiny_bert, tiny, monkeypatch) -> None:
+    monkeypatch.setenv("CIS_DISTILL_API_KEY", "from-env")
+    with running(create_app(tiny_bert, tiny, ServerOptions())) as url:
+        assert httpx.post(f"{url}/rerank", json=BODY).status_code == 401
+        assert httpx.post(f"{url}/rerank", json=BODY, headers={"Authorization": "Bearer from-env"}).status_code == 200
+    monkeypatch.delenv("CIS_DISTILL_API_KEY")
+    with running(create_app(tiny_bert, tiny, ServerOptions())) as url:
+        assert httpx.post(f"{url}/rerank", json=BODY).status_code == 200  # no key: no authentication
+
+
+def test_cors_preflights_are_answered_for_the_allowed_origins(tiny_bert: Path, tiny: Reranker) -> None:
+    preflight = {"Origin": "https://app.example", "Access-Control-Request-Method": "POST",
+                 "Access-Control-Request-Headers": "authorization, content-type"}  # fmt: skip
+    with running(create_app(tiny_bert, tiny, ServerOptions())) as url:
+        assert httpx.options(f"{url}/rerank", headers=preflight).status_code == 405
+    options = ServerOptions(cors_allow_origin=["https://app.example"], api_key="k")
+    with running(create_app(tiny_bert, tiny, options)) as url:
+        allowed = httpx.options(f"{url}/rerank", headers=preflight)
+        other = httpx.options(f"{url}/rerank", headers={**preflight, "Origin": "https://evil.example"})
+        posted = httpx.post(
+            f"{url}/rerank", json=BODY, headers={"Origin": "https://app.example", "Authorization": "Bearer k"}
+        )
+    assert allowed.status_code == 200
+    assert allowed.headers["access-control-allow-origin"] == "https://app.example"
+    assert "authorization" in allowed.headers["access-control-allow-headers"].lower()
+    assert other.status_code == 400 and "access-control-allow-origin" not in other.headers
+    assert posted.status_code == 200 and posted.headers["access-control-allow-origin"] == "https://app.example"
+
+
+def test_past_the_queue_bound_a_request_gets_a_429_with_retry_after(tiny_bert: Path, tiny: Reranker) -> None:
+    body = json.dumps(BODY).encode()
+    with running(create_app(tiny_bert, tiny, ServerOptions(max_queued_requests=2))) as url:
+        host, port = address(url)
+        held = [socket.create_connection((host, port), timeout=10) for _ in range(2)]
+        try:
+            for sock in held:  # admitted, their bodies not yet sent: two requests queued
+                sock.sendall(post_head(host, "/rerank", len(body)) + body[:5])
+            busy = httpx.post(f"{url}/rerank", json=BODY)
+            health = httpx.get(f"{url}/health")
+            for sock in held:
+                sock.sendall(body[5:])
+                assert read_answer(sock)[0] == 200
+        finally:
+            for sock in held:
+                sock.close()
+        after = httpx.post(f"{url}/rerank", json=BODY)
+    assert busy.status_code == 429 and busy.headers["retry-after"] == "1"
+    assert "max_queued_requests" in busy.json()["error"]
+    assert health.status_code == 200 and after.status_code == 200
