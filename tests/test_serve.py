@@ -259,8 +259,8 @@ def test_bad_requests_get_a_one_line_error_naming_the_field(server: str, case: s
     answer = httpx.post(f"{server}{path}", **sent)
     assert answer.status_code == status, answer.text
     error = answer.json()
-    assert list(error) == ["error"] and "\n" not in error["error"]
-    assert expected in error["error"]
+    assert list(error) == ["error", "error_type"] and "\n" not in error["error"]
+    assert expected in error["error"] and error["error_type"] == "validation"
 
 
 def test_an_oversized_body_without_a_length_is_refused_as_it_streams(server: str) -> None:
@@ -272,7 +272,7 @@ def test_an_oversized_body_without_a_length_is_refused_as_it_streams(server: str
 
     answer = httpx.post(f"{server}/rerank", content=chunks(), headers={"content-type": "application/json"})
     assert answer.status_code == 413
-    assert answer.json() == {"error": f"body: over this server's limit of {2**20} bytes"}
+    assert answer.json() == {"error": f"body: over this server's limit of {2**20} bytes", "error_type": "validation"}
     assert httpx.post(f"{server}/rerank", json={"query": "q", "texts": ["a"]}).status_code == 200
 
 
@@ -305,7 +305,10 @@ def test_a_backend_failure_is_a_500_for_that_request_and_the_server_goes_on(expo
             first, failed, fine = first.result(), failed.result(), fine.result()
         assert len(gate.sizes) == 4 and gate.sizes[1] == 14  # the shared batch, then each request's
         assert failed.status_code == 500
-        assert failed.json() == {"error": "the backend failed on this request: RuntimeError: poisoned batch"}
+        assert failed.json() == {
+            "error": "the backend failed on this request: RuntimeError: poisoned batch",
+            "error_type": "backend",
+        }
         raw = reference.score(query, passages[:10])
         for answer in (first, fine, httpx.post(f"{url}/rerank", json=good)):
             assert answer.status_code == 200
@@ -647,7 +650,7 @@ def test_sigterm_finishes_requests_in_flight_and_refuses_new_ones(exported: Path
             process.send_signal(signal.SIGTERM)
             wait_for(lambda: httpx.post(f"{url}/rerank", content=body).status_code == 503)
             refused = httpx.post(f"{url}/rerank", content=body)
-            assert refused.json() == {"error": "the server is shutting down"}
+            assert refused.json() == {"error": "the server is shutting down", "error_type": "unhealthy"}
             assert httpx.get(f"{url}/health").status_code == 503
             slow.sendall(body[20:])
             answer = b""

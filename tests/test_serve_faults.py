@@ -116,7 +116,10 @@ def test_a_stalled_body_gets_a_408_and_one_log_line(tiny_bert: Path, tiny: Reran
             sock.sendall(body[10:])
             assert read_answer(sock)[0] == 200
     assert status == 408 and b"connection: close" in head.lower()
-    assert error == {"error": f"body: not complete within 1 s (10 of {len(body)} bytes came)"}
+    assert error == {
+        "error": f"body: not complete within 1 s (10 of {len(body)} bytes came)",
+        "error_type": "validation",
+    }
     assert 1 <= waited < 5
     (line,) = timeouts(caplog)
     assert "POST /rerank" in line and "not complete within 1 s" in line and "\n" not in line
@@ -138,7 +141,7 @@ def test_a_stalled_head_gets_a_408_and_a_silent_connection_is_closed(tiny_bert: 
                 kept.sendall(f"GET /health HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
                 assert read_answer(kept)[:2] == (200, {"status": "ok"})
                 time.sleep(1.0)  # uvicorn's keep-alive timeout (5 s) applies here, not the head's
-    assert status == 408 and error == {"error": "request head: not complete within 0.5 s"}
+    assert status == 408 and error == {"error": "request head: not complete within 0.5 s", "error_type": "validation"}
     (line,) = timeouts(caplog)  # the silent connection is closed without a line
     assert f"sent {len(head)} bytes of a request head" in line
 
@@ -170,7 +173,10 @@ def test_sigterm_cuts_a_stalled_request_at_the_drain_deadline_and_exits_0(tiny_b
         assert process.wait(30) == 0
         exited = time.monotonic() - signalled
         log = process.stderr.read()
-    assert status == 503 and error == {"error": "the server is shutting down: its drain deadline passed"}
+    assert status == 503 and error == {
+        "error": "the server is shutting down: its drain deadline passed",
+        "error_type": "unhealthy",
+    }
     assert deadline <= cut < deadline + 2
     assert exited < deadline + CUT_GRACE + 3, exited
     assert len(re.findall(r"drain deadline: 2 s passed \(--graceful_timeout\); cut 1 request\(s\) in flight", log)) == 1
@@ -268,7 +274,7 @@ def test_a_body_that_is_not_json_gets_a_415(tiny_bert: Path, tiny: Reranker, con
         if status == 415:
             media = content_type.split(";")[0] if content_type else None
             expected = f"content-type: {media} is not JSON" if media else "content-type: missing"
-            assert answer.json() == {"error": f"{expected}; send application/json"}
+            assert answer.json() == {"error": f"{expected}; send application/json", "error_type": "validation"}
         assert client.post("/rerank", json={"query": "q", "texts": ["a"]}).status_code == 200  # the same connection
 
 
@@ -292,4 +298,7 @@ def test_the_drain_deadline_cuts_a_stalled_request_with_a_503(tiny_bert: Path, t
             status, error, _ = read_answer(slow)
             assert closed(slow)
         wait_for(lambda: not state.open and state.in_flight == 0)
-    assert (status, error) == (503, {"error": "the server is shutting down: its drain deadline passed"})
+    assert (status, error) == (
+        503,
+        {"error": "the server is shutting down: its drain deadline passed", "error_type": "unhealthy"},
+    )

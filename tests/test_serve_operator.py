@@ -107,3 +107,24 @@ def test_past_the_queue_bound_a_request_gets_a_429_with_retry_after(tiny_bert: P
     assert busy.status_code == 429 and busy.headers["retry-after"] == "1"
     assert "max_queued_requests" in busy.json()["error"]
     assert health.status_code == 200 and after.status_code == 200
+
+
+def test_tei_parity_empty_texts_error_type_and_truncation_direction(spread_bert: Path) -> None:
+    tiny = Reranker.load(spread_bert, backend="torch", interpolation=False)  # scores that tell the two cuts apart
+    text = " ".join(f"w{i}" for i in range(600))  # far over the tiny model's pair length
+    with running(create_app(spread_bert, tiny, ServerOptions())) as url:
+        empty = httpx.post(f"{url}/rerank", json={"query": "q", "texts": []})
+        too_long = httpx.post(f"{url}/rerank", json={"query": "q", "texts": [text]})
+        scored = {}
+        for direction in ("Right", "Left", "left"):
+            body = {"query": "q", "texts": [text], "truncate": True, "truncation_direction": direction}
+            scored[direction] = httpx.post(f"{url}/rerank", json={**body, "raw_scores": True}).json()[0]["score"]
+    assert empty.status_code == 413
+    assert empty.json() == {"error": "texts: empty: send at least one text (as TEI)", "error_type": "validation"}
+    assert too_long.status_code == 413 and too_long.json()["error_type"] == "validation"
+    room = tiny.max_length - tiny.tokenizer.num_special_tokens_to_add(pair=True) - 1  # "q" is one token
+    offsets = tiny.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+    end = text[offsets[-room][0] :]  # the text of its last tokens: what a left cut keeps
+    assert scored["Left"] == scored["left"] == pytest.approx(tiny.score("q", [end])[0], abs=2e-6)
+    assert scored["Right"] == pytest.approx(tiny.score("q", [text])[0], abs=2e-6)  # Reranker keeps the start
+    assert abs(scored["Left"] - scored["Right"]) > 50 * 2e-6  # the two cuts score apart, beyond the tolerance

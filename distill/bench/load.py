@@ -166,7 +166,7 @@ def check(answer: Answer, references: dict[tuple[int, int], np.ndarray], toleran
         return f"status {answer.status}, not {request.expect}: {answer.body[:300].decode(errors='replace')}", 0.0
     if request.key is None:
         error = json.loads(answer.body)
-        return ("ok" if list(error) == ["error"] and error["error"] else "no one-line error"), 0.0
+        return ("ok" if list(error) == ["error", "error_type"] and error["error"] else "no one-line error"), 0.0
     expected = references[request.key]
     try:
         scores = answer_scores(answer)

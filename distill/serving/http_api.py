@@ -230,9 +230,16 @@ class RerankService:
         self.tokenizing.shutdown()
 
     async def score(
-        self, query: str, documents: Sequence[str], truncate: bool, max_tokens_per_doc: int | None, field: str
+        self,
+        query: str,
+        documents: Sequence[str],
+        truncate: bool,
+        max_tokens_per_doc: int | None,
+        field: str,
+        cut_left: bool = False,
     ) -> Scores:
-        """The raw scores of ``documents`` for ``query``.
+        """The raw scores of ``documents`` for ``query``; a document cut keeps its start, or its end where
+        ``cut_left``.
 
         Raises:
             RequestError: over :attr:`options`' limits (413), ``field`` named.
@@ -248,7 +255,7 @@ class RerankService:
         self.arriving += 1
         try:
             encoded = await asyncio.get_running_loop().run_in_executor(
-                self.tokenizing, self._encode, query, documents, truncate, max_tokens_per_doc, field
+                self.tokenizing, self._encode, query, documents, truncate, max_tokens_per_doc, field, cut_left
             )
         finally:
             self.arriving -= 1
@@ -268,11 +275,17 @@ class RerankService:
         return Scores(scored.scores, int(encoded.pair_lengths.sum()))
 
     def _encode(
-        self, query: str, documents: Sequence[str], truncate: bool, max_tokens_per_doc: int | None, field: str
+        self,
+        query: str,
+        documents: Sequence[str],
+        truncate: bool,
+        max_tokens_per_doc: int | None,
+        field: str,
+        cut_left: bool = False,
     ) -> Encoded:
         """The pairs' ids, each document cut to the tokens the model's pair length leaves after the query, and to
-        ``max_tokens_per_doc`` and the server's limit; without ``truncate``, a document (or query) that would be cut
-        is a :class:`RequestError` (413) naming the limit."""
+        ``max_tokens_per_doc`` and the server's limit (its first tokens kept; its last where ``cut_left``); without
+        ``truncate``, a document (or query) that would be cut is a :class:`RequestError` (413) naming the limit."""
         tokenizer, model_limit = self.reranker.tokenizer, self.reranker.max_length
         query_tokens = len(tokenizer(query, add_special_tokens=False)["input_ids"])
         room = model_limit - self.special - query_tokens
@@ -287,6 +300,8 @@ class RerankService:
         capped = cap is not None and 1 <= cap < room  # the cap, not the model's pair length, limits a document
         allowed = cap if capped else room
         pair_limit = query_tokens + self.special + cap if capped else model_limit
+        if cut_left and truncate and allowed >= 1:
+            documents = [_keep_last_tokens(tokenizer, d, allowed) for d in documents]
         encoded = encode_pairs(tokenizer, [query] * len(documents), documents, pair_limit)
         if encoded.truncated and not truncate:
             why = f"max_tokens_per_doc {cap}" if capped else f"the model's {model_limit}-token pairs less the query"
@@ -347,8 +362,22 @@ def _ranked(raw: np.ndarray, top_n: int | None) -> list[int]:
     return np.lexsort((np.arange(len(raw)), -raw))[:top_n].tolist()
 
 
+def _keep_last_tokens(tokenizer: Any, text: str, tokens: int) -> str:
+    """``text`` from where its last ``tokens`` tokens start (all of it if it has no more): a text cut on its left,
+    which the pair's own truncation then leaves whole."""
+    offsets = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
+    return text if len(offsets) <= tokens else text[offsets[len(offsets) - tokens][0] :]
+
+
+def error_type(status: int) -> str:
+    """TEI's ``error_type`` of an error status: ``overloaded`` (429), ``unhealthy`` (503), ``backend`` (other 5xx) or
+    ``validation`` (other 4xx, as TEI names a request it refuses)."""
+    return {429: "overloaded", 503: "unhealthy"}.get(status, "backend" if status >= 500 else "validation")
+
+
 def _error(status: int, message: str) -> JSONResponse:
-    return JSONResponse({"error": " ".join(message.split())}, status_code=status)
+    body = {"error": " ".join(message.split()), "error_type": error_type(status)}
+    return JSONResponse(body, status_code=status)
 
 
 def _validation_message(error: RequestValidationError) -> tuple[int, str]:
@@ -697,8 +726,11 @@ def create_app(
     async def tei(body: TeiRequest, request: Request) -> list[TeiResult]:
         """text-embeddings-inference's rerank."""
         assert service is not None
+        if not body.texts:
+            raise RequestError(413, "texts: empty: send at least one text (as TEI)")
         alpha = _fusion_alpha(fusion, body, len(body.texts), "texts")
-        scores = await service.score(body.query, body.texts, body.truncate, None, "texts")
+        cut_left = body.truncation_direction.lower() == "left"
+        scores = await service.score(body.query, body.texts, body.truncate, None, "texts", cut_left)
         metrics.documents.labels(request.url.path).inc(len(body.texts))
         raw = _fused(scores.raw, body, alpha)
         shown = raw if body.raw_scores else normalised(raw, calibration, alpha is not None)

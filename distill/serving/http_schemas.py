@@ -11,7 +11,7 @@ fuses the student's score with it, and ``first_stage``, which names that first s
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, field_validator
 from pydantic_core import PydanticCustomError
@@ -151,6 +151,9 @@ class TeiRequest(_Request):
 
     texts: list[Document] = Field(description="The documents to score (strings).")
     truncate: bool = Field(False, description="Cut texts too long for the model; false (TEI's default): a 413.")
+    truncation_direction: Literal["Right", "Left", "right", "left"] = Field(
+        "Right", description="Which end of a text too long is cut: Right keeps its start (TEI's default), Left its end."
+    )
     raw_scores: bool = Field(False, description="The raw scores, not their calibrated probability (TEI's default).")
     return_text: bool = Field(False, description="Return each text.")
 
@@ -163,3 +166,6 @@ class TeiResult(BaseModel):
 
 class ErrorBody(BaseModel):
     error: str = Field(description="What is wrong, in one line, naming the field or the limit.")
+    error_type: str = Field(
+        description="TEI's kind of error: validation (4xx), overloaded (429), unhealthy (503) or backend (5xx)."
+    )

@@ -14,6 +14,7 @@ cores from the backend's (the docs' serving results page compares both settings)
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
@@ -137,7 +138,8 @@ def timed_h11(read_timeout: float) -> type:
                     partial,
                     read_timeout,
                 )
-                body = f'{{"error": "request head: not complete within {read_timeout:g} s"}}'.encode()
+                error = {"error": f"request head: not complete within {read_timeout:g} s", "error_type": "validation"}
+                body = json.dumps(error).encode()
                 self.transport.write(
                     b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
                     + f"content-length: {len(body)}\r\n\r\n".encode()
