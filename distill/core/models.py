@@ -194,6 +194,31 @@ def resolve_model(name: str) -> ModelSource:
     raise ModelNotFoundError(_not_found(name, tried))
 
 
+HUB_REPO = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+"""A hub repository id, ``org/name``."""
+
+
+def hub_snapshot(name: str, revision: str | None = None) -> Path:
+    """The local folder of the hub model ``name`` (``org/name``) at ``revision`` (a branch, tag or commit; default
+    ``main``): from the Hugging Face cache, downloaded into it first where it is not there and the hub is reachable.
+
+    Raises:
+        ModelNotFoundError: ``name`` is no hub id, or neither the cache nor the hub has it (one line each tried).
+    """
+    if not HUB_REPO.match(name):
+        tried = [f"local folder {name}: not found", "hub id: not of the form org/name"]
+        raise ModelNotFoundError(_not_found(name, tried))
+    import huggingface_hub
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+    try:
+        return Path(huggingface_hub.snapshot_download(name, revision=revision))
+    except (LocalEntryNotFoundError, HfHubHTTPError, OSError, ValueError) as e:
+        at = f" at revision {revision}" if revision else ""
+        why = f"not in the hub cache{at}, nor downloaded ({' '.join(f'{type(e).__name__}: {e}'.split())})"
+        raise ModelNotFoundError(_not_found(name, _hub_tried(name, why))) from None
+
+
 def _not_found(name: str, tried: list[str]) -> str:
     return f"cannot find model {name!r}; tried:\n" + "\n".join(f"  - {t}" for t in tried)
 

@@ -92,16 +92,21 @@ class RunLayout:
         raise MissingFileError(self.no_student())
 
 
-def student_folder(path: str | Path, *, exported: bool = True) -> Path:
+def student_folder(path: str | Path, *, exported: bool = True, revision: str | None = None) -> Path:
     """The model folder that ``path`` names: ``path`` itself if it holds ``config.json``, else the student of the
-    run at ``path`` (its ``export/`` if ``exported`` and present, else its ``hf/``).
+    run at ``path`` (its ``export/`` if ``exported`` and present, else its ``hf/``); where no such path exists, a hub
+    id (``org/name``, at ``revision``) resolved into the Hugging Face cache (:func:`~distill.core.models.hub_snapshot`).
 
     Raises:
-        MissingFileError: no model folder there.
+        MissingFileError: no model folder there (nor a hub model of that id).
     """
+    from distill.core.models import HUB_REPO, hub_snapshot
+
     path = Path(path)
     if (path / MODEL_CONFIG).is_file():
         return path
     if not path.exists():
+        if HUB_REPO.match(str(path)):
+            return hub_snapshot(str(path), revision)
         raise MissingFileError(f"{path}: no such run or model folder")
     return RunLayout(path).student(exported=exported)

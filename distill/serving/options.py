@@ -29,6 +29,8 @@ class ServingOptions(TorchOptions):
     ``pip install 'cis-distill[openvino]'``)."""
     device: str = "cpu"
     """``cpu`` or ``cuda[:N]``."""
+    revision: str | None = None
+    """For a model named by its hub id (``org/name``): the branch, tag or commit (default ``main``)."""
     dtype: str | None = None
     """With a named backend: torch: float32 (default), float16 or bfloat16; onnx: float32 (``model.onnx``), float16
     (``model.fp16.onnx``) or int8 (``model.int8.onnx``); openvino: those and bfloat16 (``model.onnx`` computed in

@@ -20,6 +20,7 @@ from distill.core.batching import token_budget_batches
 from distill.core.devices import STUDENT_BATCH_TOKENS, device_type
 from distill.core.files import check_model_folder
 from distill.core.interpolation import interpolate
+from distill.core.models import HUB_REPO, hub_snapshot
 from distill.core.schema import InputError, MissingFileError
 from distill.serving.auto import choose_backend
 from distill.serving.backends import BACKENDS, ONNX_DTYPES, OPENVINO_DTYPES, backend_name
@@ -118,7 +119,9 @@ class Reranker:
         backend, device, dtype, max_length = options.backend, options.device, options.dtype, options.max_length
         path = Path(path)
         if not path.is_dir():
-            raise MissingFileError(f"{path}: no such model folder")
+            if not HUB_REPO.match(str(path)):
+                raise MissingFileError(f"{path}: no such model folder")
+            path = hub_snapshot(str(path), options.revision)
         if backend not in ("auto", *BACKENDS):
             raise InputError(f"backend must be one of {['auto', *BACKENDS]}, not {backend!r}")
         require_file(path, "config.json")

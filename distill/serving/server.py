@@ -40,8 +40,8 @@ class ServeConfig(ServingOptions, ServerOptions):
     it); one without is scored by the student alone."""
 
     model: str | None = None
-    """The student (required): an export folder (``distill export``), a training run (its export), or a Hugging Face
-    folder (torch backend)."""
+    """The student (required): an export folder (``distill export``), a training run (its export), a Hugging Face
+    folder (torch backend), or a hub id (``org/name``, at ``revision``) in or into the Hugging Face cache."""
     host: str = "127.0.0.1"
     """The address to listen on (``0.0.0.0``: every interface)."""
     port: int = 8080
@@ -220,7 +220,7 @@ def serve(config: ServeConfig) -> None:
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # read by the tokenizer on each call (see above)
     options = config.options
-    folder = student_folder(config.model, exported=config.backend != "torch")
+    folder = student_folder(config.model, exported=config.backend != "torch", revision=config.revision)
     fusion = Fusion.of(folder, config.interpolation, config.first_stage)
     sock = bind(config.host, config.port)
     try:

@@ -23,7 +23,8 @@ class RerankConfig(ServingOptions):
     fields, declared there once."""
 
     model: str | None = None
-    """The student (required): an HF folder (torch backend), an export folder, or a training run."""
+    """The student (required): an HF folder (torch backend), an export folder, a training run, or a hub id
+    (``org/name``, at ``revision``) in or into the Hugging Face cache."""
     input: list[str] = field(default_factory=list)
     """The candidates (required): TREC runs (with ``queries`` and ``corpus``), rank_llm JSON, ...; several are
     joined."""
@@ -107,7 +108,7 @@ def rerank(cfg: RerankConfig) -> RerankReport:
     if cfg.held_out:
         keep = held_out_queries(cfg.held_out)
         candidates = [c for c in candidates if c.query.qid in keep]
-    folder = student_folder(cfg.model, exported=cfg.backend != "torch")
+    folder = student_folder(cfg.model, exported=cfg.backend != "torch", revision=cfg.revision)
     reranker = Reranker.load(folder, cfg.serving())
     run = rerank_run(reranker, candidates)
     interp = f"-interp{reranker.alpha:g}" if reranker.alpha is not None else ""
@@ -135,6 +136,7 @@ def check_paths(cfg: RerankConfig) -> None:
         InputError: ``rerank: <option>: <path>: <what is wrong>``.
     """
     from distill.core.loaders.irds import is_irds
+    from distill.core.models import HUB_REPO
     from distill.core.paths import input_path, output_file
     from distill.core.run_folder import student_folder
 
@@ -142,8 +144,9 @@ def check_paths(cfg: RerankConfig) -> None:
     inputs += [(key, getattr(cfg, key)) for key in ("queries", "corpus") if getattr(cfg, key)]
     for key, path in inputs:
         input_path(path, "rerank", key, "any" if key == "input" else "file")
-    input_path(cfg.model, "rerank", "model")
-    inputs.append(("model", student_folder(cfg.model, exported=cfg.backend != "torch")))
+    if not (HUB_REPO.match(cfg.model) and not Path(cfg.model).exists()):  # a hub id resolves into its cache
+        input_path(cfg.model, "rerank", "model")
+    inputs.append(("model", student_folder(cfg.model, exported=cfg.backend != "torch", revision=cfg.revision)))
     if cfg.held_out:
         input_path(cfg.held_out, "rerank", "held_out")
         inputs.append(("held_out", student_folder(cfg.held_out, exported=False)))
