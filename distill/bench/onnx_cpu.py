@@ -385,7 +385,7 @@ SKIPPED = {"skipped": "openvino is not installed"}
 def _openvino_installed() -> bool:
     """Whether OpenVINO (the optional extra) is installed; if not, says that its stage is skipped."""
     if importlib.util.find_spec("openvino") is None:
-        print("openvino: not installed (pip install 'cis-distill[openvino]'), skipped")
+        print("openvino: not installed (pip install openvino), skipped")
         return False
     return True
 

@@ -160,7 +160,7 @@ def export_student(
         raise InputError(f"int8 must be one of {list(INT8_RUNTIMES)} or None, not {int8!r}")
     int8_runtime = INT8_RUNTIMES[int8] if int8 else "onnxruntime"
     if int8_runtime == "openvino" and importlib.util.find_spec("openvino") is None:
-        raise InputError(f"int8 mode {int8!r} makes a graph for OpenVINO: pip install 'cis-distill[openvino]'")
+        raise InputError(f"int8 mode {int8!r} makes a graph for OpenVINO: pip install openvino")
     if (fp16 or int8) and "onnx" not in formats:
         raise InputError("fp16 and int8 are variants of the ONNX graph: add 'onnx' to the formats")
     require_file(hf_dir, "config.json")

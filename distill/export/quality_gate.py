@@ -52,7 +52,7 @@ INT8_BACKENDS = {"openvino": "openvino-int8", "onnxruntime": "onnx-int8"}
 """The runtime an int8 graph was made for (:data:`~distill.export.quantize.INT8_RUNTIMES`) -> its gate backend."""
 QRELS_FILE = "qrels.txt"
 """The qrels beside a candidates file, as the shipped data keep them (``data/trec-dl21/qrels.txt``)."""
-NO_OPENVINO = "OpenVINO is not installed (pip install 'cis-distill[openvino]')"
+NO_OPENVINO = "OpenVINO is not installed (pip install openvino)"
 NO_BF16 = "this CPU has no bf16 (avx512_bf16/amx_bf16)"
 
 

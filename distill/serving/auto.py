@@ -4,7 +4,7 @@ runtimes and its export's quality gate allow.
 The order of preference is data (:data:`PREFERENCES`), one list per kind of CPU (:mod:`distill.serving.hardware`)
 and one for GPUs. The first backend of the list that passes every check is chosen:
 
-- its runtime is installed (torch, onnxruntime, or OpenVINO: ``pip install 'cis-distill[openvino]'``);
+- its runtime is installed (torch, onnxruntime, or OpenVINO: ``pip install openvino``);
 - its file is in the folder (``model.onnx``, ``model.int8.onnx``, the Hugging Face weights, ...);
 - a precision other than fp32 passed the export's quality gate: ``card.json``'s ``quality_gate.backends.<name>``
   says ``"passed": true`` (its nDCG@10 within the bound of PyTorch fp32's on held-out validation pairs). A folder

@@ -26,7 +26,7 @@ class ServingOptions(TorchOptions):
     else fused fp32) or GPU (fp16) among the student's files, the installed runtimes and the precisions its export's
     quality gate passed (:mod:`distill.serving.auto`; the choice and why are logged and reported); or ``torch`` (the
     HF weights), ``onnx`` (onnxruntime), ``torchscript``, ``openvino`` (the ONNX files on OpenVINO, CPU only;
-    ``pip install 'cis-distill[openvino]'``)."""
+    ``pip install openvino``)."""
     device: str = "cpu"
     """``cpu`` or ``cuda[:N]``."""
     revision: str | None = None

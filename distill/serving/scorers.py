@@ -295,7 +295,7 @@ against 452 for 64 and 670 for 384)."""
 
 class OpenVinoScorer:
     """An ONNX graph compiled by OpenVINO for the CPU, one inference stream (the optional extra
-    ``cis-distill[openvino]``); inputs and output as for :class:`OnnxScorer`.
+    OpenVINO, the ``openvino`` extra); inputs and output as for :class:`OnnxScorer`.
 
     Args:
         precision: ``float32`` or ``bfloat16`` (:data:`OPENVINO_PRECISIONS`), set explicitly: OpenVINO's own
@@ -317,7 +317,7 @@ class OpenVinoScorer:
         try:
             import openvino
         except ImportError as e:
-            raise ImportError("the openvino backend needs OpenVINO: pip install 'cis-distill[openvino]'") from e
+            raise ImportError("the openvino backend needs OpenVINO: pip install openvino") from e
         if precision not in OPENVINO_PRECISIONS:
             raise InputError(f"openvino precision must be one of {list(OPENVINO_PRECISIONS)}, not {precision!r}")
         require_file(path.parent, path.name)

@@ -26,7 +26,7 @@ class ExportConfig:
     int8_mode: Int8Mode = "static"
     """``static`` (activation scales calibrated on ``calibration``), ``dynamic`` (one scale per tensor computed at
     run time; both for onnxruntime) or ``weights`` (int8 weights only; OpenVINO quantises each token's activations
-    at run time, far more finely; needs ``cis-distill[openvino]``). See :mod:`distill.export.quantize`."""
+    at run time, far more finely; needs OpenVINO, the ``openvino`` extra). See :mod:`distill.export.quantize`."""
     calibration: Calibration = field(default_factory=Calibration)
     """The pairs static int8 is calibrated on (default: DL21 and DL22 BM25 candidates, 4 per query)."""
     parity_input: str | None = None
