@@ -49,7 +49,7 @@ def test_the_flags_fill_the_shared_options_and_load_takes_them(tmp_path: Path) -
     config = parse_config(RerankConfig, argv, "distill rerank")
     serving = config.serving()
     assert type(serving) is ServingOptions
-    assert (serving.backend, serving.unpad, serving.overlap, serving.device) == ("torch", True, 8, "cpu")
+    assert (serving.backend, serving.unpad, serving.overlap, serving.device) == ("torch", True, 8, "auto")
     assert serving.levers == TorchOptions(unpad=True)
 
 
@@ -69,3 +69,28 @@ def test_options_and_changes_combine(tiny_bert: Path) -> None:
     base = ServingOptions(backend="torch", max_length=32)
     reranker = Reranker.load(tiny_bert, base, max_batch_tokens=64)
     assert (reranker.max_length, reranker.max_batch_tokens, reranker.backend) == (32, 64, "torch-fp32")
+
+
+def test_the_device_defaults_to_auto_which_asks_torch_only_where_a_gpu_can_be(tmp_path, monkeypatch) -> None:
+    import subprocess
+    import sys
+
+    from distill.serving import hardware
+    from distill.serving.options import ServingOptions
+
+    assert ServingOptions().device == "auto"
+    assert hardware.serving_device("cuda:1") == "cuda:1" and hardware.serving_device("cpu") == "cpu"
+    monkeypatch.setattr(hardware, "NVIDIA_DRIVER", (str(tmp_path / "absent"),))
+    assert hardware.serving_device("auto") == "cpu"
+    script = (
+        "import sys\nfrom distill.serving import hardware\n"
+        f"hardware.NVIDIA_DRIVER = ({str(tmp_path / 'absent')!r},)\n"
+        "print(hardware.serving_device('auto'), 'torch' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert done.stdout.split() == ["cpu", "False"]  # no driver: torch is never imported to ask
+    (tmp_path / "driver").write_text("")
+    monkeypatch.setattr(hardware, "NVIDIA_DRIVER", (str(tmp_path / "driver"),))
+    import torch
+
+    assert hardware.serving_device("auto") == ("cuda" if torch.cuda.is_available() else "cpu")

@@ -11,6 +11,7 @@ CPU, and a bf16 graph on a CPU without bf16 is computed in fp32.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -126,3 +127,20 @@ def profile(name: str) -> CpuFeatures:
     if name not in PROFILES:
         raise InputError(f"{PROFILE_ENV}={name!r} names no CPU profile: use one of {', '.join(PROFILES)}")
     return PROFILES[name]
+
+
+NVIDIA_DRIVER = ("/dev/nvidiactl", "/proc/driver/nvidia/version")
+"""Files the NVIDIA driver makes: without them no CUDA device can be there, and torch need not be imported to ask."""
+
+
+def serving_device(name: str) -> str:
+    """The device a reranker runs on: ``auto`` is ``cuda`` where torch is installed and sees a GPU, else ``cpu``
+    (asked without importing torch where there is no NVIDIA driver, so that an ONNX server never loads it); any
+    other name (``cpu``, ``cuda:1``) as given."""
+    if name != "auto":
+        return name
+    if importlib.util.find_spec("torch") is None or not any(Path(p).exists() for p in NVIDIA_DRIVER):
+        return "cpu"
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"

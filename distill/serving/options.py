@@ -27,8 +27,8 @@ class ServingOptions(TorchOptions):
     quality gate passed (:mod:`distill.serving.auto`; the choice and why are logged and reported); or ``torch`` (the
     HF weights), ``onnx`` (onnxruntime), ``torchscript``, ``openvino`` (the ONNX files on OpenVINO, CPU only;
     ``pip install openvino``)."""
-    device: str = "cpu"
-    """``cpu`` or ``cuda[:N]``."""
+    device: str = "auto"
+    """``auto`` (CUDA where torch sees a GPU, else the CPU), ``cpu`` or ``cuda[:N]``."""
     revision: str | None = None
     """For a model named by its hub id (``org/name``): the branch, tag or commit (default ``main``)."""
     dtype: str | None = None

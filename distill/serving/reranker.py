@@ -27,6 +27,7 @@ from distill.serving.backends import BACKENDS, ONNX_DTYPES, OPENVINO_DTYPES, bac
 from distill.serving.calibration import ScoreCalibration, normalised, read_calibration
 from distill.serving.encoding import Batch, Packed, encode_pairs, load_tokenizer, model_max_length
 from distill.serving.fusion import Fusion
+from distill.serving.hardware import serving_device
 from distill.serving.options import ServingOptions
 from distill.serving.scorers import Scorer, changed_levers, load_scorer, require_file
 
@@ -116,7 +117,8 @@ class Reranker:
         if unknown:
             raise TypeError(f"Reranker.load() got unknown option(s) {unknown}: see ServingOptions")
         options = replace(options or ServingOptions(), **changes)
-        backend, device, dtype, max_length = options.backend, options.device, options.dtype, options.max_length
+        backend, dtype, max_length = options.backend, options.dtype, options.max_length
+        device = serving_device(options.device)
         path = Path(path)
         if not path.is_dir():
             if not HUB_REPO.match(str(path)):
