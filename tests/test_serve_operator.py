@@ -128,3 +128,47 @@ def test_tei_parity_empty_texts_error_type_and_truncation_direction(spread_bert:
     assert scored["Left"] == scored["left"] == pytest.approx(tiny.score("q", [end])[0], abs=2e-6)
     assert scored["Right"] == pytest.approx(tiny.score("q", [text])[0], abs=2e-6)  # Reranker keeps the start
     assert abs(scored["Left"] - scored["Right"]) > 50 * 2e-6  # the two cuts score apart, beyond the tolerance
+
+
+def test_answers_carry_tei_timing_headers_and_health_reports_the_backend(tiny_bert: Path, tiny: Reranker) -> None:
+    with running(create_app(tiny_bert, tiny, ServerOptions(max_queued_requests=7))) as url:
+        answers = [
+            httpx.post(f"{url}/rerank", json=BODY),
+            httpx.post(f"{url}/v1/rerank", json={"query": "q", "documents": BODY["texts"]}),
+        ]
+        health = httpx.get(f"{url}/health").json()
+    for answer in answers:
+        times = {k: int(answer.headers[f"x-{k}-time"]) for k in ("total", "tokenization", "queue", "inference")}
+        assert all(v >= 0 for v in times.values())
+        assert times["total"] + 1 >= times["tokenization"] + times["queue"] + times["inference"] - 2
+        assert int(answer.headers["x-compute-tokens"]) > 0
+    assert health == {
+        "status": "ok",
+        "backend": tiny.backend,
+        "device": "cpu",
+        "queued_requests": 0,
+        "max_queued_requests": 7,
+    }
+
+
+def test_warm_up_runs_each_width_and_changes_nothing(tiny_bert: Path, call) -> None:
+    reranker = Reranker.load(tiny_bert, backend="torch", interpolation=False, max_batch_tokens=2048)
+    query, passages = call
+    before = reranker.score(query, passages[:10])
+    ran = reranker.warm_up()
+    assert ran == len({min(2**k, reranker.max_length) for k in range(4, reranker.max_length.bit_length() + 1)})
+    assert reranker.score(query, passages[:10]) == before and reranker.truncated == 0
+
+
+def test_the_servers_socket_refuses_connections_until_it_listens() -> None:
+    from distill.serving.server import bind
+
+    sock = bind("127.0.0.1", 0, listen=False)
+    try:
+        port = sock.getsockname()[1]
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", port), timeout=5)
+        sock.listen(8)
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+    finally:
+        sock.close()

@@ -117,6 +117,8 @@ class ServingState:
     """Set on SIGTERM: new requests get 503."""
     in_flight: int = 0
     """Requests being answered."""
+    reranking: int = 0
+    """Rerank requests admitted and not yet answered (bounded by ``max_queued_requests``)."""
     cutting: bool = False
     """Set by :meth:`cut`: the drain's deadline has passed."""
     open: set[asyncio.Task] = field(default_factory=set)
@@ -192,6 +194,19 @@ class Scores:
     """``[documents]`` float32, in the request's order."""
     tokens: int
     """The pairs' tokens (query, document and special tokens)."""
+    tokenize_s: float = 0.0
+    """Seconds spent tokenising the request."""
+    queue_s: float = 0.0
+    """Seconds from its arrival in the batcher's queue to its first batch."""
+    inference_s: float = 0.0
+    """Seconds from its first batch to its last batch's end."""
+
+    def timing_headers(self, total_s: float) -> dict[str, str]:
+        """TEI's timing headers, in milliseconds: ``x-total-time``, ``x-tokenization-time``, ``x-queue-time``,
+        ``x-inference-time``, with ``x-compute-tokens``."""
+        ms = {"total": total_s, "tokenization": self.tokenize_s, "queue": self.queue_s, "inference": self.inference_s}
+        headers = {f"x-{name}-time": str(round(seconds * 1000)) for name, seconds in ms.items()}
+        return {**headers, "x-compute-tokens": str(self.tokens)}
 
 
 class RerankService:
@@ -261,7 +276,8 @@ class RerankService:
             self.arriving -= 1
             if isinstance(self.batcher, DynamicBatcher):
                 self.batcher.wake()
-        self.metrics.tokenize.observe(time.perf_counter() - start)
+        tokenized = time.perf_counter()
+        self.metrics.tokenize.observe(tokenized - start)
         self.metrics.truncated.inc(encoded.truncated)
         try:
             if isinstance(self.batcher, PredictLoop):
@@ -272,7 +288,14 @@ class RerankService:
         except Exception as e:
             raise BackendFailure(f"the backend failed on this request: {type(e).__name__}: {e}") from e
         self.metrics.queue_wait.observe(scored.queue_wait)
-        return Scores(scored.scores, int(encoded.pair_lengths.sum()))
+        waited = time.perf_counter() - tokenized
+        return Scores(
+            scored.scores,
+            int(encoded.pair_lengths.sum()),
+            tokenized - start,
+            scored.queue_wait,
+            max(waited - scored.queue_wait, 0.0),
+        )
 
     def _encode(
         self,
@@ -548,8 +571,6 @@ class _Gate:
         self.read_timeout = state.options.request_read_timeout
         self.max_queued = state.options.max_queued_requests
         self.api_key = api_key(state.options)
-        self.reranking = 0
-        """Rerank requests admitted and not yet answered."""
 
     async def __call__(self, scope: dict, receive: Callable[[], Awaitable[dict]], send: Any) -> None:
         if scope["type"] != "http":
@@ -575,16 +596,17 @@ class _Gate:
             elif length.isdigit() and int(length) > self.max_body_bytes:
                 limit = f"over this server's limit of {self.max_body_bytes} bytes"
                 await _error(413, f"body: {int(length)} bytes, {limit}")(scope, receive, exchange.send)
-            elif reranks and self.reranking >= self.max_queued:
-                busy = _error(429, f"busy: {self.reranking} requests queued, this server's limit (max_queued_requests)")
+            elif reranks and self.state.reranking >= self.max_queued:
+                queued = self.state.reranking
+                busy = _error(429, f"busy: {queued} requests queued, this server's limit (max_queued_requests)")
                 busy.headers["retry-after"] = str(RETRY_AFTER_S)
                 await busy(scope, receive, exchange.send)
             else:
                 admitted = reranks
-                self.reranking += admitted
+                self.state.reranking += admitted
                 await exchange.run(self.app)
         finally:
-            self.reranking -= admitted
+            self.state.reranking -= admitted
             self.state.in_flight -= 1
             self.metrics.in_flight.dec()
             self.metrics.requests.labels(route, str(exchange.status)).inc()
@@ -685,10 +707,12 @@ def create_app(
     async def bug(request: Request, error: Exception) -> JSONResponse:
         return _error(500, f"internal error: {type(error).__name__}: {error}")
 
-    async def cohere(body: CohereRequest, request: Request) -> CohereResponse:
+    async def cohere(body: CohereRequest, request: Request, response: Response) -> CohereResponse:
         assert service is not None
+        arrived = time.perf_counter()
         alpha = _fusion_alpha(fusion, body, len(body.documents), "documents")
         scores = await service.score(body.query, body.documents, body.truncate, body.max_tokens_per_doc, "documents")
+        response.headers.update(scores.timing_headers(time.perf_counter() - arrived))
         metrics.documents.labels(request.url.path).inc(len(body.documents))
         raw = _fused(scores.raw, body, alpha)
         shown = raw if body.raw_scores else normalised(raw, calibration, alpha is not None)
@@ -723,14 +747,16 @@ def create_app(
         )
 
     @app.post("/rerank", response_model=list[TeiResult], response_model_exclude_none=True, responses=errors)
-    async def tei(body: TeiRequest, request: Request) -> list[TeiResult]:
+    async def tei(body: TeiRequest, request: Request, response: Response) -> list[TeiResult]:
         """text-embeddings-inference's rerank."""
         assert service is not None
+        arrived = time.perf_counter()
         if not body.texts:
             raise RequestError(413, "texts: empty: send at least one text (as TEI)")
         alpha = _fusion_alpha(fusion, body, len(body.texts), "texts")
         cut_left = body.truncation_direction.lower() == "left"
         scores = await service.score(body.query, body.texts, body.truncate, None, "texts", cut_left)
+        response.headers.update(scores.timing_headers(time.perf_counter() - arrived))
         metrics.documents.labels(request.url.path).inc(len(body.texts))
         raw = _fused(scores.raw, body, alpha)
         shown = raw if body.raw_scores else normalised(raw, calibration, alpha is not None)
@@ -740,9 +766,15 @@ def create_app(
         ]
 
     @app.get("/health")
-    async def health() -> dict[str, str]:
-        """200 while serving (503 once draining)."""
-        return {"status": "ok"}
+    async def health() -> dict[str, Any]:
+        """200 while serving (503 once draining): the backend and its device, and the rerank requests queued."""
+        return {
+            "status": "ok",
+            "backend": reranker.backend,
+            "device": getattr(reranker, "device", None),
+            "queued_requests": state.reranking,
+            "max_queued_requests": options.max_queued_requests,
+        }
 
     @app.get("/info")
     async def model() -> dict[str, Any]:

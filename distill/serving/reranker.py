@@ -91,6 +91,8 @@ class Reranker:
         self.truncated = 0
         self.first_stage: str | None = None
         """The first stage whose α ``alpha`` is (None: a number given, or no fusion)."""
+        self.device: str | None = None
+        """Where :meth:`load` put the model (``cpu``, ``cuda``); None for a scorer given directly."""
         self.calibration: ScoreCalibration | None = None
         """The export's score calibration (:mod:`distill.serving.calibration`), which :meth:`probabilities`
         applies; None for a folder without one."""
@@ -155,7 +157,20 @@ class Reranker:
         reranker = cls(scorer, tokenizer, max_length or limit, budget, alpha, name, reason, options.overlap)
         reranker.first_stage = first_stage
         reranker.calibration = read_calibration(path)
+        reranker.device = device
         return reranker
+
+    def warm_up(self) -> int:
+        """Score one batch of each width a request can bring (powers of two up to ``max_length`` tokens a pair, each
+        batch filling the token budget), so that the runtime's first-call costs (OpenVINO's and CUDA's per-shape
+        plans, allocator growth) are paid before the first request; how many batches ran."""
+        widths = sorted({min(2**k, self.max_length) for k in range(4, self.max_length.bit_length() + 1)})
+        for width in widths:
+            pairs = max(1, self.max_batch_tokens // width)
+            words = " ".join(["warm"] * width)  # at least width tokens: the pair is cut to max_length
+            self._student_scores("warm up", [words] * pairs)
+        self.truncated = 0
+        return len(widths)
 
     @property
     def settings(self) -> dict[str, object]:

@@ -63,8 +63,9 @@ class ServeConfig(ServingOptions, ServerOptions):
         return ServerOptions(**{f.name: getattr(self, f.name) for f in fields(ServerOptions)})
 
 
-def bind(host: str, port: int) -> socket.socket:
-    """A TCP socket bound to ``host:port`` (port 0: a free one) and listening, for uvicorn to serve on.
+def bind(host: str, port: int, listen: bool = True) -> socket.socket:
+    """A TCP socket bound to ``host:port`` (port 0: a free one) and, where ``listen``, listening, for uvicorn to
+    serve on (a bound socket that does not listen yet refuses connections).
 
     Raises:
         InputError: the address cannot be bound (in use, not this machine's, ...).
@@ -76,7 +77,8 @@ def bind(host: str, port: int) -> socket.socket:
         sock = socket.socket(family, kind, protocol)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(address)
-        sock.listen(2048)  # connections queue from here on, before uvicorn starts: "listening on" is true when printed
+        if listen:
+            sock.listen(2048)  # connections queue from here on, before uvicorn starts: "listening on" is true
     except OSError as e:
         raise InputError(f"serve: cannot listen on {host}:{port}: {e.strerror or e}") from None
     return sock
@@ -222,10 +224,13 @@ def serve(config: ServeConfig) -> None:
     options = config.options
     folder = student_folder(config.model, exported=config.backend != "torch", revision=config.revision)
     fusion = Fusion.of(folder, config.interpolation, config.first_stage)
-    sock = bind(config.host, config.port)
+    sock = bind(config.host, config.port, listen=False)  # a bad address fails before the model loads
     try:
         reranker = Reranker.load(folder, config.serving(), interpolation=False, first_stage=None)
+        batches = reranker.warm_up()
+        log.info("%s: warmed up on %d batch shapes", folder, batches)
         app = create_app(folder, reranker, options, fusion)
+        sock.listen(2048)  # only now: no connection waits on a model still loading or a runtime's first calls
         host, port = sock.getsockname()[:2]
         auto = f" (auto: {reranker.backend_reason})" if reranker.backend_reason else ""
         print(f"distill serve: {folder} on {reranker.backend}{auto}", file=sys.stderr)
