@@ -40,19 +40,15 @@ from typing import Any, Literal
 
 import yaml
 
+from distill.cli import COMMANDS
 from distill.core.config import check_keys, load_section, read_yaml_mapping
 from distill.core.run_folder import RunLayout
 from distill.core.schema import InputError, MissingFileError
 
 STAGES = ("teach", "train", "export", "bench", "rerank", "eval")
-SECTIONS = {
-    "teach": ("distill.stages.teach", "TeachConfig"),
-    "export": ("distill.stages.export", "ExportConfig"),
-    "bench": ("distill.bench.run", "BenchConfig"),
-    "rerank": ("distill.stages.rerank", "RerankConfig"),
-    "eval": ("distill.stages.evaluate", "EvalConfig"),
-}
-"""The sections that are a subcommand's config dataclass (``train`` is LightningCLI's)."""
+SECTIONS = {name: (COMMANDS[name].module, COMMANDS[name].config) for name in STAGES if COMMANDS[name].config}
+"""The sections that are a subcommand's config dataclass, from the command line's table (``train`` is
+LightningCLI's): stage -> (module, config class)."""
 
 
 @dataclass
