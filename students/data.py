@@ -167,6 +167,15 @@ def split_queries(qids: list[str], val_queries: int | float, seed: int) -> set[s
     return set(np.random.default_rng(seed).permutation(distinct)[:count].tolist())
 
 
+def fold_queries(qids: list[str], folds: int, fold: int, seed: int) -> set[str]:
+    """Fold ``fold`` of ``folds`` seeded folds of the distinct ``qids``, of sizes that differ by at most one."""
+    distinct = sorted(set(qids))
+    if len(distinct) < folds:
+        raise InputError(f"val_folds={folds}: cannot cut {len(distinct)} queries into that many folds")
+    order = np.random.default_rng(seed).permutation(distinct)
+    return set(np.array_split(order, folds)[fold].tolist())
+
+
 def check_first_stages(first_stages: dict[str, list[str]] | None, alpha_from: dict[str, str | float] | None) -> None:
     """``data.first_stages`` and ``data.alpha_from``, checked before anything is read.
 
@@ -269,6 +278,10 @@ class StudentDataModule(LightningDataModule):
         val_queries: held-out queries, a share (0.2) or a count (8).
         val_pool: where the held-out queries are drawn from: ``any`` query, or only the ``judged`` ones (those in
             ``qrels``), so that unjudged training queries (DL22, say) never take a validation slot.
+        val_folds: instead of ``val_queries``, cut the pool into this many seeded folds of (nearly) equal size and
+            hold out fold ``val_fold``: runs of every fold validate each pool query once, by a student that did not
+            train on it (cross-fitting: all of a small judged year behind a choice, none of it unseen in training).
+        val_fold: the held-out fold, 0 to ``val_folds - 1``.
         train_depth: train on each query's first N candidates by first-stage rank only (None: all); validation
             always keeps every candidate.
         first_stages: the first stages whose candidates the teacher data holds, each validated on its own lists:
@@ -312,6 +325,8 @@ class StudentDataModule(LightningDataModule):
         qrels: str | None = None,
         val_queries: int | float = 0.2,
         val_pool: Literal["any", "judged"] = "any",
+        val_folds: int | None = None,
+        val_fold: int = 0,
         train_depth: int | None = None,
         first_stages: dict[str, list[str]] | None = None,
         alpha_from: dict[str, str | float] | None = None,
@@ -333,6 +348,8 @@ class StudentDataModule(LightningDataModule):
             if value is not None and value < 1:
                 raise InputError(f"data.{key}: must be positive, got {value}")
         check_first_stages(first_stages, alpha_from)
+        if val_folds is not None and not (val_folds >= 2 and 0 <= val_fold < val_folds):
+            raise InputError(f"data.val_fold: {val_fold} of val_folds={val_folds}: need 2+ folds, 0 <= fold < folds")
         self.save_hyperparameters()
         self.train: Split | None = None
         self.val: Split | None = None
@@ -400,7 +417,10 @@ class StudentDataModule(LightningDataModule):
             if not qrels:
                 raise InputError("data.val_pool: judged needs data.qrels")
             pool = [q for q in pool if q in qrels]
-        held_out = split_queries(pool, h.val_queries, h.seed)
+        if h.val_folds is not None:
+            held_out = fold_queries(pool, h.val_folds, h.val_fold, h.seed)
+        else:
+            held_out = split_queries(pool, h.val_queries, h.seed)
         in_val = table.qid.isin(held_out).to_numpy()
         if in_val.all():
             raise InputError(f"val_queries={h.val_queries} holds out every query: nothing is left to train on")

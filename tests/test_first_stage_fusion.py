@@ -318,3 +318,25 @@ def test_serve_fuses_requests_that_send_first_stage_scores(spread_bert: Path, tm
             f"{url}/rerank", json={"query": QUERY, "texts": PASSAGES, "first_stage_scores": FIRST_STAGE}
         )
         assert response.status_code == 422 and "does not fuse" in response.json()["error"]
+
+
+def test_val_folds_hold_out_each_judged_query_once(two_first_stages, tiny_bert: Path, tmp_path: Path) -> None:
+    from students.data import StudentDataModule, fold_queries
+
+    pool = [f"q{i}" for i in range(53)]
+    folds = [fold_queries(pool, 2, k, 0) for k in (0, 1)]
+    assert folds[0] | folds[1] == set(pool) and not folds[0] & folds[1] and {len(f) for f in folds} == {26, 27}
+    with pytest.raises(InputError, match=r"data.val_fold: 2 of val_folds=2"):
+        StudentDataModule(["x"], val_folds=2, val_fold=2)
+    bm25, splade = two_first_stages
+    held = []
+    for fold in (0, 1):
+        data = StudentDataModule(
+            [str(bm25), str(splade)], backbone=str(tiny_bert), qrels=str(DL19_QRELS), val_pool="judged",
+            val_folds=2, val_fold=fold, cache_dir=str(tmp_path / "tokens"),
+        )  # fmt: skip
+        data.setup()
+        held.append(set(data.val.qid))
+        assert not held[-1] & set(data.train.qid)
+    judged = set(held[0] | held[1])
+    assert held[0] and held[1] and not held[0] & held[1] and len(judged) == 3  # the tiny data's 3 judged queries
