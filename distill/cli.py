@@ -124,6 +124,29 @@ COMMANDS: dict[str, Command] = {
 }
 
 
+TRAIN_MODULES = ("torch", "datasets", "accelerate", "pytorch_lightning", "lightning", "wandb", "pandas", "pyarrow")
+EXTRAS = {
+    **dict.fromkeys((*TRAIN_MODULES, "gguf", "onnx", "onnxscript", "matplotlib", "deepspeed"), "train"),
+    **dict.fromkeys(("scipy", "ir_measures", "pytrec_eval"), "eval"),
+    **dict.fromkeys(("faiss", "bm25s", "Stemmer", "ir_datasets"), "retrieval"),
+    "openvino": "openvino",
+}
+"""The top-level module -> the extra of the package that installs it (``pip install 'cis-distill[train]'``)."""
+
+
+def missing_extra(error: ModuleNotFoundError, prog: str) -> Exception:
+    """One line naming the extra a missing module belongs to; ``error`` itself for a module no extra installs (a
+    genuine bug, shown with its traceback)."""
+    module = (error.name or "").split(".")[0]
+    extra = EXTRAS.get(module)
+    if extra is None:
+        return error
+    return UserError(
+        f"{prog} needs the {extra} extra ({module} is not installed): pip install -e '.[{extra}]' in a checkout, "
+        f"or pip install '<the cis-distill wheel>[{extra}]'"
+    )
+
+
 PROJECT_LOGGERS = ("distill", "teachers", "students")
 """The project's loggers: their INFO lines are the stages' progress, which the command line shows."""
 
@@ -167,7 +190,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     prog = f"distill {name}"
     try:
-        report = COMMANDS[name].run(rest, "distill " + shlex.join(argv), prog)
+        try:
+            report = COMMANDS[name].run(rest, "distill " + shlex.join(argv), prog)
+        except ModuleNotFoundError as e:
+            raise missing_extra(e, prog) from None
     except UserError as e:
         message = _without_hint(_without_prefix(str(e), prog), COMMANDS[name])
         print(f"{prog}: error: {message}", file=sys.stderr)

@@ -112,3 +112,10 @@ class StudentCard:
     def write_to(self, model_config: Any) -> None:
         """Put the card on a ``transformers`` config, for ``save_pretrained``."""
         setattr(model_config, CONFIG_KEY, self.to_dict())
+
+
+def held_out_queries(student: str | Path) -> set[str]:
+    """The query ids a student was validated on, from its card; ``student`` is a training run or model folder."""
+    from distill.core.run_folder import student_folder
+
+    return set(StudentCard.read(student_folder(student, exported=False)).val_queries)

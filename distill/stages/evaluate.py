@@ -179,6 +179,8 @@ def evaluate(cfg: EvalConfig, command: str | None = None) -> EvalResult:
         if not runs[name].keys() & qrels.keys():
             raise InputError(f"{path}: no query of the run has relevance judgements in {cfg.qrels or cfg.input}")
     if cfg.held_out:
+        from distill.core.student_card import held_out_queries
+
         qrels = {qid: judged for qid, judged in qrels.items() if qid in held_out_queries(cfg.held_out)}
     if cfg.queries == "common":
         shared = set.intersection(*(set(run) for run in runs.values())) if runs else set()
@@ -260,11 +262,3 @@ def teacher_fidelity(
 
     where = teacher if isinstance(teacher, str) else ", ".join(f"{n}: {', '.join(f)}" for n, f in teacher.items())
     return Fidelity(where, label, agreement(reference), {name: agreement(run) for name, run in members.items()})
-
-
-def held_out_queries(student: str | Path) -> set[str]:
-    """The query ids a student was validated on, from its card; ``student`` is a training run or model folder."""
-    from distill.core.run_folder import student_folder
-    from distill.core.student_card import StudentCard
-
-    return set(StudentCard.read(student_folder(student, exported=False)).val_queries)

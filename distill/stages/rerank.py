@@ -97,8 +97,8 @@ def rerank(cfg: RerankConfig) -> RerankReport:
     from distill.core.loaders import load_candidates
     from distill.core.run_folder import student_folder
     from distill.core.runs import write_trec_run
+    from distill.core.student_card import held_out_queries
     from distill.serving.reranker import Reranker
-    from distill.stages.evaluate import held_out_queries
 
     check_paths(cfg)
     data = RerankingData.union(
