@@ -294,6 +294,9 @@ ENSEMBLE = "z(gemma.cis) + z(gemma.cis_q) + z(smollm2.upr)"
 as ``cis_q`` within a query)."""
 STUDENT_GEMMA = "quality-dl19-dl2122-gemma-seg-zcis-listwise_kl-lr3e-5.json"
 STUDENT_BEST = "quality-dl19-dl2122-ens3-seg-listwise_kl.json"
+FINAL = "quality/final.json"
+"""The final student's DL19 test on each first stage (``experiments/first_stages.py final``)."""
+FIRST_STAGE_NAMES = {"bm25": "BM25", "tasb": "TAS-B", "splade": "SPLADE++"}
 STUDENT_SMOLLM2 = "quality-dl19-dl2122-seg-cis_q+0.25fs-listwise_kl-lr3e-5.json"
 BENCH_AUTO = "bench-cpu-auto-dl2122-final/bench.json"
 SCALE = "scale-cpu/scale.json"
@@ -349,6 +352,7 @@ def headline(links: Links) -> str:
             _f(ndcg10(best, "/dl19-bm25.trec")),
             links(STUDENT_BEST),
         ],
+        *final_rows(load(FINAL), links),
         [
             f"`make demo` on a 2-core CPU, {d['queries']} DL19 queries it never saw: the student alone / fused with "
             "BM25 (α chosen on DL21), against BM25",
@@ -388,6 +392,23 @@ def headline(links: Links) -> str:
         [*serve_headline(load(SERVE)), links(SERVE)],
     ]
     return _table(["result", "figure", "results file"], rows)
+
+
+def final_rows(final: dict[str, Any], links: Links) -> list[list[str]]:
+    """One headline row per DL19 first stage of the final student: the first stage, the student alone, fused."""
+    rows = []
+    for stage, r in final["dl19"].items():
+        significant = "*" if r["p_fused_vs_first_stage"] < 0.05 else ""
+        rows.append(
+            [
+                f"Final MiniLM-L6 student (BM25 and SPLADE++ candidates, chosen on {final['validation_queries']} DL21 "
+                f"queries), DL19 {FIRST_STAGE_NAMES.get(stage, stage)} top-100: first stage / student alone / fused "
+                "(α)",
+                f"{_f(r['first_stage'])} / {_f(r['student'])} / {_f(r['fused'])}{significant} ({r['alpha']:g})",
+                links(FINAL),
+            ]
+        )
+    return rows
 
 
 def readme_block() -> str:

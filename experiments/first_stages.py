@@ -1,0 +1,355 @@
+"""Students for the first stages users rerank: trained on BM25's and SPLADE++'s candidates, chosen on all of DL21.
+
+Every variant starts from ``configs/train/minilm-first-stages.yaml``. A variant that trains on DL21's lists does so
+in two runs, one per seeded fold of DL21's 53 judged queries (``data.val_folds``), each validated on the fold it
+holds out; a variant that trains on DL22 alone holds out all 53 at once. Either way each DL21 query is scored by a
+student that did not train on it, and selection pools those scores over the 53 queries: each student reranks its
+held-out queries' BM25 and SPLADE++ lists (``distill rerank --held_out``), α is chosen for each first stage on the
+pooled lists, and every variant is compared with :data:`REFERENCE` query by query, the mean difference of nDCG@10
+with its 95% paired-bootstrap interval over the 53 queries (the quality gate's own bootstrap,
+:func:`distill.export.quality_gate.delta_interval`).
+
+The final student refits the chosen variant on every DL21 and DL22 list with the α chosen on the pooled folds
+(``data.alpha_from``), for one epoch as the folds trained, so that nothing is chosen on its own training queries.
+DL19 is the test year: the final student alone is reranked on it, once, on its BM25, TAS-B and SPLADE++ top-100
+(TAS-B takes SPLADE++'s α).
+
+    python experiments/first_stages.py train NAME [NAME ...]   # -> checkpoints/fs-NAME[-fK] (skips finished runs)
+    python experiments/first_stages.py select NAME [NAME ...]  # -> benchmarks/results/quality/selection-dl21.{json,md}
+    python experiments/first_stages.py final NAME              # -> checkpoints/fs-NAME-final, quality/final.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from distill.core.package_paths import PROJECT as ROOT
+
+CONFIG = "configs/train/minilm-first-stages.yaml"
+BASE = ["distill", "train", "--config", CONFIG]
+ALL_DL21 = ["--data.val_folds", "null", "--data.val_queries", "53"]
+"""Hold out all 53 judged DL21 queries at once (a variant that trains on DL22 alone)."""
+BM25_ONLY = [
+    *["--data.teacher_data", "[data/teacher/dl21-bm25-smollm2,data/teacher/dl22-bm25-smollm2]"],
+    *["--data.first_stages", "{bm25: [data/trec-dl21/bm25_top100.json, data/trec-dl22/bm25_top100.json]}"],
+    *["--data.alpha_from", "{splade: bm25, tasb: bm25}"],
+    *ALL_DL21,
+]
+"""The students of before: BM25's candidates alone (DL22's; DL21's are the validation lists)."""
+FOLDS = 2
+
+VARIANTS: dict[str, tuple[list[str], bool]] = {
+    "bm25": (BM25_ONLY, False),
+    "bm25+splade": ([], True),
+    "bm25+splade-fs1": (["--data.label", "cis_q+1*first_stage"], True),
+}
+"""Variant name -> (its arguments after :data:`BASE`, whether it trains in :data:`FOLDS` runs over DL21)."""
+REFERENCE = "bm25"
+"""What every variant is compared with: the last round's settings, on BM25's candidates alone."""
+
+VALIDATION = {
+    "bm25": "data/trec-dl21/bm25_top100.json",
+    "splade": "data/trec-dl21/splade_p_p_ensemble_distil_top100.json",
+}
+VALIDATION_QRELS = "data/trec-dl21/qrels.txt"
+TEST = {
+    "bm25": "data/trec-dl19/bm25_top100.json",
+    "tasb": "data/trec-dl19/d_bert_kd_tasb_top100.json",
+    "splade": "data/trec-dl19/splade_p_p_ensemble_distil_top100.json",
+}
+TEST_ALPHA = {"bm25": "bm25", "tasb": "splade", "splade": "splade"}
+"""Each DL19 first stage -> the validation first stage whose α it takes (TAS-B has no DL21 list)."""
+TEST_QRELS = "data/trec-dl19/qrels.txt"
+FINAL_DATA = [
+    "--data.teacher_data",
+    "[data/teacher/dl21-bm25-smollm2,data/teacher/dl21-splade-smollm2,data/teacher/dl22-bm25-smollm2]",
+    *["--data.val_folds", "null", "--data.val_queries", "2", "--data.first_stages", "null"],
+]
+"""The refit: every list of both years. Lightning validates at the epoch's end, so 2 DL21 queries stay out (the
+smallest split; with one epoch the validation chooses nothing, and α comes from the folds)."""
+RECORDS = ROOT / "benchmarks" / "results" / "quality"
+METRIC = "nDCG@10"
+
+
+def runs(name: str) -> list[str]:
+    """The run names of a variant: one per fold, or one."""
+    return [f"fs-{name}-f{k}" for k in range(FOLDS)] if VARIANTS[name][1] else [f"fs-{name}"]
+
+
+def train_command(name: str, run_name: str) -> list[str]:
+    args, folded = VARIANTS[name]
+    fold = ["--data.val_fold", run_name.rsplit("-f", 1)[1]] if folded else []
+    return [*BASE, *args, *fold, "--run_name", run_name]
+
+
+def shell(command: Sequence[str]) -> str:
+    return shlex.join(command)
+
+
+def run(command: list[str]) -> None:
+    print("+", shell(command), flush=True)
+    subprocess.run([str(Path(sys.executable).parent / command[0]), *command[1:]], check=True, cwd=ROOT)
+
+
+def trained(run_name: str) -> bool:
+    return (ROOT / "checkpoints" / run_name / "hf" / "config.json").is_file()
+
+
+def train(names: list[str]) -> None:
+    for name in names:
+        for run_name in runs(name):
+            if trained(run_name):
+                print(f"{run_name}: trained")
+                continue
+            run(train_command(name, run_name))
+
+
+def per_query(path: str | Path, qrels: Any) -> dict[str, float]:
+    from distill.core.metrics import evaluate_per_query
+    from distill.core.runs import read_trec_run
+
+    return evaluate_per_query(read_trec_run(ROOT / path), qrels, [METRIC])[METRIC]
+
+
+def first_stage_scores(candidates: str) -> dict[str, dict[str, float]]:
+    """The first stage's run: its scores of ``candidates``, qid -> docid -> score."""
+    from distill.core.loaders import load_candidates
+
+    data = load_candidates(ROOT / candidates)
+    return {c.query.qid: {p.docid: s for p, s in zip(c.passages, c.scores, strict=True)} for c in data.candidates}
+
+
+def fuse(student: dict[str, dict[str, float]], first: dict[str, dict[str, float]], alpha: float) -> dict:
+    """``α · z(student) + (1 − α) · z(first stage)`` per query, as ``distill rerank --interpolation`` fuses
+    (:func:`distill.core.interpolation.interpolate`), over the student's queries."""
+    from distill.core.interpolation import interpolate
+
+    qids = [q for q in student for _ in student[q]]
+    docids = [d for q in student for d in student[q]]
+    mine = np.array([student[q][d] for q, d in zip(qids, docids, strict=True)])
+    theirs = np.array([first[q][d] for q, d in zip(qids, docids, strict=True)])
+    fused = interpolate(mine, theirs, qids, alpha)
+    out: dict[str, dict[str, float]] = {}
+    for q, d, v in zip(qids, docids, fused.tolist(), strict=True):
+        out.setdefault(q, {})[d] = v
+    return out
+
+
+def choose(student: dict, first: dict, qrels: Any) -> float:
+    """α of the best fused nDCG@10 on the pooled lists (:func:`distill.core.interpolation.choose_alpha`)."""
+    from distill.core.interpolation import choose_alpha
+
+    qids = [q for q in student for _ in student[q]]
+    docids = [d for q in student for d in student[q]]
+    mine = np.array([student[q][d] for q, d in zip(qids, docids, strict=True)])
+    theirs = np.array([first[q][d] for q, d in zip(qids, docids, strict=True)])
+    return choose_alpha(mine, theirs, qids, docids, qrels)[0]
+
+
+def difference(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
+    """Mean of a − b over the shared queries with its 95% paired-bootstrap interval and the paired t-test's p."""
+    from distill.core.significance import paired_t_test
+    from distill.export.quality_gate import delta_interval
+
+    queries = sorted(set(a) & set(b))
+    x, y = np.array([a[q] for q in queries]), np.array([b[q] for q in queries])
+    low, high = delta_interval(x - y)
+    return {
+        "difference": round(float((x - y).mean()), 2),
+        "interval": [round(low, 2), round(high, 2)],
+        "p": round(paired_t_test(x, y), 4),
+        "queries": len(x),
+    }
+
+
+def mean(values: dict[str, float]) -> float:
+    return round(float(np.mean(list(values.values()))), 2)
+
+
+def pooled(name: str, qrels: Any, commands: list[str]) -> dict[str, dict[str, dict[str, float]]]:
+    """first stage -> the variant's student run over the 53 DL21 queries, each query scored by the run that held it
+    out (its rerank commands appended to ``commands``)."""
+    from distill.core.runs import read_trec_run
+
+    lists: dict[str, dict[str, dict[str, float]]] = {stage: {} for stage in VALIDATION}
+    for run_name in runs(name):
+        if not trained(run_name):
+            raise SystemExit(f"first_stages.py select: checkpoints/{run_name}/hf is missing: run `train {name}`")
+        commands.append(shell(train_command(name, run_name)))
+        model = f"checkpoints/{run_name}"
+        for stage, candidates in VALIDATION.items():
+            output = f"{model}/dl21-{stage}.trec"
+            command = ["distill", "rerank", "--model", model, "--backend", "torch", "--input", candidates]
+            command += ["--held_out", model, "--interpolation", "false", "--output", output]
+            if not (ROOT / output).is_file():
+                run(command)
+            commands.append(shell(command))
+            lists[stage].update(read_trec_run(ROOT / output))
+    judged = {q for q in lists["bm25"] if q in qrels}
+    assert len(judged) == 53, f"{name}: {len(judged)} validation queries, not 53"
+    return lists
+
+
+def select(names: list[str]) -> dict[str, Any]:
+    """Pool each variant's held-out DL21 scores, choose α per first stage on them, compare with :data:`REFERENCE`."""
+    from distill.core.loaders import load_qrels
+    from distill.core.metrics import evaluate_per_query
+
+    qrels = load_qrels(ROOT / VALIDATION_QRELS)
+    first = {stage: first_stage_scores(candidates) for stage, candidates in VALIDATION.items()}
+    first_ndcg = {stage: evaluate_per_query(run, qrels, [METRIC])[METRIC] for stage, run in first.items()}
+    names = list(dict.fromkeys([REFERENCE, *names]))
+    rows, students = [], {}
+    for name in names:
+        commands: list[str] = []
+        lists = pooled(name, qrels, commands)
+        row: dict[str, Any] = {"name": name, "runs": runs(name), "commands": commands}
+        for stage in VALIDATION:
+            alpha = choose(lists[stage], first[stage], qrels)
+            student = evaluate_per_query(lists[stage], qrels, [METRIC])[METRIC]
+            fused = evaluate_per_query(fuse(lists[stage], first[stage], alpha), qrels, [METRIC])[METRIC]
+            students[name, stage] = student
+            row[stage] = {
+                "first_stage": mean(first_ndcg[stage]),
+                "student": mean(student),
+                "alpha": alpha,
+                "fused": mean(fused),
+                "student_vs_reference": difference(student, students[REFERENCE, stage]),
+                "fused_vs_first_stage": difference(fused, first_ndcg[stage]),
+            }
+        rows.append(row)
+    record = {
+        "command": f"python experiments/first_stages.py select {' '.join(names[1:])}",
+        "split": "all 53 judged DL21 queries (their BM25 and SPLADE++ top-100, each a validation list), each scored "
+        "by a student that did not train on it",
+        "reference": REFERENCE,
+        "rows": rows,
+    }
+    RECORDS.mkdir(parents=True, exist_ok=True)
+    (RECORDS / "selection-dl21.json").write_text(json.dumps(record, indent=2) + "\n")
+    lines = [
+        f"`{record['command']}`: nDCG@10 on all 53 judged DL21 queries, each scored by a student that did not train "
+        f"on it. Δ: the student's mean difference with `{REFERENCE}` (BM25's candidates alone), with its 95% "
+        "paired-bootstrap interval over the queries; fused: with the first stage, by the α chosen on these lists.",
+        "",
+        "| variant | BM25 list | Δ [95%] | fused (α) | SPLADE++ list | Δ [95%] | fused (α) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        cells = [f"`{row['name']}`"]
+        for stage in VALIDATION:
+            r, d = row[stage], row[stage]["student_vs_reference"]
+            cells += [
+                f"{r['student']:.2f}",
+                f"{d['difference']:+.2f} [{d['interval'][0]:+.2f}, {d['interval'][1]:+.2f}]",
+                f"{r['fused']:.2f} ({r['alpha']:g})",
+            ]
+        lines.append("| " + " | ".join(cells) + " |")
+    first_row = rows[0]["bm25"]["first_stage"], rows[0]["splade"]["first_stage"]
+    lines.append(f"| first stage | {first_row[0]:.2f} | | | {first_row[1]:.2f} | | |")
+    (RECORDS / "selection-dl21.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return record
+
+
+def final_command(name: str, alphas: dict[str, float]) -> list[str]:
+    """The refit of ``name`` on every list of both years, with the pooled folds' α of each first stage."""
+    rules = ", ".join(f"{stage}: {alphas[source]:g}" for stage, source in TEST_ALPHA.items())
+    args = [a for a in VARIANTS[name][0]]
+    return [*BASE, *args, *FINAL_DATA, "--data.alpha_from", "{" + rules + "}", "--run_name", f"fs-{name}-final"]
+
+
+def final(name: str) -> dict[str, Any]:
+    """Refit ``name`` (chosen in ``selection-dl21.json``), export it, and rerank DL19's three first stages' top-100
+    with it, alone and fused by each first stage's α: ``final.json``."""
+    from distill.core.loaders import load_qrels
+    from distill.core.metrics import evaluate_per_query
+    from distill.core.significance import paired_t_test
+
+    selection = json.loads((RECORDS / "selection-dl21.json").read_text())
+    validation = next((row for row in selection["rows"] if row["name"] == name), None)
+    if validation is None:
+        raise SystemExit(f"first_stages.py final: {name} is not in selection-dl21.json: run `select {name}` first")
+    alphas = {stage: validation[stage]["alpha"] for stage in VALIDATION}
+    train = final_command(name, alphas)
+    folder = f"checkpoints/fs-{name}-final"
+    if not trained(f"fs-{name}-final"):
+        run(train)
+    export = ["distill", "export", "--checkpoint", folder, "--formats", "[onnx]"]
+    export += ["--validation_input", VALIDATION["bm25"], "--validation_qrels", VALIDATION_QRELS]
+    if not (ROOT / folder / "export" / "model.onnx").is_file():
+        run(export)
+    commands = [shell(train), shell(export)]
+    qrels = load_qrels(ROOT / TEST_QRELS)
+    card = json.loads((ROOT / folder / "export" / "config.json").read_text())["cis_distill"]["interpolation"]
+    dl19: dict[str, Any] = {}
+    for stage, candidates in TEST.items():
+        output = f"{folder}/export/dl19-{stage}.trec"
+        command = ["distill", "rerank", "--model", f"{folder}/export", "--backend", "onnx", "--input", candidates]
+        command += ["--interpolation", "false", "--output", output]
+        if not (ROOT / output).is_file():
+            run(command)
+        fused_output = f"{folder}/export/dl19-{stage}-fused.trec"
+        fused_command = [*command[:-4], "--interpolation", "true", "--first_stage", stage, "--output", fused_output]
+        if not (ROOT / fused_output).is_file():
+            run(fused_command)
+        commands += [shell(command), shell(fused_command)]
+        first = evaluate_per_query(first_stage_scores(candidates), qrels, [METRIC])[METRIC]
+        student, fused = per_query(output, qrels), per_query(fused_output, qrels)
+        queries = sorted(set(fused) & set(first))
+        dl19[stage] = {
+            "first_stage": mean(first),
+            "student": mean(student),
+            "fused": mean(fused),
+            "alpha": card[stage]["alpha"],
+            "alpha_chosen_on": f"the pooled DL21 {TEST_ALPHA[stage]} lists (53 queries)",
+            "p_fused_vs_first_stage": round(
+                paired_t_test(np.array([fused[q] for q in queries]), np.array([first[q] for q in queries])), 4
+            ),
+            "p_student_vs_first_stage": round(
+                paired_t_test(np.array([student[q] for q in queries]), np.array([first[q] for q in queries])), 4
+            ),
+            "queries": len(queries),
+        }
+    record = {
+        "student": name,
+        "validation_queries": 53,
+        "command": f"python experiments/first_stages.py final {name}",
+        "commands": commands,
+        "dl21_validation": {stage: validation[stage] for stage in VALIDATION},
+        "dl19": dl19,
+    }
+    (RECORDS / "final.json").write_text(json.dumps(record, indent=2) + "\n")
+    print(json.dumps(dl19, indent=2))
+    return record
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for command, what in (("train", "train variants (skips finished runs)"), ("select", "compare on DL21")):
+        sub.add_parser(command, help=what).add_argument("names", nargs="+", choices=sorted(VARIANTS))
+    sub.add_parser("final", help="refit the chosen variant, test it once on DL19").add_argument(
+        "name", choices=sorted(VARIANTS)
+    )
+    args = parser.parse_args(argv)
+    if args.command == "train":
+        train(args.names)
+    elif args.command == "select":
+        select(args.names)
+    else:
+        final(args.name)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
