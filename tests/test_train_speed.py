@@ -310,10 +310,32 @@ def test_learning_rate_follows_the_effective_batch(teacher_dataset: Path, tiny_b
 
 @pytest.mark.parametrize("name", sorted(name for name, loss in LOSSES.items() if loss.within_query))
 def test_losses_given_the_hosts_group_sizes_read_nothing_back(name: str) -> None:
+    """Given the host's (queries, largest group), a within-query loss reads no tensor value back to the host (no
+    ``aten._local_scalar_dense``: what ``.item()``, ``.tolist()`` and ``int(tensor)`` run, a device sync on a GPU);
+    without them a listwise loss, which pads each query to the largest group, must, and both give the same loss."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from students.losses import TemperatureLoss
+
+    class ReadBacks(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.count += func is torch.ops.aten._local_scalar_dense.default
+            return func(*args, **(kwargs or {}))
+
     loss = build_loss(name)
     scores, targets = torch.randn(9, requires_grad=True), torch.randn(9)
     groups = torch.tensor([0, 0, 1, 1, 1, 2, 2, 2, 2])
-    torch.testing.assert_close(loss(scores, targets, groups, (3, 4)), loss(scores, targets, groups))
+    with ReadBacks() as given:
+        with_sizes = loss(scores, targets, groups, (3, 4))
+    with ReadBacks() as found:
+        without = loss(scores, targets, groups)
+    assert given.count == 0
+    assert (found.count > 0) == isinstance(loss, TemperatureLoss)  # pairwise losses never need the sizes
+    torch.testing.assert_close(with_sizes, without)
 
 
 def test_adamw_decays_weight_matrices_only() -> None:
