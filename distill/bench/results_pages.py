@@ -411,6 +411,49 @@ def final_rows(final: dict[str, Any], links: Links) -> list[list[str]]:
     return rows
 
 
+def first_stages_section(links: Links) -> list[str]:
+    """The students trained on BM25's and SPLADE++'s candidates: their selection on all of DL21 and the final
+    student's DL19 test per first stage (``experiments/first_stages.py``)."""
+    selection, final = load("quality/selection-dl21.json"), load(FINAL)
+    rows = []
+    for row in selection["rows"]:
+        cells = [f"`{row['name']}`"]
+        for stage in ("bm25", "splade"):
+            r, d = row[stage], row[stage]["student_vs_reference"]
+            cells += [
+                _f(r["student"]),
+                f"{d['difference']:+.2f} [{d['interval'][0]:+.2f}, {d['interval'][1]:+.2f}]",
+                f"{_f(r['fused'])} ({r['alpha']:g})",
+            ]
+        rows.append(cells)
+    test = [
+        [
+            FIRST_STAGE_NAMES.get(stage, stage),
+            _f(r["first_stage"]),
+            f"{_f(r['student'])} (p {r['p_student_vs_first_stage']:.3f})",
+            f"{_f(r['fused'])} (p {r['p_fused_vs_first_stage']:.3f})",
+            f"{r['alpha']:g}",
+        ]
+        for stage, r in final["dl19"].items()
+    ]
+    header = ["variant", "BM25 list", "Δ [95%]", "fused (α)", "SPLADE++ list", "Δ [95%]", "fused (α)"]
+    return [
+        "## Students for the first stages users rerank",
+        "",
+        f"`{selection['command']}` ({links('quality/selection-dl21.json')}): nDCG@10 on {selection['split']}. Δ is "
+        f"a student's mean difference with `{selection['reference']}` (BM25's candidates alone) with its 95% paired-"
+        "bootstrap interval; fused: with the first stage, by the α chosen on the same pooled lists.",
+        "",
+        _table(header, rows),
+        "",
+        f"`{final['command']}` ({links(FINAL)}): `{final['student']}` refitted on every list with those α, tested once "
+        "on all 43 DL19 queries (TAS-B takes SPLADE++'s α; p: paired t-test against the first stage).",
+        "",
+        _table(["first stage", "first stage", "student alone", "fused", "α"], test),
+        "",
+    ]
+
+
 def readme_block() -> str:
     """The README's generated block, markers included."""
     return "\n".join(
@@ -666,6 +709,7 @@ def page_students(links: Links) -> str:
         "[Train](../stages/train.md)).",
         "",
         STUDENT_FINDINGS,
+        *first_stages_section(links),
         "## Validation: 16 DL21 queries",
         "",
         f"From {links('quality-dl21-val.json')} (each variant's command is in the file, and in",

@@ -107,6 +107,18 @@ class BackendFailure(RuntimeError):
     """The backend failed on a batch that held this request's pairs."""
 
 
+@dataclass(frozen=True)
+class Truncation:
+    """How a request's documents too long for the model are treated."""
+
+    truncate: bool
+    """Cut them (else a 413 names the limit)."""
+    max_tokens_per_doc: int | None = None
+    """The request's own cap on a document's tokens."""
+    keep_end: bool = False
+    """Keep a cut document's last tokens (TEI's ``truncation_direction: Left``), not its first."""
+
+
 @dataclass
 class ServingState:
     """What the server's shutdown reads and sets (:mod:`distill.serving.server`)."""
@@ -244,17 +256,8 @@ class RerankService:
         self.batcher.close()
         self.tokenizing.shutdown()
 
-    async def score(
-        self,
-        query: str,
-        documents: Sequence[str],
-        truncate: bool,
-        max_tokens_per_doc: int | None,
-        field: str,
-        cut_left: bool = False,
-    ) -> Scores:
-        """The raw scores of ``documents`` for ``query``; a document cut keeps its start, or its end where
-        ``cut_left``.
+    async def score(self, query: str, documents: Sequence[str], cut: Truncation, field: str) -> Scores:
+        """The raw scores of ``documents`` for ``query``, each document cut as ``cut`` says.
 
         Raises:
             RequestError: over :attr:`options`' limits (413), ``field`` named.
@@ -270,7 +273,7 @@ class RerankService:
         self.arriving += 1
         try:
             encoded = await asyncio.get_running_loop().run_in_executor(
-                self.tokenizing, self._encode, query, documents, truncate, max_tokens_per_doc, field, cut_left
+                self.tokenizing, self._encode, query, documents, cut, field
             )
         finally:
             self.arriving -= 1
@@ -297,18 +300,12 @@ class RerankService:
             max(waited - scored.queue_wait, 0.0),
         )
 
-    def _encode(
-        self,
-        query: str,
-        documents: Sequence[str],
-        truncate: bool,
-        max_tokens_per_doc: int | None,
-        field: str,
-        cut_left: bool = False,
-    ) -> Encoded:
+    def _encode(self, query: str, documents: Sequence[str], cut: Truncation, field: str) -> Encoded:
         """The pairs' ids, each document cut to the tokens the model's pair length leaves after the query, and to
-        ``max_tokens_per_doc`` and the server's limit (its first tokens kept; its last where ``cut_left``); without
-        ``truncate``, a document (or query) that would be cut is a :class:`RequestError` (413) naming the limit."""
+        ``cut.max_tokens_per_doc`` and the server's limit (its first tokens kept; its last where ``cut.keep_end``);
+        without ``cut.truncate``, a document (or query) that would be cut is a :class:`RequestError` (413) naming the
+        limit."""
+        truncate, max_tokens_per_doc = cut.truncate, cut.max_tokens_per_doc
         tokenizer, model_limit = self.reranker.tokenizer, self.reranker.max_length
         query_tokens = len(tokenizer(query, add_special_tokens=False)["input_ids"])
         room = model_limit - self.special - query_tokens
@@ -323,7 +320,7 @@ class RerankService:
         capped = cap is not None and 1 <= cap < room  # the cap, not the model's pair length, limits a document
         allowed = cap if capped else room
         pair_limit = query_tokens + self.special + cap if capped else model_limit
-        if cut_left and truncate and allowed >= 1:
+        if cut.keep_end and truncate and allowed >= 1:
             documents = [_keep_last_tokens(tokenizer, d, allowed) for d in documents]
         encoded = encode_pairs(tokenizer, [query] * len(documents), documents, pair_limit)
         if encoded.truncated and not truncate:
@@ -711,7 +708,8 @@ def create_app(
         assert service is not None
         arrived = time.perf_counter()
         alpha = _fusion_alpha(fusion, body, len(body.documents), "documents")
-        scores = await service.score(body.query, body.documents, body.truncate, body.max_tokens_per_doc, "documents")
+        cut = Truncation(body.truncate, body.max_tokens_per_doc)
+        scores = await service.score(body.query, body.documents, cut, "documents")
         response.headers.update(scores.timing_headers(time.perf_counter() - arrived))
         metrics.documents.labels(request.url.path).inc(len(body.documents))
         raw = _fused(scores.raw, body, alpha)
@@ -754,8 +752,8 @@ def create_app(
         if not body.texts:
             raise RequestError(413, "texts: empty: send at least one text (as TEI)")
         alpha = _fusion_alpha(fusion, body, len(body.texts), "texts")
-        cut_left = body.truncation_direction.lower() == "left"
-        scores = await service.score(body.query, body.texts, body.truncate, None, "texts", cut_left)
+        cut = Truncation(body.truncate, None, keep_end=body.truncation_direction.lower() == "left")
+        scores = await service.score(body.query, body.texts, cut, "texts")
         response.headers.update(scores.timing_headers(time.perf_counter() - arrived))
         metrics.documents.labels(request.url.path).inc(len(body.texts))
         raw = _fused(scores.raw, body, alpha)
