@@ -47,6 +47,8 @@ def write_pipeline(tmp_path: Path, sample_file: Path, tiny_llama: Path, tiny_ber
             "rerank_queries": 1,
             "repeats": 2,
             "matmul_size": 256,
+            "backends": ["onnx-fp32"],  # one student backend: what the pipeline does with a bench, not each backend
+            "quality": False,
             **bench,
         },
         "rerank": {"backend": "onnx"},
