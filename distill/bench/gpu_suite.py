@@ -57,9 +57,9 @@ from distill.export.parity import SCORE_BOUNDS
 from distill.serving.backends import NAMED_BACKENDS
 
 RERANK_TARGET_S = 0.025
-"""Issue 19: bert-large fp16 reranks 100 candidates in at most this many seconds, tokenisation included."""
+"""Target: bert-large fp16 reranks 100 candidates in at most this many seconds, tokenisation included."""
 SUITE_TARGET_S = 480.0
-"""Issue 19: the whole suite in under 8 minutes on an H100."""
+"""Target: the whole suite in under 8 minutes on an H100."""
 RERANK_WORKLOAD = "100 candidates"
 RERANK_OVERLAP = 50
 """Pairs per span tokenised ahead in the suite's overlapped run: a query's 100 candidates in two spans, the second

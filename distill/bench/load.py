@@ -19,7 +19,7 @@ SIGTERM, and writes ``serve.json``, ``serve.md`` and ``serve.png`` into ``--out`
 - the robustness cell: 10,000 requests to the batched server, 1% of them malformed (bad JSON, an empty query, a
   document that is not a string, ...) at random places, the others of 1 to 10 documents over the three rerank routes:
   every malformed one must get its 4xx, every other one its right scores, and the server must stay up;
-- the targets of issue 30 (:func:`targets`), each with its figure and whether it holds.
+- the serving targets (:func:`targets`), each with its figure and whether it holds.
 
 The server and this load generator share the machine's cores (``taskset`` is not used: pinning either to one of
 two cores would take it from the other); each cell records both processes' CPU seconds, and the run records the
@@ -563,7 +563,7 @@ def cell(result: dict[str, Any], server: str, documents: int, concurrency: int) 
 
 
 def targets(result: dict[str, Any]) -> list[dict[str, Any]]:
-    """Issue 30's targets against a run: each with its figure, the bound, and whether it holds (None: a cell it
+    """The serving targets against a run: each with its figure, the bound, and whether it holds (None: a cell it
     needs was not measured, or the figure is only reported)."""
     rows: list[dict[str, Any]] = []
 

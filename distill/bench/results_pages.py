@@ -94,8 +94,8 @@ MOVED = {
     "benchmarks/scale.py": "python -m distill.bench.scale",
     "benchmarks/quality.py": "python experiments/quality.py",
 }
-"""The scripts that wrote committed results before issue 29 -> the command that runs them now (the files keep the
-command that ran; ``benchmarks/README.md`` gives each one's flags today)."""
+"""The scripts that wrote older committed results -> the command that runs them now (the files keep the command
+that ran; ``benchmarks/README.md`` gives each one's flags today)."""
 
 
 def now(command: str) -> str:
@@ -636,7 +636,7 @@ def page_teachers(links: Links) -> str:
         "",
         "`python -m distill.bench.teacher_throughput`: the stage's scorer against a plain batched loop (padded",
         "batches, full-vocabulary log-softmax) and a naive one-pair-at-a-time loop, on the same model in the same run",
-        "(the files before issue 29 were written by `benchmarks/teacher.py`, the same benchmark).",
+        "(the older files were written by `benchmarks/teacher.py`, the same benchmark).",
         "",
     ]
     rows = [
@@ -792,7 +792,7 @@ def page_students(links: Links) -> str:
         "## Training throughput",
         "",
         "`python -m distill.bench.train_throughput`: `distill train`'s step (the stage its config and flags build)",
-        "against a plain loop that pads every pair to `max_length`, on the same pairs (the files before issue 29",
+        "against a plain loop that pads every pair to `max_length`, on the same pairs (the older files",
         "were written by `benchmarks/student_train.py`, which built the stage from its own flags).",
         "",
     ]
@@ -1061,7 +1061,7 @@ def serve_table(result: dict[str, Any]) -> str:
 
 
 def serve_targets_table(result: dict[str, Any]) -> str:
-    """Issue 30's targets against a load run (``serve.json``'s ``targets``)."""
+    """The serving targets against a load run (``serve.json``'s ``targets``)."""
 
     def value(v: Any) -> str:
         return "-" if v is None else f"{v:,}" if isinstance(v, int) else f"{v:.2f}"
@@ -1236,7 +1236,7 @@ def _describe(path: str) -> str:
 
 def page_files(links: Links) -> str:
     rows = [[links(p), _describe(p).replace("|", "\\|")] for p in result_files()]
-    moved = "A moved script's command (issue 29) is followed by today's; `benchmarks/README.md` gives its flags."
+    moved = "A moved script's command is followed by today's; `benchmarks/README.md` gives its flags."
     return "\n".join(["# Every results file", "", _generated(), moved, "", _table(["file", "command"], rows), ""])
 
 

@@ -68,11 +68,11 @@ from students.model import build_student
 from students.optim import adamw
 
 GPU_CONFIG = PROJECT / "configs" / "train" / "bert-large-gpu.yaml"
-# Issue 19's targets, stated for BERT-large on an H100 at the GPU config's token budget.
+# The training targets, stated for BERT-large on an H100 at the GPU config's token budget.
 TARGET_MFU = 0.40
 TARGET_SPEEDUP = 1.5
 CHECKPOINT_COST_TARGET = 0.02
-"""Issue #13: periodic checkpointing at the default interval costs less than this share of training time."""
+"""Periodic checkpointing at the default interval costs less than this share of training time."""
 SYNC_WARNING = "called a synchronizing CUDA operation"
 """The start of the warning that CUDA's sync debug mode gives for each host synchronisation. Setting the mode also
 warns, once a process, that it "does not yet detect all synchronizing operations": that notice is no sync."""
