@@ -34,7 +34,8 @@ TeacherData = list[str] | dict[str, list[str]]
 _NAME = re.compile(r"[A-Za-z_]\w*")
 ID_COLUMNS = ("qid", "docid")
 CANDIDATES = "candidates"
-"""Each row's candidate files: its folder's inputs, joined by newlines (one string per distinct input)."""
+"""Each row's candidate files as a number, int32: the index of its folder's inputs among the distinct ones read
+(the same for two teachers' folders of the same inputs; 4 bytes a row, not a path)."""
 KEY_COLUMNS = (CANDIDATES, *ID_COLUMNS)
 SOURCE, SOURCE_ROW = "source", "source_row"
 """Where a row's texts are: the index of its folder in :attr:`LabelTable.sources`, and its row there."""
@@ -48,10 +49,10 @@ class LabelTable:
     """The joined pairs with their label."""
 
     table: Any
-    """A DataFrame, one row per pair of each candidate list: ``qid``, ``docid``, ``candidates`` (Arrow-backed
-    strings), ``first_stage_rank``, ``first_stage_score`` (the first named teacher's), each term's column (``cis``;
-    ``gemma.cis`` for a named teacher), ``label``, ``query`` (the candidate list as a number, :data:`QUERY`), and
-    ``source``, ``source_row``: where the pair's texts are."""
+    """A DataFrame, one row per pair of each candidate list: ``qid``, ``docid`` (Arrow-backed strings),
+    ``first_stage_rank``, ``first_stage_score`` (the first named teacher's), ``candidates`` (:data:`CANDIDATES`),
+    each term's column (``cis``; ``gemma.cis`` for a named teacher), ``label``, ``query`` (the candidate list as a
+    number, :data:`QUERY`), and ``source``, ``source_row``: where the pair's texts are."""
     expression: LabelExpression
     teachers: dict[str, list[str]]
     """The named teachers the label uses: name -> folders; empty for one unnamed teacher."""
@@ -103,14 +104,16 @@ def load_label_table(
         if term.score != FIRST_STAGE or term.teacher is not None:
             scores.setdefault(term.teacher, []).append(term.score)
     if named is None:
-        table = _union(list(teacher_data), scores.get(None, []), None)
+        lists: dict[tuple[str, ...], int] = {}
+        table = _union(list(teacher_data), scores.get(None, []), None, lists)
         used: dict[str, list[str]] = {}
     else:
         wanted = expression.teachers or list(named)[:1]
         used = {name: folders for name, folders in named.items() if name in wanted}
         if unused := [name for name in named if name not in used]:
             log.warning("%s: teacher(s) %s not used by %s %r: not read", data_key, ", ".join(unused), label_key, label)
-        tables = {name: _union(folders, scores.get(name, []), name) for name, folders in used.items()}
+        lists = {}
+        tables = {name: _union(folders, scores.get(name, []), name, lists) for name, folders in used.items()}
         table = _join(tables, used, data_key)
     columns = {term.column: table[term.column].to_numpy(dtype=np.float64) for term in expression.terms}
     table[QUERY] = query_codes(table.qid, table[CANDIDATES])
@@ -128,10 +131,11 @@ def query_codes(qids: Any, candidates: Any) -> np.ndarray:
     return pd.factorize(lists)[0].astype(np.int64, copy=False)
 
 
-def _union(folders: list[str], scores: list[str], name: str | None) -> Any:
+def _union(folders: list[str], scores: list[str], name: str | None, lists: dict[tuple[str, ...], int]) -> Any:
     """The rows of ``folders``, each (qid, docid) once per candidate files (the first kept), with the columns
-    ``scores`` (renamed ``name.score`` for a named teacher), the candidate files and where each row is
-    (``source``, ``source_row``); no texts."""
+    ``scores`` (renamed ``name.score`` for a named teacher), the candidate files' number (``lists``: inputs ->
+    number, shared by the teachers of one table and grown here) and where each row is (``source``, ``source_row``);
+    no texts."""
     import pandas as pd
 
     frames = []
@@ -139,7 +143,7 @@ def _union(folders: list[str], scores: list[str], name: str | None) -> Any:
         columns = [*ID_COLUMNS, "first_stage_rank", FIRST_STAGE_COLUMN, *scores]
         dataset = TeacherDataset.open(path)
         frame = dataset.to_pandas(list(dict.fromkeys(columns)), arrow_strings=True)
-        frame[CANDIDATES] = pd.Series("\n".join(dataset.metadata.input), index=frame.index, dtype=frame.qid.dtype)
+        frame[CANDIDATES] = np.int32(lists.setdefault(tuple(dataset.metadata.input), len(lists)))
         for score in dict.fromkeys(scores):
             bad = ~np.isfinite(frame[score].to_numpy(dtype=np.float64))
             if bad.any():
