@@ -275,8 +275,8 @@ def select(names: list[str]) -> dict[str, Any]:
 def final_command(name: str, alphas: dict[str, float]) -> list[str]:
     """The refit of ``name`` on every list of both years, with the pooled folds' α of each first stage."""
     rules = ", ".join(f"{stage}: {alphas[source]:g}" for stage, source in TEST_ALPHA.items())
-    args = [a for a in VARIANTS[name][0]]
-    return [*BASE, *args, *FINAL_DATA, "--data.alpha_from", "{" + rules + "}", "--run_name", f"fs-{name}-final"]
+    alpha_from = ["--data.alpha_from", "{" + rules + "}"]
+    return [*BASE, *VARIANTS[name][0], *FINAL_DATA, *alpha_from, "--run_name", f"fs-{name}-final"]
 
 
 def final(name: str) -> dict[str, Any]:
