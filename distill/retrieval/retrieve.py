@@ -11,13 +11,14 @@ from functools import partial
 from pathlib import Path
 from typing import Literal
 
+from distill.core.embeddings import DEFAULT_ENCODER, Encoder
 from distill.core.loaders._common import BadInput
 from distill.core.loaders.beir import is_beir_dir
 from distill.core.loaders.trec import check_file, read_corpus, read_queries
 from distill.core.runs import Run, write_trec_run
 from distill.core.schema import InputError
 from distill.retrieval import bm25
-from distill.retrieval.dense import DEFAULT_ENCODER, DenseIndex, Encoder
+from distill.retrieval.dense import DenseIndex
 from distill.retrieval.index_cache import index_key, load_or_build
 
 Method = Literal["bm25", "dense"]

@@ -37,6 +37,7 @@ from distill.core.teacher_data import TeacherDataset, TeacherMetadata
 from distill.stages.teach_chunks import chunk_file, read_chunks, write_chunk
 from distill.stages.teach_input import InputOptions, PairRows, candidate_stream, write_pair_rows
 from teachers.causal_lm import ScorerOptions
+from teachers.embedding import SIMILARITY
 from teachers.passage_cache import PassageLogProbCache, passage_key
 from teachers.scores import DEFAULT_PROMPT, PAIR_TERMS, QUERY_TERMS, SCORES, required_terms
 
@@ -45,7 +46,8 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class TeachConfig:
-    """Options of ``distill teach``: score every (query, candidate) pair with a causal-LM teacher."""
+    """Options of ``distill teach``: score every (query, candidate) pair with a causal-LM teacher, or with an
+    embedding model (``scores: [similarity]``)."""
 
     input: list[str] = field(default_factory=list)
     """Candidates (required): rank_llm or multi-hop QA JSON files, TREC run files, BEIR folders or ``irds:`` ids;
@@ -53,9 +55,12 @@ class TeachConfig:
     output: str | None = None
     """The dataset folder to write (required; ``distill run`` sets it)."""
     teacher: str = "smollm2-135m"
-    """A hub id, a local model folder, a .gguf file or an embedded alias (see ``distill.core.models``)."""
+    """A hub id, a local model folder, a .gguf file or an embedded alias (see ``distill.core.models``): a causal LM,
+    or with ``scores: [similarity]`` a sentence-embedding model."""
     scores: list[str] = field(default_factory=lambda: ["cis"])
-    """Scores to compute; the first is the dataset's primary label. ``cis`` is always included."""
+    """Scores to compute; the first is the dataset's primary label. For a causal LM, ``cis`` is always included.
+    ``similarity`` alone makes the teacher an embedding model: the cosine of the query's and the passage's
+    mean-pooled embeddings (:mod:`teachers.embedding`)."""
     queries: str | None = None
     """For a TREC run input: the queries (TSV ``qid<TAB>text`` or JSONL)."""
     corpus: str | None = None
@@ -122,10 +127,19 @@ class TeachConfig:
             raise InputError("teach: input is required (--input or input: in the config)")
         if not self.output:
             raise InputError("teach: output is required (--output or output: in the config)")
-        try:
-            required_terms(self.scores)
-        except ValueError as e:
-            raise InputError(f"teach: scores: {e}") from None
+        if SIMILARITY in self.scores:
+            if self.scores != [SIMILARITY]:
+                raise InputError(
+                    f"teach: scores: {SIMILARITY} is an embedding model's score and cannot be mixed with a causal "
+                    f"LM's ({', '.join(s for s in self.scores if s != SIMILARITY)}): teach them in two runs"
+                )
+            if self.reuse:
+                raise InputError(f"teach: reuse: only a causal LM's scores are reused, not {SIMILARITY}")
+        else:
+            try:
+                required_terms(self.scores)
+            except ValueError as e:
+                raise InputError(f"teach: scores: {e}; or {SIMILARITY} (an embedding model)") from None
         for name in ("chunk_size", "max_batch_tokens", "max_passage_tokens", "bucket"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise InputError(f"teach: {name} must be positive, got {getattr(self, name)}")
@@ -136,8 +150,13 @@ class TeachConfig:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(InputOptions)}
 
     @property
+    def similarity(self) -> bool:
+        """The teacher is an embedding model (:mod:`teachers.embedding`), not a causal LM."""
+        return self.scores == [SIMILARITY]
+
+    @property
     def score_columns(self) -> list[str]:
-        return list(dict.fromkeys(["cis", *self.scores]))
+        return list(self.scores) if self.similarity else list(dict.fromkeys(["cis", *self.scores]))
 
     def scorer_options(self, device: Any) -> ScorerOptions:
         """The scorer's levers on ``device``: each one given, else the device type's default."""
@@ -275,6 +294,8 @@ def teach(cfg: TeachConfig) -> TeachReport:
     write_pair_rows(candidates, skipped, rows_folder, cfg.max_queries, ", ".join(cfg.input))
     pairs = PairRows(rows_folder)
     try:
+        if cfg.similarity:
+            return _teach_similarity(cfg, state, output, pairs)
         return _teach(cfg, state, options, output, cache_root, pairs)
     finally:  # done, up to date or failed: the rows go (a rerun reads the inputs again)
         pairs.close()
@@ -583,18 +604,62 @@ def _score_pairs(
                 values[name] = np.array([by_query[query] for query in rows["query"]])
             values["n_passage_tokens"] = np.array([len(ids) for ids in passage_ids])
             columns: dict[str, Any] = {
-                "qid": rows["qid"],
-                "docid": rows["docid"],
-                "query": rows["query"],
-                "passage": rows["passage"],
-                "first_stage_rank": pa.array(rows["first_stage_rank"], pa.int32()),
-                "first_stage_score": rows["first_stage_score"],
+                **_pair_columns(rows),
                 "n_passage_tokens": pa.array(values["n_passage_tokens"], pa.int32()),
                 "n_query_tokens": pa.array(values["n_query_tokens"], pa.int32()),
             }
             columns.update({score: SCORES[score](values) for score in cfg.score_columns})
             columns.update({term: values[term] for term in terms})
             write_chunk(pa.table(columns), work / "chunks", j)
+
+
+def _pair_columns(rows: dict[str, Any]) -> dict[str, Any]:
+    """The columns of a chunk that every teacher dataset has: the pair, its texts and its first-stage rank and score."""
+    return {
+        "qid": rows["qid"],
+        "docid": rows["docid"],
+        "query": rows["query"],
+        "passage": rows["passage"],
+        "first_stage_rank": pa.array(rows["first_stage_rank"], pa.int32()),
+        "first_stage_score": rows["first_stage_score"],
+    }
+
+
+def _teach_similarity(cfg: TeachConfig, state: Any, output: Path, pairs: PairRows) -> TeachReport:
+    """The stage for an embedding teacher: score this process's share of pair chunks not on disk yet by
+    :data:`~teachers.embedding.SIMILARITY`, then merge them as :func:`_teach` does."""
+    from teachers.embedding import SimilarityTeacher
+
+    summary = pairs.summary
+    work = output.with_name(output.name + ".partial")
+    teacher = SimilarityTeacher.load(cfg.teacher, device=str(state.device), max_batch_tokens=cfg.max_batch_tokens)
+    fingerprint = {
+        **teacher.describe(),
+        "input": summary.digest,
+        "scores": cfg.score_columns,
+        "chunk_size": cfg.chunk_size,
+    }
+    report = TeachReport(output, len(pairs), summary.queries, cfg.score_columns, True, summary.skipped)
+    if _is_complete(output, fingerprint, cfg.overwrite):
+        return report
+    if state.is_main_process:
+        _prepare_work_dir(work, fingerprint, cfg.overwrite)
+    state.wait_for_everyone()
+    chunks = _chunks(len(pairs), cfg.chunk_size)
+    mine = [
+        (j, chunk)
+        for j, chunk in enumerate(chunks)
+        if j % state.num_processes == state.process_index and chunk_file(work / "chunks", j, len(chunk)) is None
+    ]
+    with _progress(cfg, state, sum(len(c) for _, c in mine), "pairs", "pair") as bar:
+        for j, chunk in mine:
+            rows = pairs.rows(chunk)
+            similarity = teacher.similarity(rows["query"], rows["passage"], on_batch=bar.update)
+            write_chunk(pa.table({**_pair_columns(rows), SIMILARITY: similarity}), work / "chunks", j)
+    state.wait_for_everyone()
+    if state.is_main_process:
+        _merge(work, output, len(pairs), cfg, fingerprint, None)
+    return dataclasses.replace(report, up_to_date=False)
 
 
 def _merge(
