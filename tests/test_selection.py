@@ -46,3 +46,25 @@ def test_pooled_lists_are_fused_as_rerank_fuses_and_alpha_is_the_best_on_them(se
     qrels = {"q1": {"a": 1}, "q2": {"x": 1}}  # the student is right, the first stage wrong: all student
     assert selection.choose(student, first, qrels) == 1.0
     assert selection.choose(student, first, {"q1": {"b": 1}, "q2": {"y": 1}}) < 0.5
+
+
+def test_a_teacher_label_is_the_weighted_sum_of_its_runs_z_scores(selection) -> None:
+    from distill.core.labels import per_query_z
+    from distill.core.runs import read_trec_run
+
+    weights = {"minilm/similarity": 1.0, "smollm2/cis_q": 0.5}
+    label = selection.label_run("bm25", weights)
+    runs = {
+        name: read_trec_run(
+            REPO / "data" / "teacher" / f"dl21-bm25-{name.split('/')[0]}" / "runs" / f"{name.split('/')[1]}.trec"
+        )
+        for name in weights
+    }
+    qid = sorted(label)[0]
+    docids = sorted(label[qid])
+    assert len(label) == 53 and len(docids) == 100
+    expected = sum(
+        weight * per_query_z(np.array([runs[name][qid][d] for d in docids]), [qid] * len(docids))
+        for name, weight in weights.items()
+    )
+    np.testing.assert_allclose([label[qid][d] for d in docids], expected, atol=1e-9)
