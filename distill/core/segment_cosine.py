@@ -8,6 +8,13 @@ means taken over the last layer's tokens of each segment (``token_type_ids`` 0 a
 for mean-pooled cosine similarity it ranks well before any training; distillation then moves it towards the
 teacher.
 
+With ``segment_layers`` N, the first N layers attend within each segment only, and each segment's positions
+start at 1 as if it followed its own [CLS] (token type 0 throughout): those layers encode the query and the passage
+each on its own, as the backbone was trained to, and only the later layers attend across them. With N the number
+of layers the head is the backbone's own bi-encoder similarity, computed in one pass over the joint input (the
+segments' means then lack the [CLS] the bi-encoder also pools); distillation can then move only the scale, the
+bias and the encoder's weights, not the cross-attention it never had.
+
 Importing this module registers the architecture with ``AutoConfig`` and ``AutoModelForSequenceClassification``
 (``model_type`` :data:`MODEL_TYPE`), so that every loader of the project (and sentence-transformers'
 ``CrossEncoder``, once this module is imported) loads such a student like any other.
@@ -29,13 +36,31 @@ MODEL_TYPE = "bert-segment-cosine"
 
 
 class BertSegmentCosineConfig(BertConfig):
-    """A BERT config with the head's initial ``cosine_scale`` (the scores' spread before training)."""
+    """A BERT config with the head's initial ``cosine_scale`` (the scores' spread before training) and
+    ``segment_layers``, the first layers that attend within each segment only (0: every layer attends across)."""
 
     model_type = MODEL_TYPE
 
-    def __init__(self, cosine_scale: float = 20.0, **kwargs: Any) -> None:
+    def __init__(self, cosine_scale: float = 20.0, segment_layers: int = 0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.cosine_scale = cosine_scale
+        self.segment_layers = segment_layers
+
+
+def segment_positions(attention_mask: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:
+    """``[B, T]`` position ids that start again for the second segment: ``[CLS] Q [SEP]`` keep 0, 1, ...; the
+    passage's first token is 1, as after a [CLS] of its own (padding positions are never attended to)."""
+    first_length = (attention_mask * (1 - token_type_ids)).sum(1, keepdim=True)  # [B, 1]
+    places = torch.arange(attention_mask.shape[1], device=attention_mask.device)[None]  # [1, T]
+    return places - token_type_ids * (first_length - 1)
+
+
+def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``[B, 1, T, T]`` additive attention mask: 0 where ``allowed`` ``[B, T, T]`` (query token, key token), the
+    dtype's minimum elsewhere."""
+    return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill(~allowed, torch.finfo(dtype).min)[
+        :, None
+    ]
 
 
 def segment_mean(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -77,11 +102,32 @@ class BertForSegmentCosine(BertPreTrainedModel):
         labels: torch.Tensor | None = None,
         **kwargs: Any,
     ) -> SequenceClassifierOutput:
-        hidden = self.bert(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)[0]
+        if self.config.segment_layers:
+            hidden = self._segments_apart(input_ids, attention_mask, token_type_ids)
+        else:
+            hidden = self.bert(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)[0]
         query = segment_mean(hidden, attention_mask * (1 - token_type_ids))
         passage = segment_mean(hidden, attention_mask * token_type_ids)
         cosine = torch.nn.functional.cosine_similarity(query, passage, dim=-1)
         return SequenceClassifierOutput(logits=(self.scale * cosine + self.bias).unsqueeze(-1))
+
+    def _segments_apart(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor
+    ) -> torch.Tensor:
+        """``[B, T, H]`` last hidden states, the first ``segment_layers`` layers attending within each segment."""
+        hidden = self.bert.embeddings(
+            input_ids=input_ids,
+            token_type_ids=torch.zeros_like(token_type_ids),
+            position_ids=segment_positions(attention_mask, token_type_ids),
+        )
+        keys = attention_mask.bool()[:, None, :]  # [B, 1, T]
+        same_segment = token_type_ids[:, :, None] == token_type_ids[:, None, :]  # [B, T, T]
+        apart = additive_mask(keys & same_segment, hidden.dtype)
+        across = additive_mask(keys.expand_as(same_segment), hidden.dtype)
+        for index, layer in enumerate(self.bert.encoder.layer):
+            out = layer(hidden, apart if index < self.config.segment_layers else across)
+            hidden = out[0] if isinstance(out, tuple) else out  # transformers 4 returns a tuple
+        return hidden
 
 
 AutoConfig.register(MODEL_TYPE, BertSegmentCosineConfig, exist_ok=True)

@@ -187,8 +187,10 @@ AttentionMaskInterface.register(ATTENTION, _no_mask)
 
 
 def unpaddable(model: torch.nn.Module) -> bool:
-    """Whether ``model``'s encoder can run unpadded (a BERT encoder, :data:`MODEL_TYPES`)."""
-    return getattr(model.config, "model_type", None) in MODEL_TYPES
+    """Whether ``model``'s encoder can run unpadded (a BERT encoder, :data:`MODEL_TYPES`, whose every layer attends
+    across its pair: not a segment-cosine head with ``segment_layers``)."""
+    config = model.config
+    return getattr(config, "model_type", None) in MODEL_TYPES and not getattr(config, "segment_layers", 0)
 
 
 def kernel_name(model: torch.nn.Module) -> str:
@@ -206,6 +208,8 @@ def take_over_attention(model: torch.nn.Module) -> None:
     """
     if not unpaddable(model):
         model_type = getattr(model.config, "model_type", None)
+        if getattr(model.config, "segment_layers", 0):
+            raise InputError("unpad: a segment-cosine head with segment_layers (segments attending apart) runs padded")
         raise InputError(f"unpad: runs BERT encoders ({', '.join(MODEL_TYPES)}), not {model_type!r}")
     model.base_model.set_attn_implementation(ATTENTION)
 
