@@ -70,6 +70,8 @@ class Int8Choice(BenchOptions):
     student: str
     """A training run, or an export folder with ``model.onnx``."""
     threads: int | None = 2
+    validation_queries: int | None = None
+    """The first judged DL21 queries whose rankings are compared (default all 53)."""
     time_queries: int = 3
     """DL19 queries timed (each with its 100 candidates)."""
     repeats: int = 3
@@ -78,7 +80,7 @@ class Int8Choice(BenchOptions):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        at_least(self, 1, "time_queries", "repeats")
+        at_least(self, 1, "validation_queries", "time_queries", "repeats")
 
 
 def ort_variant(name: str, source: Path, target: Path) -> None:
@@ -189,7 +191,7 @@ def run(args: Int8Choice, invocation: dict[str, Any]) -> int:
     if not (folder / "model.onnx").is_file():
         raise InputError(f"{folder}: no model.onnx; run distill export first")
     set_threads(args.threads)
-    validation = Pairs(folder, *VALIDATION)
+    validation = Pairs(folder, *VALIDATION, queries=args.validation_queries)
     timed = Pairs(folder, TIMED, queries=args.time_queries)
     fp32 = OnnxScorer(folder / "model.onnx", settings=SessionSettings(threads=args.threads))
     reference = validation.scores(fp32)
