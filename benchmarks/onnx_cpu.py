@@ -117,10 +117,12 @@ class OnnxCpu(BenchOptions):
     """Also time the graph fused without ``Attention``."""
     graphs: str | None = None
     """Build the graphs into this folder, or reuse those a run left there."""
+    matmul_size: int = 2048
+    """Side of the square fp32 and int8 matmuls whose rates the result records."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        at_least(self, 1, "queries", "repeats", "budget")
+        at_least(self, 1, "queries", "repeats", "budget", "matmul_size")
         if unknown := sorted(set(self.stages) - set(STAGES)):
             raise InputError(f"--stages: unknown stage(s) {unknown}, of {list(STAGES)}")
 
@@ -555,8 +557,8 @@ def run(args: OnnxCpu, invocation: dict[str, Any]) -> int:
         "environment": environment(torch.device("cpu"), torch.float32),
         "student": display_path(hf),
         "threads": args.threads,
-        "matmul_fp32_flops_per_s": matmul_flops_per_s(torch.device("cpu"), torch.float32, 2048, 10),
-        "matmul_int8_ops_per_s": int8_matmul_ops_per_s(2048, 10, args.threads),
+        "matmul_fp32_flops_per_s": matmul_flops_per_s(torch.device("cpu"), torch.float32, args.matmul_size, 10),
+        "matmul_int8_ops_per_s": int8_matmul_ops_per_s(args.matmul_size, 10, args.threads),
         "defaults": {"settings": asdict(SessionSettings(threads=args.threads)), "max_batch_tokens": args.budget},
     }
     stages = {
