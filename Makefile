@@ -1,6 +1,6 @@
 # make demo: set up .venv and run the quickstart on the embedded defaults (CPU, minutes).
 # make test: set up .venv and run the test suite (on two pytest-xdist workers: TEST_WORKERS).
-# make wheel-check: build the wheel, install it in a fresh venv and run train, export, rerank and eval from it.
+# make wheel-check: build the wheel, install it in a fresh venv and run train, export, rerank, eval and bench from it.
 # make docs: build the docs site into site/ with warnings as errors (mkdocs build --strict).
 PYTHON ?= python3
 VENV := .venv

@@ -1,7 +1,7 @@
 """Pages written at build time by mkdocs-gen-files (see mkdocs.yml): nothing here is committed as Markdown.
 
 - ``results/*.md``: the results pages, from the committed files in ``benchmarks/results/``
-  (:mod:`distill.bench.results_pages`), with those files copied under ``results/files/`` so that every row's link
+  (:mod:`benchmarks.results_pages`), with those files copied under ``results/files/`` so that every row's link
   resolves in the site;
 - ``reference/``: one API page per module of ``distill``, ``teachers`` and ``students``, found by walking the
   packages (a renamed or new module needs no edit here), and ``reference/SUMMARY.md``, their navigation.
@@ -9,14 +9,16 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import mkdocs_gen_files
 
-from distill.bench import results_pages
-
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("distill", "teachers", "students")
+sys.path.insert(0, str(ROOT))  # benchmarks/ is the checkout's, not installed; mkdocs runs this file by path
+
+from benchmarks import results_pages  # noqa: E402
 
 # Results pages, and the files they link to.
 for name, text in results_pages.pages().items():

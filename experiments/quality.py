@@ -32,9 +32,11 @@ from typing import Any
 
 import yaml
 
-from distill.bench.phases import RESULTS
 from distill.core.labels import LabelExpression, Term
 from distill.core.package_paths import PROJECT as ROOT
+
+RESULTS = ROOT / "benchmarks" / "results"
+"""Where the records go (``benchmarks/results/``: beside the benchmarks' own)."""
 
 BASE = ["distill", "train", "--config", "configs/train/minilm-dl2122.yaml"]
 WITHIN_QUERY = ["--data.group_size", "25", "--data.batch_size", "50"]

@@ -1,4 +1,4 @@
-"""The serving load benchmark (``python -m distill.bench.load``): its generator counts and checks every answer."""
+"""The serving load benchmark (``python -m benchmarks.load``): its generator counts and checks every answer."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from distill.bench.load import (
+from benchmarks.load import (
     MALFORMED,
     PEER,
     Plan,
@@ -28,6 +28,7 @@ from distill.serving.http_api import create_app
 from distill.serving.reranker import Reranker
 from distill.serving.server import bind
 
+from .conftest import REPO
 from .test_serve import running
 
 
@@ -146,7 +147,7 @@ def test_a_run_starts_each_server_and_writes_its_results(exported: Path, calls, 
         malformed=0.05,
         warmup=2,
     )
-    result = run(plan, tmp_path, "python -m distill.bench.load run ...", calls)
+    result = run(plan, tmp_path, "python -m benchmarks.load run ...", calls)
     assert {p.name for p in tmp_path.iterdir()} == {"serve.json", "serve.md", "serve.png"}
     assert json.loads((tmp_path / "serve.json").read_text())["targets"] == result["targets"]
     servers = result["servers"]
@@ -173,10 +174,10 @@ def test_sigterm_stops_the_servers_it_started(exported: Path, tmp_path: Path) ->
 
     import httpx
 
-    command = [sys.executable, "-m", "distill.bench.load", "run", "--model", str(exported), "--backend", "onnx"]
+    command = [sys.executable, "-m", "benchmarks.load", "run", "--model", str(exported), "--backend", "onnx"]
     command += ["--servers", "batched", "--documents", "10", "--requests", "100000", "--concurrency", "1"]
     command += ["--robustness", "0", "--queries", "2", "--out", str(tmp_path)]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, cwd=REPO)
     try:
         url = next((m.group(1) for line in process.stdout if (m := re.search(r" at (http://\S+);", line))), None)
         assert url, "no server started"

@@ -500,7 +500,7 @@ def test_openvino_precision_is_explicit(exported: Path, candidates: tuple[str, l
 def test_openvino_perf_count_times_each_node_and_keeps_the_scores(
     exported: Path, candidates: tuple[str, list[str]]
 ) -> None:
-    """``perf_count`` (the profile of :mod:`distill.bench.onnx_cpu`) keeps OpenVINO's time of each node of the last
+    """``perf_count`` (the profile of :mod:`benchmarks.onnx_cpu`) keeps OpenVINO's time of each node of the last
     batch and changes no score."""
     openvino = pytest.importorskip("openvino")
     from distill.serving.scorers import OpenVinoScorer

@@ -1,4 +1,4 @@
-"""``python -m distill.bench.gpu_suite`` on tiny configs, so that the GPU suite's code keeps running where there is
+"""``python -m benchmarks.gpu_suite`` on tiny configs, so that the GPU suite's code keeps running where there is
 no GPU."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from distill.bench import gpu_suite as suite
-from distill.bench import teacher_throughput, train_throughput
-from distill.bench.gpu_suite import GpuSuite
+from benchmarks import gpu_suite as suite
+from benchmarks import teacher_throughput, train_throughput
+from benchmarks.gpu_suite import GpuSuite
 from distill.core.config import parse_config
 from distill.stages.train import check_train_args
 
@@ -23,7 +23,7 @@ from .conftest import REPO
 @pytest.mark.slow
 def test_the_tiny_suite_runs_each_benchmark_and_summarises_every_figure(tmp_path: Path) -> None:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-    command = [sys.executable, "-m", "distill.bench.gpu_suite", "--tiny", "--device", "cpu", "--out", str(tmp_path)]
+    command = [sys.executable, "-m", "benchmarks.gpu_suite", "--tiny", "--device", "cpu", "--out", str(tmp_path)]
     command.append("--profile")
     done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=1200)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]

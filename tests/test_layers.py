@@ -4,7 +4,9 @@
 - ``teachers`` and ``students`` import only the ground floor (and not each other);
 - serving imports no lightning, datasets, teachers, students or export code;
 - the CLI imports a stage only when its subcommand runs: ``distill eval`` and ``distill rerank --backend onnx``
-  never import torch.
+  never import torch;
+- ``benchmarks`` (the checkout's measurement tooling, not in the wheel) is above everything: it may import
+  ``distill``, ``teachers`` and ``students``, and no module of theirs imports it.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ ABOVE_GROUND = (
     "distill.export",
     "distill.stages",
     "distill.bench",
+    "benchmarks",
     "distill.retrieval",
     "distill.cli",
     "distill.pipeline",
@@ -44,6 +47,7 @@ RULES = {
         "distill.export",
         "distill.stages",
         "distill.bench",
+        "benchmarks",
         "distill.cli",
         "distill.pipeline",
     ),
@@ -144,6 +148,9 @@ def test_serving_on_onnx_never_loads_torch(exported: Path) -> None:
 
 
 PACKAGES = ("distill", "teachers", "students")
+"""The installed package (the wheel's three top-level packages)."""
+TOOLING = "benchmarks"
+"""The checkout's tooling, above the package."""
 
 
 def import_graph() -> dict[str, set[str]]:
@@ -151,8 +158,10 @@ def import_graph() -> dict[str, set[str]]:
     ``TYPE_CHECKING``), read with ``ast`` without importing anything. ``from pkg import name`` counts as importing
     ``pkg.name`` when that is a module, else ``pkg``; a package is its ``__init__``."""
     sources = {}
-    for package in PACKAGES:
+    for package in (*PACKAGES, TOOLING):
         for source in (REPO / package).rglob("*.py"):
+            if REPO / TOOLING / "results" in source.parents:  # scripts kept with a result, not modules
+                continue
             parts = source.relative_to(REPO).with_suffix("").parts
             sources[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = source
     graph: dict[str, set[str]] = {}
@@ -212,3 +221,14 @@ def test_no_module_imports_a_module_that_imports_it_back() -> None:
     graph = import_graph()
     assert {"distill.export.parity", "distill.export.quality_gate", "students.module"} <= graph.keys()
     assert cycles(graph) == []
+
+
+def test_nothing_in_the_package_imports_the_benchmarks() -> None:
+    """``benchmarks`` may import the package; no module of ``distill``, ``teachers`` or ``students`` imports it, at
+    the top, in a function or under ``TYPE_CHECKING`` (the wheel does not carry it)."""
+    graph = import_graph()
+    tooling = {m for m in graph if m == TOOLING or m.startswith(TOOLING + ".")}
+    assert {"benchmarks.phases", "benchmarks.results_pages"} <= tooling
+    assert any(t.startswith("distill.") for m in tooling for t in graph[m])  # the tooling does import the package
+    bad = {m: sorted(t for t in graph[m] if t in tooling) for m in graph.keys() - tooling}
+    assert {m: targets for m, targets in bad.items() if targets} == {}

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from distill.bench import results_pages
+from benchmarks import results_pages
 
 from .conftest import REPO
 
@@ -87,3 +87,14 @@ def test_the_serving_figures_follow_serve_json(tmp_path: Path, monkeypatch: pyte
     page = results_pages.pages()["serving-cpu.md"]
     assert "| 123.46 |" in page and "![serving](files/serve-cpu/serve.png)" in page
     assert all(t["target"] in page for t in data["targets"]) and data["command"] in page
+
+
+def test_a_recorded_command_of_a_moved_benchmark_names_todays() -> None:
+    """The committed files keep the command that ran; a page gives today's beside a script's or module's old name."""
+    assert results_pages.now("python benchmarks/teacher.py --device cuda") == (
+        " (now `python -m benchmarks.teacher_throughput`)"
+    )
+    assert results_pages.now("python -m distill.bench.load run --model m") == " (now `python -m benchmarks.load`)"
+    assert results_pages.now("python -m distill.bench.scale") == " (now `python -m benchmarks.scale`)"
+    assert results_pages.now("distill bench --student s") == ""  # the package's own benchmark did not move
+    assert results_pages.now("python -m benchmarks.scale --sizes '[10]'") == ""

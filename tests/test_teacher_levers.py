@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from distill.bench import teacher_throughput
+from benchmarks import teacher_throughput
 from distill.core.batching import token_budget_batches
 from distill.core.config import parse_config
 from distill.core.schema import InputError

@@ -206,7 +206,7 @@ def test_the_benchmark_counts_host_syncs_and_not_the_sync_debug_modes_notice(mon
     the stage is the benchmark's first phase to set the mode (the plain loop's 275 were 5 a step, none extra)."""
     import warnings
 
-    from distill.bench import train_throughput
+    from benchmarks import train_throughput
 
     notice = ["Synchronization debug mode is a prototype feature and does not yet detect all synchronizing operations"]
 
@@ -229,10 +229,10 @@ def test_the_benchmark_counts_host_syncs_and_not_the_sync_debug_modes_notice(mon
 def test_the_benchmark_times_the_stage_that_distill_train_builds_from_its_config(
     tmp_path: Path, tiny_bert: Path, teacher_dataset: Path
 ) -> None:
-    """``python -m distill.bench.train_throughput ... -- ARGS`` times ``distill train ARGS``: the learning rate scaled
+    """``python -m benchmarks.train_throughput ... -- ARGS`` times ``distill train ARGS``: the learning rate scaled
     to the config's budget, its clipping and padding multiple; the plain loop takes the same optimiser settings and
     trains on the same pairs; nothing is written where the config's runs go."""
-    from distill.bench import train_throughput
+    from benchmarks import train_throughput
 
     config = write_config(tmp_path, tiny_bert, teacher_dataset, gradient_clip_val=0.5)
     train = ["--config", str(config), "--model.lr_scaling", "sqrt", "--model.lr_reference_tokens", "256"]

@@ -1,6 +1,6 @@
 """Measuring: device synchronisation, peak memory, the matmul rate FLOP floors are taken against, and the
 environment recorded with every result. Shared by ``distill bench`` and the other benchmarks
-(:mod:`distill.bench.phases`)."""
+(:mod:`benchmarks.phases`)."""
 
 from __future__ import annotations
 

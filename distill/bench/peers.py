@@ -12,7 +12,7 @@ so it is not timed. ST's exports need ``sentence-transformers[onnx]`` (``optimum
 ``sentence-transformers[openvino]`` (``optimum-intel[openvino]``); a peer whose package does not import is skipped
 with its reason.
 
-:class:`CrossEncoderLoop` is the serving peer of the load benchmark (:mod:`distill.bench.load`): plain
+:class:`CrossEncoderLoop` is the serving peer of the load benchmark (:mod:`benchmarks.load`): plain
 ``CrossEncoder.predict`` (torch, fp32 on a CPU, batch size 100) behind ``distill serve``'s own HTTP app, one request
 at a time.
 

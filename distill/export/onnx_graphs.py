@@ -6,7 +6,7 @@ embeddings + LayerNorm -> ``EmbedLayerNormalization``, each self-attention block
 + LayerNorm -> ``SkipLayerNormalization``, bias + GELU -> ``BiasGelu``. The optimiser's attention and embedding
 patterns match the TorchScript exporter's graphs only: on the ``dynamo=True`` exporter's graph (torch >= 2.9's
 default) it fuses LayerNorm and GELU but no attention, and onnxscript's fusions for that graph give an
-``Attention`` that onnxruntime's int8 quantiser leaves in fp32 (``variants`` of :mod:`distill.bench.onnx_cpu` measures
+``Attention`` that onnxruntime's int8 quantiser leaves in fp32 (``variants`` of :mod:`benchmarks.onnx_cpu` measures
 the three). The int8 graphs are quantised from the fused graph (:mod:`distill.export.quantize`).
 """
 

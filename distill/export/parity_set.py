@@ -70,7 +70,7 @@ class ParitySet:
 
 def dl19_parity_set() -> ParitySet:
     """The first 3 DL19 queries, 32 BM25 candidates each (the export's default score pairs), and a ranking set of
-    all 43 judged DL19 queries (:mod:`distill.bench.onnx_cpu` measures on it; the export replaces it with the student's
+    all 43 judged DL19 queries (:mod:`benchmarks.onnx_cpu` measures on it; the export replaces it with the student's
     validation queries, :func:`~distill.export.quality_gate.validation_set`)."""
     from distill.core.loaders import load_candidates
 

@@ -12,7 +12,7 @@ another. Requests queued while a round runs make the next. So:
 
 - requests that arrive together, or while the backend is busy, are scored in the same batches, their pairs of
   similar lengths together, so their batches carry less padding than one request's pairs alone (``python -m
-  distill.bench.load`` measures the gain);
+  benchmarks.load`` measures the gain);
 - a request's pairs may span several batches and rounds (one of 100 documents), and its scores come back in its
   own order, whatever batches they ran in;
 - the queue is fair: a round takes a request only after every request that came before it, so none starves; within

@@ -1,6 +1,6 @@
 """The serving load benchmark: ``distill serve`` under a bounded, closed-loop HTTP load on loopback.
 
-``python -m distill.bench.load run --model checkpoints/quickstart/student/export`` starts the servers side by side,
+``python -m benchmarks.load run --model checkpoints/quickstart/student/export`` starts the servers side by side,
 each in a process of its own (``--port 0``), drives each in turn with an async ``httpx`` client from this process,
 cell by cell (so that a spell of other load on the machine falls on every server's cell alike), stops them with
 SIGTERM, and writes ``serve.json``, ``serve.md`` and ``serve.png`` into ``--out``:
@@ -8,7 +8,7 @@ SIGTERM, and writes ``serve.json``, ``serve.md`` and ``serve.png`` into ``--out`
 - the servers: ``batched`` (``distill serve``, dynamic batching on), ``one-at-a-time`` (the same with ``--batching
   false``: a request's pairs are batched alone, requests in arrival order) and ``st-crossencoder`` (the peer:
   sentence-transformers' ``CrossEncoder.predict``, one request at a time, behind the same app:
-  :class:`~distill.bench.peers.CrossEncoderLoop`, served by ``python -m distill.bench.load serve-peer``);
+  :class:`~distill.bench.peers.CrossEncoderLoop`, served by ``python -m benchmarks.load serve-peer``);
 - the cells: each server at each request size (a DL19 query with its first 10 or 100 BM25 candidates, the queries
   in turn) and concurrency (1, 8, 32 clients, closed loop: each sends its next request when its last is answered),
   a fixed number of requests each. Each client's first request (sent with the others at once) is its warm-up: the
@@ -49,7 +49,7 @@ from typing import Any
 
 import numpy as np
 
-from distill.core.package_paths import PROJECT
+from benchmarks import CHECKOUT, RESULTS
 
 SERVERS = ("batched", "one-at-a-time", "st-crossencoder")
 """The servers a run compares (:func:`server_command`)."""
@@ -282,7 +282,7 @@ class Server:
 def server_command(name: str, model: str, backend: str, extra: Sequence[str] = ()) -> list[str]:
     """The command of server ``name`` (:data:`SERVERS`) on a free loopback port."""
     if name == PEER:
-        return [sys.executable, "-m", "distill.bench.load", "serve-peer", "--model", model, "--port", "0"]
+        return [sys.executable, "-m", "benchmarks.load", "serve-peer", "--model", model, "--port", "0"]
     command = [sys.executable, "-m", "distill", "serve", "--model", model, "--backend", backend, "--port", "0"]
     if name == "one-at-a-time":
         command += ["--batching", "false"]
@@ -298,7 +298,7 @@ def start(name: str, command: list[str], timeout: float = 300) -> Server:
         RuntimeError: it exited, or did not listen within ``timeout`` seconds; with its last lines.
     """
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    process = subprocess.Popen(command, cwd=PROJECT, stderr=subprocess.PIPE, text=True, env=env)
+    process = subprocess.Popen(command, cwd=CHECKOUT, stderr=subprocess.PIPE, text=True, env=env)
     assert process.stderr is not None
     log: list[str] = []
     found: list[str] = []
@@ -392,7 +392,7 @@ def serve_peer(model: str, host: str, port: int) -> None:
     sock = bind(host, port)
     try:
         app = create_app(model, CrossEncoderLoop.load(model))
-        print(f"distill.bench.load serve-peer: listening on http://{host}:{sock.getsockname()[1]}", file=sys.stderr)
+        print(f"benchmarks.load serve-peer: listening on http://{host}:{sock.getsockname()[1]}", file=sys.stderr)
         config = uvicorn.Config(app, lifespan="on", access_log=False, log_level="warning")
         drain_server(config, app.state.serving).run(sockets=[sock])
     finally:
@@ -649,8 +649,8 @@ def run(plan: Plan, out: Path, command: str, calls: Sequence[tuple[str, list[str
     ``serve.json``, ``serve.md`` and ``serve.png`` into ``out``."""
     import torch
 
+    from benchmarks.results_pages import serve_tables
     from distill.bench.measure import environment
-    from distill.bench.results_pages import serve_tables
 
     measured = measure(plan, calls)
     backend = measured["servers"].get("batched", next(iter(measured["servers"].values())))["info"]["backend"]
@@ -685,12 +685,12 @@ def _ints(text: str) -> tuple[int, ...]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m distill.bench.load", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.load", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     bench = sub.add_parser("run", help="measure every server and cell; write serve.json, serve.md and serve.png")
     bench.add_argument("--model", required=True, help="an export folder (make demo writes the quickstart's)")
     bench.add_argument("--backend", default="auto", help="distill serve's --backend")
-    bench.add_argument("--out", type=Path, default=PROJECT / "benchmarks/results/serve-cpu")
+    bench.add_argument("--out", type=Path, default=RESULTS / "serve-cpu")
     bench.add_argument("--servers", default=",".join(SERVERS), help=f"some of {','.join(SERVERS)}")
     bench.add_argument("--documents", type=_ints, default=Plan.documents, help="documents a request (10,100)")
     bench.add_argument("--requests", type=_ints, default=Plan.requests, help="requests a cell, one per size")
@@ -735,12 +735,12 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, stop)
     try:
         calls = dl19_calls(args.input, args.queries)
-        result = run(plan, args.out, "python -m distill.bench.load " + shlex.join(given), calls)
+        result = run(plan, args.out, "python -m benchmarks.load " + shlex.join(given), calls)
     except BaseException:
         if terminated:  # the exit may surface as another exception, say inside a C extension's import
             raise SystemExit(128 + signal.SIGTERM) from None
         raise
-    from distill.bench.results_pages import serve_tables
+    from benchmarks.results_pages import serve_tables
 
     print(serve_tables(result))
     return 0

@@ -1,7 +1,7 @@
 """Training throughput of the student stage as ``distill train`` runs it, against a plain loop that pads every pair
 to a fixed length, on the same pairs:
 
-    python -m distill.bench.train_throughput [--steps 20 ...] [-- DISTILL TRAIN ARGUMENTS]
+    python -m benchmarks.train_throughput [--steps 20 ...] [-- DISTILL TRAIN ARGUMENTS]
 
 Everything after ``--`` is ``distill train``'s command line (default ``--config configs/train/bert-large-gpu.yaml``),
 built by its own CLI (:func:`distill.stages.train.build_cli`) and set only to run ``--warmup_steps + --steps``
@@ -35,10 +35,8 @@ import numpy as np
 import torch
 from pytorch_lightning import Callback, LightningModule, Trainer
 
-from distill.bench import phases
-from distill.bench.measure import environment
-from distill.bench.phases import (
-    RESULTS,
+from benchmarks import CHECKOUT, RESULTS, phases
+from benchmarks.phases import (
     Ceiling,
     Column,
     Phase,
@@ -54,11 +52,11 @@ from distill.bench.phases import (
     table,
     write_result,
 )
+from distill.bench.measure import environment
 from distill.bench.profile import StageProfile
 from distill.core.devices import MATMUL_SIZE
 from distill.core.label_table import SOURCE, SOURCE_ROW, load_label_table
 from distill.core.models import ARCHITECTURES, resolve_model
-from distill.core.package_paths import PROJECT
 from distill.core.schema import InputError
 from distill.core.teacher_data import TeacherDataset
 from distill.stages.train import DistillCLI, build_cli
@@ -67,7 +65,7 @@ from students.data import StudentDataModule
 from students.model import build_student
 from students.optim import adamw
 
-GPU_CONFIG = PROJECT / "configs" / "train" / "bert-large-gpu.yaml"
+GPU_CONFIG = CHECKOUT / "configs" / "train" / "bert-large-gpu.yaml"
 # The training targets, stated for BERT-large on an H100 at the GPU config's token budget.
 TARGET_MFU = 0.40
 TARGET_SPEEDUP = 1.5
@@ -81,7 +79,7 @@ warns, once a process, that it "does not yet detect all synchronizing operations
 @dataclass(kw_only=True)
 class TrainThroughput(TimedOptions):
     """Training throughput of the student stage, as ``distill train`` runs it, against a plain loop:
-    ``python -m distill.bench.train_throughput [OPTIONS] [-- DISTILL TRAIN ARGUMENTS]``."""
+    ``python -m benchmarks.train_throughput [OPTIONS] [-- DISTILL TRAIN ARGUMENTS]``."""
 
     steps: int = 20
     """Timed optimiser steps per phase."""
@@ -448,8 +446,8 @@ def run(options: TrainThroughput, invocation: dict[str, Any]) -> int:
     logging.getLogger("pytorch_lightning").setLevel(logging.WARNING)
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
     warnings.filterwarnings("ignore", ".*does not have many workers.*")
-    (PROJECT / "checkpoints").mkdir(exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="train-throughput-", dir=PROJECT / "checkpoints") as tmp:
+    (CHECKOUT / "checkpoints").mkdir(exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="train-throughput-", dir=CHECKOUT / "checkpoints") as tmp:
         root = Path(tmp)
         timer = StepTimer(options.warmup_steps, options.steps, options.profile)
         cli = stage(options, root / "b", timer)
@@ -653,8 +651,8 @@ def report(result: dict[str, Any], measured: Sequence[TrainingPhase]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m distill.bench.train_throughput ARGS [-- DISTILL TRAIN ARGS]``; its exit status."""
-    return phases.main(TrainThroughput, run, "distill.bench.train_throughput", argv)
+    """``python -m benchmarks.train_throughput ARGS [-- DISTILL TRAIN ARGS]``; its exit status."""
+    return phases.main(TrainThroughput, run, "benchmarks.train_throughput", argv)
 
 
 if __name__ == "__main__":

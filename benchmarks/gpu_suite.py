@@ -1,13 +1,13 @@
 """The GPU suite: the three stages' benchmarks in one command, and one summary of every figure against its target.
 
-    python -m distill.bench.gpu_suite              # on a GPU: the full shapes, under 8 minutes on an H100
-    python -m distill.bench.gpu_suite --tiny       # tiny configs, in seconds (the default where there is no GPU)
+    python -m benchmarks.gpu_suite              # on a GPU: the full shapes, under 8 minutes on an H100
+    python -m benchmarks.gpu_suite --tiny       # tiny configs, in seconds (the default where there is no GPU)
 
 It runs, in one process and in this order:
 
-1. the teacher: :mod:`distill.bench.teacher_throughput` with ``--random_config llama3-8b`` (tiny: ``tiny``,
+1. the teacher: :mod:`benchmarks.teacher_throughput` with ``--random_config llama3-8b`` (tiny: ``tiny``,
    1 query), the stage against the naive and the plain batched loop, its own JSON;
-2. training: :mod:`distill.bench.train_throughput` on ``distill train --config configs/train/bert-large-gpu.yaml``
+2. training: :mod:`benchmarks.train_throughput` on ``distill train --config configs/train/bert-large-gpu.yaml``
    as it stands (the GPU config's data, budget, padding multiple, compile, unpadding, loader workers, clipping and
    learning rate), with random weights (``--model.random_init true``: offline, the shapes are what is timed) and
    pairs cut at 256 tokens (``--data.max_length 256``, the length the plain loop pads every pair to; a handful of
@@ -48,9 +48,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from distill.bench import phases, report, teacher_throughput, train_throughput
+from benchmarks import RESULTS, phases, teacher_throughput, train_throughput
+from benchmarks.phases import Column, display_path, free_memory, table
+from distill.bench import report
 from distill.bench.methods import BASELINE
-from distill.bench.phases import RESULTS, Column, display_path, free_memory, table
 from distill.core.devices import device_type, resolve_device
 from distill.core.schema import InputError
 from distill.export.parity import SCORE_BOUNDS
@@ -172,13 +173,13 @@ def rerank_backends(args: GpuSuite) -> str:
 
 def run_teacher(args: GpuSuite, out: Path, extra: Sequence[str] = ()) -> tuple[list[str], int]:
     argv = [*teacher_argv(args, out), *extra]
-    return ["python", "-m", "distill.bench.teacher_throughput", *argv], teacher_throughput.main(argv)
+    return ["python", "-m", "benchmarks.teacher_throughput", *argv], teacher_throughput.main(argv)
 
 
 def run_train(args: GpuSuite, out: Path, extra: Sequence[str] = ()) -> tuple[list[str], int]:
     argv = train_argv(args, out)
     argv[argv.index("--") : argv.index("--")] = extra  # the benchmark's own options, before distill train's
-    return ["python", "-m", "distill.bench.train_throughput", *argv], train_throughput.main(argv)
+    return ["python", "-m", "benchmarks.train_throughput", *argv], train_throughput.main(argv)
 
 
 def run_rerank(args: GpuSuite, out: Path, extra: Sequence[str] = ()) -> tuple[list[str], int]:
@@ -425,8 +426,8 @@ def figures_of(stage: str, out: Path, args: GpuSuite) -> list[dict[str, Any]]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m distill.bench.gpu_suite ARGS``; its exit status."""
-    return phases.main(GpuSuite, run, "distill.bench.gpu_suite", argv)
+    """``python -m benchmarks.gpu_suite ARGS``; its exit status."""
+    return phases.main(GpuSuite, run, "benchmarks.gpu_suite", argv)
 
 
 def run(args: GpuSuite, invocation: dict[str, Any]) -> int:

@@ -3,7 +3,7 @@ OpenVINO) rerank a DL19 query's 100 BM25 candidates fastest, and where the time 
 
 Every figure is the p50 of end-to-end calls as ``distill bench`` makes them (``Reranker.score``: tokenisation, a
 length-sorted batch loop under a token budget), over ``--repeats`` rounds of the first ``--queries`` DL19 queries
-after one warm-up round (:func:`distill.bench.phases.time_calls`). Stages (``--stages``, all by default):
+after one warm-up round (:func:`benchmarks.phases.time_calls`). Stages (``--stages``, all by default):
 
 - ``variants``: each graph at the default settings: fp32 from the dynamo exporter (the export before this one),
   with onnxscript's fusions, from the TorchScript exporter, fused by onnxruntime's transformer optimiser, and fused
@@ -19,13 +19,13 @@ after one warm-up round (:func:`distill.bench.phases.time_calls`). Stages (``--s
 - ``openvino``: the graphs OpenVINO reads (if installed), in fp32 (the fused one also in bf16: OpenVINO's default
   wherever the CPU has it) and ``int8-weights`` as ``distill``'s ``openvino-int8`` backend runs it, at three batch
   budgets, one stream of ``--threads`` threads. The choice between OpenVINO's int8 settings is in
-  ``python -m distill.bench.int8``.
+  ``python -m benchmarks.int8``.
 - ``streams``: OpenVINO with ``--threads`` single-threaded streams and a batch in flight on each.
 - ``profile``: onnxruntime's profile of the default settings on the fused fp32 graph and on ``--int8``, and
   OpenVINO's per-node counters on ``int8-weights``: the time per op type (OpenVINO's also per kernel), and the
   share of the call outside the graph (tokenisation, padding, Python).
 
-    python -m distill.bench.onnx_cpu --student checkpoints/minilm-dl21-cis --threads 2
+    python -m benchmarks.onnx_cpu --student checkpoints/minilm-dl21-cis --threads 2
     # -> benchmarks/results/onnx-cpu-<run>.json
 
 ``--graphs DIR`` keeps the graphs (and reuses them on the next run), so that they can be built apart from the
@@ -52,10 +52,8 @@ from typing import Any
 
 import numpy as np
 
-from distill.bench import phases
-from distill.bench.measure import environment, int8_matmul_ops_per_s, matmul_flops_per_s
-from distill.bench.phases import (
-    RESULTS,
+from benchmarks import RESULTS, phases
+from benchmarks.phases import (
     BenchOptions,
     at_least,
     display_path,
@@ -64,6 +62,7 @@ from distill.bench.phases import (
     time_calls,
     write_result,
 )
+from distill.bench.measure import environment, int8_matmul_ops_per_s, matmul_flops_per_s
 from distill.core.batching import token_budget_batches
 from distill.core.devices import STUDENT_BATCH_TOKENS
 from distill.core.loaders import load_candidates
@@ -118,10 +117,12 @@ class OnnxCpu(BenchOptions):
     """Also time the graph fused without ``Attention``."""
     graphs: str | None = None
     """Build the graphs into this folder, or reuse those a run left there."""
+    matmul_size: int = 2048
+    """Side of the square fp32 and int8 matmuls whose rates the result records."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        at_least(self, 1, "queries", "repeats", "budget")
+        at_least(self, 1, "queries", "repeats", "budget", "matmul_size")
         if unknown := sorted(set(self.stages) - set(STAGES)):
             raise InputError(f"--stages: unknown stage(s) {unknown}, of {list(STAGES)}")
 
@@ -393,7 +394,7 @@ def _openvino_installed() -> bool:
 def stage_openvino(graphs: dict[str, Path], work: Workload, args: OnnxCpu, quality: Quality | None):
     """Each graph OpenVINO reads, one stream of ``--threads`` threads at three batch budgets, every op it does not
     run in int8 in fp32 (the fused fp32 graph and ``int8-weights`` also in bf16). The choice between OpenVINO's
-    int8 settings is made in ``python -m distill.bench.int8``."""
+    int8 settings is made in ``python -m benchmarks.int8``."""
     if not _openvino_installed():
         return SKIPPED
     import openvino
@@ -556,8 +557,8 @@ def run(args: OnnxCpu, invocation: dict[str, Any]) -> int:
         "environment": environment(torch.device("cpu"), torch.float32),
         "student": display_path(hf),
         "threads": args.threads,
-        "matmul_fp32_flops_per_s": matmul_flops_per_s(torch.device("cpu"), torch.float32, 2048, 10),
-        "matmul_int8_ops_per_s": int8_matmul_ops_per_s(2048, 10, args.threads),
+        "matmul_fp32_flops_per_s": matmul_flops_per_s(torch.device("cpu"), torch.float32, args.matmul_size, 10),
+        "matmul_int8_ops_per_s": int8_matmul_ops_per_s(args.matmul_size, 10, args.threads),
         "defaults": {"settings": asdict(SessionSettings(threads=args.threads)), "max_batch_tokens": args.budget},
     }
     stages = {
@@ -582,8 +583,8 @@ def run(args: OnnxCpu, invocation: dict[str, Any]) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m distill.bench.onnx_cpu ARGS``; its exit status."""
-    return phases.main(OnnxCpu, run, "distill.bench.onnx_cpu", argv)
+    """``python -m benchmarks.onnx_cpu ARGS``; its exit status."""
+    return phases.main(OnnxCpu, run, "benchmarks.onnx_cpu", argv)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ top-100 (5,300 pairs). For each variant: the mean over queries of the Spearman c
 p50 of reranking a DL19 query's 100 BM25 candidates (the first ``--time_queries`` queries, ``--repeats`` rounds after
 a warm-up round, ``--threads`` threads, the batching of ``Reranker``).
 
-    python -m distill.bench.int8 --student checkpoints/q-seg-cis_q-ranknet --threads 2
+    python -m benchmarks.int8 --student checkpoints/q-seg-cis_q-ranknet --threads 2
     # -> benchmarks/results/int8-<run>.json
 """
 
@@ -34,10 +34,8 @@ from typing import Any
 
 import numpy as np
 
-from distill.bench import phases
-from distill.bench.measure import environment
-from distill.bench.phases import (
-    RESULTS,
+from benchmarks import RESULTS, phases
+from benchmarks.phases import (
     BenchOptions,
     at_least,
     display_path,
@@ -46,6 +44,7 @@ from distill.bench.phases import (
     time_calls,
     write_result,
 )
+from distill.bench.measure import environment
 from distill.core.batching import token_budget_batches
 from distill.core.devices import STUDENT_BATCH_TOKENS
 from distill.core.fidelity import fidelity_per_query, mean_fidelity
@@ -71,6 +70,8 @@ class Int8Choice(BenchOptions):
     student: str
     """A training run, or an export folder with ``model.onnx``."""
     threads: int | None = 2
+    validation_queries: int | None = None
+    """The first judged DL21 queries whose rankings are compared (default all 53)."""
     time_queries: int = 3
     """DL19 queries timed (each with its 100 candidates)."""
     repeats: int = 3
@@ -79,7 +80,7 @@ class Int8Choice(BenchOptions):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        at_least(self, 1, "time_queries", "repeats")
+        at_least(self, 1, "validation_queries", "time_queries", "repeats")
 
 
 def ort_variant(name: str, source: Path, target: Path) -> None:
@@ -190,7 +191,7 @@ def run(args: Int8Choice, invocation: dict[str, Any]) -> int:
     if not (folder / "model.onnx").is_file():
         raise InputError(f"{folder}: no model.onnx; run distill export first")
     set_threads(args.threads)
-    validation = Pairs(folder, *VALIDATION)
+    validation = Pairs(folder, *VALIDATION, queries=args.validation_queries)
     timed = Pairs(folder, TIMED, queries=args.time_queries)
     fp32 = OnnxScorer(folder / "model.onnx", settings=SessionSettings(threads=args.threads))
     reference = validation.scores(fp32)
@@ -231,8 +232,8 @@ def run(args: Int8Choice, invocation: dict[str, Any]) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m distill.bench.int8 ARGS``; its exit status."""
-    return phases.main(Int8Choice, run, "distill.bench.int8", argv)
+    """``python -m benchmarks.int8 ARGS``; its exit status."""
+    return phases.main(Int8Choice, run, "benchmarks.int8", argv)
 
 
 if __name__ == "__main__":

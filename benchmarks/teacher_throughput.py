@@ -1,5 +1,5 @@
 """Throughput of the teacher stage against a naive one-pair-at-a-time loop and a plain batched loop, on the real
-DL19 texts: ``python -m distill.bench.teacher_throughput [--random_config llama3-8b] [--device cuda]``.
+DL19 texts: ``python -m benchmarks.teacher_throughput [--random_config llama3-8b] [--device cuda]``.
 
 The workload is the CIS terms of every (query, passage) pair of the input, as
 :class:`teachers.teacher.CausalLMTeacher` builds them (``logp_cond`` per pair, ``logp_uncond`` per distinct
@@ -25,10 +25,8 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from distill.bench import phases
-from distill.bench.measure import dtype_name, environment
-from distill.bench.phases import (
-    RESULTS,
+from benchmarks import RESULTS, phases
+from benchmarks.phases import (
     Ceiling,
     Column,
     Phase,
@@ -43,6 +41,7 @@ from distill.bench.phases import (
     table,
     write_result,
 )
+from distill.bench.measure import dtype_name, environment
 from distill.bench.profile import profiled
 from distill.core.devices import MATMUL_SIZE, TEACHER_BATCH_TOKENS, attention_backends, resolve_device
 from distill.core.loaders import load_candidates
@@ -574,8 +573,8 @@ def report(result: dict[str, Any], scored: list[ScoringPhase]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m distill.bench.teacher_throughput ARGS``; its exit status."""
-    return phases.main(TeacherThroughput, run, "distill.bench.teacher_throughput", argv)
+    """``python -m benchmarks.teacher_throughput ARGS``; its exit status."""
+    return phases.main(TeacherThroughput, run, "benchmarks.teacher_throughput", argv)
 
 
 if __name__ == "__main__":

@@ -1,10 +1,10 @@
 """The data layer at MS MARCO scale, on a CPU: synthetic teacher data of N pairs, and what reading it costs:
-``python -m distill.bench.scale [--sizes 10000 100000 1000000]``.
+``python -m benchmarks.scale [--sizes 10000 100000 1000000]``.
 
 For each N, :func:`synthetic_teacher_data` writes a teacher dataset of N pairs made of the real DL21 and DL22
 teacher rows (12,900 pairs of 129 queries) repeated, each repetition's queries under new ids, so that the data
 has N/100 distinct queries as a real distillation set would. Each measurement then runs in a fresh process
-(``python -m distill.bench.scale measure WHAT OPTIONS``), so that its peak resident set is its own:
+(``python -m benchmarks.scale measure WHAT OPTIONS``), so that its peak resident set is its own:
 
 - ``student_cold``: :class:`students.data.StudentDataModule` ``setup`` with an empty token cache (tokenising);
 - ``student_cached``: the same setup again, reopening the cache, with the part of it spent checking the token
@@ -37,11 +37,9 @@ from typing import Any
 
 import numpy as np
 
-from distill.bench import phases
+from benchmarks import CHECKOUT, RESULTS, phases
+from benchmarks.results_pages import FIX, readme_is_current, scale_table
 from distill.bench.measure import _reset_vm_hwm, _vm_hwm_bytes, cpu_name, git_commit
-from distill.bench.phases import RESULTS
-from distill.bench.results_pages import scale_table, write_readme
-from distill.core.package_paths import PROJECT
 
 BASE = ("data/teacher/dl21-bm25-smollm2", "data/teacher/dl22-bm25-smollm2")
 """The real teacher rows every synthetic dataset repeats."""
@@ -67,7 +65,7 @@ def synthetic_teacher_data(n: int, folder: Path) -> Path:
 
     if TeacherDataset.is_complete(folder) and TeacherDataset.open(folder).metadata.fingerprint.get("pairs") == n:
         return folder
-    base = pa.concat_tables([TeacherDataset.open(PROJECT / f).table().select(list(COLUMNS)) for f in BASE])
+    base = pa.concat_tables([TeacherDataset.open(CHECKOUT / f).table().select(list(COLUMNS)) for f in BASE])
     base = base.combine_chunks()
     if folder.exists():
         shutil.rmtree(folder)
@@ -263,8 +261,8 @@ def measure_loader(folder: Path, cache_dir: Path, workers: int, batches: int, se
 
 def _measure_in_process(what: str, **options: Any) -> dict[str, Any]:
     """Run one measurement in a fresh interpreter; its JSON result."""
-    command = [sys.executable, "-m", "distill.bench.scale", "measure", what, json.dumps(options, default=str)]
-    done = subprocess.run(command, capture_output=True, text=True, cwd=PROJECT, check=False)
+    command = [sys.executable, "-m", "benchmarks.scale", "measure", what, json.dumps(options, default=str)]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=CHECKOUT, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"{what} failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -380,26 +378,28 @@ class Scale:
 
 
 def run_sizes(options: Scale, invocation: dict[str, Any]) -> int:
-    """Measure every size; write the JSON, the Markdown table, the plot and the README's headline block."""
+    """Measure every size; write the JSON, the Markdown table and the plot. The README is left alone: where the
+    committed ``scale-cpu/scale.json`` changed its headline block, this says which command rewrites it."""
     out = Path(options.out)
     out.mkdir(parents=True, exist_ok=True)
     result = run(options.sizes, Path(options.work), options.batches, options.seconds, options.keep_caches)
     result["command"] = invocation["command"]
     (out / "scale.json").write_text(json.dumps(result, indent=2) + "\n")
     (out / "scale.md").write_text(scale_table(result) + "\n")
-    write_readme()
     plot(result, out / "scale.png")
     print(scale_table(result))
+    if not readme_is_current():
+        print(f"README.md: its results block is out of date: {FIX}")
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m distill.bench.scale ARGS``, or ``measure WHAT OPTIONS`` (one measurement in this process, the
+    """``python -m benchmarks.scale ARGS``, or ``measure WHAT OPTIONS`` (one measurement in this process, the
     runner's child: ``setup``, ``loader``, ``teacher_input`` or ``pk_cache`` with its JSON keyword arguments); the
     exit status."""
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] != ["measure"]:
-        return phases.main(Scale, run_sizes, "distill.bench.scale", argv)
+        return phases.main(Scale, run_sizes, "benchmarks.scale", argv)
     what, options = argv[1], json.loads(argv[2])
     if what == "teacher_input":
         result = measure_teacher_input(Path(options["lines"]), Path(options["rows"]))

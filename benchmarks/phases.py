@@ -1,13 +1,13 @@
-"""What the benchmarks of ``distill/bench`` share: options, timed phases, the matmul ceiling, reports and results.
+"""What the benchmark modules share: options, timed phases, the matmul ceiling, reports and results.
 
-A benchmark is a module run as ``python -m distill.bench.<name>`` (:func:`main`). Its options are a typed dataclass
+A benchmark is a module run as ``python -m benchmarks.<name>`` (:func:`main`). Its options are a typed dataclass
 derived from :class:`BenchOptions` (or :class:`TimedOptions`), parsed by the project's config system as the
 ``distill`` subcommands parse theirs (:func:`distill.core.config.parse_config`: ``--flag value``, ``--flag`` alone
 for true, ``--config file.yaml``, ``--help``; a bad option is one line naming it, before any work). It times
 :class:`Phase` windows (:class:`Window`), takes their FLOP rates against a square matmul measured in the same run
 (:class:`Ceiling`), prints a report (:func:`header`, :func:`table`) and writes one JSON result with the command
 line and the environment (:func:`write_result`, :func:`distill.bench.measure.environment`) under
-``benchmarks/results/`` (:data:`RESULTS`).
+``benchmarks/results/`` (:data:`benchmarks.RESULTS`).
 """
 
 from __future__ import annotations
@@ -29,12 +29,9 @@ from typing import Any, ClassVar, TypeVar
 import numpy as np
 import torch
 
+from benchmarks import CHECKOUT
 from distill.bench.measure import MemoryProbe, dtype_name, matmul_flops_per_s, synchronize
-from distill.core.package_paths import PROJECT
 from distill.core.schema import InputError, UserError
-
-RESULTS = PROJECT / "benchmarks" / "results"
-"""Where results are committed."""
 
 Options = TypeVar("Options")
 
@@ -348,7 +345,7 @@ def write_result(result: dict[str, Any], out: str | Path) -> Path:
 def display_path(path: str | Path) -> str:
     """``path`` relative to the repository root where it lies inside it, else absolute."""
     path = Path(path).resolve()
-    return str(path.relative_to(PROJECT)) if path.is_relative_to(PROJECT) else str(path)
+    return str(path.relative_to(CHECKOUT)) if path.is_relative_to(CHECKOUT) else str(path)
 
 
 def slug(name: str) -> str:
