@@ -29,7 +29,7 @@ HEADS = ("cls", "segment_cosine")
 
 
 def build_student(
-    backbone: str, random_init: bool = False, dropout: float | None = None, head: str = "cls"
+    backbone: str, random_init: bool = False, dropout: float | None = None, head: str = "cls", segment_layers: int = 0
 ) -> tuple[PreTrainedModel, Any]:
     """A cross-encoder on ``backbone`` and its tokenizer.
 
@@ -38,9 +38,11 @@ def build_student(
         random_init: random weights from the backbone's config (for timing where its weights are absent).
         dropout: dropout before the linear head (``cls`` head); default the backbone's.
         head: ``cls`` ([CLS] → linear, the paper's) or ``segment_cosine`` (see the module's docstring).
+        segment_layers: with ``segment_cosine``, its first layers that attend within each segment only.
 
     Raises:
-        InputError: an unknown head, or ``segment_cosine`` on a backbone that is no BERT.
+        InputError: an unknown head, ``segment_cosine`` on a backbone that is no BERT, or ``segment_layers`` without
+            it or beyond the backbone's layers.
     """
     if head not in HEADS:
         raise InputError(f"model.head: {head!r} is none of {list(HEADS)}")
@@ -51,7 +53,13 @@ def build_student(
     if head == "segment_cosine":
         if config.model_type not in ("bert", SEGMENT_COSINE):
             raise InputError(f"model.head: segment_cosine needs a BERT backbone, {backbone!r} is {config.model_type}")
-        config = BertSegmentCosineConfig(**{k: v for k, v in config.to_dict().items() if k != "model_type"})
+        layers = config.num_hidden_layers
+        if not 0 <= segment_layers <= layers:
+            raise InputError(f"model.segment_layers: {segment_layers} is not in 0..{layers}, the backbone's layers")
+        values = {k: v for k, v in config.to_dict().items() if k not in ("model_type", "segment_layers")}
+        config = BertSegmentCosineConfig(**values, segment_layers=segment_layers)
+    elif segment_layers:
+        raise InputError("model.segment_layers: applies to the segment_cosine head only")
     if random_init:
         model = AutoModelForSequenceClassification.from_config(config)
     else:

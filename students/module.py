@@ -32,6 +32,8 @@ class CrossEncoderModule(LightningModule):
         dropout: dropout before the linear head; default the backbone's.
         head: ``cls`` ([CLS] → linear, the paper's) or ``segment_cosine`` (the cosine of the query's and the
             passage's mean tokens, scaled: a sentence-embedding backbone ranks well from the first step).
+        segment_layers: with ``segment_cosine``, the first layers that attend within each segment only, the query
+            and the passage each encoded on its own (:mod:`distill.core.segment_cosine`); 0: every layer across.
         loss: a name of :data:`students.losses.LOSSES`: ``mse`` (pointwise, the paper), or within a query
             ``margin_mse``, ``ranknet``, ``listwise_kl``, ``adr_mse``.
         temperature: the temperature of ``listwise_kl`` (teacher) and ``adr_mse`` (approximate rank).
@@ -60,6 +62,7 @@ class CrossEncoderModule(LightningModule):
         random_init: bool = False,
         dropout: float | None = None,
         head: Literal["cls", "segment_cosine"] = "cls",
+        segment_layers: int = 0,
         loss: str = "mse",
         temperature: float = 1.0,
         lr: float = 3e-5,
@@ -89,7 +92,11 @@ class CrossEncoderModule(LightningModule):
         beforehand is kept); then hook its masks and compile it, once."""
         if self.model is None:
             self.model, _ = build_student(
-                self.hparams.backbone, self.hparams.random_init, self.hparams.dropout, self.hparams.head
+                self.hparams.backbone,
+                self.hparams.random_init,
+                self.hparams.dropout,
+                self.hparams.head,
+                self.hparams.segment_layers,
             )
             self.model.train()  # from_pretrained returns eval mode, which would silence dropout
         if not self._prepared:

@@ -30,24 +30,26 @@ def test_positions_start_again_for_the_passage() -> None:
     assert positions[1].tolist() == [0, 1, 2, 3, 1, 2, 3]
 
 
-def test_every_layer_apart_is_the_bi_encoder_of_each_text_without_its_cls(tiny_bert: Path) -> None:
-    """The passage's mean equals the bi-encoder's mean of ``[CLS] K [SEP]`` over K and [SEP], with the [CLS]
-    attended to away: each segment sees itself alone, the passage's positions as after a [CLS]."""
+def test_layers_apart_encode_each_text_as_the_bi_encoder_does(tiny_bert: Path) -> None:
+    """The query segment is the bi-encoder's ``[CLS] Q [SEP]`` to the last layer. After the first layer, the passage's
+    tokens are the bi-encoder's of ``[CLS] K [SEP]``: they see the [CLS] and themselves, at positions 1, 2, ..."""
     tokenizer = AutoTokenizer.from_pretrained(tiny_bert)
     model = head(tiny_bert, segment_layers=2)
     joint = tokenizer([QUERY] * 2, PASSAGES, padding=True, return_tensors="pt")
+    n_query = int((joint["token_type_ids"][0] == 0).sum() - (joint["attention_mask"][0] == 0).sum())
     with torch.inference_mode():
         hidden = model._segments_apart(joint["input_ids"], joint["attention_mask"], joint["token_type_ids"])
         query_alone = model.bert(**tokenizer([QUERY], return_tensors="pt"))[0][0]
-    n_query = int((joint["token_type_ids"][0] == 0).sum() - (joint["attention_mask"][0] == 0).sum())
-    torch.testing.assert_close(hidden[0, :n_query], query_alone, atol=1e-5, rtol=1e-4)  # [CLS] Q [SEP] as it is
+    torch.testing.assert_close(hidden[0, :n_query], query_alone, atol=1e-5, rtol=1e-4)
+    model.bert.encoder.layer = model.bert.encoder.layer[:1]
+    model.config.segment_layers = 1
     alone = tokenizer([PASSAGES[0]], return_tensors="pt")  # [CLS] K [SEP]
-    alone["attention_mask"][0, 0] = 0  # with its [CLS] attended to by nothing
-    with torch.inference_mode():
-        passage_alone = model.bert(**alone)[0][0, 1:]
-    n_passage = passage_alone.shape[0]
+    n_passage = alone["input_ids"].shape[1] - 1
     assert joint["input_ids"][0, n_query : n_query + n_passage].tolist() == alone["input_ids"][0, 1:].tolist()
-    torch.testing.assert_close(hidden[0, n_query : n_query + n_passage], passage_alone, atol=1e-5, rtol=1e-4)
+    with torch.inference_mode():
+        first = model._segments_apart(joint["input_ids"], joint["attention_mask"], joint["token_type_ids"])
+        passage_alone = model.bert(**alone)[0][0, 1:]
+    torch.testing.assert_close(first[0, n_query : n_query + n_passage], passage_alone, atol=1e-5, rtol=1e-4)
 
 
 def test_the_query_segment_ignores_the_passage_until_the_layers_across(tiny_bert: Path) -> None:
@@ -82,3 +84,14 @@ def test_a_head_with_segments_apart_scores_in_one_pass_and_runs_padded(tiny_bert
 def test_the_saved_setting_loads_back(tiny_bert: Path, tmp_path: Path) -> None:
     head(tiny_bert, segment_layers=2).save_pretrained(tmp_path)
     assert AutoConfig.from_pretrained(tmp_path).segment_layers == 2
+
+
+def test_the_student_takes_segment_layers_with_the_segment_cosine_head_only(tiny_bert: Path) -> None:
+    from students.model import build_student
+
+    model, _ = build_student(str(tiny_bert), head="segment_cosine", segment_layers=2)
+    assert model.config.segment_layers == 2
+    with pytest.raises(InputError, match=r"model.segment_layers: 3 is not in 0..2"):
+        build_student(str(tiny_bert), head="segment_cosine", segment_layers=3)
+    with pytest.raises(InputError, match="segment_cosine head only"):
+        build_student(str(tiny_bert), head="cls", segment_layers=1)

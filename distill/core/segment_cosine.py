@@ -8,12 +8,11 @@ means taken over the last layer's tokens of each segment (``token_type_ids`` 0 a
 for mean-pooled cosine similarity it ranks well before any training; distillation then moves it towards the
 teacher.
 
-With ``segment_layers`` N, the first N layers attend within each segment only, and each segment's positions
-start at 1 as if it followed its own [CLS] (token type 0 throughout): those layers encode the query and the passage
-each on its own, as the backbone was trained to, and only the later layers attend across them. With N the number
-of layers the head is the backbone's own bi-encoder similarity, computed in one pass over the joint input (the
-segments' means then lack the [CLS] the bi-encoder also pools); distillation can then move only the scale, the
-bias and the encoder's weights, not the cross-attention it never had.
+With ``segment_layers`` N, the first N layers attend within each segment only (and to the leading [CLS], the
+attention sink the backbone was trained with), and each segment's positions start at 1 as if it followed its own
+[CLS] (token type 0 throughout): those layers encode the query and the passage each on its own, as the backbone was
+trained to, and only the later layers attend across them. With N the number of layers the head is, but for the
+[CLS] the passage shares with the query, the backbone's own bi-encoder similarity in one pass over the joint input.
 
 Importing this module registers the architecture with ``AutoConfig`` and ``AutoModelForSequenceClassification``
 (``model_type`` :data:`MODEL_TYPE`), so that every loader of the project (and sentence-transformers'
@@ -114,7 +113,8 @@ class BertForSegmentCosine(BertPreTrainedModel):
     def _segments_apart(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor
     ) -> torch.Tensor:
-        """``[B, T, H]`` last hidden states, the first ``segment_layers`` layers attending within each segment."""
+        """``[B, T, H]`` last hidden states, the first ``segment_layers`` layers attending within each segment and to
+        the [CLS]."""
         hidden = self.bert.embeddings(
             input_ids=input_ids,
             token_type_ids=torch.zeros_like(token_type_ids),
@@ -122,6 +122,7 @@ class BertForSegmentCosine(BertPreTrainedModel):
         )
         keys = attention_mask.bool()[:, None, :]  # [B, 1, T]
         same_segment = token_type_ids[:, :, None] == token_type_ids[:, None, :]  # [B, T, T]
+        same_segment[:, :, 0] = True  # every token sees the [CLS]
         apart = additive_mask(keys & same_segment, hidden.dtype)
         across = additive_mask(keys.expand_as(same_segment), hidden.dtype)
         for index, layer in enumerate(self.bert.encoder.layer):
