@@ -68,6 +68,9 @@ QUICKSTART_HYBRID = [
 ]
 """The demo's student with the hybrid label (it trains on DL22's BM25 lists alone)."""
 
+APART = ["--model.segment_layers", "6"]
+"""Every layer of MiniLM-L6 encodes the query and the passage apart: the student starts as the bi-encoder."""
+
 VARIANTS: dict[str, tuple[list[str], bool]] = {
     "bm25": (BM25_ONLY, False),
     "quickstart-ens3": (ENS3, False),
@@ -75,6 +78,9 @@ VARIANTS: dict[str, tuple[list[str], bool]] = {
     "bm25+splade-fs1": (["--data.label", "cis_q+1*first_stage"], True),
     "hybrid": (HYBRID, True),
     "quickstart-hybrid": (QUICKSTART_HYBRID, False),
+    "hybrid-apart": ([*HYBRID, *APART], True),
+    "hybrid-apart4": ([*HYBRID, "--model.segment_layers", "4"], True),
+    "quickstart-hybrid-apart": ([*QUICKSTART_HYBRID, *APART], False),
     "hybrid-fs0.5": (
         [*HYBRID, "--data.label", "z(minilm.similarity) + 0.5*z(smollm2.cis_q) + 0.5*z(first_stage)"],
         True,
