@@ -180,30 +180,29 @@ def test_resume_after_kill_9_gives_the_same_dataset(
 
 @pytest.mark.slow
 def test_two_processes_give_the_same_dataset_as_one(tiny_llama: Path, sample_file: Path, tmp_path: Path) -> None:
+    """``accelerate launch --multi_gpu`` (torchrun underneath) on a machine without CUDA: two processes over gloo,
+    each scoring half the passages."""
     one, two = tmp_path / "one", tmp_path / "two"
     subprocess.run(
         [sys.executable, *_cli(tiny_llama, sample_file, one, tmp_path / "c1")], check=True, env=_env(), cwd=REPO
     )
     launcher = shutil.which("accelerate", path=str(Path(sys.executable).parent))
-    subprocess.run(
+    done = subprocess.run(
         [
             launcher,
             "launch",
-            "--cpu",
-            "--num_processes",
-            "2",
-            "--num_machines",
-            "1",
-            "--mixed_precision",
-            "no",
-            "--dynamo_backend",
-            "no",
+            *["--multi_gpu", "--num_processes", "2", "--num_machines", "1"],
+            *["--mixed_precision", "no", "--dynamo_backend", "no"],
             *_cli(tiny_llama, sample_file, two, tmp_path / "c2"),
+            *["--progress", "true"],
         ],
-        check=True,
         env=_env(),
         cwd=REPO,
+        capture_output=True,
+        text=True,
     )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "log p(K) [rank 0/2]" in done.stderr  # rank 0 of 2: its share, not every passage
     assert rows(two) == rows(one)
     assert len(rows(two)) == 36
 

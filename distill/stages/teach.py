@@ -281,9 +281,7 @@ class TeachReport:
 
 def teach(cfg: TeachConfig) -> TeachReport:
     """Run the teacher stage (in every process of an ``accelerate launch``)."""
-    from accelerate import PartialState
-
-    state = PartialState()
+    state = process_state()
     options = cfg.scorer_options(state.device)
     output = Path(cfg.output)
     cache_root = Path(cfg.cache_dir) if cfg.cache_dir else cache_home() / "pk"
@@ -300,6 +298,17 @@ def teach(cfg: TeachConfig) -> TeachReport:
     finally:  # done, up to date or failed: the rows go (a rerun reads the inputs again)
         pairs.close()
         shutil.rmtree(rows_folder, ignore_errors=True)
+
+
+def process_state() -> Any:
+    """Accelerate's state of this process. Without CUDA (or under ``accelerate launch --cpu``), the processes that a
+    launcher started (torchrun's or ``accelerate launch --multi_gpu``'s environment) meet over gloo on their CPUs;
+    Accelerate's default would leave each one alone, every one scoring everything as process 0."""
+    import torch
+    from accelerate import PartialState
+    from accelerate.utils import parse_flag_from_env
+
+    return PartialState(cpu=parse_flag_from_env("ACCELERATE_USE_CPU") or not torch.cuda.is_available())
 
 
 def check_paths(cfg: TeachConfig, output: Path, cache_root: Path) -> None:
