@@ -95,3 +95,31 @@ def test_the_student_takes_segment_layers_with_the_segment_cosine_head_only(tiny
         build_student(str(tiny_bert), head="segment_cosine", segment_layers=3)
     with pytest.raises(InputError, match="segment_cosine head only"):
         build_student(str(tiny_bert), head="cls", segment_layers=1)
+
+
+@pytest.mark.slow
+def test_untrained_with_every_layer_apart_all_minilm_ranks_as_its_bi_encoder() -> None:
+    """On a real DL21 query's 100 BM25 candidates, the untrained head over all-MiniLM-L6-v2 with its six layers
+    apart ranks as the committed similarity teacher (the same weights as a bi-encoder) does."""
+    import json
+
+    import datasets
+    from scipy.stats import spearmanr
+
+    from distill.core.models import resolve_model
+
+    from .conftest import REPO
+
+    path = resolve_model("all-minilm-l6-v2").location
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    config = BertSegmentCosineConfig.from_pretrained(path, segment_layers=6)
+    model = BertForSegmentCosine.from_pretrained(path, config=config).eval()
+    entry = json.loads((REPO / "data" / "trec-dl21" / "bm25_top100.json").read_text())[0]
+    teacher = datasets.load_from_disk(str(REPO / "data" / "teacher" / "dl21-bm25-minilm")).to_pandas()
+    similarity = teacher.set_index(["qid", "docid"]).similarity
+    passages = [hit["content"] for hit in entry["hits"]]
+    batch = tokenizer([entry["query"]] * len(passages), passages, truncation=True, max_length=256, padding=True)
+    with torch.inference_mode():
+        scores = model(**{k: torch.tensor(v) for k, v in batch.items()}).logits[:, 0].numpy()
+    theirs = [similarity[(str(hit["qid"]), str(hit["docid"]))] for hit in entry["hits"]]
+    assert spearmanr(scores, theirs).statistic > 0.98
