@@ -81,7 +81,6 @@ VARIANTS: dict[str, tuple[list[str], bool]] = {
     "hybrid": (HYBRID, True),
     "quickstart-hybrid": ([*QUICKSTART_HYBRID, "--model.segment_layers", "0"], False),
     "hybrid-apart": ([*HYBRID, *APART], True),
-    "hybrid-apart4": ([*HYBRID, "--model.segment_layers", "4"], True),
     "quickstart-hybrid-apart": ([*QUICKSTART_HYBRID, *APART], False),
     "hybrid-fs0.5": (
         [*HYBRID, "--data.label", "z(minilm.similarity) + 0.5*z(smollm2.cis_q) + 0.5*z(first_stage)"],
