@@ -386,12 +386,12 @@ def serve_peer(model: str, host: str, port: int) -> None:
     import uvicorn
 
     from distill.bench.peers import CrossEncoderLoop
-    from distill.serving.http_api import create_app
+    from distill.serving.http_api import ServedModel, create_app
     from distill.serving.server import bind, drain_server
 
     sock = bind(host, port)
     try:
-        app = create_app(model, CrossEncoderLoop.load(model))
+        app = create_app(ServedModel(model, CrossEncoderLoop.load(model)))
         print(f"benchmarks.load serve-peer: listening on http://{host}:{sock.getsockname()[1]}", file=sys.stderr)
         config = uvicorn.Config(app, lifespan="on", access_log=False, log_level="warning")
         drain_server(config, app.state.serving).run(sockets=[sock])

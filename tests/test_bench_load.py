@@ -24,7 +24,7 @@ from benchmarks.load import (
     targets,
     tolerance_of,
 )
-from distill.serving.http_api import create_app
+from distill.serving.http_api import ServedModel, create_app
 from distill.serving.reranker import Reranker
 from distill.serving.server import bind
 
@@ -45,7 +45,7 @@ def test_the_load_generator_counts_and_checks_every_answer(exported: Path, calls
     keys = {r.key for r in requests if r.key is not None}
     references = reference_scores(str(exported), "onnx-fp32", calls, keys)
     reranker = Reranker.load(exported, backend="onnx", interpolation=False)
-    with running(create_app(exported, reranker)) as url:
+    with running(create_app(ServedModel(exported, reranker))) as url:
         answers, wall = asyncio.run(drive(url, requests, 4, 60))
         assert len(answers) == len(requests) and wall > 0
         figures = summarise(answers, wall, references, tolerance_of("onnx-fp32"))
@@ -189,3 +189,36 @@ def test_sigterm_stops_the_servers_it_started(exported: Path, tmp_path: Path) ->
     finally:
         process.kill()
         process.wait()
+
+
+def test_overload_targets_name_every_way_to_fail() -> None:
+    from benchmarks.overload import overload_targets
+
+    over = {"statuses": {"200": 90, "429": 10}, "lost": 0, "wrong": 0, "refused_without_retry_after": 0}
+    result = {"overload": {**over, "accepted_p99_s": 0.15}, "unloaded": {"p99_s": 0.1}}
+    assert all(row["holds"] for row in overload_targets(result))
+    bad = {**over, "statuses": {"200": 90, "429": 9, "503": 1}, "lost": 2, "wrong": 1, "refused_without_retry_after": 3}
+    result = {"overload": {**bad, "accepted_p99_s": 0.25}, "unloaded": {"p99_s": 0.1}}
+    assert [(row["value"], row["holds"]) for row in overload_targets(result)] == [
+        (1, False),
+        (2, False),
+        (1, False),
+        (3, False),
+        (pytest.approx(2.5), False),
+    ]
+
+
+@pytest.mark.slow
+def test_an_overload_run_gets_only_200s_and_429s(exported: Path, calls, tmp_path: Path) -> None:
+    """The overload benchmark, briefly: ``distill serve`` with a bound of 2 queued requests, offered 4 times what it
+    answers, refuses the rest with 429 and answers the others right; overload.json and overload.md are written."""
+    from benchmarks.overload import OverloadPlan, run
+
+    plan = OverloadPlan(str(exported), "onnx", requests=120, unloaded_requests=10, capacity_requests=20)
+    result = run(plan, tmp_path, "python -m benchmarks.overload ...", calls)
+    assert {p.name for p in tmp_path.iterdir()} == {"overload.json", "overload.md"}
+    over = result["overload"]
+    assert over["requests"] == 120 and set(over["statuses"]) == {"200", "429"}, over["statuses"]
+    assert over["lost"] == over["wrong"] == over["refused_without_retry_after"] == 0
+    assert over["accepted"] >= 2 and result["health_after"] == 200 and result["exit_status"] == 0
+    assert "| overload (open loop" in (tmp_path / "overload.md").read_text()

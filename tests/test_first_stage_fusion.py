@@ -17,7 +17,7 @@ from distill.core.interpolation import choose_alpha, interpolate
 from distill.core.schema import InputError
 from distill.core.student_card import StudentCard
 from distill.serving.fusion import Fusion
-from distill.serving.http_api import create_app
+from distill.serving.http_api import ServedModel, create_app
 from distill.serving.reranker import Reranker
 
 from .conftest import DL19_QRELS
@@ -271,7 +271,7 @@ def test_serve_fuses_requests_that_send_first_stage_scores(spread_bert: Path, tm
     def fused(alpha: float) -> np.ndarray:
         return interpolate(alone, np.array(FIRST_STAGE), [QUERY] * 4, alpha)
 
-    app = create_app(folder, reranker, fusion=Fusion.of(folder, None, "bm25"))
+    app = create_app(ServedModel(folder, reranker, Fusion.of(folder, None, "bm25")))
     with running(app) as url:
         cohere = {"query": QUERY, "documents": PASSAGES, "raw_scores": True}
         tei = {"query": QUERY, "texts": PASSAGES, "raw_scores": True}
@@ -312,7 +312,7 @@ def test_serve_fuses_requests_that_send_first_stage_scores(spread_bert: Path, tm
                 assert response.status_code == 422, (route, extra)
                 assert response.json()["error"].startswith(message.format(field=field)), response.json()
 
-    off = create_app(folder, reranker, fusion=Fusion.of(folder, False, None))
+    off = create_app(ServedModel(folder, reranker, Fusion.of(folder, False, None)))
     with running(off) as url:
         response = httpx.post(
             f"{url}/rerank", json={"query": QUERY, "texts": PASSAGES, "first_stage_scores": FIRST_STAGE}

@@ -129,9 +129,9 @@ def test_rerank_on_onnx_never_loads_torch(tmp_path: Path, exported: Path, sample
 SERVE_PROBE = """
 import json, sys
 from fastapi.testclient import TestClient
-from distill.serving.http_api import create_app
+from distill.serving.http_api import ServedModel, create_app
 from distill.serving.reranker import Reranker
-app = create_app(sys.argv[1], Reranker.load(sys.argv[1], backend="onnx", interpolation=False))
+app = create_app(ServedModel(sys.argv[1], Reranker.load(sys.argv[1], backend="onnx", interpolation=False)))
 with TestClient(app) as client:
     assert client.post("/rerank", json={"query": "q", "texts": ["a", "b"]}).status_code == 200
 print("MODULES" + json.dumps(sorted(sys.modules)))

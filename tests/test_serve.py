@@ -25,7 +25,7 @@ import pytest
 from distill.cli import main
 from distill.serving.batcher import BatchStats, DynamicBatcher
 from distill.serving.encoding import encode_pairs
-from distill.serving.http_api import ServerOptions, create_app
+from distill.serving.http_api import ServedModel, ServerOptions, create_app
 from distill.serving.reranker import Reranker
 from distill.serving.server import bind, drain_server, uvicorn_config
 
@@ -84,7 +84,9 @@ def reference(exported: Path) -> Reranker:
 def server(exported: Path) -> Iterator[str]:
     """The export served on onnxruntime fp32 (its own copy of the backend), at most 120 documents a request."""
     reranker = Reranker.load(exported, backend="onnx", interpolation=False)
-    with running(create_app(exported, reranker, ServerOptions(max_documents=120, max_body_bytes=2**20))) as url:
+    with running(
+        create_app(ServedModel(exported, reranker), ServerOptions(max_documents=120, max_body_bytes=2**20))
+    ) as url:
         yield url
 
 
@@ -292,7 +294,7 @@ def test_a_backend_failure_is_a_500_for_that_request_and_the_server_goes_on(expo
     reranker = Reranker.load(exported, backend="onnx", interpolation=False, max_batch_tokens=2**16)
     reranker.scorer = gate = Gated(Poisoned(reranker.scorer, reranker.tokenizer.convert_tokens_to_ids("poison")))
     query, passages = call
-    with running(create_app(exported, reranker, ServerOptions(max_wait_ms=0))) as url:
+    with running(create_app(ServedModel(exported, reranker), ServerOptions(max_wait_ms=0))) as url:
         bad = {"query": query, "texts": ["a poison pill", *passages[:3]], "raw_scores": True}
         good = {"query": query, "texts": passages[:10], "raw_scores": True}
         with ThreadPoolExecutor(3) as pool:
@@ -322,7 +324,7 @@ def test_concurrent_requests_share_batches_and_keep_their_order(exported: Path, 
     reranker.scorer = gate = Gated(reranker.scorer)
     query, passages = call
     requests = [(f"{query} {i}", passages[7 * i : 7 * i + 10][:: 1 if i % 2 else -1]) for i in range(6)]
-    with running(create_app(exported, reranker, ServerOptions(max_wait_ms=0))) as url:
+    with running(create_app(ServedModel(exported, reranker), ServerOptions(max_wait_ms=0))) as url:
 
         def post(request: tuple[str, list[str]]) -> list[float]:
             body = {"query": request[0], "documents": request[1], "raw_scores": True}
@@ -524,7 +526,7 @@ def test_a_whole_request_model_is_served_one_request_at_a_time(exported: Path, r
     """A model that scores whole requests (the load benchmark's CrossEncoder.predict peer) behind the same app."""
     model = LengthModel(reference.tokenizer)
     documents = [["a", "bbb", "cc"], ["dddd", "e"], ["ff"] * 5]
-    with running(create_app(exported, model)) as url:
+    with running(create_app(ServedModel(exported, model))) as url:
         with ThreadPoolExecutor(3) as pool:
             answers = list(
                 pool.map(
@@ -614,7 +616,7 @@ def test_health_info_metrics_and_openapi(exported: Path, server: str) -> None:
 
 def test_info_names_the_backend_auto_chose_and_why(exported: Path) -> None:
     reranker = Reranker.load(exported, interpolation=False)
-    with running(create_app(exported, reranker)) as url:
+    with running(create_app(ServedModel(exported, reranker))) as url:
         info = httpx.get(f"{url}/info").json()
     card = json.loads((exported / "card.json").read_text())
     assert info["backend"] == reranker.backend and info["backend_reason"] == reranker.backend_reason != ""

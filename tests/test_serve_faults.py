@@ -21,7 +21,7 @@ import pytest
 
 from distill.serving.batcher import DynamicBatcher
 from distill.serving.encoding import encode_pairs
-from distill.serving.http_api import create_app
+from distill.serving.http_api import ServedModel, create_app
 from distill.serving.options import ServerOptions
 from distill.serving.reranker import Reranker
 from distill.serving.server import CUT_GRACE, ServeConfig
@@ -101,7 +101,7 @@ def test_the_timeouts_are_options_of_distill_serve() -> None:
 def test_a_stalled_body_gets_a_408_and_one_log_line(tiny_bert: Path, tiny: Reranker, caplog) -> None:
     caplog.set_level(logging.WARNING)
     body = json.dumps({"query": "q", "texts": ["a", "b"]}).encode()
-    with running(create_app(tiny_bert, tiny, ServerOptions(request_read_timeout=1.0))) as url:
+    with running(create_app(ServedModel(tiny_bert, tiny), ServerOptions(request_read_timeout=1.0))) as url:
         host, port = address(url)
         with socket.create_connection((host, port), timeout=10) as sock:
             start = time.monotonic()
@@ -127,7 +127,7 @@ def test_a_stalled_body_gets_a_408_and_one_log_line(tiny_bert: Path, tiny: Reran
 
 def test_a_stalled_head_gets_a_408_and_a_silent_connection_is_closed(tiny_bert: Path, tiny: Reranker, caplog) -> None:
     caplog.set_level(logging.WARNING)
-    with running(create_app(tiny_bert, tiny, ServerOptions(request_read_timeout=0.5))) as url:
+    with running(create_app(ServedModel(tiny_bert, tiny), ServerOptions(request_read_timeout=0.5))) as url:
         host, port = address(url)
         with (
             socket.create_connection((host, port), timeout=10) as partial,
@@ -192,7 +192,7 @@ def test_a_request_whose_client_has_gone_is_cancelled_before_its_next_batch(tiny
     reranker.scorer = gate = Gated(reranker.scorer)
     query, passages = call
     big = json.dumps({"query": query, "texts": passages[:60], "truncate": True}).encode()
-    with running(create_app(tiny_bert, reranker, ServerOptions(max_wait_ms=0))) as url:
+    with running(create_app(ServedModel(tiny_bert, reranker), ServerOptions(max_wait_ms=0))) as url:
         host, port = address(url)
         with socket.create_connection((host, port), timeout=30) as leaving:
             leaving.sendall(post_head(host, "/rerank", len(big)) + big)
@@ -243,7 +243,7 @@ def test_invalid_text_gets_a_422_and_the_connection_serves_on(tiny_bert: Path, t
         ),
     }
     good = json.dumps({"query": "q", "documents": ["a", "b"]}).encode()
-    with running(create_app(tiny_bert, tiny)) as url:
+    with running(create_app(ServedModel(tiny_bert, tiny))) as url:
         host, port = address(url)
         with socket.create_connection((host, port), timeout=30) as sock:  # one kept-alive connection throughout
             for body, expected in bad.items():
@@ -268,7 +268,7 @@ def test_invalid_text_gets_a_422_and_the_connection_serves_on(tiny_bert: Path, t
 )
 def test_a_body_that_is_not_json_gets_a_415(tiny_bert: Path, tiny: Reranker, content_type, status) -> None:
     body = json.dumps({"query": "q", "texts": ["a"]}).encode()
-    with running(create_app(tiny_bert, tiny)) as url, httpx.Client(base_url=url) as client:
+    with running(create_app(ServedModel(tiny_bert, tiny))) as url, httpx.Client(base_url=url) as client:
         headers = {"content-type": content_type} if content_type else {}
         answer = client.post("/rerank", content=body, headers=headers)
         assert answer.status_code == status, answer.text
@@ -283,7 +283,7 @@ def test_the_drain_deadline_cuts_a_stalled_request_with_a_503(tiny_bert: Path, t
     """``ServingState.cut``, as the drain calls it at its deadline: a request stalled in its body is cancelled and
     answered 503, and its connection closed."""
     body = json.dumps({"query": "q", "texts": ["a", "b"]}).encode()
-    app = create_app(tiny_bert, tiny, ServerOptions(request_read_timeout=600))
+    app = create_app(ServedModel(tiny_bert, tiny), ServerOptions(request_read_timeout=600))
     state = app.state.serving
 
     async def cut() -> int:

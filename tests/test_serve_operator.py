@@ -1,22 +1,24 @@
-"""What an operator puts in front of users: an API key (401), CORS for browsers, and a bound on queued requests
-(429 with ``Retry-After``); each an option of ``distill serve``."""
+"""What an operator puts in front of users: an API key (401), CORS for browsers, a bound on queued requests (429
+with ``Retry-After``) and several models picked by a request's ``model``; each an option of ``distill serve``."""
 
 from __future__ import annotations
 
 import json
 import socket
+import sys
 from pathlib import Path
 
 import httpx
 import pytest
 
+from distill.core.config import parse_config
 from distill.core.schema import InputError
-from distill.serving.http_api import create_app
+from distill.serving.http_api import ServedModel, create_app
 from distill.serving.options import ServerOptions
 from distill.serving.reranker import Reranker
 from distill.serving.server import ServeConfig
 
-from .test_serve import running
+from .test_serve import running, serve_process
 from .test_serve_faults import address, post_head, read_answer
 
 BODY = {"query": "what is a rhino", "texts": ["Rhinos are large.", "A flea is small."]}
@@ -41,7 +43,7 @@ def test_the_options_are_distill_serves() -> None:
 
 
 def test_a_missing_or_wrong_bearer_token_gets_a_401(tiny_bert: Path, tiny: Reranker) -> None:
-    with running(create_app(tiny_bert, tiny, ServerOptions(api_key="s3cret"))) as url:
+    with running(create_app(ServedModel(tiny_bert, tiny), ServerOptions(api_key="s3cret"))) as url:
         missing = httpx.post(f"{url}/rerank", json=BODY)
         wrong = httpx.post(f"{url}/rerank", json=BODY, headers={"Authorization": "Bearer nope"})
         info = httpx.get(f"{url}/info")
@@ -60,21 +62,21 @@ def test_a_missing_or_wrong_bearer_token_gets_a_401(tiny_bert: Path, tiny: Reran
 
 def test_the_key_comes_from_the_environment_where_no_option_gives_it(tiny_bert, tiny, monkeypatch) -> None:
     monkeypatch.setenv("CIS_DISTILL_API_KEY", "from-env")
-    with running(create_app(tiny_bert, tiny, ServerOptions())) as url:
+    with running(create_app(ServedModel(tiny_bert, tiny), ServerOptions())) as url:
         assert httpx.post(f"{url}/rerank", json=BODY).status_code == 401
         assert httpx.post(f"{url}/rerank", json=BODY, headers={"Authorization": "Bearer from-env"}).status_code == 200
     monkeypatch.delenv("CIS_DISTILL_API_KEY")
-    with running(create_app(tiny_bert, tiny, ServerOptions())) as url:
+    with running(create_app(ServedModel(tiny_bert, tiny), ServerOptions())) as url:
         assert httpx.post(f"{url}/rerank", json=BODY).status_code == 200  # no key: no authentication
 
 
 def test_cors_preflights_are_answered_for_the_allowed_origins(tiny_bert: Path, tiny: Reranker) -> None:
     preflight = {"Origin": "https://app.example", "Access-Control-Request-Method": "POST",
                  "Access-Control-Request-Headers": "authorization, content-type"}  # fmt: skip
-    with running(create_app(tiny_bert, tiny, ServerOptions())) as url:
+    with running(create_app(ServedModel(tiny_bert, tiny), ServerOptions())) as url:
         assert httpx.options(f"{url}/rerank", headers=preflight).status_code == 405
     options = ServerOptions(cors_allow_origin=["https://app.example"], api_key="k")
-    with running(create_app(tiny_bert, tiny, options)) as url:
+    with running(create_app(ServedModel(tiny_bert, tiny), options)) as url:
         allowed = httpx.options(f"{url}/rerank", headers=preflight)
         other = httpx.options(f"{url}/rerank", headers={**preflight, "Origin": "https://evil.example"})
         posted = httpx.post(
@@ -89,7 +91,7 @@ def test_cors_preflights_are_answered_for_the_allowed_origins(tiny_bert: Path, t
 
 def test_past_the_queue_bound_a_request_gets_a_429_with_retry_after(tiny_bert: Path, tiny: Reranker) -> None:
     body = json.dumps(BODY).encode()
-    with running(create_app(tiny_bert, tiny, ServerOptions(max_queued_requests=2))) as url:
+    with running(create_app(ServedModel(tiny_bert, tiny), ServerOptions(max_queued_requests=2))) as url:
         host, port = address(url)
         held = [socket.create_connection((host, port), timeout=10) for _ in range(2)]
         try:
@@ -112,7 +114,7 @@ def test_past_the_queue_bound_a_request_gets_a_429_with_retry_after(tiny_bert: P
 def test_tei_parity_empty_texts_error_type_and_truncation_direction(spread_bert: Path) -> None:
     tiny = Reranker.load(spread_bert, backend="torch", interpolation=False)  # scores that tell the two cuts apart
     text = " ".join(f"w{i}" for i in range(600))  # far over the tiny model's pair length
-    with running(create_app(spread_bert, tiny, ServerOptions())) as url:
+    with running(create_app(ServedModel(spread_bert, tiny), ServerOptions())) as url:
         empty = httpx.post(f"{url}/rerank", json={"query": "q", "texts": []})
         too_long = httpx.post(f"{url}/rerank", json={"query": "q", "texts": [text]})
         scored = {}
@@ -131,7 +133,7 @@ def test_tei_parity_empty_texts_error_type_and_truncation_direction(spread_bert:
 
 
 def test_answers_carry_tei_timing_headers_and_health_reports_the_backend(tiny_bert: Path, tiny: Reranker) -> None:
-    with running(create_app(tiny_bert, tiny, ServerOptions(max_queued_requests=7))) as url:
+    with running(create_app(ServedModel(tiny_bert, tiny), ServerOptions(max_queued_requests=7))) as url:
         answers = [
             httpx.post(f"{url}/rerank", json=BODY),
             httpx.post(f"{url}/v1/rerank", json={"query": "q", "documents": BODY["texts"]}),
@@ -146,9 +148,72 @@ def test_answers_carry_tei_timing_headers_and_health_reports_the_backend(tiny_be
         "status": "ok",
         "backend": tiny.backend,
         "device": "cpu",
+        "models": {tiny_bert.name: {"backend": tiny.backend, "device": "cpu"}},
         "queued_requests": 0,
         "max_queued_requests": 7,
     }
+
+
+def test_several_models_are_picked_by_the_requests_model_field(tiny_bert: Path, spread_bert: Path) -> None:
+    tiny = Reranker.load(tiny_bert, backend="torch", interpolation=False)
+    spread = Reranker.load(spread_bert, backend="torch", interpolation=False)
+    models = [ServedModel(tiny_bert, tiny, name="tiny"), ServedModel(spread_bert, spread, name="spread")]
+    query, texts = BODY["query"], BODY["texts"]
+    with running(create_app(models, ServerOptions())) as url:
+        tei = {
+            name: httpx.post(f"{url}/rerank", json={**BODY, "raw_scores": True, "model": name})
+            for name in ("tiny", "spread")
+        }
+        cohere = httpx.post(f"{url}/v2/rerank", json={"model": "spread", "query": query, "documents": texts,
+                                                      "raw_scores": True})  # fmt: skip
+        default = httpx.post(f"{url}/rerank", json={**BODY, "raw_scores": True})
+        unknown = httpx.post(f"{url}/v1/rerank", json={"model": "rerank-v3.5", "query": query, "documents": texts})
+        health = httpx.get(f"{url}/health").json()
+        info = httpx.get(f"{url}/info", params={"model": "spread"}).json()
+        info_unknown = httpx.get(f"{url}/info", params={"model": "nope"})
+    for name, reranker in (("tiny", tiny), ("spread", spread)):
+        scores = {r["index"]: r["score"] for r in tei[name].json()}
+        assert scores == {i: pytest.approx(s, abs=2e-6) for i, s in enumerate(reranker.score(query, texts))}
+    by_cohere = {r["index"]: r["relevance_score"] for r in cohere.json()["results"]}
+    assert by_cohere == {i: pytest.approx(s, abs=2e-6) for i, s in enumerate(spread.score(query, texts))}
+    assert [r["score"] for r in default.json()] == [r["score"] for r in tei["tiny"].json()]  # the first model
+    assert unknown.status_code == 404 and info_unknown.status_code == 404
+    assert unknown.json() == {
+        "error": "model: 'rerank-v3.5' is not served here; the models are tiny, spread",
+        "error_type": "validation",
+    }
+    assert set(health["models"]) == {"tiny", "spread"} and health["backend"] == tiny.backend
+    assert info["model"] == str(spread_bert) and info["served_models"] == ["tiny", "spread"]
+
+
+def test_one_model_takes_any_model_name_as_cohere_clients_send_their_own(tiny_bert: Path, tiny: Reranker) -> None:
+    with running(create_app(ServedModel(tiny_bert, tiny, name="mine"), ServerOptions())) as url:
+        answer = httpx.post(f"{url}/v1/rerank", json={"model": "rerank-english-v3.0", "query": "q", "documents": ["a"]})
+    assert answer.status_code == 200
+
+
+def test_two_models_may_not_share_a_name(tiny_bert: Path, tiny: Reranker) -> None:
+    with pytest.raises(InputError, match="serve: two models are named 'a'; name each one: --model NAME=PATH"):
+        create_app([ServedModel(tiny_bert, tiny, name="a"), ServedModel(tiny_bert, tiny, name="a")])
+
+
+def test_serve_takes_model_name_path_once_per_model() -> None:
+    config = parse_config(ServeConfig, ["--model", "a=out/x", "--model", "org/hub-id", "--model", "/srv/b=c"], "serve")
+    assert config.models == [("a", "out/x"), ("hub-id", "org/hub-id"), ("b=c", "/srv/b=c")]
+    assert ServeConfig(model="out/export").models == [("export", "out/export")]
+    with pytest.raises(InputError, match="serve: model: two models are named 'x'"):
+        ServeConfig(model=["x=a", "x=b"])
+
+
+def test_distill_serve_serves_two_named_exports(exported: Path) -> None:
+    command = [sys.executable, "-m", "distill", "serve", "--model", f"first={exported}", "--model",
+               f"second={exported}", "--backend", "onnx", "--port", "0"]  # fmt: skip
+    with serve_process(command) as (_, url):
+        second = httpx.post(f"{url}/rerank", json={**BODY, "model": "second"})
+        unknown = httpx.post(f"{url}/rerank", json={**BODY, "model": "third"})
+        health = httpx.get(f"{url}/health").json()
+    assert second.status_code == 200 and unknown.status_code == 404
+    assert health["models"] == {name: {"backend": "onnx-fp32", "device": "cpu"} for name in ("first", "second")}
 
 
 def test_warm_up_runs_each_width_and_changes_nothing(tiny_bert: Path, call) -> None:

@@ -6,8 +6,8 @@ jsonargparse does the typing (``int | None``, ``Literal``, lists, nested datacla
 - every mistake is an :class:`~distill.core.schema.InputError` of one line that names the file (or the flag)
   and the key: an unknown or misspelt key (with the closest known one), a wrong type, a missing option;
 - flags are written as the YAML keys (``--max_queries 3``); ``--max-queries`` is accepted too, and a list
-  option takes ``--scores cis,upr``, ``--run a.trec b.trec`` or ``--scores '[cis, upr]'``; a bool flag alone
-  (``--fp16``) means true.
+  option takes ``--scores cis,upr``, ``--run a.trec b.trec``, ``--run a.trec --run b.trec`` or
+  ``--scores '[cis, upr]'``; a bool flag alone (``--fp16``) means true.
 
 Defaults live in the dataclasses and nowhere else. ``distill train`` is LightningCLI, which is jsonargparse too.
 """
@@ -282,9 +282,10 @@ def _fields_only(cls: type, values: dict[str, Any]) -> dict[str, Any]:
 
 
 def normalize_flags(cls: type, argv: Sequence[str]) -> list[str]:
-    """Flags as jsonargparse takes them: ``--a-b`` -> ``--a_b``; a list option's values (``--x a,b`` or
-    ``--x a b``) -> one list; a bool flag with no value -> ``true``."""
+    """Flags as jsonargparse takes them: ``--a-b`` -> ``--a_b``; a list option's values (``--x a,b``, ``--x a b``
+    or ``--x a --x b``) -> one list; a bool flag with no value -> ``true``."""
     out: list[str] = []
+    lists: dict[str, int] = {}  # a list option's index in out, for its items given again
     i = 0
     argv = list(argv)
     while i < len(argv):
@@ -308,7 +309,11 @@ def normalize_flags(cls: type, argv: Sequence[str]) -> list[str]:
             values = ["true"]
         if _is_list(hint) and values and not (len(values) == 1 and values[0].lstrip().startswith("[")):
             items = [item.strip() for value in values for item in value.split(",") if item.strip()]
+            if name in lists:  # a list option repeated: its items accumulate
+                out[lists[name]] = json.dumps([*json.loads(out[lists[name]]), *items])
+                continue
             values = [json.dumps(items)]
+            lists[name] = len(out) + 1
         out += [f"--{name}", *values]
     return out
 

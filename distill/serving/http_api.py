@@ -64,7 +64,7 @@ from distill.core.interpolation import interpolate
 from distill.core.schema import InputError
 from distill.serving.auto import quality_gate
 from distill.serving.batcher import BatchStats, DynamicBatcher, PredictLoop, WholeRequests
-from distill.serving.calibration import normalised, read_calibration
+from distill.serving.calibration import ScoreCalibration, normalised, read_calibration
 from distill.serving.encoding import Encoded, encode_pairs
 from distill.serving.fusion import Fusion
 from distill.serving.http_schemas import (
@@ -249,7 +249,6 @@ class RerankService:
             )
         else:
             self.batcher = PredictLoop(reranker, metrics.observe_batch)
-        metrics.queued.set_function(lambda: self.batcher.queued_pairs)
 
     def close(self) -> None:
         """Score what is queued, then stop the threads."""
@@ -628,43 +627,103 @@ def model_info(folder: Path, reranker: Reranker | WholeRequests, options: Server
     }
 
 
-def create_app(
-    folder: str | Path,
-    reranker: Reranker | WholeRequests,
-    options: ServerOptions | None = None,
-    fusion: Fusion | None = None,
-) -> FastAPI:
-    """The app serving ``reranker`` (loaded from ``folder``; or a :class:`WholeRequests` model, scored one request at
-    a time); ``app.state.serving`` is its :class:`ServingState`. ``fusion`` fuses the requests that send first-stage
-    scores (default: as the student's card in ``folder`` says).
+@dataclass(frozen=True)
+class ServedModel:
+    """One student behind the app, and the name a request's ``model`` field picks it by."""
 
-    The batcher's and the tokeniser's threads start with the app (its lifespan) and stop with it, once the queued
-    requests are scored.
+    folder: str | Path
+    """Its folder (an export, or a Hugging Face folder for the torch backend)."""
+    reranker: Reranker | WholeRequests
+    """What scores its pairs (loaded from :attr:`folder`)."""
+    fusion: Fusion | None = None
+    """How requests that send first-stage scores are fused (None: as the card in :attr:`folder` says)."""
+    name: str | None = None
+    """The name requests pick it by (None: the folder's name)."""
+
+
+@dataclass
+class _Served:
+    """A served model as the app holds it: its calibration, its ``/info`` and, while the app runs, its service."""
+
+    name: str
+    model: ServedModel
+    fusion: Fusion
+    calibration: ScoreCalibration | None
+    info: dict[str, Any]
+    service: RerankService | None = None
+
+
+def _served_models(models: ServedModel | Sequence[ServedModel], options: ServerOptions) -> dict[str, _Served]:
+    """The app's models by name, the default first.
+
+    Raises:
+        InputError: no model, or two with one name.
     """
-    folder = Path(folder)
+    models = [models] if isinstance(models, ServedModel) else list(models)
+    if not models:
+        raise InputError("serve: no model to serve")
+    served: dict[str, _Served] = {}
+    for model in models:
+        folder = Path(model.folder)
+        name = model.name or folder.name
+        if name in served:
+            raise InputError(f"serve: two models are named {name!r}; name each one: --model NAME=PATH")
+        fusion = model.fusion or Fusion.of(folder, None, None)
+        calibration = read_calibration(folder)
+        info = model_info(folder, model.reranker, options)
+        info["fusion"] = {
+            "alphas": fusion.alphas,
+            "first_stage": fusion.first_stage,
+            "interpolation": fusion.interpolation,
+        }
+        info["score_calibration"] = calibration.to_dict() if calibration else None
+        served[name] = _Served(name, model, fusion, calibration, info)
+    return served
+
+
+def create_app(models: ServedModel | Sequence[ServedModel], options: ServerOptions | None = None) -> FastAPI:
+    """The app serving ``models``, the first of them by default; ``app.state.serving`` is its
+    :class:`ServingState`. A request names its model in ``model``, as Cohere's do: with one model served the field
+    is ignored (clients send names of their own); with several, a name not served gets 404, and a request without
+    one gets the first model.
+
+    Each model's tokeniser and batcher threads start with the app (its lifespan) and stop with it, once the queued
+    requests are scored.
+
+    Raises:
+        InputError: no model, or two with one name.
+    """
     options = options or ServerOptions()
-    fusion = fusion or Fusion.of(folder, None, None)
-    calibration = read_calibration(folder)
+    served = _served_models(models, options)
+    default = next(iter(served.values()))
     metrics = Metrics()
     state = ServingState(options)
-    info = model_info(folder, reranker, options)
-    info["fusion"] = {"alphas": fusion.alphas, "first_stage": fusion.first_stage, "interpolation": fusion.interpolation}
-    info["score_calibration"] = calibration.to_dict() if calibration else None
-    service: RerankService | None = None
+    info = {**default.info, "served_models": list(served)}
+    metrics.queued.set_function(lambda: sum(m.service.batcher.queued_pairs for m in served.values() if m.service))
+
+    def pick(name: str | None) -> _Served:
+        """The model a request names (see above)."""
+        if len(served) == 1 or name is None:
+            return default
+        if name not in served:
+            raise RequestError(404, f"model: {name!r} is not served here; the models are {', '.join(served)}")
+        return served[name]
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        nonlocal service
-        service = RerankService(reranker, options, metrics)
+        for model in served.values():
+            model.service = RerankService(model.model.reranker, options, metrics)
         try:
             yield
         finally:
-            await asyncio.get_running_loop().run_in_executor(None, service.close)
+            loop = asyncio.get_running_loop()
+            for model in served.values():
+                if model.service is not None:
+                    await loop.run_in_executor(None, model.service.close)
 
+    names = ", ".join(f"{name} ({model.model.reranker.backend})" for name, model in served.items())
     app = FastAPI(
-        title="distill serve",
-        summary=f"Cohere- and TEI-compatible reranking with {folder.name} ({reranker.backend})",
-        lifespan=lifespan,
+        title="distill serve", summary=f"Cohere- and TEI-compatible reranking with {names}", lifespan=lifespan
     )
     app.state.serving = state
     app.add_middleware(_Gate, state=state, metrics=metrics)
@@ -679,7 +738,7 @@ def create_app(
             expose_headers=["retry-after"],
         )
     errors: dict[int | str, dict[str, Any]] = {
-        code: {"model": ErrorBody} for code in (400, 401, 408, 413, 415, 422, 429, 500, 503)
+        code: {"model": ErrorBody} for code in (400, 401, 404, 408, 413, 415, 422, 429, 500, 503)
     }
 
     @app.exception_handler(RequestValidationError)
@@ -705,15 +764,16 @@ def create_app(
         return _error(500, f"internal error: {type(error).__name__}: {error}")
 
     async def cohere(body: CohereRequest, request: Request, response: Response) -> CohereResponse:
-        assert service is not None
         arrived = time.perf_counter()
-        alpha = _fusion_alpha(fusion, body, len(body.documents), "documents")
+        model = pick(body.model)
+        assert model.service is not None
+        alpha = _fusion_alpha(model.fusion, body, len(body.documents), "documents")
         cut = Truncation(body.truncate, body.max_tokens_per_doc)
-        scores = await service.score(body.query, body.documents, cut, "documents")
+        scores = await model.service.score(body.query, body.documents, cut, "documents")
         response.headers.update(scores.timing_headers(time.perf_counter() - arrived))
         metrics.documents.labels(request.url.path).inc(len(body.documents))
         raw = _fused(scores.raw, body, alpha)
-        shown = raw if body.raw_scores else normalised(raw, calibration, alpha is not None)
+        shown = raw if body.raw_scores else normalised(raw, model.calibration, alpha is not None)
         results = [
             CohereResult(
                 index=i,
@@ -747,17 +807,18 @@ def create_app(
     @app.post("/rerank", response_model=list[TeiResult], response_model_exclude_none=True, responses=errors)
     async def tei(body: TeiRequest, request: Request, response: Response) -> list[TeiResult]:
         """text-embeddings-inference's rerank."""
-        assert service is not None
         arrived = time.perf_counter()
+        model = pick(body.model)
+        assert model.service is not None
         if not body.texts:
             raise RequestError(413, "texts: empty: send at least one text (as TEI)")
-        alpha = _fusion_alpha(fusion, body, len(body.texts), "texts")
+        alpha = _fusion_alpha(model.fusion, body, len(body.texts), "texts")
         cut = Truncation(body.truncate, None, keep_end=body.truncation_direction.lower() == "left")
-        scores = await service.score(body.query, body.texts, cut, "texts")
+        scores = await model.service.score(body.query, body.texts, cut, "texts")
         response.headers.update(scores.timing_headers(time.perf_counter() - arrived))
         metrics.documents.labels(request.url.path).inc(len(body.texts))
         raw = _fused(scores.raw, body, alpha)
-        shown = raw if body.raw_scores else normalised(raw, calibration, alpha is not None)
+        shown = raw if body.raw_scores else normalised(raw, model.calibration, alpha is not None)
         return [
             TeiResult(index=i, score=float(shown[i]), text=body.texts[i] if body.return_text else None)
             for i in _ranked(raw, None)
@@ -765,19 +826,25 @@ def create_app(
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
-        """200 while serving (503 once draining): the backend and its device, and the rerank requests queued."""
+        """200 while serving (503 once draining): the default model's backend and its device (each model's under
+        ``models``), and the rerank requests queued."""
+        backends = {
+            name: {"backend": m.model.reranker.backend, "device": getattr(m.model.reranker, "device", None)}
+            for name, m in served.items()
+        }
         return {
             "status": "ok",
-            "backend": reranker.backend,
-            "device": getattr(reranker, "device", None),
+            **backends[default.name],
+            "models": backends,
             "queued_requests": state.reranking,
             "max_queued_requests": options.max_queued_requests,
         }
 
     @app.get("/info")
-    async def model() -> dict[str, Any]:
-        """The model, its head, the backend and why, the quality gate, the limits, and what the scores are."""
-        return info
+    async def about(model: str | None = None) -> dict[str, Any]:
+        """A model's folder, head, backend and why, quality gate, limits, and what the scores are (``?model=NAME``;
+        default: the default model), and every model's name."""
+        return info if model is None else {**pick(model).info, "served_models": list(served)}
 
     @app.get("/metrics")
     async def prometheus() -> Response:

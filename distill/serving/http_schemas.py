@@ -3,7 +3,8 @@ OpenAPI schema (``GET /openapi.json``, ``/docs``).
 
 Cohere's rerank (``POST /v1/rerank``, ``/v2/rerank``), which also takes Jina's requests (documents as ``{"text":
 ...}`` objects), and text-embeddings-inference's (``POST /rerank``). Unknown fields are ignored, as those servers'
-clients send fields of their own (``model``, ``rank_fields``, ``truncation_direction``, ...).
+clients send fields of their own (``rank_fields``, ...). Cohere's ``model`` picks one of the models served; TEI's
+request takes it too.
 
 Both APIs take two fields of cis-distill's own: ``first_stage_scores``, the first stage's score of each document, which
 fuses the student's score with it, and ``first_stage``, which names that first stage (its α in the student's card).
@@ -65,6 +66,12 @@ class _Request(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     query: str = Field(description="The query; not empty.")
+    model: str | None = Field(
+        None,
+        description="The model to rerank with, by the name the server gives it (--model NAME=PATH): with several "
+        "served, a name not served is a 404 and none is the first; with one, any name is taken (TEI's request: "
+        "cis-distill's extension).",
+    )
     first_stage_scores: list[Annotated[float, Field(allow_inf_nan=False)]] | None = Field(
         None,
         description="cis-distill's extension: the first stage's score of each document, in their order; the score is "

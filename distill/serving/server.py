@@ -39,17 +39,25 @@ class ServeConfig(ServingOptions, ServerOptions):
     names, else of ``first_stage`` (``interpolation``: ``false`` refuses such requests, a number fuses them all with
     it); one without is scored by the student alone."""
 
-    model: str | None = None
+    model: list[str] | None = None
     """The student (required): an export folder (``distill export``), a training run (its export), a Hugging Face
-    folder (torch backend), or a hub id (``org/name``, at ``revision``) in or into the Hugging Face cache."""
+    folder (torch backend), or a hub id (``org/name``, at ``revision``) in or into the Hugging Face cache. Several
+    students: ``--model NAME=PATH`` once each (or a YAML list), which a request's ``model`` picks by ``NAME`` (the
+    first by default); a bare ``PATH`` is named by its last part."""
     host: str = "127.0.0.1"
     """The address to listen on (``0.0.0.0``: every interface)."""
     port: int = 8080
     """The TCP port (0: any free port; the line the server prints names it)."""
 
     def __post_init__(self) -> None:
+        if isinstance(self.model, str):
+            object.__setattr__(self, "model", [self.model])
         if not self.model:
             raise InputError("serve: missing required option(s): model")
+        names = [name for name, _ in self.models]
+        if len(set(names)) < len(names):
+            twice = next(name for name in names if names.count(name) > 1)
+            raise InputError(f"serve: model: two models are named {twice!r}; name each one: --model NAME=PATH")
         if not 0 <= self.port < 65536:
             raise InputError(f"serve: port must be in 0..65535, got {self.port}")
         try:
@@ -57,6 +65,17 @@ class ServeConfig(ServingOptions, ServerOptions):
         except InputError as e:
             raise InputError(f"serve: {e}") from None
         ServerOptions.__post_init__(self)  # the batching window, the limits and the timeouts
+
+    @property
+    def models(self) -> list[tuple[str, str]]:
+        """Each model's name and its folder or hub id, in order (the first is the default)."""
+        named = []
+        for entry in self.model or ():
+            name, eq, where = entry.partition("=")
+            if not eq or "/" in name or not name or not where:  # a bare path or hub id (which may hold "=")
+                name, where = entry.rstrip("/").rsplit("/", 1)[-1], entry
+            named.append((name, where))
+        return named
 
     @property
     def options(self) -> ServerOptions:
@@ -217,23 +236,31 @@ def serve(config: ServeConfig) -> None:
     """Load the student, then serve it until SIGTERM or Ctrl-C (see the module's docstring)."""
     from distill.core.run_folder import student_folder
     from distill.serving.fusion import Fusion
-    from distill.serving.http_api import create_app
+    from distill.serving.http_api import ServedModel, create_app
     from distill.serving.reranker import Reranker
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # read by the tokenizer on each call (see above)
-    options = config.options
-    folder = student_folder(config.model, exported=config.backend != "torch", revision=config.revision)
-    fusion = Fusion.of(folder, config.interpolation, config.first_stage)
-    sock = bind(config.host, config.port, listen=False)  # a bad address fails before the model loads
+    exported = config.backend != "torch"
+    folders = [
+        (name, student_folder(where, exported=exported, revision=config.revision)) for name, where in config.models
+    ]
+    fusions = [Fusion.of(folder, config.interpolation, config.first_stage) for _, folder in folders]
+    sock = bind(config.host, config.port, listen=False)  # a bad address fails before a model loads
     try:
-        reranker = Reranker.load(folder, config.serving(), interpolation=False, first_stage=None)
-        batches = reranker.warm_up()
-        log.info("%s: warmed up on %d batch shapes", folder, batches)
-        app = create_app(folder, reranker, options, fusion)
+        models = []
+        for (name, folder), fusion in zip(folders, fusions, strict=True):
+            reranker = Reranker.load(folder, config.serving(), interpolation=False, first_stage=None)
+            batches = reranker.warm_up()
+            log.info("%s: warmed up on %d batch shapes", folder, batches)
+            models.append(ServedModel(folder, reranker, fusion, name))
+        app = create_app(models, config.options)
         sock.listen(2048)  # only now: no connection waits on a model still loading or a runtime's first calls
         host, port = sock.getsockname()[:2]
-        auto = f" (auto: {reranker.backend_reason})" if reranker.backend_reason else ""
-        print(f"distill serve: {folder} on {reranker.backend}{auto}", file=sys.stderr)
+        for model in models:
+            reranker = model.reranker
+            auto = f" (auto: {reranker.backend_reason})" if reranker.backend_reason else ""
+            named = f"{model.name}: " if len(models) > 1 else ""
+            print(f"distill serve: {named}{model.folder} on {reranker.backend}{auto}", file=sys.stderr)
         address = f"[{host}]" if ":" in host else host
         print(f"distill serve: listening on http://{address}:{port}", file=sys.stderr, flush=True)
         drain_server(uvicorn_config(app), app.state.serving).run(sockets=[sock])
