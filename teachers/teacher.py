@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from distill.core.devices import compute_dtype
-from distill.core.models import ModelSource, load_pretrained, resolve_model
+from distill.core.models import ModelSource, gguf_parsed_once, load_pretrained, resolve_model
 from distill.core.schema import InputError
 from teachers.causal_lm import CausalLMScorer, ScorerOptions, ScoringSequence
 from teachers.scores import (
@@ -116,10 +116,11 @@ class CausalLMTeacher:
         source: ModelSource = resolve_model(name)
         device = torch.device(device)
         torch_dtype = resolve_dtype(dtype, device)
-        tokenizer = load_pretrained(source, AutoTokenizer)
-        model = load_pretrained(
-            source, AutoModelForCausalLM, dtype=torch_dtype, attn_implementation="sdpa", device_map=device_map
-        )
+        with gguf_parsed_once(source):
+            tokenizer = load_pretrained(source, AutoTokenizer)
+            model = load_pretrained(
+                source, AutoModelForCausalLM, dtype=torch_dtype, attn_implementation="sdpa", device_map=device_map
+            )
         if device_map is None:
             model.to(device)
         model.eval()

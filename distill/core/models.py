@@ -236,7 +236,7 @@ def load_pretrained(source: ModelSource, loader: Any, **kwargs: Any) -> Any:
                 return loader.from_pretrained(source.location, local_files_only=True, **kwargs)
             except OSError:
                 _check_hub(source.name)
-        with _gguf_bar_as_configured(source):
+        with _gguf_bar_as_configured(source), gguf_parsed_once(source):
             return loader.from_pretrained(source.location, **source.pretrained_kwargs(), **kwargs)
     except ModelNotFoundError:
         raise
@@ -244,6 +244,36 @@ def load_pretrained(source: ModelSource, loader: Any, **kwargs: Any) -> Any:
         if source.kind != "hub":
             raise
         raise ModelNotFoundError(_not_found(source.name, _hub_tried(source.name, str(e).splitlines()[0]))) from e
+
+
+@contextlib.contextmanager
+def gguf_parsed_once(source: ModelSource) -> Iterator[None]:
+    """Within, every load of ``source``'s GGUF file shares one parse of it: transformers reads the file's metadata
+    anew for the config, the tokenizer and the weights, and with a large vocabulary that parse is most of a load.
+    Nested, the outermost parse is shared; nothing changes for a source without a GGUF file."""
+    if not source.gguf_file:
+        yield
+        return
+    import gguf
+
+    if getattr(gguf.GGUFReader, "shared", False):  # within an outer one: its readers serve
+        yield
+        return
+    plain = gguf.GGUFReader
+    readers: dict[tuple[str, str], Any] = {}
+
+    def shared_reader(path: str | os.PathLike, mode: str = "r") -> Any:
+        key = (os.fspath(path), mode)
+        if key not in readers:
+            readers[key] = plain(path, mode)
+        return readers[key]
+
+    shared_reader.shared = True  # type: ignore[attr-defined]
+    gguf.GGUFReader = shared_reader
+    try:
+        yield
+    finally:
+        gguf.GGUFReader = plain
 
 
 @contextlib.contextmanager
