@@ -224,15 +224,15 @@ def test_a_misspelt_train_key_is_one_line(tmp_path: Path, tiny_bert: Path, teach
 
 
 def test_full_size_bert_large_config_runs_a_step(tmp_path: Path, teacher_dataset: Path) -> None:
-    """bert-large-uncased builds offline from its embedded config (random weights) and trains a step."""
+    """bert-large-uncased builds offline from its embedded config (random weights) and trains a step (unvalidated:
+    the best checkpoint's 4 GB save, with the optimiser's state, is other tests' concern)."""
     path = write_config(
         tmp_path,
         Path("bert-large-uncased"),
         teacher_dataset,
         max_steps=1,
         max_epochs=1,
-        limit_val_batches=1,
-        val_check_interval=1,
+        limit_val_batches=0,
         num_sanity_val_steps=0,
     )
     args = [
@@ -247,10 +247,14 @@ def test_full_size_bert_large_config_runs_a_step(tmp_path: Path, teacher_dataset
         "64",
     ]
     assert main(args) == 0
-    from transformers import AutoConfig
+    import torch
 
-    config = AutoConfig.from_pretrained(tmp_path / "runs" / "tiny" / "hf")
-    assert (config.hidden_size, config.num_hidden_layers, config.num_labels) == (1024, 24, 1)
+    state = torch.load(tmp_path / "runs" / "tiny" / "checkpoints" / "last.ckpt", mmap=True, weights_only=False)
+    weights = state["state_dict"]
+    layers = {key.split(".layer.")[1].split(".")[0] for key in weights if ".layer." in key}
+    embedding = next(value for key, value in weights.items() if key.endswith("word_embeddings.weight"))
+    head = next(value for key, value in weights.items() if key.endswith("classifier.weight"))
+    assert (embedding.shape[1], len(layers), tuple(head.shape), state["global_step"]) == (1024, 24, (1, 1024), 1)
 
 
 def _subprocess_env() -> dict[str, str]:
