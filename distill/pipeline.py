@@ -6,9 +6,9 @@ A pipeline YAML has a ``name`` and one section per stage. Each section is the sa
 ``train:`` is a ``distill train`` config (``config:`` lists train YAML files to compose, the other keys override
 them). A missing section takes its defaults. The pipeline sets the paths that join the stages, over any value
 given for them: the teacher's output, the student to export, time and rerank, and its run to evaluate. By
-default the student learns from the pipeline's teacher (unless the train config names ``data.teacher_data``)
-and is evaluated beside the teacher's runs (unless ``eval.run`` names others), every run on the queries they
-all rank.
+default the student learns from the pipeline's teacher (unless the train config names ``data.teacher_data``),
+is timed against it (unless ``bench.teacher`` names another) and is evaluated beside the teacher's runs (unless
+``eval.run`` names others), every run on the queries they all rank.
 
 Everything goes under ``<root>/<name>/``::
 
@@ -181,7 +181,12 @@ def load_pipeline(path: str | Path) -> Pipeline:
     runs = [runs] if isinstance(runs, str) else list(runs)
     joined = {"run": [*runs, *students], "held_out": held_out, "qrels": qrels, "queries": "common"}
     evaluate = build("eval", {**joined, "json": str(folder / "eval" / "eval.json")})
-    bench = build("bench", {"student": str(run.root), "output": str(run.bench)})
+    from teachers.embedding import SIMILARITY
+
+    # the student is timed against the teacher it learnt from, unless the bench names another (an embedding
+    # teacher has no CIS to time: the bench's own default then)
+    teacher = {} if SIMILARITY in teach.scores else {"teacher": teach.teacher}
+    bench = build("bench", {"student": str(run.root), "output": str(run.bench)}, teacher)
     return Pipeline(
         top.name, folder, top.eval_queries, teach, train, train_joined, export, bench, rerank, evaluate, rerank_fused
     )

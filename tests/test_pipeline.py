@@ -93,6 +93,8 @@ def test_pipeline_runs_every_stage_then_skips_what_is_up_to_date(
     assert f"interpolated with the first stage (alpha {alpha:g})" in printed
     assert set(summary["latency_p50_s"]) == {"200 tokens", "12 candidates"}
     assert "teacher cis" in summary["latency_p50_s"]["200 tokens"]
+    benched = json.loads((folder / "student/bench/bench.json").read_text())
+    assert benched["config"]["teacher"] == str(tiny_llama)  # timed against the teacher it learnt from
     assert "nDCG@10 on 1 evaluation query ==" in printed and "faster than the teacher" in printed
     first = stamps(folder)
     assert set(first) == {"teach", "train", "export", "bench", "rerank", "eval"}
