@@ -6,7 +6,8 @@ cell by cell (so that a spell of other load on the machine falls on every server
 SIGTERM, and writes ``serve.json``, ``serve.md`` and ``serve.png`` into ``--out``:
 
 - the servers: ``batched`` (``distill serve``, dynamic batching on), ``one-at-a-time`` (the same with ``--batching
-  false``: a request's pairs are batched alone, requests in arrival order) and ``st-crossencoder`` (the peer:
+  false``: a request's pairs are batched alone, requests in arrival order), ``streams-N`` where named (batched, a
+  round's batches on N OpenVINO streams at once: ``--streams N``) and ``st-crossencoder`` (the peer:
   sentence-transformers' ``CrossEncoder.predict``, one request at a time, behind the same app:
   :class:`~distill.bench.peers.CrossEncoderLoop`, served by ``python -m benchmarks.load serve-peer``);
 - the cells: each server at each request size (a DL19 query with its first 10 or 100 BM25 candidates, the queries
@@ -280,14 +281,17 @@ class Server:
 
 
 def server_command(name: str, model: str, backend: str, extra: Sequence[str] = ()) -> list[str]:
-    """The command of server ``name`` (:data:`SERVERS`) on a free loopback port."""
+    """The command of server ``name`` (:data:`SERVERS`, or ``streams-N``: batched on N OpenVINO streams) on a free
+    loopback port."""
     if name == PEER:
         return [sys.executable, "-m", "benchmarks.load", "serve-peer", "--model", model, "--port", "0"]
     command = [sys.executable, "-m", "distill", "serve", "--model", model, "--backend", backend, "--port", "0"]
     if name == "one-at-a-time":
         command += ["--batching", "false"]
+    elif streams := re.fullmatch(r"streams-(\d+)", name):
+        command += ["--streams", streams.group(1)]
     elif name != "batched":
-        raise ValueError(f"unknown server {name!r}: one of {SERVERS}")
+        raise ValueError(f"unknown server {name!r}: one of {SERVERS} or streams-N")
     return command + list(extra)
 
 
@@ -578,6 +582,8 @@ def targets(result: dict[str, Any]) -> list[dict[str, Any]]:
     batched = result["servers"].get("batched", {})
     ratio("10 docs, concurrency 8: batched / one at a time", ("batched", 10, 8), ("one-at-a-time", 10, 8), 1.5)
     ratio("10 docs: batched at concurrency 8 / concurrency 1", ("batched", 10, 8), ("batched", 10, 1), 1.5)
+    for name in sorted(n for n in result["servers"] if n.startswith("streams-")):
+        ratio(f"10 docs, concurrency 8: {name} / one at a time", (name, 10, 8), ("one-at-a-time", 10, 8), 1.3)
     if alone := cell(result, "one-at-a-time", 10, 8):
         figures = alone["batching"]
         row(
@@ -653,9 +659,10 @@ def run(plan: Plan, out: Path, command: str, calls: Sequence[tuple[str, list[str
     from distill.bench.measure import environment
 
     measured = measure(plan, calls)
-    backend = measured["servers"].get("batched", next(iter(measured["servers"].values())))["info"]["backend"]
+    info = measured["servers"].get("batched", next(iter(measured["servers"].values())))["info"]
+    backend = info["backend"]
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(backend.rsplit("-", 1)[-1], torch.float32)
-    env = environment(torch.device("cpu"), dtype)
+    env = environment(torch.device(info["settings"].get("device", "cpu")), dtype)
     env["cores"] = os.cpu_count()
     env["affinity"] = sorted(os.sched_getaffinity(0))
     # the servers' tokenizer threads: distill serve sets false unless the environment it inherits says otherwise

@@ -69,6 +69,15 @@ def test_the_load_generator_counts_and_checks_every_answer(exported: Path, calls
     assert figures["requests"] == 5 and figures["answered"] == 0 and figures["wrong"] == 5
 
 
+def test_a_streams_server_is_distill_serve_batched_on_openvino_streams() -> None:
+    from benchmarks.load import server_command
+
+    command = server_command("streams-2", "m", "openvino")
+    assert command[-2:] == ["--streams", "2"] and "--batching" not in command
+    with pytest.raises(ValueError, match="unknown server 'streams'"):
+        server_command("streams", "m", "openvino")
+
+
 def test_malformed_requests_are_the_kinds_named() -> None:
     requests = robustness_requests([("q", ["a"] * 10)], 1000, 0.01)
     bad = [r for r in requests if r.key is None]
@@ -115,11 +124,13 @@ def test_targets_are_the_issues_bounds() -> None:
             },
             "one-at-a-time": {"cells": [cell(10, 1, 16.0), cell(10, 8, 21.0), cell(100, 8, 3.0), cell(100, 32, 3.3)]},
             PEER: {"cells": [cell(10, 8, 5.0), cell(100, 8, 1.1)]},
+            "streams-2": {"cells": [cell(10, 8, 28.0)]},
         }
     }
     found = {t["target"]: (t["value"], t["holds"]) for t in targets(result)}
     assert found["10 docs, concurrency 8: batched / one at a time"] == (pytest.approx(30 / 21), False)
     assert found["10 docs: batched at concurrency 8 / concurrency 1"] == (2.0, True)
+    assert found["10 docs, concurrency 8: streams-2 / one at a time"] == (pytest.approx(28 / 21), True)
     assert found["100 docs, concurrency 32: batched / one at a time"] == (pytest.approx(3 / 3.3), False)
     unpadded = next(
         value for target, (value, _) in found.items() if target.startswith("10 docs, concurrency 8: one at")

@@ -21,6 +21,9 @@ another. Requests queued while a round runs make the next. So:
   batches it (its pairs longest first, :func:`~distill.core.batching.token_budget_batches`), so it gets the same
   scores.
 
+A scorer with several inference streams (OpenVINO's, ``streams``) runs that many of a round's batches at once, on
+as many threads; the round ends when its last batch has.
+
 With ``share`` off (``distill serve --batching false``) a batch holds one request's pairs: requests are scored one at
 a time, in arrival order, each batched as ``Reranker.score`` batches it (the load benchmark's baseline).
 
@@ -154,6 +157,10 @@ class DynamicBatcher:
         self._queue: deque[_Job] = deque()
         self._changed = threading.Condition()
         self._closed = False
+        self._handing = threading.Lock()
+        """Held while a batch's scores go to their requests (batches of a round may end at once on streams)."""
+        streams = getattr(scorer, "streams", 1)
+        self._streams = ThreadPoolExecutor(streams, "rerank-stream") if streams > 1 else None
         self._worker = threading.Thread(target=self._run, name="rerank-batcher", daemon=True)
         self._worker.start()
 
@@ -191,11 +198,16 @@ class DynamicBatcher:
             self._closed = True
             self._changed.notify()
         self._worker.join(timeout)
+        if self._streams is not None:
+            self._streams.shutdown()
 
     def _run(self) -> None:
         while (batches := self._next_round()) is not None:
-            for parts in batches:
-                self._score(parts)
+            if self._streams is None:
+                for parts in batches:
+                    self._score(parts)
+            else:
+                list(self._streams.map(self._score, batches))
 
     def _next_round(self) -> list[list[_Part]] | None:
         """The next round's batches, once its pairs fill :attr:`round_tokens` or the oldest request has waited
@@ -304,15 +316,16 @@ class DynamicBatcher:
         if self.on_batch is not None:
             self.on_batch(stats)
         bounds = np.cumsum([len(part.rows) for part in parts])[:-1]
-        for part, part_scores in zip(parts, np.split(scores, bounds), strict=True):
-            job = part.job
-            if job.future.done():  # failed on an earlier batch
-                continue
-            job.scores[part.rows] = part_scores
-            job.remaining -= len(part.rows)
-            if job.remaining == 0:
-                with suppress(InvalidStateError):  # cancelled while its last batch ran
-                    job.future.set_result(Scored(job.scores, job.started - job.enqueued))
+        with self._handing:
+            for part, part_scores in zip(parts, np.split(scores, bounds), strict=True):
+                job = part.job
+                if job.future.done():  # failed on an earlier batch
+                    continue
+                job.scores[part.rows] = part_scores
+                job.remaining -= len(part.rows)
+                if job.remaining == 0:
+                    with suppress(InvalidStateError):  # cancelled while its last batch ran
+                        job.future.set_result(Scored(job.scores, job.started - job.enqueued))
 
     def _run_batch(self, parts: list[_Part]) -> tuple[np.ndarray, BatchStats]:
         """The backend's ``[rows]`` scores of the parts' rows, back to back: padded to one width, or packed for a

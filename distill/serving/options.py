@@ -54,12 +54,20 @@ class ServingOptions(TorchOptions):
     overlap: int = 0
     """Tokenise in spans of this many pairs, the next span on a background thread while the current one is scored
     (0: all of a query's pairs first); any backend."""
+    streams: int = 1
+    """The openvino backend: batches that run at once, each on an inference stream of its own (OpenVINO's throughput
+    mode: the cores are split between the streams, each batch runs on its share); ``distill serve``'s batcher then
+    runs that many batches of a round at once. 1: one stream, every core on each batch (latency mode)."""
 
     def __post_init__(self) -> None:
         if self.backend == "auto" and self.dtype is not None:
             raise InputError(f"backend 'auto' chooses the dtype itself; dtype={self.dtype!r} needs a named backend")
         if self.overlap < 0:
             raise InputError(f"overlap is a number of pairs (0: off), not {self.overlap}")
+        if self.streams < 1:
+            raise InputError(f"streams must be at least 1, got {self.streams}")
+        if self.streams > 1 and self.backend not in ("auto", "openvino"):
+            raise InputError(f"streams {self.streams}: the openvino backend's option, not the {self.backend} backend's")
         if self.max_batch_tokens is not None and self.max_batch_tokens < 1:
             raise InputError(f"max_batch_tokens must be positive, got {self.max_batch_tokens}")
         if self.first_stage is not None and self.interpolation is not None and self.interpolation is not True:

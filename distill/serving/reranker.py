@@ -139,6 +139,10 @@ class Reranker:
             choice = choose_backend(path, device, torch_levers=levers)
             (backend, dtype), reason = choice.load_args, choice.reason
             log.info("%s: backend auto chose %s (%s)", path, choice.backend, reason)
+            if options.streams > 1 and backend != "openvino":
+                log.warning("%s: streams %d: OpenVINO's option, and auto chose %s: one stream", path, options.streams,
+                            choice.backend)  # fmt: skip
+                options = replace(options, streams=1)
         dtypes = OPENVINO_DTYPES if backend == "openvino" else ONNX_DTYPES
         onnx = backend in ("onnx", "openvino")
         if onnx and dtype not in dtypes:
@@ -147,7 +151,7 @@ class Reranker:
         runtime = "openvino" if backend == "openvino" else "onnxruntime"
         # the exported files carry their dtype; OpenVINO computes model.onnx in the one asked for
         precision = None if backend == "onnx" or (backend == "openvino" and fmt != "onnx") else dtype
-        scorer = load_scorer(path, fmt, device, precision, options.threads, runtime, options.levers)
+        scorer = load_scorer(path, fmt, device, precision, options.threads, runtime, options.levers, options.streams)
         tokenizer = load_tokenizer(path)
         limit = model_max_length(path, tokenizer)
         if max_length is not None and max_length > limit:
@@ -179,6 +183,7 @@ class Reranker:
         <distill.serving.scorers.TorchScorer.settings>`)."""
         scorer = getattr(self.scorer, "settings", None)
         own = {"max_length": self.max_length, "max_batch_tokens": self.max_batch_tokens, "overlap": self.overlap}
+        own["streams"] = getattr(self.scorer, "streams", 1)
         return {"backend": self.backend, **own, **(scorer() if callable(scorer) else {})}
 
     def score(

@@ -6,6 +6,7 @@ torch and onnxruntime are imported by the scorer that needs them, not by this mo
 
 from __future__ import annotations
 
+import queue
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
@@ -294,8 +295,9 @@ against 452 for 64 and 670 for 384)."""
 
 
 class OpenVinoScorer:
-    """An ONNX graph compiled by OpenVINO for the CPU, one inference stream (the optional extra
-    OpenVINO, the ``openvino`` extra); inputs and output as for :class:`OnnxScorer`.
+    """An ONNX graph compiled by OpenVINO for the CPU (the ``openvino`` extra); inputs and output as for
+    :class:`OnnxScorer`. With one stream (OpenVINO's latency mode) each call runs on every core; with several
+    (its throughput mode), that many calls may run at once, from as many threads, each on its share of the cores.
 
     Args:
         precision: ``float32`` or ``bfloat16`` (:data:`OPENVINO_PRECISIONS`), set explicitly: OpenVINO's own
@@ -304,6 +306,7 @@ class OpenVinoScorer:
             scale at run time (OpenVINO's dynamic quantisation); 0 computes those matmuls in ``precision``.
         perf_count: keep OpenVINO's per-node timings of the last batch (``self.request.profiling_info``), for
             profiling; off in serving.
+        streams: inference streams: how many calls may run at once (``threads`` is then their total).
     """
 
     def __init__(
@@ -313,6 +316,7 @@ class OpenVinoScorer:
         precision: str = "float32",
         int8_group_size: int = 0,
         perf_count: bool = False,
+        streams: int = 1,
     ) -> None:
         try:
             import openvino
@@ -334,20 +338,33 @@ class OpenVinoScorer:
                 raise
             raise _unreadable_model(path, "OpenVINO's ONNX reader cannot parse it") from None
         config: dict[str, object] = {
-            "PERFORMANCE_HINT": "LATENCY",
+            "PERFORMANCE_HINT": "LATENCY" if streams == 1 else "THROUGHPUT",
             "INFERENCE_PRECISION_HINT": OPENVINO_PRECISIONS[precision],
             "DYNAMIC_QUANTIZATION_GROUP_SIZE": int8_group_size,
             "PERF_COUNT": perf_count,
         }
+        if streams > 1:
+            config["NUM_STREAMS"] = streams
         if threads:
             config["INFERENCE_NUM_THREADS"] = threads
         self.compiled = core.compile_model(model, "CPU", config)
-        self.request = self.compiled.create_infer_request()
+        self.streams = streams
+        self.requests: queue.SimpleQueue = queue.SimpleQueue()
+        """The idle infer requests, one a stream: a call takes one and gives it back."""
+        for _ in range(streams):
+            self.requests.put(self.compiled.create_infer_request())
+        self.request = self.requests.get()
+        """The first stream's request (its ``profiling_info`` holds the last batch's timings there)."""
+        self.requests.put(self.request)
         self.input_names = tuple(i.get_any_name() for i in self.compiled.inputs)
 
     def __call__(self, batch: Batch) -> np.ndarray:
-        outputs = self.request.infer({name: batch[name] for name in self.input_names})
-        return np.asarray(outputs[self.compiled.output("logits")])[:, 0].astype(np.float32)
+        request = self.requests.get()
+        try:
+            outputs = request.infer({name: batch[name] for name in self.input_names})
+            return np.asarray(outputs[self.compiled.output("logits")])[:, 0].astype(np.float32)  # a copy
+        finally:
+            self.requests.put(request)
 
 
 class TorchScriptScorer:
@@ -377,6 +394,7 @@ def load_scorer(
     threads: int = 0,
     runtime: Literal["onnxruntime", "openvino"] = "onnxruntime",
     options: TorchOptions | None = None,
+    streams: int = 1,
 ) -> Scorer:
     """The scorer of format ``fmt`` (``torch`` or a key of :data:`FORMAT_FILES`) in ``folder``.
 
@@ -387,8 +405,11 @@ def load_scorer(
             threads are process-wide (``torch.set_num_threads``).
         runtime: what runs an ONNX graph: ``onnxruntime`` (:class:`OnnxScorer`) or ``openvino`` (on a CPU).
         options: the torch backend's levers (:class:`TorchOptions`); the other formats take none.
+        streams: OpenVINO's inference streams (:class:`OpenVinoScorer`); the other runtimes have one.
     """
     folder = Path(folder)
+    if streams != 1 and (fmt == "torch" or runtime != "openvino"):
+        raise InputError(f"{folder}: streams {streams}: an option of the openvino backend, not of {fmt}")
     if fmt == "torch":
         return TorchScorer(folder, device, dtype, options)
     if options is not None and (changed := changed_levers(options, device)):
@@ -402,10 +423,10 @@ def load_scorer(
         if fmt == "onnx-int8":  # int8 matmuls, the rest in OPENVINO_INT8_PRECISION
             if dtype not in (None, "int8"):
                 raise InputError(f"{path} is int8; dtype={dtype!r} does not apply")
-            return OpenVinoScorer(path, threads, OPENVINO_INT8_PRECISION, OPENVINO_INT8_GROUP_SIZE)
+            return OpenVinoScorer(path, threads, OPENVINO_INT8_PRECISION, OPENVINO_INT8_GROUP_SIZE, streams=streams)
         if fmt != "onnx" and dtype not in (None, "float32"):
             raise InputError(f"{fmt} has a fixed dtype; dtype={dtype!r} applies to model.onnx only")
-        return OpenVinoScorer(path, threads, dtype or "float32")
+        return OpenVinoScorer(path, threads, dtype or "float32", streams=streams)
     if dtype not in (None, "float32"):
         raise InputError(f"{fmt} has a fixed dtype; dtype={dtype!r} applies to the torch backend only")
     if fmt == "torchscript":

@@ -1,0 +1,83 @@
+"""OpenVINO's throughput mode: several inference streams, each running a batch of its own; ``distill serve``'s batcher
+runs a round's batches on them at once, and the scores stay those of one stream."""
+
+from __future__ import annotations
+
+import importlib.util
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from distill.core.config import parse_config
+from distill.core.schema import InputError
+from distill.serving.batcher import DynamicBatcher
+from distill.serving.encoding import encode_pairs
+from distill.serving.options import ServingOptions
+from distill.serving.reranker import Reranker
+from distill.serving.scorers import OpenVinoScorer, load_scorer
+from distill.serving.server import ServeConfig
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("openvino") is None, reason="OpenVINO is an optional extra")
+
+
+class TwoAtOnce:
+    """A scorer of two streams whose first two calls each wait for the other: they pass only if they run at once."""
+
+    streams = 2
+
+    def __init__(self) -> None:
+        self.meet = threading.Barrier(2, timeout=10)
+        self.calls = 0
+        self.lock = threading.Lock()
+
+    def __call__(self, batch) -> np.ndarray:
+        with self.lock:
+            self.calls += 1
+            first_two = self.calls <= 2
+        if first_two:
+            self.meet.wait()  # raises BrokenBarrierError if the other batch does not run meanwhile
+        return batch["input_ids"].sum(axis=1).astype(np.float32)
+
+
+def test_a_round_runs_its_batches_on_the_streams_at_once(exported: Path, call) -> None:
+    reranker = Reranker.load(exported, backend="onnx", interpolation=False)
+    query, passages = call
+    encoded = encode_pairs(reranker.tokenizer, [query] * 40, passages[:40], 512)
+    scorer = TwoAtOnce()
+    batcher = DynamicBatcher(scorer, reranker.tokenizer, 2048, max_wait=0.0)  # 40 pairs: several batches a round
+    try:
+        scores = batcher.submit(encoded).result(30).scores
+    finally:
+        batcher.close()
+    assert scorer.calls > 2
+    expected = [float(ids.sum()) for ids in np.split(encoded.ids, np.cumsum(encoded.pair_lengths)[:-1])]
+    assert len(expected) == 40  # each pair's own ids: a row in another's place is a wrong sum
+    assert scores.tolist() == expected
+
+
+def test_streams_score_as_one_stream_from_concurrent_calls(exported: Path, call) -> None:
+    query, passages = call
+    one = Reranker.load(exported, backend="openvino", dtype="float32", interpolation=False)
+    two = Reranker.load(exported, backend="openvino", dtype="float32", interpolation=False, streams=2)
+    assert isinstance(two.scorer, OpenVinoScorer) and two.scorer.streams == 2 and two.settings["streams"] == 2
+    assert one.settings["streams"] == 1
+    spans = [passages[i : i + 20] for i in range(0, 100, 20)]
+    expected = [one.score(query, span) for span in spans]
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(lambda span: two.score(query, span), spans))
+    for scores, reference in zip(got, expected, strict=True):
+        np.testing.assert_allclose(scores, reference, atol=1e-5, rtol=0)
+
+
+def test_streams_belong_to_the_openvino_backend(exported: Path) -> None:
+    with pytest.raises(InputError, match="streams 2: the openvino backend's option, not the onnx backend's"):
+        ServingOptions(backend="onnx", streams=2)
+    with pytest.raises(InputError, match="streams must be at least 1, got 0"):
+        ServingOptions(streams=0)
+    with pytest.raises(InputError, match="streams 2: an option of the openvino backend, not of onnx"):
+        load_scorer(exported, "onnx", streams=2)
+    config = parse_config(ServeConfig, ["--model", str(exported), "--backend", "openvino", "--streams", "2"], "serve")
+    assert config.serving().streams == 2
