@@ -51,4 +51,5 @@ def test_bench_defaults_without_data(tmp_path: Path, tiny_bert: Path, monkeypatc
     missing = str(tmp_path / "trec-dl19" / "bm25_top100.json")
     monkeypatch.setattr(run, "DEFAULT_INPUT", missing)
     with pytest.raises(MissingFileError, match=r"^input: the default .*trec-dl19"):
-        run.run_bench(run.BenchConfig(str(tiny_bert), teacher="none", input=missing, output=str(tmp_path / "bench")))
+        config = run.BenchConfig(student=str(tiny_bert), teacher="none", input=missing, output=str(tmp_path / "bench"))
+        run.run_bench(config)

@@ -1,5 +1,5 @@
 """One ServingOptions: Reranker.load, distill rerank, distill serve and distill bench's students read the same
-dataclass, each option declared and defaulted once."""
+dataclasses, each option declared and defaulted once; a config that could extend an options class does."""
 
 from __future__ import annotations
 
@@ -10,26 +10,62 @@ from pathlib import Path
 
 import pytest
 
+from distill.bench.run import BenchConfig
 from distill.core.config import parse_config
 from distill.core.schema import InputError
-from distill.serving.options import ServingOptions
+from distill.serving.options import RuntimeOptions, ServerOptions, ServingOptions
 from distill.serving.reranker import Reranker
 from distill.serving.scorers import TorchOptions
 from distill.serving.server import ServeConfig
 from distill.stages.rerank import RerankConfig
 
 SHARED = [f.name for f in fields(ServingOptions)]
+OPTIONS = (RuntimeOptions, ServingOptions, ServerOptions, TorchOptions)
+"""The options classes whose fields the commands' configs share."""
 
 
-@pytest.mark.parametrize("config", [RerankConfig, ServeConfig])
-def test_the_commands_configs_extend_serving_options_and_declare_none_of_its_options_again(config: type) -> None:
-    assert issubclass(config, ServingOptions) and issubclass(ServingOptions, TorchOptions)
-    own = {
+def own_fields(cls: type) -> set[str]:
+    """The fields a class declares itself (not those it inherits)."""
+    return {
         node.target.id
-        for node in ast.walk(ast.parse(inspect.getsource(config)))
+        for node in ast.walk(ast.parse(inspect.getsource(cls)))
         if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
     }
-    assert own and not own & set(SHARED), f"{config.__name__} declares again: {sorted(own & set(SHARED))}"
+
+
+def configs() -> list[type]:
+    """Every command's config dataclass (``distill.cli.COMMANDS``)."""
+    import dataclasses
+    import importlib
+
+    from distill.cli import COMMANDS
+
+    found = []
+    for command in COMMANDS.values():
+        if command.config is not None:
+            found.append(getattr(importlib.import_module(command.module), command.config))
+    return [c for c in found if dataclasses.is_dataclass(c)]
+
+
+@pytest.mark.parametrize("config", [RerankConfig, ServeConfig, BenchConfig])
+def test_the_commands_configs_extend_the_options_and_declare_none_of_their_fields_again(config: type) -> None:
+    assert issubclass(ServingOptions, TorchOptions) and issubclass(ServingOptions, RuntimeOptions)
+    assert issubclass(config, RuntimeOptions)
+    own = own_fields(config)
+    for options in OPTIONS:
+        if issubclass(config, options):
+            again = own & {f.name for f in fields(options)}
+            assert own and not again, f"{config.__name__} declares {options.__name__}'s {sorted(again)} again"
+
+
+@pytest.mark.parametrize("options", OPTIONS, ids=lambda o: o.__name__)
+def test_a_config_with_every_field_of_an_options_class_extends_it(options: type) -> None:
+    """A config that declares every field of an options class could extend it, and must: else each is declared,
+    documented and defaulted twice."""
+    names = {f.name for f in fields(options)}
+    for config in configs():
+        if names <= own_fields(config) | {f.name for f in fields(config)} and not issubclass(config, options):
+            pytest.fail(f"{config.__name__} declares every field of {options.__name__}: extend it instead")
 
 
 def test_the_flags_fill_the_shared_options_and_load_takes_them(tmp_path: Path) -> None:

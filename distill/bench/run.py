@@ -46,6 +46,7 @@ from distill.core.paths import output_folder
 from distill.core.run_folder import RunLayout, student_folder
 from distill.core.schema import InputError, MissingFileError, RerankingData
 from distill.serving.encoding import load_tokenizer
+from distill.serving.options import RuntimeOptions
 
 log = logging.getLogger(__name__)
 
@@ -59,9 +60,11 @@ PEER_REFERENCE = f"{BASELINE} (peer)"
 of the peers' speed and nDCG@10 changes."""
 
 
-@dataclass
-class BenchConfig:
-    """Options of ``distill bench`` (YAML keys and ``--flags`` alike)."""
+@dataclass(frozen=True)
+class BenchConfig(RuntimeOptions):
+    """Options of ``distill bench`` (YAML keys and ``--flags`` alike): where the student's batches run and how large
+    they are are :class:`~distill.serving.options.RuntimeOptions`' fields (``device``, ``threads``, also torch's here,
+    ``max_length``, ``max_batch_tokens``), declared there once."""
 
     student: str | None = None
     """A training run (``checkpoints/<run>``: its ``export/``, else its ``hf/``), an export folder or an HF
@@ -100,19 +103,10 @@ class BenchConfig:
     ``st-openvino`` run on: their optimum export takes the architectures ``transformers`` knows, not the
     segment-cosine head. Default: the student, if its head is [CLS]. Where it is another student, its PyTorch
     ``CrossEncoder`` is timed too (``st-crossencoder (peer)``), the reference of the peers' nDCG@10 changes."""
-    device: str = "auto"
-    """``auto`` (cuda if there is one), ``cpu`` or ``cuda[:N]``."""
-    threads: int | None = None
-    """Threads on a CPU: torch's, and the intra-op threads of onnxruntime and OpenVINO (default: torch's default,
-    and one per physical core)."""
     warmup: int = 1
     repeats: int = 10
     max_seconds: float = 20.0
     """Stop repeating a (method, workload) once its timed calls pass this many seconds (one round at least)."""
-    max_length: int | None = None
-    """Longest student pair in tokens (default: the model's, up to 512)."""
-    max_batch_tokens: int | None = None
-    """Padded tokens per student batch (default the Reranker's: 1024 on a CPU, 32768 on a GPU)."""
     teacher_max_batch_tokens: int | None = None
     """Padded tokens per teacher batch (default 8192 on a CPU, 16384 on a GPU)."""
     matmul_size: int | None = None
@@ -284,7 +278,7 @@ def run_bench(config: BenchConfig, command: str | None = None) -> dict[str, Any]
     """
 
     device = resolve_device(config.device)
-    if config.threads is not None:
+    if config.threads:
         torch.set_num_threads(config.threads)
     if not config.random_weights and not config.student:
         raise InputError("--student is required (a run, export or HF folder), unless --random-weights is given")

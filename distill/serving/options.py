@@ -16,10 +16,33 @@ Backend = Literal["auto", "torch", "onnx", "torchscript", "openvino"]
 
 
 @dataclass(frozen=True)
-class ServingOptions(TorchOptions):
-    """The backend and its precision, the device, the batches, tokenising ahead and the first-stage fusion, on top of
-    the torch backend's levers (:class:`~distill.serving.scorers.TorchOptions`: ``tf32``, ``compile``,
-    ``cudnn_attention``, ``unpad``, ``cuda_graphs``)."""
+class RuntimeOptions:
+    """Where a student's batches run and how large they are: what serving a student and timing it (``distill bench``,
+    whose config extends this) share."""
+
+    device: str = "auto"
+    """``auto`` (CUDA where torch sees a GPU, else the CPU), ``cpu`` or ``cuda[:N]``."""
+    threads: int = 0
+    """Intra-op threads of the onnx and openvino backends (0: one per physical core); torch's are process-wide."""
+    max_length: int | None = None
+    """The longest pair in tokens (default: the model's, up to 512)."""
+    max_batch_tokens: int | None = None
+    """Padded tokens per batch (default :data:`~distill.core.devices.STUDENT_BATCH_TOKENS`: 1024 on a CPU, 32768 on a
+    GPU, which takes a query's 100 candidates in one batch)."""
+
+    def __post_init__(self) -> None:
+        if self.max_batch_tokens is not None and self.max_batch_tokens < 1:
+            raise InputError(f"max_batch_tokens must be positive, got {self.max_batch_tokens}")
+        if self.threads < 0:
+            raise InputError(f"threads must be 0 (the runtime's default) or more, got {self.threads}")
+
+
+@dataclass(frozen=True)
+class ServingOptions(TorchOptions, RuntimeOptions):
+    """The backend and its precision, tokenising ahead and the first-stage fusion, on top of where the batches run
+    (:class:`RuntimeOptions`: ``device``, ``threads``, ``max_length``, ``max_batch_tokens``) and the torch backend's
+    levers (:class:`~distill.serving.scorers.TorchOptions`: ``tf32``, ``compile``, ``cudnn_attention``, ``unpad``,
+    ``cuda_graphs``)."""
 
     backend: Backend = "auto"
     """``auto``: the fastest backend and precision for this CPU (AMX: OpenVINO bf16 or int8; AVX-512 VNNI: int8;
@@ -27,19 +50,12 @@ class ServingOptions(TorchOptions):
     quality gate passed (:mod:`distill.serving.auto`; the choice and why are logged and reported); or ``torch`` (the
     HF weights), ``onnx`` (onnxruntime), ``torchscript``, ``openvino`` (the ONNX files on OpenVINO, CPU only;
     ``pip install openvino``)."""
-    device: str = "auto"
-    """``auto`` (CUDA where torch sees a GPU, else the CPU), ``cpu`` or ``cuda[:N]``."""
     revision: str | None = None
     """For a model named by its hub id (``org/name``): the branch, tag or commit (default ``main``)."""
     dtype: str | None = None
     """With a named backend: torch: float32 (default), float16 or bfloat16; onnx: float32 (``model.onnx``), float16
     (``model.fp16.onnx``) or int8 (``model.int8.onnx``); openvino: those and bfloat16 (``model.onnx`` computed in
     bf16); torchscript: float32. ``auto`` chooses it."""
-    max_length: int | None = None
-    """The longest pair in tokens (default: the model's, up to 512)."""
-    max_batch_tokens: int | None = None
-    """Padded tokens per batch (default :data:`~distill.core.devices.STUDENT_BATCH_TOKENS`: 1024 on a CPU, 32768 on a
-    GPU, which takes a query's 100 candidates in one batch)."""
     interpolation: bool | float | None = None
     """Fuse with the first stage, α · z(student) + (1 − α) · z(first stage): ``null`` as the student's card says
     (or with ``first_stage`` named, that first stage's α), ``true`` the card's α (chosen on validation), ``false``
@@ -49,8 +65,6 @@ class ServingOptions(TorchOptions):
     card holds for it (each first stage's α is chosen on its own validation lists); an unknown name is refused, naming
     the card's. Default: the card's one first stage (a card with several needs one named to fuse); for ``distill
     serve``, the first stage of requests that name none."""
-    threads: int = 0
-    """Intra-op threads of the onnx and openvino backends (0: one per physical core); torch's are process-wide."""
     overlap: int = 0
     """Tokenise in spans of this many pairs, the next span on a background thread while the current one is scored
     (0: all of a query's pairs first); any backend."""
@@ -68,8 +82,7 @@ class ServingOptions(TorchOptions):
             raise InputError(f"streams must be at least 1, got {self.streams}")
         if self.streams > 1 and self.backend not in ("auto", "openvino"):
             raise InputError(f"streams {self.streams}: the openvino backend's option, not the {self.backend} backend's")
-        if self.max_batch_tokens is not None and self.max_batch_tokens < 1:
-            raise InputError(f"max_batch_tokens must be positive, got {self.max_batch_tokens}")
+        RuntimeOptions.__post_init__(self)
         if self.first_stage is not None and self.interpolation is not None and self.interpolation is not True:
             raise InputError(
                 f"first_stage {self.first_stage!r} takes its alpha from the student's card: interpolation "
