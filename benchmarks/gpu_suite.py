@@ -21,6 +21,11 @@ It runs, in one process and in this order:
    The tokenizer runs in parallel (``TOKENIZERS_PARALLELISM=true`` for this stage, whatever the environment says),
    as in a user's process, and each method's scores are held to the padded path's within the export's parity
    bound for the dtype;
+4. serving: :mod:`benchmarks.load` against ``distill serve`` with its default flags on a student of random weights
+   (bert-large, served in fp16 on a GPU; tiny: ``tiny-bert`` in fp32 on the CPU): batched, one request at a time
+   (``--batching false``) and sentence-transformers' ``CrossEncoder.predict`` behind the same app, at 10 and 100
+   documents a request and concurrency 1, 8 and 32 (tiny: 10 documents, concurrency 1 and 4), its own
+   ``serve.json``, ``serve.md`` and ``serve.png``;
 
 then writes ``summary.json``: every figure with its target and whether it is met (targets are for the full shapes
 on an H100: a tiny run leaves ``met`` null). With ``--profile``, each stage then runs again, short, under
@@ -67,6 +72,13 @@ RERANK_OVERLAP = 50
 encoded while the first runs (a guess to measure: more spans hide more tokenisation but cut the batch)."""
 TOKENIZERS_PARALLELISM = "TOKENIZERS_PARALLELISM"
 """The variable by which Hugging Face's Rust tokenizers encode a batch in parallel or on one thread."""
+SERVE_BATCHED_TARGETS = {(10, 8): 2.0, (100, 32): 1.2}
+"""Targets on a GPU: the batched server's throughput over one request at a time's, at (documents a request,
+concurrency)."""
+SERVE_P99_TARGET = 1.5
+"""Target on a GPU: each batched cell's p99 latency at most this many times its p50."""
+SERVE_STUDENT = "bert-large-uncased"
+"""The serving stage's student architecture (random weights), on a GPU."""
 TRAIN_MAX_LENGTH = 256
 """Tokens per pair in the training benchmark: the plain loop pads every pair to it, as the H100 reference loop
 did; the stage cuts the few longer pairs there too, so that both phases train on the same tokens."""
@@ -80,8 +92,8 @@ class GpuSuite:
     """Tiny configs (the default where CUDA is not available)."""
     device: str = "auto"
     """``auto`` (cuda where there is one), ``cpu`` or ``cuda[:N]``."""
-    only: list[str] = field(default_factory=lambda: ["teacher", "train", "rerank"])
-    """The stages to run, of ``teacher``, ``train``, ``rerank``."""
+    only: list[str] = field(default_factory=lambda: ["teacher", "train", "rerank", "serve"])
+    """The stages to run, of ``teacher``, ``train``, ``rerank``, ``serve``."""
     out: str | None = None
     """The result folder (default ``benchmarks/results/gpu-suite-<device>[-tiny]``)."""
     profile: bool = False
@@ -190,6 +202,41 @@ def run_rerank(args: GpuSuite, out: Path, extra: Sequence[str] = ()) -> tuple[li
         return ["distill", *argv], distill(argv)
 
 
+def serve_student(args: GpuSuite, out: Path) -> Path:
+    """The serving stage's student: random weights of :data:`SERVE_STUDENT` (tiny: ``tiny-bert``), seed 0, saved as
+    a Hugging Face folder under ``out`` (made once)."""
+    from students.model import build_student, save_student
+
+    folder = out / "serve-student"
+    if not (folder / "config.json").is_file():
+        torch.manual_seed(0)
+        model, tokenizer = build_student("tiny-bert" if args.tiny else SERVE_STUDENT, random_init=True)
+        save_student(model, tokenizer, folder, None)
+    return folder
+
+
+def serve_argv(args: GpuSuite, out: Path, student: Path) -> list[str]:
+    """:mod:`benchmarks.load`'s arguments: ``distill serve`` with its default flags on the torch backend (fp16 on a
+    GPU), on the suite's device, against one request at a time and ``CrossEncoder.predict``."""
+    gpu = device_type(args.device) == "cuda"
+    serve = ["--device", args.device] + (["--dtype", "float16"] if gpu else [])
+    argv = ["run", "--model", str(student), "--backend", "torch", "--serve-args", " ".join(serve)]
+    argv += ["--robustness", "0", "--out", str(out / "serve")]
+    if args.tiny:
+        argv += ["--documents", "10", "--requests", "8", "--concurrency", "1,4", "--peer-concurrency", "1"]
+        argv += ["--peer-requests", "4", "--warmup", "1", "--queries", "2"]
+    else:
+        argv += ["--requests", "512,96", "--peer-requests", "64,16", "--peer-concurrency", "1,8"]
+    return argv
+
+
+def run_serve(args: GpuSuite, out: Path, extra: Sequence[str] = ()) -> tuple[list[str], int]:
+    from benchmarks import load
+
+    argv = [*serve_argv(args, out, serve_student(args, out)), *extra]
+    return ["python", "-m", "benchmarks.load", *argv], load.main(argv)
+
+
 @contextmanager
 def parallel_tokenizer() -> Iterator[None]:
     """A context in which fast tokenizers encode in parallel, as in a user's process: ``TOKENIZERS_PARALLELISM=true``
@@ -211,6 +258,7 @@ STAGES: dict[str, Callable[[GpuSuite, Path, Sequence[str]], tuple[list[str], int
     "teacher": run_teacher,
     "train": run_train,
     "rerank": run_rerank,
+    "serve": run_serve,
 }
 
 
@@ -405,6 +453,33 @@ def score_figures(result: dict[str, Any], backend: str, reference: str) -> list[
     return figures
 
 
+def serve_figures(result: dict[str, Any], tiny: bool) -> list[dict[str, Any]]:
+    """The serving stage's figures: batched over one at a time, and over ``CrossEncoder.predict``, per request size
+    and concurrency; each batched cell's p99 / p50; lost or wrong answers."""
+    from benchmarks import load
+
+    figures = []
+    for (documents, concurrency), target in SERVE_BATCHED_TARGETS.items():
+        batched = load.cell(result, "batched", documents, concurrency)
+        alone = load.cell(result, "one-at-a-time", documents, concurrency)
+        value = batched["queries_per_s"] / alone["queries_per_s"] if batched and alone else None
+        name = f"{documents} docs, concurrency {concurrency}: batched / one at a time"
+        figures.append(figure("serve", name, value, target, "min", tiny or value is None))
+    batched_cells = result["servers"].get("batched", {}).get("cells", [])
+    for cell in batched_cells:
+        peer = load.cell(result, load.PEER, cell["documents"], cell["concurrency"])
+        if peer:
+            name = f"{cell['documents']} docs, concurrency {cell['concurrency']}: batched / CrossEncoder.predict"
+            figures.append(figure("serve", name, cell["queries_per_s"] / peer["queries_per_s"], None, "min", True))
+    for cell in batched_cells:
+        name = f"{cell['documents']} docs, concurrency {cell['concurrency']}: p99 / p50 (batched)"
+        figures.append(figure("serve", name, cell["p99_over_p50"], SERVE_P99_TARGET, "max", tiny))
+    cells = [c for s in result["servers"].values() for c in s.get("cells", [])]
+    wrong = sum(c["wrong"] + c["requests"] - c["answered"] for c in cells)
+    figures.append(figure("serve", "lost or wrong answers, every cell", wrong, 0, "equal", False))
+    return figures
+
+
 def _levers(settings: dict[str, Any]) -> str:
     """A student method's settings that differ from the plain path's, in a few words."""
     levers = ("overlap", "tf32", "compile", "cudnn_attention", "cuda_graphs")
@@ -420,6 +495,8 @@ def figures_of(stage: str, out: Path, args: GpuSuite) -> list[dict[str, Any]]:
         return teacher_figures(json.loads((out / "teacher.json").read_text()), args.tiny)
     if stage == "train":
         return train_figures(json.loads((out / "student-train.json").read_text()), args.tiny)
+    if stage == "serve":
+        return serve_figures(json.loads((out / "serve" / "serve.json").read_text()), args.tiny)
     result = json.loads((out / "bench" / "bench.json").read_text())
     backend = rerank_backend(args)
     return [*rerank_figures(result, backend, args.tiny), *score_figures(result, backend, padded_method(args))]
@@ -451,7 +528,8 @@ def run(args: GpuSuite, invocation: dict[str, Any]) -> int:
     seconds = time.perf_counter() - start
     if set(args.only) == set(STAGES):
         figures.append(figure("suite", "seconds", seconds, SUITE_TARGET_S, "max", args.tiny, "every stage"))
-    profiles = {name: run_profile(name, args, out) for name in args.only} if args.profile else {}
+    profiled = [name for name in args.only if name in PROFILE_ARGV]  # serving's time is the server's: no profile
+    profiles = {name: run_profile(name, args, out) for name in profiled} if args.profile else {}
     summary = {
         "benchmark": "gpu_suite",
         **invocation,

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from distill.cli import COMMANDS, main
-from distill.core.config import load_section, parse_config
+from distill.core.config import REPEATABLE, load_section, parse_config
 from distill.core.schema import InputError
 
 
@@ -24,6 +24,7 @@ class Options:
     mode: Literal["fast", "exact"] = "fast"
     enabled: bool = False
     token: int | str | None = None
+    models: list[str] = field(default_factory=list, metadata={REPEATABLE: True})
 
 
 def one_line_error(capsys: pytest.CaptureFixture[str]) -> str:
@@ -41,6 +42,11 @@ def test_flags_are_spelt_as_keys_dashes_accepted_lists_and_bools_made_easy(tmp_p
     assert parse_config(Options, ["--inputs", "a", "b", "--enabled", "false"], "x") == Options(["a", "b"])
     assert parse_config(Options, ["--inputs=[a, b]", "--token", "7"], "x").token == 7
     assert parse_config(Options, ["--count=2"], "x").count == 2
+
+
+def test_a_repeatable_list_flag_given_again_adds_and_any_other_replaces() -> None:
+    got = parse_config(Options, ["--models", "a=1", "--inputs", "x", "--models", "b=2,c", "--inputs", "y"], "x")
+    assert (got.models, got.inputs) == (["a=1", "b=2", "c"], ["y"])
 
 
 @pytest.mark.parametrize(

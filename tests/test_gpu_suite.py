@@ -28,11 +28,11 @@ def test_the_tiny_suite_runs_each_benchmark_and_summarises_every_figure(tmp_path
     done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=1200)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["tiny"] and list(summary["stages"]) == ["teacher", "train", "rerank"]
-    assert [s["error"] for s in summary["stages"].values()] == [None, None, None]
-    # Then each stage again, short, under torch.profiler: a table and the time by category per stage.
+    assert summary["tiny"] and list(summary["stages"]) == ["teacher", "train", "rerank", "serve"]
+    assert [s["error"] for s in summary["stages"].values()] == [None, None, None, None]
+    # Then each stage but serving again, short, under torch.profiler: a table and the time by category per stage.
     profiles = summary["profiles"]
-    assert list(profiles) == list(summary["stages"]) and all(p["error"] is None for p in profiles.values())
+    assert list(profiles) == ["teacher", "train", "rerank"] and all(p["error"] is None for p in profiles.values())
     for stage in ("teacher", "train"):
         table = (tmp_path / "profile" / f"profile-{stage}.txt").read_text()
         assert "aten::" in table and "Self CPU" in table
@@ -76,6 +76,19 @@ def test_the_tiny_suite_runs_each_benchmark_and_summarises_every_figure(tmp_path
     for method in ("torch-fp32+unpad", "torch-fp32+overlap50"):
         parity = figures["rerank", f"{method}_max_abs_diff_from_padded"]
         assert parity["target"] == 1e-4 and 0 <= parity["value"] <= 1e-4 and parity["met"] is True
+    # Serving: distill serve batched and one at a time, and CrossEncoder.predict, on the random tiny student.
+    serve = json.loads((tmp_path / "serve" / "serve.json").read_text())
+    assert set(serve["servers"]) == {"batched", "one-at-a-time", "st-crossencoder"}
+    assert serve["servers"]["batched"]["info"]["backend"] == "torch-fp32"
+    assert [(c["documents"], c["concurrency"]) for c in serve["servers"]["batched"]["cells"]] == [(10, 1), (10, 4)]
+    assert figures["serve", "lost or wrong answers, every cell"]["value"] == 0
+    assert figures["serve", "lost or wrong answers, every cell"]["met"] is True
+    assert figures["serve", "10 docs, concurrency 8: batched / one at a time"]["target"] == 2.0  # not measured tiny
+    assert figures["serve", "10 docs, concurrency 8: batched / one at a time"]["value"] is None
+    p99 = figures["serve", "10 docs, concurrency 4: p99 / p50 (batched)"]
+    assert p99["value"] == serve["servers"]["batched"]["cells"][1]["p99_over_p50"] and p99["target"] == 1.5
+    peer = figures["serve", "10 docs, concurrency 1: batched / CrossEncoder.predict"]  # the peer's one concurrency
+    assert peer["value"] > 0 and ("serve", "10 docs, concurrency 4: batched / CrossEncoder.predict") not in figures
     # The suite ran with TOKENIZERS_PARALLELISM=false; its rerank stage tokenised in parallel all the same.
     assert bench["environment"]["tokenizers_parallelism"] == "true"
     assert figures["suite", "seconds"]["target"] == 480

@@ -19,9 +19,10 @@ import logging
 import os
 import socket
 import sys
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
+from distill.core.config import REPEATABLE
 from distill.core.schema import InputError
 from distill.serving.http_api import ServingState
 from distill.serving.options import ServerOptions, ServingOptions
@@ -39,7 +40,7 @@ class ServeConfig(ServingOptions, ServerOptions):
     names, else of ``first_stage`` (``interpolation``: ``false`` refuses such requests, a number fuses them all with
     it); one without is scored by the student alone."""
 
-    model: list[str] | None = None
+    model: list[str] | None = field(default=None, metadata={REPEATABLE: True})
     """The student (required): an export folder (``distill export``), a training run (its export), a Hugging Face
     folder (torch backend), or a hub id (``org/name``, at ``revision``) in or into the Hugging Face cache. Several
     students: ``--model NAME=PATH`` once each (or a YAML list), which a request's ``model`` picks by ``NAME`` (the
