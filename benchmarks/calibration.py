@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from distill.core.loaders import load_candidates, load_qrels
-from distill.core.metrics import default_rel_level
+from distill.data.loaders import load_candidates, load_qrels
+from distill.eval.metrics import default_rel_level
 from distill.serving.calibration import assess, sigmoid
 from distill.serving.hardware import CpuFeatures
 from distill.serving.reranker import Reranker

@@ -47,13 +47,13 @@ from benchmarks.phases import (
 from distill.bench.measure import environment
 from distill.core.batching import token_budget_batches
 from distill.core.devices import STUDENT_BATCH_TOKENS
-from distill.core.fidelity import fidelity_per_query, mean_fidelity
-from distill.core.loaders import load_candidates
-from distill.core.metrics import evaluate
 from distill.core.package_paths import CANDIDATES, DL19, DL21, QRELS
 from distill.core.run_folder import student_folder
-from distill.core.runs import run_from_columns
 from distill.core.schema import InputError
+from distill.data.loaders import load_candidates
+from distill.eval.fidelity import fidelity_per_query, mean_fidelity
+from distill.eval.metrics import evaluate
+from distill.eval.trec_runs import run_from_columns
 from distill.export.quantize import CALIBRATION_METHODS, QUANTISED_OPS, Calibration, quantize_int8
 from distill.serving.encoding import encode_pairs, load_tokenizer, model_max_length, pad_batch
 from distill.serving.scorers import OnnxScorer, OpenVinoScorer, Scorer, SessionSettings

@@ -65,10 +65,10 @@ from benchmarks.phases import (
 from distill.bench.measure import environment, int8_matmul_ops_per_s, matmul_flops_per_s
 from distill.core.batching import token_budget_batches
 from distill.core.devices import STUDENT_BATCH_TOKENS
-from distill.core.loaders import load_candidates
 from distill.core.package_paths import CANDIDATES, DL19
 from distill.core.run_folder import student_folder
 from distill.core.schema import InputError
+from distill.data.loaders import load_candidates
 from distill.export.cls_tail import run_tail_on_first_token
 from distill.export.folder import EXAMPLE_PAIRS
 from distill.export.onnx_graphs import Logits, export_onnx, fuse_transformer
@@ -151,7 +151,7 @@ def build_graphs(hf: Path, out: Path) -> dict[str, Path]:
     from onnxscript.rewriter.ort_fusions import optimize_for_ort
     from transformers import AutoConfig, AutoModelForSequenceClassification
 
-    import distill.core.segment_cosine  # noqa: F401  (registers the segment-cosine head)
+    import distill.model.segment_cosine  # noqa: F401  (registers the segment-cosine head)
 
     config = AutoConfig.from_pretrained(hf)
     example = _example(hf)

@@ -61,7 +61,7 @@ def synthetic_teacher_data(n: int, folder: Path) -> Path:
     import datasets
     import pyarrow as pa
 
-    from distill.core.teacher_data import TeacherDataset, TeacherMetadata
+    from distill.data.teacher_data import TeacherDataset, TeacherMetadata
 
     if TeacherDataset.is_complete(folder) and TeacherDataset.open(folder).metadata.fingerprint.get("pairs") == n:
         return folder
@@ -134,7 +134,7 @@ def rank_llm_lines(teacher_data: Path, path: Path) -> Path:
     """The pairs of a (synthetic) teacher dataset as a rank_llm JSON-lines file, one query a line (kept if there)."""
     if path.is_file():
         return path
-    from distill.core.teacher_data import TeacherDataset
+    from distill.data.teacher_data import TeacherDataset
 
     table = TeacherDataset.open(teacher_data).table().select(["qid", "docid", "query", "passage", "first_stage_score"])
     partial = path.with_name(path.name + ".partial")
@@ -207,7 +207,7 @@ def data_module(folder: Path, cache_dir: Path, workers: int = 0) -> Any:
 
 def measure_setup(folder: Path, cache_dir: Path) -> dict[str, Any]:
     """The data module's ``setup``: seconds, peak RSS above the baseline, and the token cache's size on disk."""
-    from distill.core.models import load_architecture
+    from distill.model.resolver import load_architecture
 
     dm = data_module(folder, cache_dir)
     _, dm.tokenizer = load_architecture(BACKBONE)  # the baseline includes the libraries and the tokenizer

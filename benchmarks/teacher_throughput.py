@@ -44,14 +44,14 @@ from benchmarks.phases import (
 from distill.bench.measure import dtype_name, environment
 from distill.bench.profile import profiled
 from distill.core.devices import MATMUL_SIZE, TEACHER_BATCH_TOKENS, attention_backends, resolve_device
-from distill.core.loaders import load_candidates
-from distill.core.models import ARCHITECTURES
 from distill.core.package_paths import CANDIDATES, DL19
+from distill.data.loaders import load_candidates
+from distill.model.resolver import ARCHITECTURES
 from teachers.causal_lm import CausalLMScorer, ScorerOptions, ScoringSequence
 from teachers.teacher import CausalLMTeacher, resolve_dtype
 
 RANDOM_CONFIGS = {"llama3-8b": "meta-llama/Meta-Llama-3-8B", "tiny": "tiny-llama"}
-"""``--random_config`` names -> architectures of :data:`distill.core.models.ARCHITECTURES` (random weights)."""
+"""``--random_config`` names -> architectures of :data:`distill.model.resolver.ARCHITECTURES` (random weights)."""
 
 TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 2e-2, torch.float16: 2e-2}
 """Per-sequence relative tolerance of (a) and (c) against (b): ``|x - b| / max(|b|, 1)``."""
@@ -67,7 +67,7 @@ class TeacherThroughput(TimedOptions):
     """Throughput of the teacher stage against a naive and a plain batched loop."""
 
     teacher: str = "smollm2-135m"
-    """Any name ``distill.core.models.resolve_model`` takes."""
+    """Any name ``distill.model.resolver.resolve_model`` takes."""
     random_config: Literal["llama3-8b", "tiny"] | None = None
     """Instead of ``teacher``: a random-weight ``LlamaForCausalLM`` of these shapes, fed SmolLM2 token ids."""
     input: str = str(DL19 / CANDIDATES)

@@ -55,10 +55,10 @@ from benchmarks.phases import (
 from distill.bench.measure import environment
 from distill.bench.profile import StageProfile
 from distill.core.devices import MATMUL_SIZE
-from distill.core.label_table import SOURCE, SOURCE_ROW, load_label_table
-from distill.core.models import ARCHITECTURES, resolve_model
 from distill.core.schema import InputError
-from distill.core.teacher_data import TeacherDataset
+from distill.data.label_table import SOURCE, SOURCE_ROW, load_label_table
+from distill.data.teacher_data import TeacherDataset
+from distill.model.resolver import ARCHITECTURES, resolve_model
 from distill.stages.train import DistillCLI, build_cli
 from students.checkpointing import EVERY_MINUTES, LastCheckpoint
 from students.data import StudentDataModule

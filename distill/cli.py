@@ -97,7 +97,7 @@ COMMANDS: dict[str, Command] = {
     ),
     "bench": Command(
         "latency of a student's backends against its teacher (the paper's protocol)",
-        "distill.bench.run",
+        "distill.bench.latency",
         "BenchConfig",
         "bench",
         takes_command=True,
@@ -223,7 +223,7 @@ def _without_prefix(message: str, *prefixes: str) -> str:
 def _without_hint(message: str, command: Command) -> str:
     """``message`` without the hint of a bad record's error (``--on_bad_input skip``) where ``command`` does not take
     that option (export, bench: their inputs must be whole)."""
-    from distill.core.loaders._common import BadInput
+    from distill.data.loaders._common import BadInput
 
     hint = f" ({BadInput.SKIP_HINT})"
     return message.replace(hint, "") if hint in message and not command.takes("on_bad_input") else message

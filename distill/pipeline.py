@@ -297,7 +297,7 @@ def _train(pipeline: Pipeline, runner: Runner, teach: Stage) -> Stage:
 
 def run_pipeline(pipeline: Pipeline, force: set[str] | None = None) -> PipelineReport:
     """Run every stage that is not up to date, then write ``summary.json`` and return the summary."""
-    from distill.bench.run import bench
+    from distill.bench.latency import bench
     from distill.stages.evaluate import evaluate
     from distill.stages.export import export
     from distill.stages.rerank import rerank
@@ -329,8 +329,8 @@ def check_inputs(pipeline: Pipeline) -> None:
     Raises:
         MissingFileError, InputError: ``<stage>: <option>: <path>: <what is wrong>``.
     """
-    from distill.core.loaders.irds import is_irds
     from distill.core.paths import input_path, same_path
+    from distill.data.loaders.irds import is_irds
 
     rerank, evaluate = pipeline.rerank, pipeline.eval
     teachers = evaluate.teacher if isinstance(evaluate.teacher, dict) else {"": [evaluate.teacher]}

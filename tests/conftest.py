@@ -80,7 +80,7 @@ def tiny_bert(tmp_path_factory: pytest.TempPathFactory) -> Path:
     import torch
     from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
 
-    from distill.core.models import load_pretrained, resolve_model
+    from distill.model.resolver import load_pretrained, resolve_model
 
     tokenizer = load_pretrained(resolve_model("all-minilm-l6-v2"), AutoTokenizer)
     config = BertConfig(
@@ -120,7 +120,7 @@ def teacher_dataset(tmp_path_factory: pytest.TempPathFactory, tiny_llama: Path, 
 @pytest.fixture(scope="session")
 def parity():
     """Two real DL19 queries, 24 BM25 candidates each (and the long pair), also the int8 evaluation set."""
-    from distill.core.loaders import load_candidates
+    from distill.data.loaders import load_candidates
     from distill.export.parity_set import ParitySet
 
     data = load_candidates(DL19, qrels=DL19_QRELS)
@@ -197,7 +197,7 @@ def spread_bert(tiny_bert: Path, tmp_path_factory: pytest.TempPathFactory) -> Pa
 @pytest.fixture(scope="session")
 def call() -> tuple[str, list[str]]:
     """A DL19 query and its 100 BM25 candidates: one reranking call."""
-    from distill.core.loaders import load_candidates
+    from distill.data.loaders import load_candidates
 
     candidates = load_candidates(DL19).candidates[0]
     return candidates.query.text, [p.text for p in candidates.passages]

@@ -167,7 +167,7 @@ def test_backend_names() -> None:
 
 @pytest.fixture(scope="module")
 def candidates() -> tuple[str, list[str]]:
-    from distill.core.loaders import load_candidates
+    from distill.data.loaders import load_candidates
 
     first = load_candidates(DL19).candidates[0]
     return first.query.text, [p.text for p in first.passages[:12]]
@@ -219,7 +219,7 @@ def test_cli_rerank_defaults_to_auto_and_names_the_backend(
     exported: Path, tmp_path: Path, sample_file: Path, monkeypatch: pytest.MonkeyPatch, capsys
 ) -> None:
     from distill.cli import main
-    from distill.core.runs import read_trec_run
+    from distill.eval.trec_runs import read_trec_run
 
     monkeypatch.setattr(CpuFeatures, "read", classmethod(lambda cls, path=None: cls.parse(ZEN2)))
     out = tmp_path / "reranked.trec"

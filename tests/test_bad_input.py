@@ -227,7 +227,7 @@ def test_rerank_refuses_max_queries_below_one() -> None:
 def test_a_run_that_ranks_a_pair_twice_is_refused_or_skipped(tmp_path: Path) -> None:
     from collections import Counter
 
-    from distill.core.runs import read_trec_run
+    from distill.eval.trec_runs import read_trec_run
 
     path = tmp_path / "r.trec"
     path.write_text("q1 Q0 d1 1 3.0 t\nq1 Q0 d2 2 2.0 t\nq2 Q0 d1 1 1.0 t\nq1 Q0 d2 3 9.0 t\n")
@@ -243,7 +243,7 @@ def test_a_run_that_ranks_a_pair_twice_is_refused_or_skipped(tmp_path: Path) -> 
 
 def test_a_string_input_in_teacher_json_is_one_input_and_migrates(teacher_dataset: Path, tmp_path: Path) -> None:
     from distill.core.student_card import StudentCard
-    from distill.core.teacher_data import TeacherDataset
+    from distill.data.teacher_data import TeacherDataset
     from distill.export.quality_gate import _teacher_inputs
 
     old = Path(shutil.copytree(teacher_dataset, tmp_path / "old"))
@@ -266,7 +266,7 @@ def test_a_string_input_in_teacher_json_is_one_input_and_migrates(teacher_datase
 
 
 def test_the_shipped_teacher_data_lists_its_inputs() -> None:
-    from distill.core.teacher_data import TeacherDataset
+    from distill.data.teacher_data import TeacherDataset
 
     for folder in sorted((REPO / "data" / "teacher").iterdir()):
         if (folder / "teacher.json").is_file():
@@ -287,7 +287,7 @@ def test_an_unknown_hub_id_fails_at_once(monkeypatch: pytest.MonkeyPatch) -> Non
     import huggingface_hub
     from huggingface_hub.errors import RepositoryNotFoundError
 
-    from distill.core import models
+    from distill.model import resolver as models
 
     calls: list[dict] = []
 
@@ -439,7 +439,7 @@ def test_the_shipped_teacher_data_are_up_to_date_before_their_teacher_loads(monk
     import torch
 
     from distill.core.config import parse_config
-    from distill.core.teacher_data import TeacherDataset
+    from distill.data.teacher_data import TeacherDataset
     from distill.stages import teach
     from distill.stages.teach_input import InputOptions, PairRows, candidate_stream, write_pair_rows
 

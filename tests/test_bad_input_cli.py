@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from distill.cli import COMMANDS, main
-from distill.core.models import PACKAGED_MODELS
+from distill.model.resolver import PACKAGED_MODELS
 
 from .conftest import DL19, DL19_QRELS
 
@@ -26,7 +26,7 @@ from .conftest import DL19, DL19_QRELS
 @pytest.fixture(scope="module")
 def export_dir(tmp_path_factory: pytest.TempPathFactory, tiny_bert: Path) -> Path:
     """The tiny BERT exported to ONNX (fp32 only), checked on one DL19 query."""
-    from distill.core.loaders import load_candidates
+    from distill.data.loaders import load_candidates
     from distill.export.folder import export_student
     from distill.export.parity_set import ParitySet
 
@@ -64,7 +64,8 @@ class Case:
     culprit: Callable[[World], str]
     """What the error line must name (a path, a key)."""
     needs: str | None = None
-    """An embedded model the case names (a key of :data:`~distill.core.models.PACKAGED_MODELS`): skipped without it."""
+    """An embedded model the case names (a key of :data:`~distill.model.resolver.PACKAGED_MODELS`): skipped without
+    it."""
 
 
 GEMMA = "gemma3-270m"

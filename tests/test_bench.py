@@ -11,12 +11,12 @@ import pytest
 from transformers import AutoTokenizer
 
 from distill.bench import report
+from distill.bench.latency import BenchConfig, run_bench
 from distill.bench.methods import PEERS, EncoderFlops, baseline_method, student_method, teacher_method
-from distill.bench.run import BenchConfig, run_bench
 from distill.bench.workload import rerank_workload, token_count_workloads
 from distill.cli import main
-from distill.core.loaders import load_candidates
 from distill.core.schema import InputError
+from distill.data.loaders import load_candidates
 from distill.serving.auto import choose_backend
 from distill.serving.hardware import CpuFeatures
 from distill.serving.reranker import Reranker

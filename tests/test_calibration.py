@@ -71,7 +71,7 @@ def test_fused_scores_and_uncalibrated_students_take_the_plain_sigmoid() -> None
 
 
 def test_the_export_fits_it_on_the_gates_judged_pairs(exported: Path, parity) -> None:
-    from distill.core.metrics import default_rel_level
+    from distill.eval.metrics import default_rel_level
     from distill.export.quality_gate import _by_query
 
     card = json.loads((exported / "card.json").read_text())

@@ -51,7 +51,7 @@ def test_progress_is_info_and_shown_third_party_info_is_not(monkeypatch: pytest.
         quiet_third_parties()
         assert os.environ["TRANSFORMERS_VERBOSITY"] == "error"
         assert os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "0"  # a user's choice stands
-        assert logging.getLogger("distill.bench.run").isEnabledFor(logging.INFO)
+        assert logging.getLogger("distill.bench.latency").isEnabledFor(logging.INFO)
         assert logging.getLogger("students.token_store").isEnabledFor(logging.INFO)
         assert not logging.getLogger("urllib3.connectionpool").isEnabledFor(logging.INFO)
     finally:

@@ -16,9 +16,9 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 from distill.cli import main
 from distill.core.devices import RERANKER_LEVERS
 from distill.core.schema import InputError
-from distill.core.segment_cosine import BertForSegmentCosine, BertSegmentCosineConfig
-from distill.core.unpadding import PackedEncoder, packed_inputs
 from distill.export.parity import SCORE_BOUNDS
+from distill.model.segment_cosine import BertForSegmentCosine, BertSegmentCosineConfig
+from distill.model.unpadding import PackedEncoder, packed_inputs
 from distill.serving import cuda_graphs
 from distill.serving.cuda_graphs import CudaGraphs, Shape, pad_to, static_shape, token_bucket
 from distill.serving.encoding import Packed, encode_pairs

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
-from distill.core.loaders import load_candidates
+from distill.data.loaders import load_candidates
 from distill.serving.encoding import Packed, encode_pairs, pad_batch
 
 from .conftest import DL19

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from distill.cli import main
-from distill.core.loaders import load_candidates, load_qrels
-from distill.core.metrics import (
+from distill.data.loaders import load_candidates, load_qrels
+from distill.eval.metrics import (
     DEFAULT_METRICS,
     MULTIHOP_METRICS,
     default_rel_level,
@@ -21,8 +21,8 @@ from distill.core.metrics import (
     means,
     parse_metrics,
 )
-from distill.core.runs import read_trec_run, write_trec_run
-from distill.core.significance import TESTS, compare, randomization_test
+from distill.eval.significance import TESTS, compare, randomization_test
+from distill.eval.trec_runs import read_trec_run, write_trec_run
 
 from .conftest import DL19, DL19_QRELS, REPO
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from distill.core.loaders import load_candidates
 from distill.core.schema import InputError
+from distill.data.loaders import load_candidates
 from distill.export.folder import export_student
 from distill.export.parity import BATCH_SIZES, SCORE_BOUNDS, SHORT_MAX_LENGTH, FormatParity, ParityError, verify_export
 from distill.export.parity_set import NDCG_BOUND, ParitySet
@@ -365,7 +365,7 @@ def test_cli_export_rerank_and_eval(student: Path, tmp_path: Path, sample_file: 
     import shutil
 
     from distill.cli import main
-    from distill.core.runs import read_trec_run
+    from distill.eval.trec_runs import read_trec_run
 
     run = tmp_path / "run"
     shutil.copytree(student, run / "hf")

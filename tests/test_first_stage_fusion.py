@@ -50,7 +50,7 @@ def stage_copy(teacher_dataset: Path, folder: Path, input_file: str, rows: int, 
     import datasets
     import pyarrow as pa
 
-    from distill.core.teacher_data import TeacherDataset, TeacherMetadata
+    from distill.data.teacher_data import TeacherDataset, TeacherMetadata
 
     table = datasets.load_from_disk(str(teacher_dataset)).data.table
     keep = pa.array(np.asarray(table.column("first_stage_rank").to_pylist()) <= rows)
@@ -110,7 +110,7 @@ def test_alpha_is_chosen_on_each_first_stages_lists(two_first_stages, tiny_bert:
     metrics = validation_metrics(val, rows, scores, data.qrels, lists)
 
     # splade's α: chosen on its own lists (8 candidates a query, its own scores), read back from its folder
-    from distill.core.teacher_data import TeacherDataset
+    from distill.data.teacher_data import TeacherDataset
 
     own = TeacherDataset.open(splade).to_pandas(["qid", "docid", "first_stage_score"])
     own = own[own.qid.isin(set(val.qid))]
@@ -138,8 +138,8 @@ def test_a_pair_of_two_first_stages_lists_trains_in_each_and_validates_once(
 ) -> None:
     """Each first stage's list of a query is its own list: a pair in both trains twice, its label standardised
     within each list with that list's first-stage score; validation scores it once."""
-    from distill.core.label_table import load_label_table
-    from distill.core.labels import per_query_z
+    from distill.data.label_table import load_label_table
+    from distill.data.labels import per_query_z
     from students.data import StudentDataModule
 
     bm25, splade = two_first_stages
@@ -247,8 +247,8 @@ def test_reranker_and_rerank_fuse_with_the_named_first_stages_alpha(
         Reranker.load(folder, backend="torch", first_stage="bm25", interpolation=0.5)
 
     # distill rerank --first_stage: the run is the fused ranking of the sample's BM25 lists with splade's α
-    from distill.core.loaders import load_candidates
-    from distill.core.runs import read_trec_run
+    from distill.data.loaders import load_candidates
+    from distill.eval.trec_runs import read_trec_run
 
     output = tmp_path / "fused.trec"
     args = ["rerank", "--model", str(folder), "--backend", "torch", "--input", str(sample_file)]

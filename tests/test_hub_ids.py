@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from distill.core.runs import read_trec_run
+from distill.eval.trec_runs import read_trec_run
 
 from .conftest import REPO
 from .test_serve import serve_process

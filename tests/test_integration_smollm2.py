@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import teachers.causal_lm
-from distill.core.loaders import load_candidates
 from distill.core.schema import Passage
+from distill.data.loaders import load_candidates
 from teachers import SCORES, CausalLMTeacher
 
 from .conftest import DL19, DL19_QRELS

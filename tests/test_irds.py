@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from distill.core.loaders import load_candidates, load_qrels
-from distill.core.loaders._common import repair_mojibake
 from distill.core.schema import InputError, RerankingData
+from distill.data.loaders import load_candidates, load_qrels
+from distill.data.loaders._common import repair_mojibake
 
 DL19 = Path(__file__).resolve().parents[1] / "data" / "trec-dl19"
 NUM_QUERIES = 2

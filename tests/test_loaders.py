@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from distill.core.loaders import load_candidates, load_qrels
-from distill.core.loaders._common import repair_mojibake
 from distill.core.schema import InputError, Query, RerankingData
+from distill.data.loaders import load_candidates, load_qrels
+from distill.data.loaders._common import repair_mojibake
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 DL19 = DATA / "trec-dl19"
@@ -233,8 +233,8 @@ def test_beir_with_run(beir: Path, tmp_path: Path) -> None:
 
 
 def test_beir_split_and_missing_qrels(beir: Path) -> None:
-    from distill.core.loaders._common import BadInput
-    from distill.core.loaders.beir import load_beir
+    from distill.data.loaders._common import BadInput
+    from distill.data.loaders.beir import load_beir
 
     candidates, qrels = load_beir(beir, None, BadInput("error"), True, split="dev")
     assert qrels == {"q2": {"d1": 1}}

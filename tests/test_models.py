@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from distill.core.models import PACKAGED_MODELS, ModelNotFoundError, PackagedModel, resolve_model
+from distill.model.resolver import PACKAGED_MODELS, ModelNotFoundError, PackagedModel, resolve_model
 from teachers import CausalLMTeacher
 
 

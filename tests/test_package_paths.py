@@ -44,7 +44,7 @@ def test_export_defaults_without_data_name_their_options(
 def test_bench_defaults_without_data(tmp_path: Path, tiny_bert: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import torch
 
-    from distill.bench import run
+    from distill.bench import latency as run
 
     config = run.BenchConfig(random_weights=True, teacher="none")
     assert run.default_output(config, None, torch.device("cpu")) == Path("checkpoints/bench-random-cpu")

@@ -11,9 +11,9 @@ import yaml
 
 from distill.cli import main
 from distill.core.interpolation import interpolate
-from distill.core.loaders import load_candidates
-from distill.core.runs import read_trec_run
 from distill.core.student_card import StudentCard
+from distill.data.loaders import load_candidates
+from distill.eval.trec_runs import read_trec_run
 from distill.pipeline import load_pipeline
 from distill.serving.reranker import Reranker
 

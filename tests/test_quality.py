@@ -10,11 +10,11 @@ import pytest
 from scipy.stats import kendalltau, spearmanr
 
 from distill.cli import main
-from distill.core.fidelity import fidelity_per_query, mean_fidelity, teacher_qrels
 from distill.core.interpolation import ALPHAS, choose_alpha, interpolate
-from distill.core.labels import Label, per_query_z
 from distill.core.schema import InputError
 from distill.core.student_card import StudentCard
+from distill.data.labels import Label, per_query_z
+from distill.eval.fidelity import fidelity_per_query, mean_fidelity, teacher_qrels
 
 from .conftest import DL19_QRELS
 

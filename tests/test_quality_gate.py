@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from distill.core.loaders import load_candidates, load_qrels
 from distill.core.schema import InputError, MissingFileError
+from distill.data.loaders import load_candidates, load_qrels
 from distill.export import quality_gate
 from distill.export.parity_set import NDCG_BOUND, Pair, ParitySet
 from distill.export.quality_gate import (

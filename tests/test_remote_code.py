@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from distill.core.segment_cosine import MODEL_TYPE
+from distill.model.segment_cosine import MODEL_TYPE
 
 REPO = Path(__file__).resolve().parents[1]
 QUERY = "what is a rhino"
@@ -92,7 +92,7 @@ def test_the_export_carries_the_heads_own_module_as_remote_code(segment_export: 
     transformers; config.json maps the Auto classes to it."""
     import ast
 
-    from distill.core import segment_cosine
+    from distill.model import segment_cosine
 
     code = (segment_export / "modeling_segment_cosine.py").read_text()
     assert code == Path(segment_cosine.__file__).read_text()

@@ -295,7 +295,7 @@ def test_distill_bench_times_each_lever_as_its_own_method(tiny_bert: Path, tmp_p
 def test_distill_rerank_takes_the_levers_and_writes_the_plain_run(
     student: Path, sample_file: Path, tmp_path: Path, capsys
 ) -> None:
-    from distill.core.runs import read_trec_run
+    from distill.eval.trec_runs import read_trec_run
 
     args = ["rerank", "--model", str(student), "--backend", "torch", "--input", str(sample_file)]
     assert main([*args, "--output", str(tmp_path / "plain.trec")]) == 0

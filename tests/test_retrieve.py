@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from distill.cli import main
-from distill.core.embeddings import Encoder
-from distill.core.loaders import load_candidates, load_qrels
-from distill.core.metrics import evaluate
 from distill.core.schema import InputError, Qrels, RerankingData
+from distill.data.loaders import load_candidates, load_qrels
+from distill.eval.metrics import evaluate
+from distill.model.embeddings import Encoder
 from distill.retrieval import RetrievalResult, retrieve
 from distill.retrieval.index_cache import MANIFEST, index_key, save_atomically
 

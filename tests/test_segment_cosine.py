@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from distill.core.schema import InputError
-from distill.core.segment_cosine import MODEL_TYPE, segment_mean
+from distill.model.segment_cosine import MODEL_TYPE, segment_mean
 from distill.serving.encoding import encode_pairs, pad_batch
 from students.model import build_student, save_student
 

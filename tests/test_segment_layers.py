@@ -10,8 +10,8 @@ import torch
 from transformers import AutoConfig, AutoTokenizer
 
 from distill.core.schema import InputError
-from distill.core.segment_cosine import BertForSegmentCosine, BertSegmentCosineConfig, segment_positions
-from distill.core.unpadding import PackedEncoder, unpaddable
+from distill.model.segment_cosine import BertForSegmentCosine, BertSegmentCosineConfig, segment_positions
+from distill.model.unpadding import PackedEncoder, unpaddable
 
 QUERY = "what is the boiling point of water"
 PASSAGES = ["Water boils at 100 degrees Celsius at sea level.", "The Eiffel Tower is in Paris, France."]
@@ -106,7 +106,7 @@ def test_untrained_with_every_layer_apart_all_minilm_ranks_as_its_bi_encoder() -
     import datasets
     from scipy.stats import spearmanr
 
-    from distill.core.models import resolve_model
+    from distill.model.resolver import resolve_model
 
     from .conftest import REPO
 

@@ -49,8 +49,8 @@ def test_pooled_lists_are_fused_as_rerank_fuses_and_alpha_is_the_best_on_them(se
 
 
 def test_a_teacher_label_is_the_weighted_sum_of_its_runs_z_scores(selection) -> None:
-    from distill.core.labels import per_query_z
-    from distill.core.runs import read_trec_run
+    from distill.data.labels import per_query_z
+    from distill.eval.trec_runs import read_trec_run
 
     weights = {"minilm/similarity": 1.0, "smollm2/cis_q": 0.5}
     label = selection.label_run("bm25", weights)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from distill.bench.run import BenchConfig
+from distill.bench.latency import BenchConfig
 from distill.core.config import parse_config
 from distill.core.schema import InputError
 from distill.serving.options import RuntimeOptions, ServerOptions, ServingOptions

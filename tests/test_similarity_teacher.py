@@ -9,11 +9,11 @@ import datasets
 import numpy as np
 import pytest
 
-from distill.core.embeddings import Encoder
-from distill.core.label_table import load_label_table
-from distill.core.labels import per_query_z
 from distill.core.schema import InputError
-from distill.core.teacher_data import TeacherDataset
+from distill.data.label_table import load_label_table
+from distill.data.labels import per_query_z
+from distill.data.teacher_data import TeacherDataset
+from distill.model.embeddings import Encoder
 from distill.stages.teach import TeachConfig, teach
 
 

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from distill.bench import peers, report
+from distill.bench.latency import PEER_REFERENCE, BenchConfig, run_bench
 from distill.bench.methods import PEERS, baseline_method
 from distill.bench.peers import ST_BACKENDS, peer_folder, st_peer_method, st_quantization_config
-from distill.bench.run import PEER_REFERENCE, BenchConfig, run_bench
 from distill.cli import main
 from distill.core.schema import InputError
 from distill.serving.hardware import CpuFeatures

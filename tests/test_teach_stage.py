@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 from distill.cli import main
-from distill.core.runs import read_trec_run
 from distill.core.schema import InputError
-from distill.core.teacher_data import TeacherDataset
+from distill.data.teacher_data import TeacherDataset
+from distill.eval.trec_runs import read_trec_run
 from distill.stages.teach import TeachConfig, teach
 
 REPO = Path(__file__).resolve().parents[1]
@@ -316,7 +316,7 @@ def test_a_json_lines_input_is_streamed_to_the_same_dataset(
 ) -> None:
     """A rank_llm JSON-lines input is read a line at a time (never loaded whole), into the dataset its JSON list
     gives: the same rows, the same fingerprint (so either one's output is up to date for the other)."""
-    from distill.core import loaders
+    from distill.data import loaders
 
     listed = run_teach(config(tiny_llama, sample_file, tmp_path, output=str(tmp_path / "listed")))
 

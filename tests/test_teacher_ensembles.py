@@ -12,10 +12,10 @@ import pyarrow as pa
 import pytest
 
 from distill.cli import main
-from distill.core.label_table import load_label_table
-from distill.core.labels import FIRST_STAGE, Label, LabelExpression, Term, per_query_z
 from distill.core.schema import InputError
-from distill.core.teacher_data import TeacherDataset, TeacherMetadata
+from distill.data.label_table import load_label_table
+from distill.data.labels import FIRST_STAGE, Label, LabelExpression, Term, per_query_z
+from distill.data.teacher_data import TeacherDataset, TeacherMetadata
 
 from .conftest import DL19_QRELS
 

@@ -288,7 +288,7 @@ def test_options_reject_a_bad_bucket_and_name_what_changed() -> None:
 
 
 def test_teach_stage_packs_and_records_the_levers(tiny_llama: Path, sample_file: Path, tmp_path: Path) -> None:
-    from distill.core.teacher_data import TeacherDataset
+    from distill.data.teacher_data import TeacherDataset
     from distill.stages.teach import TeachConfig, teach
 
     def run(name: str, **levers) -> TeacherDataset:

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from distill.core.label_table import SOURCE, SOURCE_ROW, load_label_table
-from distill.core.teacher_data import TeacherDataset
+from distill.data.label_table import SOURCE, SOURCE_ROW, load_label_table
+from distill.data.teacher_data import TeacherDataset
 from students import token_store
 from students.data import StudentDataModule
 from students.token_store import open_store

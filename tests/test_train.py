@@ -167,7 +167,7 @@ def test_nan_targets_are_rejected(tmp_path: Path, tiny_bert: Path, teacher_datas
 def test_validation_draws_judged_queries_and_training_can_keep_the_top_candidates(
     tiny_bert: Path, teacher_dataset: Path, tmp_path: Path
 ) -> None:
-    from distill.core.loaders import load_qrels
+    from distill.data.loaders import load_qrels
     from students.data import StudentDataModule
 
     judged = load_qrels(DL19_QRELS)
@@ -187,8 +187,8 @@ def test_validation_draws_judged_queries_and_training_can_keep_the_top_candidate
     assert set(data.val.qid) == {first} and len(data.val) == 12  # validation keeps every candidate
     assert len(data.train) == 2 * 5  # the other two queries' top 5
     # The hybrid label standardises over each query's full candidate list, before the top 5 are kept.
-    from distill.core.labels import Label
-    from distill.core.teacher_data import TeacherDataset
+    from distill.data.labels import Label
+    from distill.data.teacher_data import TeacherDataset
 
     table = TeacherDataset.open(teacher_dataset).to_pandas()
     table["label"] = Label("upr", 1.0).values(table.upr.to_numpy(), table.first_stage_score.to_numpy(), table.qid)

@@ -13,13 +13,13 @@ import pytest
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, DistilBertConfig, DistilBertModel
 
-import distill.core.segment_cosine  # noqa: F401  (registers the segment-cosine head)
+import distill.model.segment_cosine  # noqa: F401  (registers the segment-cosine head)
 from distill.cli import main
-from distill.core import unpadding
 from distill.core.devices import STUDENT_BATCH_TOKENS
 from distill.core.schema import InputError
-from distill.core.segment_cosine import BertForSegmentCosine, BertSegmentCosineConfig
-from distill.core.unpadding import ATTENTION, PackedEncoder, Unpadder, packed_inputs, packing
+from distill.model import unpadding
+from distill.model.segment_cosine import BertForSegmentCosine, BertSegmentCosineConfig
+from distill.model.unpadding import ATTENTION, PackedEncoder, Unpadder, packed_inputs, packing
 from distill.serving.encoding import Encoded, encode_pairs, pad_batch
 from distill.serving.reranker import Reranker
 from distill.serving.scorers import TorchOptions
@@ -254,7 +254,7 @@ def test_an_unpadded_model_outside_a_batch_context_is_a_bug_not_a_wrong_score(sp
 
 def test_distill_rerank_and_bench_take_unpad(spread_bert: Path, sample_file: Path, tmp_path: Path, capsys) -> None:
     from distill.bench.methods import variant
-    from distill.core.runs import read_trec_run
+    from distill.eval.trec_runs import read_trec_run
 
     args = ["rerank", "--model", str(spread_bert), "--backend", "torch", "--input", str(sample_file)]
     assert main([*args, "--output", str(tmp_path / "plain.trec")]) == 0

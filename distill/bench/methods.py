@@ -243,7 +243,7 @@ def baseline_method(folder: Path, device: str, max_length: int | None, name: str
     """sentence-transformers' ``CrossEncoder`` on ``folder``: fp16 on a GPU, fp32 on a CPU, batch size 100."""
     from sentence_transformers import CrossEncoder
 
-    import distill.core.segment_cosine  # noqa: F401  (registers the segment-cosine head)
+    import distill.model.segment_cosine  # noqa: F401  (registers the segment-cosine head)
 
     dtype = torch.float16 if device.startswith("cuda") else torch.float32
     encoder = CrossEncoder(str(folder), device=device, max_length=max_length, model_kwargs={"dtype": dtype})

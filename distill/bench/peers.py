@@ -173,7 +173,7 @@ class CrossEncoderLoop:
         import torch
         from sentence_transformers import CrossEncoder
 
-        import distill.core.segment_cosine  # noqa: F401  (registers the segment-cosine head)
+        import distill.model.segment_cosine  # noqa: F401  (registers the segment-cosine head)
 
         dtype = torch.float16 if device.startswith("cuda") else torch.float32
         encoder = CrossEncoder(str(folder), device=device, model_kwargs={"dtype": dtype}, local_files_only=True)

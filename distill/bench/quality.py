@@ -7,9 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from distill.bench.methods import Method
-from distill.core.metrics import evaluate
-from distill.core.runs import run_from_columns
 from distill.core.schema import Candidates, Qrels, RerankingData
+from distill.eval.metrics import evaluate
+from distill.eval.trec_runs import run_from_columns
 
 REFERENCE = "student torch-fp32"
 """The method every nDCG@10 change is taken against."""

@@ -1,6 +1,6 @@
 """The latency benchmark's outputs: printed tables, speed-ups, CSV rows and the bar chart (the paper's Figure 3).
 
-Every function reads the result dictionary :func:`distill.bench.run.run_bench` writes to ``bench.json``, so a
+Every function reads the result dictionary :func:`distill.bench.latency.run_bench` writes to ``bench.json``, so a
 saved result prints and plots the same as a fresh one.
 """
 

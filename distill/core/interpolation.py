@@ -1,6 +1,6 @@
 """Interpolating a student with the first stage it reranks, per query:
 ``α · z(student) + (1 − α) · z(first-stage score)``, with ``z`` the per-query standardisation of
-:func:`distill.core.labels.per_query_z`. α = 1 is the student alone, α = 0 the first stage's order.
+:func:`distill.data.labels.per_query_z`. α = 1 is the student alone, α = 0 the first stage's order.
 
 α is chosen on the validation queries at training time (:func:`choose_alpha`) and written into the student's
 card; the Reranker applies it only when asked, or when the card says so.
@@ -12,8 +12,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from distill.core.labels import per_query_z
 from distill.core.schema import Qrels
+from distill.data.labels import per_query_z
 
 ALPHAS = tuple(round(0.05 * i, 2) for i in range(21))
 """The grid α is chosen on: 0, 0.05, ..., 1."""
@@ -31,8 +31,8 @@ def choose_alpha(
 ) -> tuple[float, dict[float, float]]:
     """The α of :data:`ALPHAS` whose fused ranking has the best nDCG@10 on ``qrels`` (ties: the larger α, more
     of the student), and the nDCG@10 (x100) of every α."""
-    from distill.core.metrics import evaluate
-    from distill.core.runs import run_from_columns
+    from distill.eval.metrics import evaluate
+    from distill.eval.trec_runs import run_from_columns
 
     ndcg = {
         alpha: evaluate(

@@ -95,12 +95,13 @@ class RunLayout:
 def student_folder(path: str | Path, *, exported: bool = True, revision: str | None = None) -> Path:
     """The model folder that ``path`` names: ``path`` itself if it holds ``config.json``, else the student of the
     run at ``path`` (its ``export/`` if ``exported`` and present, else its ``hf/``); where no such path exists, a hub
-    id (``org/name``, at ``revision``) resolved into the Hugging Face cache (:func:`~distill.core.models.hub_snapshot`).
+    id (``org/name``, at ``revision``) resolved into the Hugging Face cache
+    (:func:`~distill.model.resolver.hub_snapshot`).
 
     Raises:
         MissingFileError: no model folder there (nor a hub model of that id).
     """
-    from distill.core.models import HUB_REPO, hub_snapshot
+    from distill.model.resolver import HUB_REPO, hub_snapshot
 
     path = Path(path)
     if (path / MODEL_CONFIG).is_file():

@@ -1,6 +1,6 @@
 """The one internal schema for reranking data: queries, passages, candidates and qrels.
 
-Every loader in :mod:`distill.core.loaders` returns a :class:`RerankingData`; every stage reads it.
+Every loader in :mod:`distill.data.loaders` returns a :class:`RerankingData`; every stage reads it.
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ class StudentCard:
     """The encoder it was initialised from."""
     label: str
     """The label it learned, as given: a teacher score, a hybrid or a sum of z-scores
-    (``z(gemma.cis) + z(smollm2.cis_q) + 0.25*z(first_stage)``; see :mod:`distill.core.labels`)."""
+    (``z(gemma.cis) + z(smollm2.cis_q) + 0.25*z(first_stage)``; see :mod:`distill.data.labels`)."""
     loss: str
     teacher_data: list[str]
     """The teacher datasets it learned from (every folder of every teacher the label uses)."""

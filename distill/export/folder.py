@@ -34,7 +34,7 @@ import numpy as np
 from distill.core.files import check_model_folder
 from distill.core.schema import ExistingOutputError, InputError, Qrels
 from distill.core.student_card import StudentCard
-from distill.core.teacher_data import TeacherDataset
+from distill.data.teacher_data import TeacherDataset
 from distill.export.model_card import render_model_card
 from distill.export.parity import FormatParity, ParityError, verify_export
 from distill.export.parity_set import ParitySet, dl19_parity_set
@@ -198,9 +198,9 @@ def export_student(
 
 def fit_score_calibration(gate: QualityGate | None, qrels: Qrels) -> ScoreCalibration | None:
     """Platt scaling of PyTorch fp32's raw scores of the gate's pairs against their judgments: a pair is relevant
-    at the qrels' binary level (:func:`~distill.core.metrics.default_rel_level`), and an unjudged candidate counts
+    at the qrels' binary level (:func:`~distill.eval.metrics.default_rel_level`), and an unjudged candidate counts
     as not relevant, as nDCG@10 counts it. None without the gate's pairs, or where they hold one class only."""
-    from distill.core.metrics import default_rel_level
+    from distill.eval.metrics import default_rel_level
 
     if gate is None or not gate.reference:
         return None
@@ -281,7 +281,7 @@ def _write_formats(
     import torch
     from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 
-    import distill.core.segment_cosine  # noqa: F401  (registers the segment-cosine head)
+    import distill.model.segment_cosine  # noqa: F401  (registers the segment-cosine head)
 
     tokenizer = AutoTokenizer.from_pretrained(folder)
     tokenizer.save_pretrained(folder)  # writes tokenizer.json, for runtimes without transformers

@@ -12,8 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from distill.core.models import hub_id
 from distill.export.paths import shown_path
+from distill.model.resolver import hub_id
 
 PROJECT = "cis-distill"
 TAGS = ("cross-encoder", "reranker", "text-ranking", "sentence-transformers", "knowledge-distillation", PROJECT)

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from distill.core.package_paths import CANDIDATES, DL19, QRELS, shipped
-from distill.core.runs import run_from_columns
 from distill.core.schema import InputError, Qrels, RerankingData
+from distill.eval.trec_runs import run_from_columns
 from distill.export.paths import shown_path
 
 NDCG_BOUND = 0.5
@@ -72,14 +72,14 @@ def dl19_parity_set() -> ParitySet:
     """The first 3 DL19 queries, 32 BM25 candidates each (the export's default score pairs), and a ranking set of
     all 43 judged DL19 queries (:mod:`benchmarks.onnx_cpu` measures on it; the export replaces it with the student's
     validation queries, :func:`~distill.export.quality_gate.validation_set`)."""
-    from distill.core.loaders import load_candidates
+    from distill.data.loaders import load_candidates
 
     return ParitySet.from_data(load_candidates(shipped(DL19 / CANDIDATES, "parity_input"), qrels=DL19 / QRELS))
 
 
 def ranking_ndcg10(pairs: list[Pair], scores: np.ndarray, qrels: Qrels) -> float:
     """nDCG@10 (x100) of the candidate lists ``pairs`` ranked by ``scores`` (``[len(pairs)]``)."""
-    from distill.core.metrics import evaluate
+    from distill.eval.metrics import evaluate
 
     run = run_from_columns([p.qid for p in pairs], [p.docid for p in pairs], scores.tolist())
     return evaluate(run, qrels, ["nDCG@10"])["nDCG@10"]

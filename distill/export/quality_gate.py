@@ -32,10 +32,10 @@ from typing import Any
 import numpy as np
 
 from distill.core.package_paths import CANDIDATES, DL21, shipped
-from distill.core.runs import Run
 from distill.core.schema import Candidates, InputError, MissingFileError, Qrels, RerankingData
 from distill.core.student_card import StudentCard
-from distill.core.teacher_data import TeacherDataset
+from distill.data.teacher_data import TeacherDataset
+from distill.eval.trec_runs import Run
 from distill.export.parity_set import NDCG_BOUND, Pair, ParitySet
 from distill.export.paths import resolve_path, shown_path
 from distill.serving.backends import NAMED_BACKENDS
@@ -199,8 +199,8 @@ def judge(reference: Run, run: Run, qrels: Qrels, rule: GateRule = RULE) -> Back
     Raises:
         ValueError: no query of the runs is judged.
     """
-    from distill.core.fidelity import fidelity_per_query, mean_fidelity
-    from distill.core.metrics import evaluate_per_query
+    from distill.eval.fidelity import fidelity_per_query, mean_fidelity
+    from distill.eval.metrics import evaluate_per_query
 
     ours = evaluate_per_query(run, qrels, ["nDCG@10"])["nDCG@10"]
     theirs = evaluate_per_query(reference, qrels, ["nDCG@10"])["nDCG@10"]
@@ -280,7 +280,7 @@ def measure_quality_gate(folder: Path, ranking: ParitySet, int8_runtime: str = "
     :func:`gate_candidates` finds in the export folder ``folder``; None when there is nothing to rank."""
     if not ranking.ranking:
         return None
-    from distill.core.metrics import evaluate
+    from distill.eval.metrics import evaluate
 
     lists = list(_by_query(ranking.ranking))
     reference = _run(folder, REFERENCE, lists)
@@ -380,8 +380,8 @@ def _teacher_inputs(folder: Path, card: StudentCard) -> list[str]:
 
 
 def _load(input: str, qrels: str | None) -> RerankingData:
-    from distill.core.loaders import load_candidates
-    from distill.core.loaders.irds import is_irds
+    from distill.data.loaders import load_candidates
+    from distill.data.loaders.irds import is_irds
 
     if is_irds(input):
         return load_candidates(input, qrels=qrels)

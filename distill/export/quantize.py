@@ -53,7 +53,7 @@ class Calibration:
 
     def pairs(self) -> list[tuple[str, str]]:
         """``(query, passage)`` pairs, query by query in input order."""
-        from distill.core.loaders import load_candidates
+        from distill.data.loaders import load_candidates
 
         if self.per_query < 1 or self.method not in CALIBRATION_METHODS:
             raise InputError(f"calibration: per_query >= 1 and method in {CALIBRATION_METHODS}, got {self}")

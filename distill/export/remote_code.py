@@ -1,7 +1,7 @@
 """Hugging Face remote code for the heads ``transformers`` does not know, so an export folder loads without
 cis-distill.
 
-A head of the project's own (the segment-cosine head, :mod:`distill.core.segment_cosine`) is written into the
+A head of the project's own (the segment-cosine head, :mod:`distill.model.segment_cosine`) is written into the
 folder as ``modeling_<name>.py``, a copy of the very module the project loads it with (it imports only torch and
 transformers), and ``config.json`` gets an ``auto_map`` naming its classes. Then
 ``AutoModelForSequenceClassification.from_pretrained(folder, trust_remote_code=True)`` and sentence-transformers'
@@ -34,7 +34,7 @@ class RemoteCode:
 
 REMOTE_CODE = {
     "bert-segment-cosine": RemoteCode(
-        "distill.core.segment_cosine", "modeling_segment_cosine.py", "BertSegmentCosineConfig", "BertForSegmentCosine"
+        "distill.model.segment_cosine", "modeling_segment_cosine.py", "BertSegmentCosineConfig", "BertForSegmentCosine"
     ),
 }
 """``model_type`` -> its remote code."""

@@ -1,4 +1,4 @@
-"""Dense retrieval: passage embeddings (:class:`distill.core.embeddings.Encoder`) in a FAISS inner-product index
+"""Dense retrieval: passage embeddings (:class:`distill.model.embeddings.Encoder`) in a FAISS inner-product index
 (so a score is the cosine similarity of query and passage, in [-1, 1])."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from distill.core.embeddings import Encoder
+from distill.model.embeddings import Encoder
 
 FAISS_FILE = "index.faiss"
 

@@ -11,12 +11,12 @@ from functools import partial
 from pathlib import Path
 from typing import Literal
 
-from distill.core.embeddings import DEFAULT_ENCODER, Encoder
-from distill.core.loaders._common import BadInput
-from distill.core.loaders.beir import is_beir_dir
-from distill.core.loaders.trec import check_file, read_corpus, read_queries
-from distill.core.runs import Run, write_trec_run
 from distill.core.schema import InputError
+from distill.data.loaders._common import BadInput
+from distill.data.loaders.beir import is_beir_dir
+from distill.data.loaders.trec import check_file, read_corpus, read_queries
+from distill.eval.trec_runs import Run, write_trec_run
+from distill.model.embeddings import DEFAULT_ENCODER, Encoder
 from distill.retrieval import bm25
 from distill.retrieval.dense import DenseIndex
 from distill.retrieval.index_cache import index_key, load_or_build
@@ -78,13 +78,13 @@ def retrieve(
     """Retrieve each query's top ``k`` passages of ``corpus`` and write them to ``output``.
 
     Args:
-        corpus: TSV ``docid<TAB>[title<TAB>]text`` or JSONL (see :mod:`distill.core.loaders.trec`), or a BEIR folder.
+        corpus: TSV ``docid<TAB>[title<TAB>]text`` or JSONL (see :mod:`distill.data.loaders.trec`), or a BEIR folder.
         queries: TSV ``qid<TAB>text`` or JSONL; ``None`` for a BEIR folder's own ``queries.jsonl``.
         output: the TREC run (``output_format="trec"``) or rank_llm JSON (``"rank_llm"``) to write.
         method: ``bm25`` (:mod:`.bm25`) or ``dense`` (:mod:`.dense`).
         k: passages per query.
         index_dir: where the index is saved and looked for (default :func:`default_index_dir`).
-        encoder: for ``dense``: the encoder model, as :func:`distill.core.models.resolve_model` resolves it.
+        encoder: for ``dense``: the encoder model, as :func:`distill.model.resolver.resolve_model` resolves it.
         device: for ``dense``: ``cpu`` or ``cuda[:N]``.
         max_batch_tokens: for ``dense``: padded tokens per forward pass.
         output_format: ``trec`` or ``rank_llm``.
@@ -143,7 +143,7 @@ def require_texts(path: Path, kind: str, texts: dict[str, str]) -> dict[str, str
 def write_rank_llm(path: Path, run: Run, queries: dict[str, str], passages: dict[str, str]) -> None:
     """Write ``run`` as rank_llm candidates (``[{query, hits: [{qid, docid, content, rank, score}]}]``), atomically.
 
-    Hits are ranked by score (ties by docid), as :func:`distill.core.runs.write_trec_run` ranks them.
+    Hits are ranked by score (ties by docid), as :func:`distill.eval.trec_runs.write_trec_run` ranks them.
     """
     entries = []
     for qid, scores in run.items():

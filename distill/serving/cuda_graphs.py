@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from distill.core.batching import round_up
-from distill.core.unpadding import PackedEncoder, packed_inputs
+from distill.model.unpadding import PackedEncoder, packed_inputs
 from distill.serving.encoding import Packed
 
 MIN_TOKENS = 512

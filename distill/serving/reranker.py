@@ -20,8 +20,8 @@ from distill.core.batching import token_budget_batches
 from distill.core.devices import STUDENT_BATCH_TOKENS, device_type
 from distill.core.files import check_model_folder
 from distill.core.interpolation import interpolate
-from distill.core.models import HUB_REPO, hub_snapshot
 from distill.core.schema import InputError, MissingFileError
+from distill.model.resolver import HUB_REPO, hub_snapshot
 from distill.serving.auto import choose_backend
 from distill.serving.backends import BACKENDS, ONNX_DTYPES, OPENVINO_DTYPES, backend_name
 from distill.serving.calibration import ScoreCalibration, normalised, read_calibration

@@ -82,7 +82,7 @@ class TorchOptions:
     and a reranking call's shape is new almost every time (off: flash, memory-efficient or math kernels). No effect
     on a CPU."""
     unpad: bool | None = None
-    """Run the encoder on the batch's real tokens only, the pairs back to back (:class:`~distill.core.unpadding.
+    """Run the encoder on the batch's real tokens only, the pairs back to back (:class:`~distill.model.unpadding.
     PackedEncoder`: flash variable-length attention on CUDA in fp16/bf16, SDPA on the re-padded heads elsewhere); a
     reranker then packs its batches without padding them (:meth:`Encoded.pack <distill.serving.encoding.Encoded.
     pack>`). BERT encoders only. Scores change within rounding; positions count from 0 in every pair, as in a
@@ -137,8 +137,8 @@ class TorchScorer:
 
         import torch
 
-        import distill.core.segment_cosine  # noqa: F401  (registers the segment-cosine head)
-        from distill.core.unpadding import PackedEncoder, unpaddable
+        import distill.model.segment_cosine  # noqa: F401  (registers the segment-cosine head)
+        from distill.model.unpadding import PackedEncoder, unpaddable
         from distill.serving.cuda_graphs import CudaGraphs
 
         if dtype not in (None, *TORCH_DTYPES):
@@ -171,7 +171,7 @@ class TorchScorer:
     def settings(self) -> dict[str, object]:
         """What the scorer computes with: dtype, device, the attention implementation the model loaded with, and the
         levers of :class:`TorchOptions`."""
-        from distill.core.unpadding import kernel_name
+        from distill.model.unpadding import kernel_name
 
         attention = getattr(self.model.config, "_attn_implementation", None)
         if self.packed is not None:
@@ -193,7 +193,7 @@ class TorchScorer:
 
     def _packed(self, packed: Packed) -> np.ndarray:
         """The unpadded encoder's scores of ``packed``: from a CUDA graph, or eager."""
-        from distill.core.unpadding import packed_inputs, to_device
+        from distill.model.unpadding import packed_inputs, to_device
 
         if self.graphs is not None:
             return self.graphs(packed)

@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from distill.core.eval_report import EvalReport, evaluate_runs, to_json
-from distill.core.loaders._common import OnBadInput
-from distill.core.runs import Run
 from distill.core.schema import InputError, Qrels
+from distill.data.loaders._common import OnBadInput
+from distill.eval.report import EvalReport, evaluate_runs, to_json
+from distill.eval.trec_runs import Run
 
 
 @dataclass
@@ -65,7 +65,7 @@ PerRun = dict[str, dict[str, dict[str, float]]]
 @dataclass(frozen=True)
 class Fidelity:
     """Each run's agreement with a teacher label, and with each score the label sums, query by query (see
-    :mod:`distill.core.fidelity`)."""
+    :mod:`distill.eval.fidelity`)."""
 
     teacher: str
     label: str
@@ -94,13 +94,13 @@ class Fidelity:
 
 
 def _means(per_query: PerRun) -> dict[str, dict[str, float]]:
-    from distill.core.fidelity import mean_fidelity
+    from distill.eval.fidelity import mean_fidelity
 
     return {run: mean_fidelity(values) for run, values in per_query.items()}
 
 
 def _format(reference: str, per_query: PerRun) -> str:
-    from distill.core.fidelity import FIDELITY_METRICS
+    from distill.eval.fidelity import FIDELITY_METRICS
 
     width = max(len("run"), *map(len, per_query))
     lines = [
@@ -124,7 +124,7 @@ class EvalResult:
     """Bad lines or records skipped (``on_bad_input: skip``), by reason."""
 
     def format(self) -> str:
-        from distill.core.eval_report import format_per_query, format_table
+        from distill.eval.report import format_per_query, format_table
 
         parts = [format_table(self.report)]
         if self.skipped:
@@ -143,10 +143,10 @@ def evaluate(cfg: EvalConfig, command: str | None = None) -> EvalResult:
     Raises:
         InputError: no runs or qrels, a run with no judged query, an unknown metric, no student at ``held_out``.
     """
-    from distill.core.loaders import load_candidates, load_qrels
-    from distill.core.loaders.multihop import is_multihop_file
-    from distill.core.metrics import DEFAULT_METRICS, MULTIHOP_METRICS, default_rel_level, parse_metrics
-    from distill.core.runs import find_run_files, read_trec_run
+    from distill.data.loaders import load_candidates, load_qrels
+    from distill.data.loaders.multihop import is_multihop_file
+    from distill.eval.metrics import DEFAULT_METRICS, MULTIHOP_METRICS, default_rel_level, parse_metrics
+    from distill.eval.trec_runs import find_run_files, read_trec_run
 
     if not (cfg.input or (cfg.qrels and cfg.run)):
         raise InputError("eval: give qrels and run, or input (with qrels where it has no judgements of its own)")
@@ -203,9 +203,9 @@ def check_paths(cfg: EvalConfig) -> None:
     Raises:
         InputError: ``eval: <option>: <path>: <what is wrong>``.
     """
-    from distill.core.loaders.irds import is_irds
     from distill.core.paths import input_path, output_file
     from distill.core.run_folder import student_folder
+    from distill.data.loaders.irds import is_irds
 
     inputs = [("run", path) for path in cfg.run]
     if cfg.qrels:
@@ -232,10 +232,10 @@ def teacher_fidelity(
         InputError: a malformed label, no teacher dataset, named teachers of different pairs, or no label for
             several named teachers.
     """
-    from distill.core.fidelity import fidelity_per_query
-    from distill.core.label_table import load_label_table, named_teachers
-    from distill.core.runs import read_trec_run, run_from_columns
-    from distill.core.teacher_data import TeacherDataset
+    from distill.data.label_table import load_label_table, named_teachers
+    from distill.data.teacher_data import TeacherDataset
+    from distill.eval.fidelity import fidelity_per_query
+    from distill.eval.trec_runs import read_trec_run, run_from_columns
 
     members: dict[str, Run] = {}
     if isinstance(teacher, str) and Path(teacher).is_file():

@@ -28,7 +28,7 @@ class MigrateReport:
 def migrate(cfg: MigrateConfig) -> MigrateReport:
     """Migrate each folder of ``cfg.paths``; the rows (and so every score) are left bit-identical."""
     from distill.core.schema import InputError
-    from distill.core.teacher_data import migrate as migrate_folder
+    from distill.data.teacher_data import migrate as migrate_folder
 
     if not cfg.paths:
         raise InputError("migrate: give the teacher dataset folders to migrate: distill migrate FOLDER...")

@@ -6,10 +6,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from distill.core.loaders._common import OnBadInput
-from distill.core.runs import Run
 from distill.core.schema import Candidates, InputError, RerankingData
 from distill.core.student_card import DEFAULT_FIRST_STAGE
+from distill.data.loaders._common import OnBadInput
+from distill.eval.trec_runs import Run
 from distill.serving.options import ServingOptions
 
 if TYPE_CHECKING:
@@ -94,10 +94,10 @@ def rerank_run(reranker: Reranker, candidates: list[Candidates]) -> Run:
 
 def rerank(cfg: RerankConfig) -> RerankReport:
     """Rerank ``cfg.input`` with the student ``cfg.model`` and write ``cfg.output``."""
-    from distill.core.loaders import load_candidates
     from distill.core.run_folder import student_folder
-    from distill.core.runs import write_trec_run
     from distill.core.student_card import held_out_queries
+    from distill.data.loaders import load_candidates
+    from distill.eval.trec_runs import write_trec_run
     from distill.serving.reranker import Reranker
 
     check_paths(cfg)
@@ -135,10 +135,10 @@ def check_paths(cfg: RerankConfig) -> None:
     Raises:
         InputError: ``rerank: <option>: <path>: <what is wrong>``.
     """
-    from distill.core.loaders.irds import is_irds
-    from distill.core.models import HUB_REPO
     from distill.core.paths import input_path, output_file
     from distill.core.run_folder import student_folder
+    from distill.data.loaders.irds import is_irds
+    from distill.model.resolver import HUB_REPO
 
     inputs = [("input", path) for path in cfg.input if not is_irds(path)]
     inputs += [(key, getattr(cfg, key)) for key in ("queries", "corpus") if getattr(cfg, key)]

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from distill.core.embeddings import DEFAULT_ENCODER
 from distill.core.schema import InputError
+from distill.model.embeddings import DEFAULT_ENCODER
 from distill.retrieval.retrieve import DEFAULT_K, DENSE_BATCH_TOKENS, Method, OutputFormat, RetrievalResult
 
 

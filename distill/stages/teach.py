@@ -11,7 +11,7 @@ its checksum (:mod:`distill.stages.teach_chunks`; a damaged one is scored again)
 - with ``reuse``, pairs already scored in other datasets of the same teacher setting take their values from
   there (and their passages' log p(K) and queries' terms seed the caches), and only the other pairs are scored.
 
-The output is a :class:`~distill.core.teacher_data.TeacherDataset` folder.
+The output is a :class:`~distill.data.teacher_data.TeacherDataset` folder.
 """
 
 from __future__ import annotations
@@ -28,12 +28,12 @@ import numpy as np
 import pyarrow as pa
 from tqdm.auto import tqdm
 
-from distill.core.loaders import OnBadInput
-from distill.core.loaders.irds import is_irds
-from distill.core.models import cache_home
 from distill.core.paths import input_path, output_folder
 from distill.core.schema import ExistingOutputError, InputError
-from distill.core.teacher_data import TeacherDataset, TeacherMetadata
+from distill.data.loaders import OnBadInput
+from distill.data.loaders.irds import is_irds
+from distill.data.teacher_data import TeacherDataset, TeacherMetadata
+from distill.model.resolver import cache_home
 from distill.stages.teach_chunks import chunk_file, read_chunks, write_chunk
 from distill.stages.teach_input import InputOptions, PairRows, candidate_stream, write_pair_rows
 from teachers.causal_lm import ScorerOptions
@@ -55,7 +55,7 @@ class TeachConfig:
     output: str | None = None
     """The dataset folder to write (required; ``distill run`` sets it)."""
     teacher: str = "smollm2-135m"
-    """A hub id, a local model folder, a .gguf file or an embedded alias (see ``distill.core.models``): a causal LM,
+    """A hub id, a local model folder, a .gguf file or an embedded alias (see ``distill.model.resolver``): a causal LM,
     or with ``scores: [similarity]`` a sentence-embedding model."""
     scores: list[str] = field(default_factory=lambda: ["cis"])
     """Scores to compute; the first is the dataset's primary label. For a causal LM, ``cis`` is always included.
@@ -352,7 +352,7 @@ def _fingerprint(setting: dict[str, Any], digest: str, cfg: TeachConfig, options
 
 def _fingerprint_before_load(cfg: TeachConfig, device: Any, digest: str, options: ScorerOptions) -> dict[str, Any]:
     """The fingerprint without the keys only the loaded teacher knows (:data:`~teachers.teacher.START_TOKEN_KEYS`)."""
-    from distill.core.models import resolve_model
+    from distill.model.resolver import resolve_model
     from teachers.teacher import resolve_dtype, teacher_setting
 
     dtype = resolve_dtype(cfg.dtype, device)

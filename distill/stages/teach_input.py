@@ -21,10 +21,10 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from distill.core.loaders import OnBadInput, load_candidates
-from distill.core.loaders._common import BadInput
-from distill.core.loaders.rank_llm import is_rank_llm_jsonl, stream_rank_llm
 from distill.core.schema import Candidates, InputError, RerankingData
+from distill.data.loaders import OnBadInput, load_candidates
+from distill.data.loaders._common import BadInput
+from distill.data.loaders.rank_llm import is_rank_llm_jsonl, stream_rank_llm
 
 ROWS_PER_BATCH = 1024
 """Pairs per record batch of the row file: the unit it is read in."""

@@ -292,9 +292,9 @@ def check_train_paths(config: Any, run_dir: Path, exist: bool = True) -> None:
     Raises:
         InputError: ``train: <key>: <path>: <what is wrong>``.
     """
-    from distill.core.models import cache_home
     from distill.core.paths import output_folder
-    from distill.core.teacher_data import TeacherDataset
+    from distill.data.teacher_data import TeacherDataset
+    from distill.model.resolver import cache_home
 
     data, given = config.data, config.data.teacher_data
     folders = [f for fs in given.values() for f in fs] if isinstance(given, dict) else list(given or [])

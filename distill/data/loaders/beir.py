@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from distill.core.loaders._common import BadInput
-from distill.core.loaders.trec import RunLine, candidates_from_run, iter_lines, load_trec_run
 from distill.core.schema import Candidates, InputError, Qrels
+from distill.data.loaders._common import BadInput
+from distill.data.loaders.trec import RunLine, candidates_from_run, iter_lines, load_trec_run
 
 
 def is_beir_dir(path: Path) -> bool:
@@ -38,7 +38,7 @@ def load_beir(
 def read_beir_qrels(path: Path) -> tuple[Qrels, dict[str, list[RunLine]]]:
     """The qrels of a BEIR ``qrels/<split>.tsv``, and its judged pairs in file order, as a run scored 0.0.
 
-    The header line is optional. Like :func:`distill.core.loaders.qrels.load_qrels`, a malformed row is
+    The header line is optional. Like :func:`distill.data.loaders.qrels.load_qrels`, a malformed row is
     always an error: qrels are the ground truth and are not skipped over.
     """
     qrels: Qrels = {}

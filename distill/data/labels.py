@@ -57,7 +57,7 @@ class Term:
 
     @property
     def column(self) -> str:
-        """Its column in a teachers' table (:mod:`distill.core.label_table`): the name, ``first_stage_score``
+        """Its column in a teachers' table (:mod:`distill.data.label_table`): the name, ``first_stage_score``
         for the first stage."""
         return FIRST_STAGE_COLUMN if self.score == FIRST_STAGE and self.teacher is None else self.name
 

@@ -40,11 +40,11 @@ from distill.bench.quality import REFERENCE, QualitySet
 from distill.bench.timing import time_method
 from distill.bench.workload import TOKEN_COUNTS, Workload, rerank_workload, token_count_workloads
 from distill.core.devices import MATMUL_SIZE, TEACHER_BATCH_TOKENS, compute_dtype, resolve_device
-from distill.core.loaders import load_candidates
 from distill.core.package_paths import CANDIDATES, DL19, QRELS, shipped
 from distill.core.paths import output_folder
 from distill.core.run_folder import RunLayout, student_folder
 from distill.core.schema import InputError, MissingFileError, RerankingData
+from distill.data.loaders import load_candidates
 from distill.serving.encoding import load_tokenizer
 from distill.serving.options import RuntimeOptions
 
@@ -70,7 +70,7 @@ class BenchConfig(RuntimeOptions):
     """A training run (``checkpoints/<run>``: its ``export/``, else its ``hf/``), an export folder or an HF
     folder. With ``random_weights``: an architecture name (default ``bert-large-uncased``)."""
     teacher: str | None = None
-    """A teacher model name (see ``distill.core.models``; default ``smollm2-135m``), or ``none`` to time the students
+    """A teacher model name (see ``distill.model.resolver``; default ``smollm2-135m``), or ``none`` to time the students
     only. With ``random_weights``: an architecture name (default ``meta-llama/Meta-Llama-3-8B``)."""
     random_weights: bool = False
     """Build the student and the teacher from their configs with random weights (full-size timing offline)."""

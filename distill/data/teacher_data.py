@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from distill.core.files import read_json_object
-from distill.core.runs import run_from_columns, write_trec_run
 from distill.core.schema import InputError, MissingFileError
+from distill.eval.trec_runs import run_from_columns, write_trec_run
 
 METADATA_FILE = "teacher.json"
 DATASET_INFO = "dataset_info.json"

@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-from distill.core.loaders._common import BadInput, CandidatesBuilder, clean_text, iter_jsonl, read_json, require
 from distill.core.schema import Candidates, InputError
+from distill.data.loaders._common import BadInput, CandidatesBuilder, clean_text, iter_jsonl, read_json, require
 
 
 def is_rank_llm(data: object) -> bool:

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from distill.core.loaders._common import BadInput, CandidatesBuilder, clean_text, iter_jsonl
 from distill.core.schema import Candidates, InputError
+from distill.data.loaders._common import BadInput, CandidatesBuilder, clean_text, iter_jsonl
 
 QUERY_ID_KEYS = ("_id", "qid", "id")
 QUERY_TEXT_KEYS = ("text", "query")

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from distill.core.batching import token_budget_batches
-from distill.core.models import ModelSource, load_pretrained, resolve_model
+from distill.model.resolver import ModelSource, load_pretrained, resolve_model
 
 DEFAULT_ENCODER = "all-minilm-l6-v2"
 TOKENIZE_CHUNK = 4096
@@ -34,7 +34,7 @@ class Encoder:
     def __init__(self, name: str = DEFAULT_ENCODER, device: str = "cpu", max_batch_tokens: int = 16384) -> None:
         """
         Args:
-            name: the encoder, as :func:`distill.core.models.resolve_model` resolves it.
+            name: the encoder, as :func:`distill.model.resolver.resolve_model` resolves it.
             device: ``cpu`` or ``cuda[:N]``.
             max_batch_tokens: padded tokens per forward pass.
         """

@@ -6,7 +6,7 @@ the same pairs). A candidate list is one query's candidates in one input (the fo
 two first stages' lists (BM25's and SPLADE's) is a row of each, with that list's first-stage score, and every
 per-query operation (standardising a term, grouping a within-query loss) acts on each list on its own. Folders of
 the same candidate files hold each (qid, docid) once, the first kept. The label is a
-:class:`~distill.core.labels.LabelExpression` over them; a named teacher the label does not use is not read.
+:class:`~distill.data.labels.LabelExpression` over them; a named teacher the label does not use is not read.
 
 The table holds ids and scores only, never the texts: its strings are Arrow-backed (a few bytes a pair, not a
 Python object each), and each row names where its texts are (``source``, ``source_row``: a row of one of
@@ -23,9 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from distill.core.labels import FIRST_STAGE, FIRST_STAGE_COLUMN, LabelExpression
 from distill.core.schema import InputError
-from distill.core.teacher_data import TeacherDataset
+from distill.data.labels import FIRST_STAGE, FIRST_STAGE_COLUMN, LabelExpression
+from distill.data.teacher_data import TeacherDataset
 
 log = logging.getLogger(__name__)
 

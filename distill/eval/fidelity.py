@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from distill.core.runs import Run
 from distill.core.schema import Qrels
+from distill.eval.trec_runs import Run
 
 FIDELITY_METRICS = ("kendall_tau", "spearman", "nDCG@10_teacher")
 TEACHER_DEPTH = 10
@@ -39,7 +39,7 @@ def fidelity_per_query(run: Run, teacher: Run) -> PerQuery:
     of ``kendall_tau`` and ``spearman``)."""
     from scipy.stats import kendalltau, spearmanr
 
-    from distill.core.metrics import evaluate_per_query
+    from distill.eval.metrics import evaluate_per_query
 
     values: PerQuery = {name: {} for name in FIDELITY_METRICS}
     shared_run: Run = {}

@@ -15,8 +15,8 @@ from __future__ import annotations
 import heapq
 from typing import Any
 
-from distill.core.loaders._common import BadInput, CandidatesBuilder, clean_text
 from distill.core.schema import Candidates, InputError, Qrels
+from distill.data.loaders._common import BadInput, CandidatesBuilder, clean_text
 
 PREFIX = "irds:"
 DEFAULT_DEPTH = 100

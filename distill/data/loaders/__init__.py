@@ -14,14 +14,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from distill.core.loaders._common import BadInput, OnBadInput, iter_jsonl, read_json
-from distill.core.loaders.beir import is_beir_dir, load_beir
-from distill.core.loaders.irds import DEFAULT_DEPTH, is_irds, load_irds
-from distill.core.loaders.multihop import is_multihop, load_multihop
-from distill.core.loaders.qrels import load_qrels
-from distill.core.loaders.rank_llm import is_rank_llm, load_rank_llm
-from distill.core.loaders.trec import load_trec_run
 from distill.core.schema import InputError, RerankingData
+from distill.data.loaders._common import BadInput, OnBadInput, iter_jsonl, read_json
+from distill.data.loaders.beir import is_beir_dir, load_beir
+from distill.data.loaders.irds import DEFAULT_DEPTH, is_irds, load_irds
+from distill.data.loaders.multihop import is_multihop, load_multihop
+from distill.data.loaders.qrels import load_qrels
+from distill.data.loaders.rank_llm import is_rank_llm, load_rank_llm
+from distill.data.loaders.trec import load_trec_run
 
 __all__ = ["load_candidates", "load_qrels"]
 

@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
-from distill.core.loaders._common import BadInput, CandidatesBuilder, clean_text, iter_jsonl, read_json, require
 from distill.core.schema import Candidates, Qrels
+from distill.data.loaders._common import BadInput, CandidatesBuilder, clean_text, iter_jsonl, read_json, require
 
 
 class _Skip(Exception):

@@ -9,8 +9,8 @@ from collections.abc import Sequence
 
 import ir_measures
 
-from distill.core.runs import Run
 from distill.core.schema import Qrels
+from distill.eval.trec_runs import Run
 
 DEFAULT_METRICS = ("nDCG@1", "nDCG@5", "nDCG@10", "RR@10", "R@100")
 """Passage ranking (TREC DL): the binary ones (RR, R) take the relevance level of :func:`parse_metrics`."""

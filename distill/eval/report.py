@@ -7,10 +7,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from distill.core.metrics import PerQuery, evaluate_per_query, means, parse_metrics
-from distill.core.runs import Run
 from distill.core.schema import InputError, Qrels
-from distill.core.significance import ALPHA, PERMUTATIONS, SEED, Comparison, Test, compare
+from distill.eval.metrics import PerQuery, evaluate_per_query, means, parse_metrics
+from distill.eval.significance import ALPHA, PERMUTATIONS, SEED, Comparison, Test, compare
+from distill.eval.trec_runs import Run
 
 TEST_NAMES = {
     "t": "paired t-test",

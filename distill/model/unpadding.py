@@ -44,8 +44,8 @@ from transformers.masking_utils import AttentionMaskInterface
 
 from distill.core.batching import segments
 from distill.core.schema import InputError
-from distill.core.segment_cosine import MODEL_TYPE as SEGMENT_COSINE
-from distill.core.segment_cosine import BertForSegmentCosine
+from distill.model.segment_cosine import MODEL_TYPE as SEGMENT_COSINE
+from distill.model.segment_cosine import BertForSegmentCosine
 
 ATTENTION = "cis_unpadded"
 """The attention implementation's name in transformers' :class:`AttentionInterface` while a model is unpadded."""

@@ -41,8 +41,8 @@ def read_trec_run(path: str | Path, on_bad_input: str = "error", skipped: Counte
     With ``on_bad_input="skip"`` such lines are skipped instead (a duplicate's first line, in file order, is kept),
     each counted by reason in ``skipped`` where given.
     """
-    from distill.core.loaders._common import BadInput
-    from distill.core.loaders.trec import read_run
+    from distill.data.loaders._common import BadInput
+    from distill.data.loaders.trec import read_run
 
     path = Path(path)
     if not path.is_file():

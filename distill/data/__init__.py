@@ -1,0 +1,1 @@
+"""Data: the candidates' loaders, the teacher datasets and the training labels."""

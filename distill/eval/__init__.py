@@ -1,0 +1,1 @@
+"""Evaluation: metrics, TREC run files, significance, fidelity and evaluation reports."""
