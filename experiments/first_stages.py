@@ -154,15 +154,15 @@ def train(names: list[str]) -> None:
 
 
 def per_query(path: str | Path, qrels: Any) -> dict[str, float]:
-    from distill.core.metrics import evaluate_per_query
-    from distill.core.runs import read_trec_run
+    from distill.eval.metrics import evaluate_per_query
+    from distill.eval.trec_runs import read_trec_run
 
     return evaluate_per_query(read_trec_run(ROOT / path), qrels, [METRIC])[METRIC]
 
 
 def first_stage_scores(candidates: str) -> dict[str, dict[str, float]]:
     """The first stage's run: its scores of ``candidates``, qid -> docid -> score."""
-    from distill.core.loaders import load_candidates
+    from distill.data.loaders import load_candidates
 
     data = load_candidates(ROOT / candidates)
     return {c.query.qid: {p.docid: s for p, s in zip(c.passages, c.scores, strict=True)} for c in data.candidates}
@@ -197,7 +197,7 @@ def choose(student: dict, first: dict, qrels: Any) -> float:
 
 def difference(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
     """Mean of a − b over the shared queries with its 95% paired-bootstrap interval and the paired t-test's p."""
-    from distill.core.significance import paired_t_test
+    from distill.eval.significance import paired_t_test
     from distill.export.quality_gate import delta_interval
 
     queries = sorted(set(a) & set(b))
@@ -218,7 +218,7 @@ def mean(values: dict[str, float]) -> float:
 def pooled(name: str, qrels: Any, commands: list[str]) -> dict[str, dict[str, dict[str, float]]]:
     """first stage -> the variant's student run over the 53 DL21 queries, each query scored by the run that held it
     out (its rerank commands appended to ``commands``)."""
-    from distill.core.runs import read_trec_run
+    from distill.eval.trec_runs import read_trec_run
 
     lists: dict[str, dict[str, dict[str, float]]] = {stage: {} for stage in VALIDATION}
     for run_name in runs(name):
@@ -241,8 +241,8 @@ def pooled(name: str, qrels: Any, commands: list[str]) -> dict[str, dict[str, di
 
 def label_run(stage: str, weights: dict[str, float]) -> dict[str, dict[str, float]]:
     """The sum of the weighted per-query z-scores of the DL21 ``stage`` list's teacher runs named in ``weights``."""
-    from distill.core.labels import per_query_z
-    from distill.core.runs import read_trec_run
+    from distill.data.labels import per_query_z
+    from distill.eval.trec_runs import read_trec_run
 
     total: dict[str, dict[str, float]] = {}
     for name, weight in weights.items():
@@ -258,8 +258,8 @@ def label_run(stage: str, weights: dict[str, float]) -> dict[str, dict[str, floa
 
 def select(names: list[str]) -> dict[str, Any]:
     """Pool each variant's held-out DL21 scores, choose α per first stage on them, compare with :data:`REFERENCE`."""
-    from distill.core.loaders import load_qrels
-    from distill.core.metrics import evaluate_per_query
+    from distill.data.loaders import load_qrels
+    from distill.eval.metrics import evaluate_per_query
 
     qrels = load_qrels(ROOT / VALIDATION_QRELS)
     first = {stage: first_stage_scores(candidates) for stage, candidates in VALIDATION.items()}
@@ -337,9 +337,9 @@ def final_command(name: str, alphas: dict[str, float]) -> list[str]:
 def final(name: str) -> dict[str, Any]:
     """Refit ``name`` (chosen in ``selection-dl21.json``), export it, and rerank DL19's three first stages' top-100
     with it, alone and fused by each first stage's α: ``final.json``."""
-    from distill.core.loaders import load_qrels
-    from distill.core.metrics import evaluate_per_query
-    from distill.core.significance import paired_t_test
+    from distill.data.loaders import load_qrels
+    from distill.eval.metrics import evaluate_per_query
+    from distill.eval.significance import paired_t_test
 
     selection = json.loads((RECORDS / "selection-dl21.json").read_text())
     validation = next((row for row in selection["rows"] if row["name"] == name), None)

@@ -32,8 +32,8 @@ from typing import Any
 
 import yaml
 
-from distill.core.labels import LabelExpression, Term
 from distill.core.package_paths import PROJECT as ROOT
+from distill.data.labels import LabelExpression, Term
 
 RESULTS = ROOT / "benchmarks" / "results"
 """Where the records go (``benchmarks/results/``: beside the benchmarks' own)."""
@@ -72,7 +72,7 @@ ENSEMBLES = (
     "z(gemma.cis) + z(gemma.cis_q) + z(smollm2.cis_q) + z(first_stage)",
     "2*z(gemma.cis) + z(smollm2.cis_q) + 0.5*z(first_stage)",
 )
-"""The teacher ensembles compared (:mod:`distill.core.labels` expressions over :data:`TEACHERS`)."""
+"""The teacher ensembles compared (:mod:`distill.data.labels` expressions over :data:`TEACHERS`)."""
 
 
 def segment_cosine(label: str, loss: str, *extra: str, data: Sequence[str] = DL21_ONLY) -> list[str]:
@@ -282,11 +282,11 @@ def teacher(split: str) -> dict[str, Any]:
     left out."""
     import numpy as np
 
-    from distill.core.label_table import load_label_table
-    from distill.core.loaders import load_qrels
-    from distill.core.metrics import evaluate
-    from distill.core.runs import run_from_columns
-    from distill.core.teacher_data import TeacherDataset
+    from distill.data.label_table import load_label_table
+    from distill.data.loaders import load_qrels
+    from distill.data.teacher_data import TeacherDataset
+    from distill.eval.metrics import evaluate
+    from distill.eval.trec_runs import run_from_columns
     from students.data import split_queries
 
     collection = "dl21" if split == "val" else "dl19"

@@ -17,11 +17,11 @@ from torch.utils.data import DataLoader, Dataset
 
 from distill.core.batching import round_up
 from distill.core.devices import TRAIN_PAD_MULTIPLE, DeviceType, device_type
-from distill.core.label_table import ID_COLUMNS, QUERY, SOURCE, SOURCE_ROW, LabelTable, load_label_table
-from distill.core.loaders import load_qrels
 from distill.core.schema import InputError, Qrels
-from distill.core.teacher_data import TeacherDataset
-from distill.core.unpadding import lengths_packing
+from distill.data.label_table import ID_COLUMNS, QUERY, SOURCE, SOURCE_ROW, LabelTable, load_label_table
+from distill.data.loaders import load_qrels
+from distill.data.teacher_data import TeacherDataset
+from distill.model.unpadding import lengths_packing
 from students.sampling import (
     LengthGroupedBatches,
     QueryGroupedBatches,
@@ -126,7 +126,7 @@ class Collator:
     ``attention_mask`` and (for models that take them) ``token_type_ids``, ``[B, T]`` int64. Adds ``target`` [B]
     float, ``group`` [B] long (batch-local query index), ``index`` [B] long (position in the split),
     ``group_sizes``, the host's ``(queries, most candidates of one)`` (see :mod:`students.losses`), and
-    ``packing``, where the real tokens are (:func:`distill.core.unpadding.lengths_packing`: for ``model.unpad``)."""
+    ``packing``, where the real tokens are (:func:`distill.model.unpadding.lengths_packing`: for ``model.unpad``)."""
 
     def __init__(self, split: Split, padding: Padding) -> None:
         self.split, self.padding = split, padding
@@ -272,7 +272,7 @@ class StudentDataModule(LightningDataModule):
             ``{gemma: [dl21-gemma3, dl22-gemma3], smollm2: [dl21-smollm2, dl22-smollm2]}``).
         label: what to learn: a teacher score column (``cis``, ``upr``, ``cis_q``, ...; ``gemma.cis`` for a named
             teacher), a hybrid label (``cis_q+0.5*first_stage``) or a sum of per-query z-scores
-            (``z(gemma.cis) + z(smollm2.cis_q) + 0.25*z(first_stage)``); see :mod:`distill.core.labels`.
+            (``z(gemma.cis) + z(smollm2.cis_q) + 0.25*z(first_stage)``); see :mod:`distill.data.labels`.
         backbone: the student's backbone, for its tokenizer (linked from the model's).
         qrels: TREC qrels of the validation queries, for nDCG; without them only correlations are reported.
         val_queries: held-out queries, a share (0.2) or a count (8).
@@ -387,7 +387,7 @@ class StudentDataModule(LightningDataModule):
         return labelled
 
     def _store(self, labelled: LabelTable) -> TokenStore:
-        from distill.core.models import cache_home, load_architecture
+        from distill.model.resolver import cache_home, load_architecture
 
         h = self.hparams
         if self.tokenizer is None:

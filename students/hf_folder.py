@@ -12,8 +12,8 @@ import torch
 from pytorch_lightning import Callback, LightningModule, Trainer
 from pytorch_lightning.callbacks import ModelCheckpoint
 
-from distill.core.label_table import teacher_identities
 from distill.core.student_card import DEFAULT_FIRST_STAGE, StudentCard
+from distill.data.label_table import teacher_identities
 from students.model import save_student
 
 log = logging.getLogger(__name__)

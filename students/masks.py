@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from distill.core.segment_cosine import MODEL_TYPE as SEGMENT_COSINE
+from distill.model.segment_cosine import MODEL_TYPE as SEGMENT_COSINE
 
 MODEL_TYPES = ("bert", SEGMENT_COSINE)
 """Encoders whose forward builds its mask with ``create_bidirectional_mask`` and takes a prepared 4D mask."""

@@ -1,7 +1,7 @@
 """The student: a Hugging Face encoder with a one-score sequence-classification head.
 
 Two heads, chosen by ``head``: ``cls`` (the paper's, below) and ``segment_cosine``
-(:mod:`distill.core.segment_cosine`: the cosine of the query's and the passage's mean tokens, which a
+(:mod:`distill.model.segment_cosine`: the cosine of the query's and the passage's mean tokens, which a
 sentence-embedding backbone makes a good ranker before any training; BERT-family backbones only).
 
 ``AutoModelForSequenceClassification`` with ``num_labels=1`` is exactly the paper's cross-encoder:
@@ -18,11 +18,11 @@ from typing import Any
 
 from transformers import AutoModelForSequenceClassification, PreTrainedModel
 
-from distill.core.models import load_architecture, load_pretrained, resolve_model
 from distill.core.schema import InputError
-from distill.core.segment_cosine import MODEL_TYPE as SEGMENT_COSINE
-from distill.core.segment_cosine import BertSegmentCosineConfig
 from distill.core.student_card import StudentCard
+from distill.model.resolver import load_architecture, load_pretrained, resolve_model
+from distill.model.segment_cosine import MODEL_TYPE as SEGMENT_COSINE
+from distill.model.segment_cosine import BertSegmentCosineConfig
 
 IDENTITY_ACTIVATION = "torch.nn.modules.linear.Identity"
 HEADS = ("cls", "segment_cosine")
@@ -34,7 +34,7 @@ def build_student(
     """A cross-encoder on ``backbone`` and its tokenizer.
 
     Args:
-        backbone: any name :func:`distill.core.models.resolve_model` takes; ``bert-large-uncased`` builds offline.
+        backbone: any name :func:`distill.model.resolver.resolve_model` takes; ``bert-large-uncased`` builds offline.
         random_init: random weights from the backbone's config (for timing where its weights are absent).
         dropout: dropout before the linear head (``cls`` head); default the backbone's.
         head: ``cls`` ([CLS] → linear, the paper's) or ``segment_cosine`` (see the module's docstring).

@@ -13,7 +13,7 @@ from pytorch_lightning import LightningModule
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
 from scipy.stats import pearsonr, spearmanr
 
-from distill.core.unpadding import Unpadder, device_packing
+from distill.model.unpadding import Unpadder, device_packing
 from students.compilation import compile_blocks
 from students.losses import build_loss
 from students.masks import build_masks_ahead
@@ -33,7 +33,7 @@ class CrossEncoderModule(LightningModule):
         head: ``cls`` ([CLS] → linear, the paper's) or ``segment_cosine`` (the cosine of the query's and the
             passage's mean tokens, scaled: a sentence-embedding backbone ranks well from the first step).
         segment_layers: with ``segment_cosine``, the first layers that attend within each segment only, the query
-            and the passage each encoded on its own (:mod:`distill.core.segment_cosine`); 0: every layer across.
+            and the passage each encoded on its own (:mod:`distill.model.segment_cosine`); 0: every layer across.
         loss: a name of :data:`students.losses.LOSSES`: ``mse`` (pointwise, the paper), or within a query
             ``margin_mse``, ``ranknet``, ``listwise_kl``, ``adr_mse``.
         temperature: the temperature of ``listwise_kl`` (teacher) and ``adr_mse`` (approximate rank).
@@ -48,7 +48,7 @@ class CrossEncoderModule(LightningModule):
         compile: ``torch.compile`` the encoder's blocks (:mod:`students.compilation`; validation stays eager).
             Faster on a GPU, slightly different numerics: opt-in.
         unpad: run the encoder's layers on each batch's real tokens only, attention kept within each pair
-            (:mod:`distill.core.unpadding`; BERT backbones): no FLOP goes to padding. It applies no dropout to the
+            (:mod:`distill.model.unpadding`; BERT backbones): no FLOP goes to padding. It applies no dropout to the
             attention probabilities (the hidden states' dropout stays), so it changes the regularisation: opt-in.
 
     On a GPU, training runs with PyTorch's cuDNN attention backend off (it plans every new batch shape on the
@@ -215,7 +215,7 @@ def validation_metrics(
 
     - ``pearson``, ``spearman``: correlations with the teacher's labels, pooled over all pairs;
     - ``fidelity_kendall_tau``, ``fidelity_spearman``, ``fidelity_nDCG@10_teacher``: agreement with the teacher
-      query by query (:mod:`distill.core.fidelity`), what reranking needs; for a label that sums several scores,
+      query by query (:mod:`distill.eval.fidelity`), what reranking needs; for a label that sums several scores,
       the same against each of them too (``fidelity_spearman/gemma.cis``, ``fidelity_spearman/first_stage``);
     - with qrels: ``nDCG@10`` of the student, the teacher and the first stage, and ``interp_alpha`` with its
       ``interp_nDCG@10``: the best α of ``α · z(student) + (1 − α) · z(first stage)``
@@ -224,10 +224,10 @@ def validation_metrics(
       :class:`~students.data.FirstStageList`) with judged validation queries: the same on its own lists,
       ``nDCG@10/<name>``, ``first_stage_nDCG@10/<name>``, ``interp_alpha/<name>``, ``interp_nDCG@10/<name>``.
     """
-    from distill.core.fidelity import fidelity_per_query, mean_fidelity
     from distill.core.interpolation import choose_alpha
-    from distill.core.metrics import evaluate
-    from distill.core.runs import run_from_columns
+    from distill.eval.fidelity import fidelity_per_query, mean_fidelity
+    from distill.eval.metrics import evaluate
+    from distill.eval.trec_runs import run_from_columns
 
     labels, first_stage = val.labels[rows], val.first_stage[rows]
     qids, docids = val.ids.qid.iloc[val.rows[rows]].tolist(), val.ids.docid.iloc[val.rows[rows]].tolist()

@@ -49,7 +49,7 @@ import numpy as np
 from distill.core.batching import segments
 from distill.core.checksums import file_checksum
 from distill.core.schema import InputError
-from distill.core.teacher_data import METADATA_FILE, TeacherDataset
+from distill.data.teacher_data import METADATA_FILE, TeacherDataset
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@ embeddings, each text encoded on its own.
 
 The paper's CIS asks a causal LM how much the query changes the passage's likelihood; a sentence-embedding model
 trained for retrieval asks how alike the two texts are. A label that sums both (``z(lm.cis_q) + z(st.similarity)``,
-see :mod:`distill.core.labels`) is the hybrid of causal and similarity scoring that the paper leaves to future work.
+see :mod:`distill.data.labels`) is the hybrid of causal and similarity scoring that the paper leaves to future work.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from distill.core.embeddings import Encoder
+from distill.model.embeddings import Encoder
 
 SIMILARITY = "similarity"
 """The score a similarity teacher writes: the cosine of the query's and the passage's embeddings, in [-1, 1]."""
@@ -31,7 +31,7 @@ class SimilarityTeacher:
 
     @classmethod
     def load(cls, name: str, device: str = "cpu", max_batch_tokens: int = 16384) -> SimilarityTeacher:
-        """The teacher of ``name`` (resolved as :func:`distill.core.models.resolve_model` does) on ``device``."""
+        """The teacher of ``name`` (resolved as :func:`distill.model.resolver.resolve_model` does) on ``device``."""
         return cls(Encoder(name, device=device, max_batch_tokens=max_batch_tokens))
 
     def describe(self) -> dict[str, Any]:

@@ -9,8 +9,8 @@ import numpy as np
 import torch
 
 from distill.core.devices import compute_dtype
-from distill.core.models import ModelSource, gguf_parsed_once, load_pretrained, resolve_model
 from distill.core.schema import InputError
+from distill.model.resolver import ModelSource, gguf_parsed_once, load_pretrained, resolve_model
 from teachers.causal_lm import CausalLMScorer, ScorerOptions, ScoringSequence
 from teachers.scores import (
     DEFAULT_PROMPT,
@@ -105,7 +105,7 @@ class CausalLMTeacher:
         start_token: int | str | None = None,
         **kwargs: Any,
     ) -> CausalLMTeacher:
-        """Load a teacher by name (see :func:`distill.core.models.resolve_model`).
+        """Load a teacher by name (see :func:`distill.model.resolver.resolve_model`).
 
         ``device_map="auto"`` spreads a model that does not fit one GPU over all visible GPUs
         (model parallel); otherwise the model goes to ``device``. ``start_token`` is a token id
@@ -133,11 +133,11 @@ class CausalLMTeacher:
         cls, name: str, *, device: str | torch.device = "cpu", dtype: str = "auto", seed: int = 0, **kwargs: Any
     ) -> CausalLMTeacher:
         """A teacher with random weights in the shapes of ``name`` (a key of
-        :data:`~distill.core.models.ARCHITECTURES`), built directly on ``device`` in ``dtype``: for timing
+        :data:`~distill.model.resolver.ARCHITECTURES`), built directly on ``device`` in ``dtype``: for timing
         full-size shapes where the weights are absent. Its tokenizer is the architecture's compatible one."""
         from transformers import AutoModelForCausalLM
 
-        from distill.core.models import load_architecture
+        from distill.model.resolver import load_architecture
 
         device = torch.device(device)
         config, tokenizer = load_architecture(name)
