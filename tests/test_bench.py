@@ -176,7 +176,7 @@ def test_bench_random_weights_and_saved_results_on_the_cli(
     out = tmp_path / "random"
     argv = ["bench", "--random-weights", "--student", str(tiny_bert), "--teacher", str(tiny_llama)]
     argv += ["--token-counts", "100", "--rerank-queries", "0", "--repeats", "2", "--backends", "torch-fp32"]
-    argv += ["--output", str(out), "--matmul-size", "128", "--device", "cpu"]
+    argv += ["--output", str(out), "--matmul-size", "128", "--device", "cpu", "--quality", "false"]
     assert main(argv) == 0
     printed = capsys.readouterr().out
     assert "student torch-fp32" in printed and "teacher cis" in printed and "100 tokens" in printed

@@ -258,32 +258,61 @@ def worker_pids(loader: torch.utils.data.DataLoader) -> tuple[int, ...] | None:
     return None if iterator is None else tuple(w.pid for w in iterator._workers)
 
 
+LOADER_PROBE = """
+import json, sys
+from pathlib import Path
+
+from pytorch_lightning import Callback
+
+from students.module import CrossEncoderModule
+from tests.test_train_speed import cpu_trainer, data_module, worker_pids
+
+seen, loaders = {"train": set(), "val": set()}, {}
+
+
+class Pids(Callback):
+    def on_train_batch_start(self, trainer, *args):
+        loaders["train"] = trainer.train_dataloader
+        seen["train"].add(worker_pids(trainer.train_dataloader))
+
+    def on_validation_batch_start(self, trainer, *args):
+        loaders["val"] = trainer.val_dataloaders
+        seen["val"].add(worker_pids(trainer.val_dataloaders))
+
+
+dataset, backbone = Path(sys.argv[1]), Path(sys.argv[2])
+trainer = cpu_trainer(Pids(), max_epochs=2)
+trainer.fit(CrossEncoderModule(backbone=str(backbone)), datamodule=data_module(dataset, backbone, num_workers=1))
+print("RESULT" + json.dumps({
+    "epochs": trainer.current_epoch,
+    "seen": {name: [list(p) if p is not None else None for p in pids] for name, pids in seen.items()},
+    "shut_down": all(loader._iterator is None for loader in loaders.values()),
+    "alive_after": [pid for pids in seen.values() for p in pids if p for pid in p if Path(f"/proc/{pid}").exists()],
+}))
+"""
+
+
 def test_loader_workers_persist_across_epochs_and_validations_and_end_with_the_fit(
     teacher_dataset: Path, tiny_bert: Path
 ) -> None:
     """With workers, neither an epoch's start nor a validation forks new ones and waits for the old ones to exit: the
     training and the validation loader each keep theirs from their first batch to the end of the fit, which ends
-    them."""
-    seen: dict[str, set] = {"train": set(), "val": set()}
-    loaders = {}
+    them. The fit runs in a fresh interpreter, as ``distill train`` does: a loader forks its workers from it, and a
+    fork of a test worker that many earlier tests left threads in is not what users run."""
+    import subprocess
 
-    class Pids(Callback):
-        def on_train_batch_start(self, trainer: Trainer, *args) -> None:
-            loaders["train"] = trainer.train_dataloader
-            seen["train"].add(worker_pids(trainer.train_dataloader))
+    from .conftest import REPO
 
-        def on_validation_batch_start(self, trainer: Trainer, *args) -> None:
-            loaders["val"] = trainer.val_dataloaders
-            seen["val"].add(worker_pids(trainer.val_dataloaders))
-
-    dm = data_module(teacher_dataset, tiny_bert, num_workers=1)
-    trainer = cpu_trainer(Pids(), max_epochs=2)
-    trainer.fit(CrossEncoderModule(backbone=str(tiny_bert)), datamodule=dm)
-    assert trainer.current_epoch == 2
-    assert all(len(pids) == 1 and None not in pids and len(next(iter(pids))) == 1 for pids in seen.values()), seen
-    assert all(loader._iterator is None for loader in loaders.values())  # shut down with the fit
-    ended = [pid for pids in seen.values() for pid in next(iter(pids))]
-    assert not any(Path(f"/proc/{pid}").exists() for pid in ended)
+    done = subprocess.run(
+        [sys.executable, "-c", LOADER_PROBE, str(teacher_dataset), str(tiny_bert)],
+        capture_output=True, text=True, cwd=REPO, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.rsplit("RESULT", 1)[1])
+    seen = result["seen"]
+    assert result["epochs"] == 2 and result["shut_down"]
+    assert all(len(pids) == 1 and pids[0] is not None and len(pids[0]) == 1 for pids in seen.values()), seen
+    assert result["alive_after"] == []  # the fit's end ended them, while the trainer's process still ran
 
 
 # ----------------------------------------------------------------------------- optimiser and learning rate
