@@ -208,14 +208,15 @@ def measure(plan: OverloadPlan, calls: list[tuple[str, list[str]]], log: Any = p
 
 def markdown(result: dict[str, Any]) -> str:
     """The run as a results page: its command, machine, steps and targets."""
+    from benchmarks.results_pages import environment
+
     env, over = result["environment"], result["overload"]
     unloaded, capacity = result["unloaded"], result["capacity"]
     lines = [
         f"```\n{result['command']}\n```",
         "",
-        f"Model: `{result['plan']['model']}` on {result['backend']}. Machine: {env['device_name']}, "
-        f"{env['cpu_features']}, {env['cores']} cores shared with the load generator, commit {env['git_commit']}, "
-        f"{env['utc']}. Load average before / after: {result['load_average_before']} / "
+        f"Model: `{result['plan']['model']}` on {result['backend']}. Machine: {environment(env)}, {env['cores']} "
+        f"cores shared with the load generator. Load average before / after: {result['load_average_before']} / "
         f"{result['load_average_after']}.",
         "",
         "| step | requests | throughput | p50 | p99 | statuses |",
