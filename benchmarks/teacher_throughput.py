@@ -43,7 +43,7 @@ from benchmarks.phases import (
 )
 from distill.bench.measure import dtype_name, environment
 from distill.bench.profile import profiled
-from distill.core.devices import MATMUL_SIZE, TEACHER_BATCH_TOKENS, attention_backends, resolve_device
+from distill.core.devices import MATMUL_SIZE, attention_backends, resolve_device
 from distill.core.package_paths import CANDIDATES, DL19
 from distill.data.loaders import load_candidates
 from distill.model.resolver import ARCHITECTURES
@@ -63,8 +63,10 @@ TARGET_OVER_PLAIN = 1.2
 
 
 @dataclass(kw_only=True)
-class TeacherThroughput(TimedOptions):
-    """Throughput of the teacher stage against a naive and a plain batched loop."""
+class TeacherThroughput(TimedOptions, ScorerOptions):
+    """Throughput of the teacher stage against a naive and a plain batched loop. The teacher's batch budget and
+    levers are :class:`~teachers.causal_lm.ScorerOptions`', each the device's default where not given
+    (compile is applied after the loops that run the model as loaded)."""
 
     teacher: str = "smollm2-135m"
     """Any name ``distill.model.resolver.resolve_model`` takes."""
@@ -78,9 +80,6 @@ class TeacherThroughput(TimedOptions):
     """``auto`` (cuda where there is one), ``cpu`` or ``cuda[:N]``."""
     dtype: str = "auto"
     """``auto`` (bf16 on cuda, fp32 on cpu), ``float32``, ``bfloat16`` or ``float16``."""
-    max_batch_tokens: int | None = None
-    """The teacher's batch budget (default :data:`~distill.core.devices.TEACHER_BATCH_TOKENS`: 8192 on cpu,
-    16384 on cuda)."""
     logit_chunk_rows: int = 1024
     """The teacher's LM-head chunk (target positions)."""
     max_passage_tokens: int = 256
@@ -92,20 +91,13 @@ class TeacherThroughput(TimedOptions):
     """Sequences per batch of the plain batched loop."""
     seed: int = 0
     """Seed of the random weights."""
-    bucket: int | None = None
-    """Lever: pad batch widths up to a multiple of N tokens (default the device's: 64 on cuda)."""
-    packing: bool | None = None
-    """Lever: pack sequences in rows behind a block-diagonal causal mask (default: on cuda)."""
-    compile: bool | None = None
-    """Lever: ``torch.compile`` each decoder layer, compiled during the warm-up (default: on cuda)."""
-    cudnn_attention: bool = ScorerOptions.cudnn_attention
-    """Lever: on cuda, let attention use cuDNN's SDPA kernels."""
     progress: bool = True
     """Progress bars (on a terminal)."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        at_least(self, 1, "naive_pairs", "max_queries", "max_batch_tokens", "bucket", "plain_batch_size")
+        ScorerOptions.__post_init__(self)
+        at_least(self, 1, "naive_pairs", "max_queries", "plain_batch_size")
         at_least(self, 0, "plain_pairs")
 
 
@@ -157,10 +149,9 @@ def build_teacher(options: TeacherThroughput, device: torch.device, dtype: torch
     """The teacher under test, with the levers that leave the model as it is (:func:`with_model_levers` adds the
     others), and a short label of its model for file names."""
     kwargs = {
-        "max_batch_tokens": options.max_batch_tokens or TEACHER_BATCH_TOKENS[device.type],
         "logit_chunk_rows": options.logit_chunk_rows,
         "max_passage_tokens": options.max_passage_tokens,
-        "options": dataclasses.replace(scorer_options(options, device), compile=False),
+        "options": dataclasses.replace(ScorerOptions.of(options).for_device(device), compile=False),
     }
     if options.random_config is None:
         teacher = CausalLMTeacher.load(options.teacher, device=device, dtype=dtype_name(dtype), **kwargs)
@@ -170,19 +161,13 @@ def build_teacher(options: TeacherThroughput, device: torch.device, dtype: torch
     return teacher, f"random-{options.random_config}"
 
 
-def scorer_options(options: TeacherThroughput, device: torch.device) -> ScorerOptions:
-    """The levers given, else the device's defaults (as ``distill teach`` takes them)."""
-    levers = ("bucket", "packing", "compile", "cudnn_attention")
-    return ScorerOptions.for_device(device, **{name: getattr(options, name) for name in levers})
-
-
 def with_model_levers(teacher: CausalLMTeacher, options: ScorerOptions) -> None:
     """Give ``teacher`` every lever of ``options``, the one that changes its model in place (``compile``)
     included: after (a) and (c), which run the model as loaded."""
     if options == teacher.scorer.options:
         return
     old = teacher.scorer
-    teacher.scorer = CausalLMScorer(old.model, old.max_batch_tokens, old.logit_chunk_rows, old.pad_token_id, options)
+    teacher.scorer = CausalLMScorer(old.model, old.logit_chunk_rows, old.pad_token_id, options)
 
 
 def load_workload(teacher: CausalLMTeacher, path: str, max_queries: int | None) -> Workload:
@@ -425,7 +410,7 @@ def run(options: TeacherThroughput, invocation: dict[str, Any]) -> int:
     if n_plain:
         batch, pad_id = options.plain_batch_size, teacher.scorer.pad_token_id
         plain, *plain_terms = run_plain(model, work, n_plain, batch, pad_id, device, options.cudnn_attention, show)
-    with_model_levers(teacher, scorer_options(options, device))
+    with_model_levers(teacher, ScorerOptions.of(options).for_device(device))
     warmup_seconds = warm_up(teacher, work, device)
     with profiled(options.profile, device):
         taught, *terms = run_teacher(teacher, work, device, show)

@@ -39,46 +39,60 @@ class ScoringSequence:
         return len(self.prefix) + len(self.target)
 
 
-@dataclass(frozen=True)
-class ScorerOptions:
-    """The scorer's speed levers. The defaults are the exact path, whose CPU scores never change (a CUDA device's
-    defaults are :meth:`for_device`'s);
-    ``bucket``, ``packing`` and ``compile`` change the scores within rounding, ``cudnn_attention`` too on CUDA."""
+LEVERS = ("bucket", "packing", "compile", "cudnn_attention")
+"""The options that change how the scores are computed, not only how many pairs a pass holds."""
 
-    bucket: int = 1
+
+@dataclass
+class ScorerOptions:
+    """The scorer's batch budget and speed levers. None takes the device type's default (:meth:`for_device`,
+    :data:`distill.core.devices.TEACHER_LEVERS`): the exact path on a CPU, whose scores never change; on CUDA,
+    larger batches, 64-token buckets, packing and compile. ``bucket``, ``packing`` and ``compile`` change the scores
+    within rounding, ``cudnn_attention`` too on CUDA."""
+
+    max_batch_tokens: int | None = None
+    """Padded tokens per forward pass (rows x width). Default the device's: 8192 on a CPU, 16384 on CUDA."""
+    bucket: int | None = None
     """Pad each batch's width up to a multiple of this many tokens, so that batch shapes repeat (1: the longest
-    sequence's width). With ``packing``, the rows' width: the longest sequence rounded up to it."""
-    packing: bool = False
+    sequence's width). With ``packing``, the rows' width: the longest sequence rounded up to it. Default the
+    device's: 1 on a CPU, 64 on CUDA."""
+    packing: bool | None = None
     """Pack several sequences in each row, back to back with no padding between them, each from position 0,
-    behind a block-diagonal causal mask."""
-    compile: bool = False
+    behind a block-diagonal causal mask: fewer padded tokens. Default the device's: off on a CPU, on for CUDA."""
+    compile: bool | None = None
     """``torch.compile`` each decoder layer and the LM head's log-softmax (:func:`row_logprobs`, then one fused
     pass over the logits instead of several over fp32 copies). Each compiles for the first batch shape, then once
     more for each dimension that changes (torch's automatic dynamic shapes), so at most three times; the first
-    batches wait."""
+    batches wait. Default the device's: off on a CPU, on for CUDA."""
     cudnn_attention: bool = False
     """On CUDA, let attention use cuDNN's SDPA kernels, which build a plan on the host for every new batch shape
     (off: flash, memory-efficient or math kernels). No effect on the CPU."""
 
     def __post_init__(self) -> None:
-        if self.bucket < 1:
-            raise InputError(f"bucket must be a positive number of tokens, got {self.bucket}")
+        for name in ("max_batch_tokens", "bucket"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise InputError(f"{name} must be a positive number of tokens, got {getattr(self, name)}")
 
-    @classmethod
-    def for_device(cls, device: Any, **given: Any) -> ScorerOptions:
-        """The options on ``device``: each of ``given`` that is not None, else the device type's default
-        (:data:`distill.core.devices.TEACHER_LEVERS`: the exact path on a CPU; packing, 64-token buckets and
-        compile on CUDA)."""
+    def for_device(self, device: Any) -> ScorerOptions:
+        """These options with each one not given (None) set to ``device``'s type's default."""
         from distill.core.devices import TEACHER_LEVERS, device_type
 
-        values = {**TEACHER_LEVERS[device_type(device)], **{k: v for k, v in given.items() if v is not None}}
-        return cls(**values)
+        defaults = TEACHER_LEVERS[device_type(device)]
+        return ScorerOptions(**{
+            f.name: defaults[f.name] if getattr(self, f.name) is None else getattr(self, f.name)
+            for f in dataclasses.fields(ScorerOptions)
+        })  # fmt: skip
+
+    @classmethod
+    def of(cls, config: Any) -> ScorerOptions:
+        """The options of a config that extends this class (its fields of the same names)."""
+        return cls(**{f.name: getattr(config, f.name) for f in dataclasses.fields(cls)})
 
     def changed(self) -> dict[str, Any]:
-        """The options that differ from their defaults, by name."""
-        default = ScorerOptions()
-        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        return {name: value for name, value in values.items() if value != getattr(default, name)}
+        """The levers (:data:`LEVERS`) of these options, resolved for a device (:meth:`for_device`), that differ
+        from a CPU's exact path, by name."""
+        exact = ScorerOptions().for_device("cpu")
+        return {name: getattr(self, name) for name in LEVERS if getattr(self, name) != getattr(exact, name)}
 
 
 def row_logprobs(logits: torch.Tensor, targets: torch.Tensor, softcap: float | None = None) -> torch.Tensor:
@@ -178,16 +192,14 @@ class CausalLMScorer:
         model: a ``*ForCausalLM`` model (its ``base_model`` gives hidden states, its output
             embeddings the LM head), already on its device(s) and in eval mode. ``options.compile``
             changes its decoder layers in place.
-        max_batch_tokens: padded tokens per forward pass (rows x width).
         logit_chunk_rows: target positions per LM-head chunk.
         pad_token_id: any valid id; padded positions are masked out.
-        options: the speed levers; default :class:`ScorerOptions`' defaults.
+        options: the batch budget and speed levers; each not given takes the model's device type's default.
     """
 
     def __init__(
         self,
         model: nn.Module,
-        max_batch_tokens: int = 8192,
         logit_chunk_rows: int = 1024,
         pad_token_id: int = 0,
         options: ScorerOptions | None = None,
@@ -197,10 +209,9 @@ class CausalLMScorer:
         self.head = model.get_output_embeddings()
         self.softcap = getattr(model.config, "final_logit_softcapping", None)
         self.sliding_window = _sliding_window(model.config)
-        self.max_batch_tokens = max_batch_tokens
         self.logit_chunk_rows = logit_chunk_rows
         self.pad_token_id = pad_token_id
-        self.options = options or ScorerOptions()
+        self.options = (options or ScorerOptions()).for_device(next(model.parameters()).device)
         self.reduce = row_logprobs
         if self.options.compile:
             for layer in _decoder_layers(self.body, "compile"):
@@ -215,6 +226,11 @@ class CausalLMScorer:
         """The batches :meth:`logprobs` runs ``sequences`` in."""
         lengths = [len(s) for s in sequences]
         return plan_batches(lengths, self.max_batch_tokens, self.options.bucket, self.options.packing)
+
+    @property
+    def max_batch_tokens(self) -> int:
+        """Padded tokens per forward pass."""
+        return self.options.max_batch_tokens
 
     @torch.inference_mode()
     def logprobs(

@@ -59,10 +59,9 @@ class CausalLMTeacher:
         start_token_id: the token every prefix starts with; default the tokenizer's BOS, else EOS.
         max_passage_tokens: passage ids are truncated to this many tokens.
         prompt: the QA prompt with a ``{query}`` field.
-        max_batch_tokens: padded tokens per forward pass.
         logit_chunk_rows: target positions per LM-head chunk.
-        options: the scorer's speed levers (packing, bucketed widths, compiled layers, cuDNN attention);
-            default :class:`ScorerOptions`' defaults.
+        options: the scorer's batch budget and speed levers (packing, bucketed widths, compiled layers, cuDNN
+            attention); each not given takes the device type's default.
     """
 
     def __init__(
@@ -74,7 +73,6 @@ class CausalLMTeacher:
         start_token_id: int | None = None,
         max_passage_tokens: int = 256,
         prompt: str = DEFAULT_PROMPT,
-        max_batch_tokens: int = 8192,
         logit_chunk_rows: int = 1024,
         options: ScorerOptions | None = None,
     ) -> None:
@@ -90,9 +88,7 @@ class CausalLMTeacher:
         self.max_passage_tokens = max_passage_tokens
         self.prompt = prompt
         self.dtype = next(model.parameters()).dtype
-        self.scorer = CausalLMScorer(
-            model, max_batch_tokens, logit_chunk_rows, pad_token_id=self.start_token_id, options=options
-        )
+        self.scorer = CausalLMScorer(model, logit_chunk_rows, pad_token_id=self.start_token_id, options=options)
 
     @classmethod
     def load(

@@ -441,19 +441,20 @@ def test_the_shipped_teacher_data_are_up_to_date_before_their_teacher_loads(monk
     from distill.core.config import parse_config
     from distill.data.teacher_data import TeacherDataset
     from distill.stages import teach
-    from distill.stages.teach_input import InputOptions, PairRows, candidate_stream, write_pair_rows
+    from distill.stages.teach_input import PairRows, candidate_stream, write_pair_rows
+    from teachers.causal_lm import ScorerOptions
 
     monkeypatch.chdir(REPO)
     for name in ("dl21-gemma3", "dl21-smollm2"):
         cfg = parse_config(teach.TeachConfig, ["--config", f"configs/teach/{name}.yaml"], "distill teach")
         rows = Path(f".{name}.pairs-test{os.getpid()}")
         try:
-            write_pair_rows(*candidate_stream(InputOptions(**cfg.input_options)), rows, cfg.max_queries, name)
+            write_pair_rows(*candidate_stream(cfg), rows, cfg.max_queries, name)
             pairs = PairRows(rows)
             digest = pairs.summary.digest
             pairs.close()
         finally:
             shutil.rmtree(rows, ignore_errors=True)
-        options = cfg.scorer_options(torch.device("cpu"))
+        options = ScorerOptions.of(cfg).for_device(torch.device("cpu"))
         known = teach._fingerprint_before_load(cfg, torch.device("cpu"), digest, options)
         assert teach._differs(TeacherDataset.open(cfg.output).metadata.fingerprint, known) == [], name

@@ -1,5 +1,6 @@
-"""One ServingOptions: Reranker.load, distill rerank, distill serve and distill bench's students read the same
-dataclasses, each option declared and defaulted once; a config that could extend an options class does."""
+"""Each option declared and defaulted once: Reranker.load, distill rerank, distill serve and distill bench's students
+read one ServingOptions; distill teach and the teacher benchmark one ScorerOptions (and the teach config one
+InputOptions); a config that could extend an options class does."""
 
 from __future__ import annotations
 
@@ -18,10 +19,13 @@ from distill.serving.reranker import Reranker
 from distill.serving.scorers import TorchOptions
 from distill.serving.server import ServeConfig
 from distill.stages.rerank import RerankConfig
+from distill.stages.teach import TeachConfig
+from distill.stages.teach_input import InputOptions
+from teachers.causal_lm import ScorerOptions
 
 SHARED = [f.name for f in fields(ServingOptions)]
-OPTIONS = (RuntimeOptions, ServingOptions, ServerOptions, TorchOptions)
-"""The options classes whose fields the commands' configs share."""
+OPTIONS = (RuntimeOptions, ServingOptions, ServerOptions, TorchOptions, ScorerOptions, InputOptions)
+"""The options classes whose fields the commands' and benchmarks' configs share."""
 
 
 def own_fields(cls: type) -> set[str]:
@@ -34,17 +38,31 @@ def own_fields(cls: type) -> set[str]:
 
 
 def configs() -> list[type]:
-    """Every command's config dataclass (``distill.cli.COMMANDS``)."""
+    """Every command's config dataclass (``distill.cli.COMMANDS``) and every benchmark's options
+    (``benchmarks.phases.BenchOptions``' subclasses)."""
     import dataclasses
     import importlib
+    import pkgutil
 
+    import benchmarks
+    from benchmarks.phases import BenchOptions
     from distill.cli import COMMANDS
 
     found = []
     for command in COMMANDS.values():
         if command.config is not None:
             found.append(getattr(importlib.import_module(command.module), command.config))
-    return [c for c in found if dataclasses.is_dataclass(c)]
+    for module in pkgutil.iter_modules(benchmarks.__path__):
+        for value in vars(importlib.import_module(f"benchmarks.{module.name}")).values():
+            if isinstance(value, type) and issubclass(value, BenchOptions) and value.__module__.startswith("bench"):
+                found.append(value)
+    return list(dict.fromkeys(c for c in found if dataclasses.is_dataclass(c)))
+
+
+def test_the_configs_found_include_the_teachers_and_the_benchmarks() -> None:
+    from benchmarks.teacher_throughput import TeacherThroughput
+
+    assert {TeachConfig, RerankConfig, ServeConfig, BenchConfig, TeacherThroughput} <= set(configs())
 
 
 @pytest.mark.parametrize("config", [RerankConfig, ServeConfig, BenchConfig])
@@ -66,6 +84,17 @@ def test_a_config_with_every_field_of_an_options_class_extends_it(options: type)
     for config in configs():
         if names <= own_fields(config) | {f.name for f in fields(config)} and not issubclass(config, options):
             pytest.fail(f"{config.__name__} declares every field of {options.__name__}: extend it instead")
+
+
+def test_the_teachers_configs_extend_the_scorers_options_and_declare_none_of_their_fields_again() -> None:
+    from benchmarks.teacher_throughput import TeacherThroughput
+
+    for config, extends in ((TeachConfig, (ScorerOptions, InputOptions)), (TeacherThroughput, (ScorerOptions,))):
+        own = own_fields(config)
+        for options in extends:
+            assert issubclass(config, options), f"{config.__name__} does not extend {options.__name__}"
+            again = own & {f.name for f in fields(options)}
+            assert own and not again, f"{config.__name__} declares {options.__name__}'s {sorted(again)} again"
 
 
 def test_the_flags_fill_the_shared_options_and_load_takes_them(tmp_path: Path) -> None:

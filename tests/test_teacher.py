@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from teachers import SCORES, CausalLMTeacher, required_terms
-from teachers.causal_lm import ScoringSequence, target_logprobs
+from teachers.causal_lm import ScorerOptions, ScoringSequence, target_logprobs
 
 
 def naive_logprob(model: torch.nn.Module, prefix: list[int], target: list[int]) -> float:
@@ -22,7 +22,7 @@ def naive_logprob(model: torch.nn.Module, prefix: list[int], target: list[int]) 
 
 @pytest.fixture(scope="module")
 def teacher(tiny_llama: Path) -> CausalLMTeacher:
-    return CausalLMTeacher.load(str(tiny_llama), max_batch_tokens=64, logit_chunk_rows=7)
+    return CausalLMTeacher.load(str(tiny_llama), logit_chunk_rows=7, options=ScorerOptions(max_batch_tokens=64))
 
 
 def test_target_logprobs_chunked_equals_full_log_softmax() -> None:
@@ -53,11 +53,11 @@ def test_scores_do_not_depend_on_batching(teacher: CausalLMTeacher) -> None:
     vocab = teacher.scorer.model.config.vocab_size
     seqs = [ScoringSequence([1], rng.integers(3, vocab, n).tolist()) for n in rng.integers(1, 40, 25)]
     small = teacher.scorer.logprobs(seqs)
-    teacher.scorer.max_batch_tokens = 10_000
+    teacher.scorer.options.max_batch_tokens = 10_000
     try:
         large = teacher.scorer.logprobs(seqs)
     finally:
-        teacher.scorer.max_batch_tokens = 64
+        teacher.scorer.options.max_batch_tokens = 64
     np.testing.assert_allclose(small, large, rtol=1e-5, atol=1e-4)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -75,7 +76,7 @@ def model(tiny_llama: Path) -> torch.nn.Module:
 
 
 def scorer(model: torch.nn.Module, budget: int = 256, **options) -> CausalLMScorer:
-    return CausalLMScorer(model, budget, logit_chunk_rows=7, pad_token_id=1, options=ScorerOptions(**options))
+    return CausalLMScorer(model, 7, 1, ScorerOptions(max_batch_tokens=budget, **options))
 
 
 # ----------------------------------------------------------------------------- layouts
@@ -210,7 +211,7 @@ def test_compiled_layers_give_the_same_scores_and_compile_a_few_times(
 
     monkeypatch.setattr(torch.nn.Module, "compile", eager_compile)
     monkeypatch.setattr(torch, "compile", eager_compile_function)
-    teacher = CausalLMTeacher.load(str(tiny_llama), max_batch_tokens=128, options=ScorerOptions(compile=True))
+    teacher = CausalLMTeacher.load(str(tiny_llama), options=ScorerOptions(max_batch_tokens=128, compile=True))
     model = teacher.scorer.model
     assert compiled == [*model.base_model.layers, row_logprobs]
     sequences = random_sequences(model.config.vocab_size, 30, seed=3)
@@ -223,7 +224,7 @@ def test_compiled_layers_give_the_same_scores_and_compile_a_few_times(
     finally:
         torch._dynamo.reset()
     assert 2 <= graphs <= 6  # the layers' and the head's, each at most three times
-    plain = CausalLMTeacher.load(str(tiny_llama), max_batch_tokens=128).scorer
+    plain = CausalLMTeacher.load(str(tiny_llama), options=ScorerOptions(max_batch_tokens=128)).scorer
     np.testing.assert_allclose(got, plain.logprobs(sequences), **TIGHT)
 
 
@@ -280,8 +281,11 @@ def test_a_sliding_window_model_falls_back_to_its_own_masking_and_refuses_packin
 def test_options_reject_a_bad_bucket_and_name_what_changed() -> None:
     with pytest.raises(InputError, match="bucket"):
         ScorerOptions(bucket=0)
-    assert ScorerOptions().changed() == {}
-    assert ScorerOptions(bucket=64, packing=True).changed() == {"bucket": 64, "packing": True}
+    with pytest.raises(InputError, match="max_batch_tokens"):
+        ScorerOptions(max_batch_tokens=-1)
+    assert ScorerOptions().for_device("cpu").changed() == {}
+    given = ScorerOptions(bucket=64, packing=True, max_batch_tokens=99).for_device("cpu")
+    assert given.changed() == {"bucket": 64, "packing": True}
 
 
 # ----------------------------------------------------------------------------- the stage
@@ -319,29 +323,45 @@ def test_benchmark_takes_the_levers_and_keeps_its_command_line() -> None:
     def parse(*argv: str) -> teacher_throughput.TeacherThroughput:
         return parse_config(teacher_throughput.TeacherThroughput, argv, "teacher")
 
-    bench = teacher_throughput
+    def levers(options: object, device: torch.device) -> ScorerOptions:
+        return ScorerOptions.of(options).for_device(device)
+
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     old = parse("--random-config", "llama3-8b", "--device", "cuda", "--out", "x.json", "--progress", "false")
-    assert bench.scorer_options(old, cpu) == ScorerOptions()
-    assert bench.scorer_options(old, cuda) == ScorerOptions(bucket=64, packing=True, compile=True)  # the defaults
+    assert levers(old, cpu) == EXACT
+    assert levers(old, cuda) == CUDA_DEFAULTS
     new = parse("--random_config", "tiny", "--packing", "--bucket", "64", "--compile", "false")
-    assert bench.scorer_options(new, cpu) == ScorerOptions(bucket=64, packing=True)
-    assert bench.scorer_options(new, cuda) == ScorerOptions(bucket=64, packing=True)
-    assert bench.scorer_options(parse("--cudnn-attention", "true"), cpu).cudnn_attention
+    assert levers(new, cpu) == replace(EXACT, bucket=64, packing=True)
+    assert levers(new, cuda) == replace(CUDA_DEFAULTS, compile=False)
+    assert levers(parse("--cudnn-attention", "true"), cpu).cudnn_attention
+    assert levers(parse("--max_batch_tokens", "512"), cuda).max_batch_tokens == 512
     with pytest.raises(InputError, match="packing"):
         parse("--packing", "maybe")
+    with pytest.raises(InputError, match="max_batch_tokens"):
+        parse("--max_batch_tokens", "0")
+
+
+EXACT = ScorerOptions(max_batch_tokens=8192, bucket=1, packing=False, compile=False, cudnn_attention=False)
+"""A CPU's defaults: the exact path."""
+CUDA_DEFAULTS = ScorerOptions(max_batch_tokens=16384, bucket=64, packing=True, compile=True, cudnn_attention=False)
 
 
 def test_the_teacher_levers_are_on_by_default_on_cuda_and_off_on_a_cpu() -> None:
     from distill.stages.teach import TeachConfig
 
+    def levers(config: TeachConfig, device: str) -> ScorerOptions:
+        return ScorerOptions.of(config).for_device(device)
+
     config = TeachConfig(input=["x.json"], output="out")
-    assert config.scorer_options("cpu") == ScorerOptions() and not ScorerOptions().changed()
-    assert config.scorer_options("cuda:1") == ScorerOptions(bucket=64, packing=True, compile=True)
-    off = TeachConfig(input=["x.json"], output="out", packing=False, compile=False, bucket=1)
-    assert off.scorer_options("cuda") == ScorerOptions()  # what is given is kept, on either device
+    assert levers(config, "cpu") == EXACT and not EXACT.changed()
+    assert levers(config, "cuda:1") == CUDA_DEFAULTS
+    assert CUDA_DEFAULTS.changed() == {"bucket": 64, "packing": True, "compile": True}  # the budget is no lever
+    off = TeachConfig(input=["x.json"], output="out", packing=False, compile=False, bucket=1, max_batch_tokens=8192)
+    assert levers(off, "cuda") == EXACT  # what is given is kept, on either device
     on = TeachConfig(input=["x.json"], output="out", packing=True, bucket=64)
-    assert on.scorer_options("cpu") == ScorerOptions(bucket=64, packing=True)
+    assert levers(on, "cpu") == replace(EXACT, bucket=64, packing=True)
+    with pytest.raises(InputError, match="bucket"):
+        TeachConfig(input=["x.json"], output="out", bucket=0)
 
 
 def test_the_removed_fp8_lever_is_an_unknown_option_everywhere(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

@@ -39,7 +39,7 @@ from distill.bench.methods import (
 from distill.bench.quality import REFERENCE, QualitySet
 from distill.bench.timing import time_method
 from distill.bench.workload import TOKEN_COUNTS, Workload, rerank_workload, token_count_workloads
-from distill.core.devices import MATMUL_SIZE, TEACHER_BATCH_TOKENS, compute_dtype, resolve_device
+from distill.core.devices import MATMUL_SIZE, compute_dtype, resolve_device
 from distill.core.package_paths import CANDIDATES, DL19, QRELS, shipped
 from distill.core.paths import output_folder
 from distill.core.run_folder import RunLayout, student_folder
@@ -108,7 +108,7 @@ class BenchConfig(RuntimeOptions):
     max_seconds: float = 20.0
     """Stop repeating a (method, workload) once its timed calls pass this many seconds (one round at least)."""
     teacher_max_batch_tokens: int | None = None
-    """Padded tokens per teacher batch (default 8192 on a CPU, 16384 on a GPU)."""
+    """Padded tokens per teacher batch (default the teacher's, :class:`~teachers.causal_lm.ScorerOptions`')."""
     matmul_size: int | None = None
     """Side of the square matmul whose rate FLOP floors use (default 8192 on a GPU, 2048 on a CPU)."""
     output: str | None = None
@@ -174,14 +174,15 @@ def _random_student(config: BenchConfig, out: Path) -> Path:
 
 
 def _teacher(config: BenchConfig, device: torch.device) -> Method:
+    from teachers.causal_lm import ScorerOptions
     from teachers.teacher import CausalLMTeacher
 
-    budget = config.teacher_max_batch_tokens or TEACHER_BATCH_TOKENS[device.type]
+    options = ScorerOptions(max_batch_tokens=config.teacher_max_batch_tokens)  # the rest as `distill teach` has them
     if config.random_weights:
         name = config.teacher or RANDOM_TEACHER
-        teacher = CausalLMTeacher.random(name, device=device, seed=config.seed, max_batch_tokens=budget)
+        teacher = CausalLMTeacher.random(name, device=device, seed=config.seed, options=options)
     else:
-        teacher = CausalLMTeacher.load(config.teacher or DEFAULT_TEACHER, device=device, max_batch_tokens=budget)
+        teacher = CausalLMTeacher.load(config.teacher or DEFAULT_TEACHER, device=device, options=options)
     return teacher_method(teacher)
 
 

@@ -19,19 +19,18 @@ STUDENT_BATCH_TOKENS: dict[DeviceType, int] = {"cpu": 1024, "cuda": 32768}
 """Padded tokens per student (cross-encoder) batch. Small batches keep a CPU's caches warm; a GPU wants large ones:
 32768 takes a query's 100 candidates in one batch up to 327 tokens a pair (100 x 256 fits), where a smaller budget
 splits them into batches that each pay the launch cost (the docs' CPU latency and GPU results pages time both)."""
-TEACHER_BATCH_TOKENS: dict[DeviceType, int] = {"cpu": 8192, "cuda": 16384}
-"""Padded tokens per teacher forward pass in the benchmarks (the teach stage's own default is its config's)."""
 TRAIN_PAD_MULTIPLE: dict[DeviceType, int] = {"cpu": 1, "cuda": 64}
 """What the student's training batches are padded to a multiple of. On a GPU, 64 keeps the shapes a step sees
 to a few (attention plans, compiled graphs, cuBLAS heuristics are made per shape) and the matmuls aligned; a CPU
 pays for every padded token and gains nothing from fewer shapes, so it pads to the longest pair."""
 TEACHER_LEVERS: dict[DeviceType, dict[str, int | bool]] = {
-    "cpu": {"bucket": 1, "packing": False, "compile": False},
-    "cuda": {"bucket": 64, "packing": True, "compile": True},
+    "cpu": {"max_batch_tokens": 8192, "bucket": 1, "packing": False, "compile": False},
+    "cuda": {"max_batch_tokens": 16384, "bucket": 64, "packing": True, "compile": True},
 }
-"""The teacher scorer's speed levers by default (:class:`teachers.causal_lm.ScorerOptions`). A CPU keeps the exact
-path, whose scores never change; a GPU buckets lengths, packs sequences and compiles, which together keep its
-matrix units busy (the docs' GPU results pages measure the levers against the plain loop)."""
+"""The teacher scorer's batch budget and speed levers by default (:class:`teachers.causal_lm.ScorerOptions`, where
+they are not given). A CPU keeps the exact path, whose scores never change; a GPU takes larger batches, buckets
+lengths, packs sequences and compiles, which together keep its matrix units busy (the docs' GPU results pages
+measure the levers against the plain loop)."""
 RERANKER_LEVERS: dict[DeviceType, dict[str, bool]] = {
     "cpu": {"unpad": False, "cuda_graphs": False},
     "cuda": {"unpad": True, "cuda_graphs": True},

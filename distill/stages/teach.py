@@ -30,7 +30,6 @@ from tqdm.auto import tqdm
 
 from distill.core.paths import input_path, output_folder
 from distill.core.schema import ExistingOutputError, InputError
-from distill.data.loaders import OnBadInput
 from distill.data.loaders.irds import is_irds
 from distill.data.teacher_data import TeacherDataset, TeacherMetadata
 from distill.model.resolver import cache_home
@@ -45,13 +44,11 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class TeachConfig:
+class TeachConfig(ScorerOptions, InputOptions):
     """Options of ``distill teach``: score every (query, candidate) pair with a causal-LM teacher, or with an
-    embedding model (``scores: [similarity]``)."""
+    embedding model (``scores: [similarity]``). How the inputs are read is :class:`InputOptions`'; the teacher's
+    batch budget and speed levers, :class:`~teachers.causal_lm.ScorerOptions`'."""
 
-    input: list[str] = field(default_factory=list)
-    """Candidates (required): rank_llm or multi-hop QA JSON files, TREC run files, BEIR folders or ``irds:`` ids;
-    several are joined, each (qid, docid) pair scored once."""
     output: str | None = None
     """The dataset folder to write (required; ``distill run`` sets it)."""
     teacher: str = "smollm2-135m"
@@ -61,14 +58,6 @@ class TeachConfig:
     """Scores to compute; the first is the dataset's primary label. For a causal LM, ``cis`` is always included.
     ``similarity`` alone makes the teacher an embedding model: the cosine of the query's and the passage's
     mean-pooled embeddings (:mod:`teachers.embedding`)."""
-    queries: str | None = None
-    """For a TREC run input: the queries (TSV ``qid<TAB>text`` or JSONL)."""
-    corpus: str | None = None
-    """For a TREC run input: the passages (TSV or JSONL)."""
-    run: str | None = None
-    """For a BEIR folder input: the candidates as a TREC run (default its judged pairs)."""
-    qrels: str | None = None
-    """Relevance judgements (TREC qrels) to keep with the candidates."""
     max_queries: int | None = None
     """Score only the first N queries of the input."""
     start_token: int | str | None = None
@@ -81,31 +70,12 @@ class TeachConfig:
     """``auto`` (bf16 on GPU, fp32 on CPU), ``float32``, ``bfloat16`` or ``float16``."""
     device_map: str | None = None
     """``auto`` shards one model over all visible GPUs (model parallel, one process)."""
-    max_batch_tokens: int = 8192
-    """Padded tokens per forward pass."""
     logit_chunk_rows: int = 1024
     """Target positions per LM-head chunk (memory: rows x vocabulary fp32 values)."""
-    bucket: int | None = None
-    """Pad each batch's width up to a multiple of this many tokens, so that batch shapes repeat (1: the longest
-    sequence's width). Default the device's (:data:`distill.core.devices.TEACHER_LEVERS`: 64 on CUDA, 1 on a
-    CPU)."""
-    packing: bool | None = None
-    """Pack several sequences in each row with no padding between them, positions reset per sequence, behind a
-    block-diagonal causal mask: fewer padded tokens; scores agree with padded batches within rounding. Default the
-    device's (on for CUDA, off for a CPU, whose scores stay exactly those of the padded path)."""
-    compile: bool | None = None
-    """torch.compile each decoder layer (compiles at most three times, with ``bucket``). Default the device's (on
-    for CUDA, off for a CPU)."""
-    cudnn_attention: bool = ScorerOptions.cudnn_attention
-    """On CUDA, let attention use cuDNN's kernels, which build a plan on the host for every new batch shape."""
     chunk_size: int = 256
     """Pairs (or passages) per unit of work, the granularity of sharding and resuming."""
     cache_dir: str | None = None
     """Where log p(K) is cached; default ``$CIS_DISTILL_CACHE/pk`` (``~/.cache/cis-distill/pk``)."""
-    on_bad_input: OnBadInput = "error"
-    """``error``: stop at the first bad record, naming it; ``skip``: skip bad records and count them."""
-    repair_mojibake: bool = True
-    """Repair MS MARCO's mojibake (``â\\x80\\x99`` for ``’``) where ``latin-1 -> utf-8`` decodes."""
     reuse: list[str] = field(default_factory=list)
     """Teacher dataset folders made under the same teacher fingerprint (everything but the input and the scores):
     pairs found there (same qid, docid, query and passage text) take their terms from there instead of being
@@ -117,6 +87,7 @@ class TeachConfig:
     """Show progress bars."""
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if isinstance(self.input, str):  # Python callers may name one input
             self.input = [self.input]
         if isinstance(self.scores, str):
@@ -140,14 +111,9 @@ class TeachConfig:
                 required_terms(self.scores)
             except ValueError as e:
                 raise InputError(f"teach: scores: {e}; or {SIMILARITY} (an embedding model)") from None
-        for name in ("chunk_size", "max_batch_tokens", "max_passage_tokens", "bucket"):
+        for name in ("chunk_size", "max_passage_tokens"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise InputError(f"teach: {name} must be positive, got {getattr(self, name)}")
-
-    @property
-    def input_options(self) -> dict[str, Any]:
-        """The fields that say how the inputs are read (:class:`~distill.stages.teach_input.InputOptions`)."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(InputOptions)}
 
     @property
     def similarity(self) -> bool:
@@ -157,16 +123,6 @@ class TeachConfig:
     @property
     def score_columns(self) -> list[str]:
         return list(self.scores) if self.similarity else list(dict.fromkeys(["cis", *self.scores]))
-
-    def scorer_options(self, device: Any) -> ScorerOptions:
-        """The scorer's levers on ``device``: each one given, else the device type's default."""
-        return ScorerOptions.for_device(
-            device,
-            bucket=self.bucket,
-            packing=self.packing,
-            compile=self.compile,
-            cudnn_attention=self.cudnn_attention,
-        )
 
 
 REUSE_FREE = ("input", "scores")
@@ -282,18 +238,18 @@ class TeachReport:
 def teach(cfg: TeachConfig) -> TeachReport:
     """Run the teacher stage (in every process of an ``accelerate launch``)."""
     state = process_state()
-    options = cfg.scorer_options(state.device)
+    options = ScorerOptions.of(cfg).for_device(state.device)
     output = Path(cfg.output)
     cache_root = Path(cfg.cache_dir) if cfg.cache_dir else cache_home() / "pk"
     check_paths(cfg, output, cache_root)  # before anything is loaded or scored, a bad path loses nothing
     # Each process reads the inputs into rows of its own, so that a bad record stops every process alike.
     rows_folder = output.with_name(f".{output.name}.pairs-{state.process_index}")
-    candidates, skipped = candidate_stream(InputOptions(**cfg.input_options))
+    candidates, skipped = candidate_stream(cfg)
     write_pair_rows(candidates, skipped, rows_folder, cfg.max_queries, ", ".join(cfg.input))
     pairs = PairRows(rows_folder)
     try:
         if cfg.similarity:
-            return _teach_similarity(cfg, state, output, pairs)
+            return _teach_similarity(cfg, state, options, output, pairs)
         return _teach(cfg, state, options, output, cache_root, pairs)
     finally:  # done, up to date or failed: the rows go (a rerun reads the inputs again)
         pairs.close()
@@ -344,7 +300,7 @@ def _fingerprint(setting: dict[str, Any], digest: str, cfg: TeachConfig, options
         "input": digest,
         "scores": cfg.score_columns,
         "chunk_size": cfg.chunk_size,
-        "max_batch_tokens": cfg.max_batch_tokens,
+        "max_batch_tokens": options.max_batch_tokens,
         # Only the levers away from the exact path (the CPU's defaults): a CPU run keeps its earlier fingerprints.
         **options.changed(),
     }
@@ -440,7 +396,6 @@ def _teach(
         start_token=cfg.start_token,
         max_passage_tokens=cfg.max_passage_tokens,
         prompt=cfg.prompt,
-        max_batch_tokens=cfg.max_batch_tokens,
         logit_chunk_rows=cfg.logit_chunk_rows,
         options=options,
     )
@@ -634,14 +589,16 @@ def _pair_columns(rows: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _teach_similarity(cfg: TeachConfig, state: Any, output: Path, pairs: PairRows) -> TeachReport:
+def _teach_similarity(
+    cfg: TeachConfig, state: Any, options: ScorerOptions, output: Path, pairs: PairRows
+) -> TeachReport:
     """The stage for an embedding teacher: score this process's share of pair chunks not on disk yet by
     :data:`~teachers.embedding.SIMILARITY`, then merge them as :func:`_teach` does."""
     from teachers.embedding import SimilarityTeacher
 
     summary = pairs.summary
     work = output.with_name(output.name + ".partial")
-    teacher = SimilarityTeacher.load(cfg.teacher, device=str(state.device), max_batch_tokens=cfg.max_batch_tokens)
+    teacher = SimilarityTeacher.load(cfg.teacher, device=str(state.device), max_batch_tokens=options.max_batch_tokens)
     fingerprint = {
         **teacher.describe(),
         "input": summary.digest,

@@ -14,7 +14,7 @@ import json
 import shutil
 from collections import Counter
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,17 +41,25 @@ SCHEMA = pa.schema(
 ROWS_FILE, SUMMARY_FILE = "pairs.arrow", "pairs.json"
 
 
-@dataclass(frozen=True)
+@dataclass
 class InputOptions:
-    """How the inputs are read (the teach config's fields of the same names)."""
+    """How the inputs are read (the teach config extends it)."""
 
-    input: list[str]
+    input: list[str] = field(default_factory=list)
+    """Candidates (required): rank_llm or multi-hop QA JSON files, TREC run files, BEIR folders or ``irds:`` ids;
+    several are joined, each (qid, docid) pair scored once."""
     queries: str | None = None
+    """For a TREC run input: the queries (TSV ``qid<TAB>text`` or JSONL)."""
     corpus: str | None = None
+    """For a TREC run input: the passages (TSV or JSONL)."""
     run: str | None = None
+    """For a BEIR folder input: the candidates as a TREC run (default its judged pairs)."""
     qrels: str | None = None
+    """Relevance judgements (TREC qrels) to keep with the candidates."""
     on_bad_input: OnBadInput = "error"
+    """``error``: stop at the first bad record, naming it; ``skip``: skip bad records and count them."""
     repair_mojibake: bool = True
+    """Repair MS MARCO's mojibake (``â\\x80\\x99`` for ``’``) where ``latin-1 -> utf-8`` decodes."""
 
 
 def candidate_stream(options: InputOptions) -> tuple[Iterator[Candidates], Counter[str]]:
