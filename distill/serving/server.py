@@ -24,7 +24,7 @@ from typing import Any
 
 from distill.core.config import REPEATABLE
 from distill.core.schema import InputError
-from distill.serving.http_api import ServingState
+from distill.serving.http_gate import ServingState
 from distill.serving.options import ServerOptions, ServingOptions
 
 log = logging.getLogger(__name__)
@@ -113,7 +113,7 @@ def timed_h11(read_timeout: float) -> type:
     """uvicorn's h11 protocol with a deadline for each request's head: a connection that has sent no complete head
     within ``read_timeout`` seconds of its opening, or of the head's first byte (between kept-alive requests, uvicorn's
     keep-alive timeout applies), is closed, after a 408 if part of a head came (one log line). The body's deadline is
-    the app's (:class:`~distill.serving.http_api.ServingState`'s options)."""
+    the app's (:class:`~distill.serving.http_gate.ServingState`'s options)."""
     import asyncio
 
     import h11

@@ -1,0 +1,320 @@
+"""The gate in front of ``distill serve``'s routes, and the state and metrics it shares with them.
+
+:class:`Gate` is plain ASGI middleware: it sees every request before FastAPI reads it, so that it can refuse one
+without reading its body (503 while draining, 401 without the API key, 415 for a rerank body that is not JSON, 413
+over the size limit, 429 past the queue's bound), hold the body it admits to the size limit and the read timeout
+(413, 408), cancel a route whose client has left, and count each request's status and latency in :class:`Metrics`.
+:class:`ServingState` is what the server's shutdown reads and sets (:mod:`distill.serving.server`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
+from distill.serving.batcher import BatchStats
+from distill.serving.options import ServerOptions
+
+log = logging.getLogger(__name__)
+
+ROUTES = ("/v1/rerank", "/v2/rerank", "/rerank", "/health", "/metrics", "/info")
+"""The routes the metrics name; any other path counts as ``other``."""
+
+
+@dataclass
+class ServingState:
+    """What the server's shutdown reads and sets (:mod:`distill.serving.server`)."""
+
+    options: ServerOptions = field(default_factory=ServerOptions)
+    """The app's options (the server reads its timeouts here)."""
+    draining: bool = False
+    """Set on SIGTERM: new requests get 503."""
+    in_flight: int = 0
+    """Requests being answered."""
+    reranking: int = 0
+    """Rerank requests admitted and not yet answered (bounded by ``max_queued_requests``)."""
+    cutting: bool = False
+    """Set by :meth:`cut`: the drain's deadline has passed."""
+    open: set[asyncio.Task] = field(default_factory=set)
+    """The tasks that run the routes of the requests in flight."""
+
+    def cut(self) -> int:
+        """Cut every request in flight (the drain's deadline has passed): each route's task is cancelled, and a
+        request not yet answered gets a 503; how many were cut. Called on the event loop."""
+        self.cutting = True
+        for task in self.open:
+            task.cancel()
+        return len(self.open)
+
+
+class Metrics:
+    """The Prometheus metrics of one app, in a registry of its own (``GET /metrics``)."""
+
+    def __init__(self) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+        self.registry = CollectorRegistry()
+        r = self.registry
+        powers = tuple(float(2**i) for i in range(11))
+        self.requests = Counter(
+            "distill_requests", "HTTP requests, by route and status code", ["route", "code"], registry=r
+        )
+        self.latency = Histogram(
+            "distill_request_seconds",
+            "Time to answer a request, by route",
+            ["route"],
+            registry=r,
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+        )
+        self.documents = Counter("distill_documents", "Documents scored, by route", ["route"], registry=r)
+        self.tokens = Counter(
+            "distill_tokens", "Tokens scored: each pair's query, document and special tokens", registry=r
+        )
+        self.truncated = Counter("distill_truncated_documents", "Documents cut to the token limit", registry=r)
+        self.tokenize = Histogram("distill_tokenize_seconds", "Time to tokenise a request", registry=r)
+        self.queue_wait = Histogram(
+            "distill_queue_wait_seconds", "Time from a request's arrival in the queue to its first batch", registry=r
+        )
+        self.batch_pairs = Histogram("distill_batch_pairs", "Pairs per batch", registry=r, buckets=powers)
+        self.batch_requests = Histogram(
+            "distill_batch_requests",
+            "Requests whose pairs a batch held",
+            registry=r,
+            buckets=(1, 2, 3, 4, 6, 8, 16, 32),
+        )
+        self.batch_tokens = Histogram(
+            "distill_batch_padded_tokens",
+            "Padded tokens per batch (pairs x longest pair)",
+            registry=r,
+            buckets=tuple(float(2**i) for i in range(4, 18)),
+        )
+        self.batch_seconds = Histogram("distill_batch_seconds", "The backend's time per batch", registry=r)
+        self.in_flight = Gauge("distill_in_flight_requests", "Requests being answered", registry=r)
+        self.queued = Gauge("distill_queued_pairs", "Pairs waiting for a batch", registry=r)
+
+    def observe_batch(self, stats: BatchStats) -> None:
+        self.batch_pairs.observe(stats.pairs)
+        self.batch_requests.observe(stats.requests)
+        self.batch_tokens.observe(stats.padded_tokens)
+        self.batch_seconds.observe(stats.seconds)
+        self.tokens.inc(stats.tokens)
+
+
+def error_type(status: int) -> str:
+    """TEI's ``error_type`` of an error status: ``overloaded`` (429), ``unhealthy`` (503), ``backend`` (other 5xx) or
+    ``validation`` (other 4xx, as TEI names a request it refuses)."""
+    return {429: "overloaded", 503: "unhealthy"}.get(status, "backend" if status >= 500 else "validation")
+
+
+def error_response(status: int, message: str) -> JSONResponse:
+    body = {"error": " ".join(message.split()), "error_type": error_type(status)}
+    return JSONResponse(body, status_code=status)
+
+
+JSON_ROUTES = ("/v1/rerank", "/v2/rerank", "/rerank")
+"""The routes whose POST bodies are JSON: another media type is a 415."""
+OPEN_ROUTES = ("/health",)
+"""The routes that need no API key: an orchestrator's probes carry none."""
+API_KEY_ENV = "CIS_DISTILL_API_KEY"
+"""The environment variable that gives the API key where ``api_key`` is not set."""
+RETRY_AFTER_S = 1
+"""``Retry-After`` of a 429: a batch round lasts well under a second, so a second later the queue has moved."""
+
+
+def api_key(options: ServerOptions) -> str | None:
+    """The key the server requires: ``options.api_key``, else ``$CIS_DISTILL_API_KEY``, else None (no auth)."""
+    return options.api_key or os.environ.get(API_KEY_ENV) or None
+
+
+def _authorised(headers: dict[bytes, bytes], key: str) -> bool:
+    """Whether the request's ``Authorization`` header is ``Bearer <key>`` (compared in constant time)."""
+    given = headers.get(b"authorization", b"").decode("latin-1")
+    scheme, _, token = given.partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key.encode())
+
+
+def _not_json(headers: dict[bytes, bytes]) -> str | None:
+    """Why a body's ``content-type`` is not JSON, in one line naming the header; None for ``application/json`` (or
+    a ``+json`` type, as FastAPI reads them)."""
+    value = headers.get(b"content-type")
+    if value is None:
+        return "content-type: missing; send application/json"
+    media = value.decode("latin-1").split(";", 1)[0].strip().lower()
+    if media == "application/json" or (media.startswith("application/") and media.endswith("+json")):
+        return None
+    return f"content-type: {media or 'empty'} is not JSON; send application/json"
+
+
+def _closing(status: int, message: str) -> JSONResponse:
+    """:func:`_error`, and the connection closed after it."""
+    response = error_response(status, message)
+    response.headers["connection"] = "close"
+    return response
+
+
+class _Exchange:
+    """One request through :class:`Gate`: the route runs in a task of its own, and reads the body through
+    :meth:`receive`, which holds it to the size limit and the read timeout; once the body is read, a watch waits for
+    the client to leave, and cancels the route if it leaves before its answer (so that the batcher skips the
+    request's batches still to run). The drain's deadline cancels the route too (:meth:`ServingState.cut`)."""
+
+    def __init__(self, gate: Gate, scope: dict, receive: Callable[[], Awaitable[dict]], send: Any) -> None:
+        self.gate, self.scope, self._receive, self._send = gate, scope, receive, send
+        self.length = dict(scope["headers"]).get(b"content-length", b"").decode("latin-1")
+        self.start = time.perf_counter()
+        self.deadline = asyncio.get_running_loop().time() + gate.read_timeout
+        self.status = 500
+        self.started = False
+        self.answered = False
+        self.received = 0
+        self.body_read = False
+        self.gone = False
+        self.task: asyncio.Task | None = None
+        self.watch: asyncio.Task | None = None
+
+    async def send(self, message: dict) -> None:
+        if message["type"] == "http.response.start":
+            self.status, self.started = message["status"], True
+        elif message["type"] == "http.response.body" and not message.get("more_body", False):
+            self.answered = True
+        await self._send(message)
+
+    async def receive(self) -> dict:
+        """The next message of the request: its body within the size limit (413) and the read timeout (408); once
+        the body is read, what comes next (the client's leaving)."""
+        if self.body_read:
+            return await self._receive()
+        left = self.deadline - asyncio.get_running_loop().time()
+        try:
+            message = await asyncio.wait_for(self._receive(), max(left, 0.0))
+        except asyncio.TimeoutError:
+            timeout = self.gate.read_timeout
+            came = f"{self.received} of {self.length or 'unknown'} bytes came"
+            log.warning(
+                "request read timeout: %s %s from %s: the body was not complete within %g s (%s); answered 408 and "
+                "closed the connection",
+                self.scope["method"],
+                self.scope["path"],
+                _client(self.scope),
+                timeout,
+                came,
+            )
+            raise HTTPException(
+                408, f"body: not complete within {timeout:g} s ({came})", headers={"connection": "close"}
+            ) from None
+        if message["type"] == "http.request":
+            self.received += len(message.get("body", b""))
+            if self.received > self.gate.max_body_bytes:
+                raise HTTPException(413, f"body: over this server's limit of {self.gate.max_body_bytes} bytes")
+            if not message.get("more_body", False):
+                self.body_read = True
+                self.watch = asyncio.ensure_future(self._watch())
+        return message
+
+    async def _watch(self) -> None:
+        """Wait for the client to leave; if it leaves before its answer is sent, cancel the route."""
+        message = await self._receive()
+        if message["type"] == "http.disconnect" and not self.answered and self.task and not self.task.done():
+            self.gone = True
+            self.task.cancel()
+
+    async def run(self, app: Any) -> None:
+        """Run the route; a route cancelled because the client left ends without an answer (status 499 in the
+        metrics), one cut by the drain's deadline gets a 503 if it has no answer yet."""
+        state = self.gate.state
+        self.task = asyncio.ensure_future(app(self.scope, self.receive, self.send))
+        state.open.add(self.task)
+        try:
+            await self.task
+        except asyncio.CancelledError:
+            if self.gone:
+                self.status = 499  # nginx's "client closed request"
+                log.info(
+                    "client gone: %s %s from %s cancelled after %.1f s",
+                    self.scope["method"],
+                    self.scope["path"],
+                    _client(self.scope),
+                    time.perf_counter() - self.start,
+                )
+            elif state.cutting:
+                if not self.started:
+                    await _closing(503, "the server is shutting down: its drain deadline passed")(
+                        self.scope, self._receive, self.send
+                    )
+            else:
+                raise
+        finally:
+            state.open.discard(self.task)
+            if self.watch is not None:
+                self.watch.cancel()
+
+
+def _client(scope: dict) -> str:
+    """``host:port`` of the request's client (``unknown`` where the server does not say)."""
+    client = scope.get("client")
+    return f"{client[0]}:{client[1]}" if client else "unknown"
+
+
+class Gate:
+    """ASGI middleware in front of the routes: 503 while draining, 415 for a rerank body that is not JSON, 413 for a
+    body over the limit, 408 for a body not complete within the read timeout, a request cancelled once its client has
+    gone and cut at the drain's deadline (:class:`_Exchange`), and each request's count, status and latency in the
+    metrics."""
+
+    def __init__(self, app: Any, state: ServingState, metrics: Metrics) -> None:
+        self.app, self.state, self.metrics = app, state, metrics
+        self.max_body_bytes = state.options.max_body_bytes
+        self.read_timeout = state.options.request_read_timeout
+        self.max_queued = state.options.max_queued_requests
+        self.api_key = api_key(state.options)
+
+    async def __call__(self, scope: dict, receive: Callable[[], Awaitable[dict]], send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        route = scope["path"] if scope["path"] in ROUTES else "other"
+        exchange = _Exchange(self, scope, receive, send)
+        length = exchange.length
+        self.state.in_flight += 1
+        self.metrics.in_flight.inc()
+        headers = dict(scope["headers"])
+        reranks = scope["method"] == "POST" and route in JSON_ROUTES
+        admitted = False
+        try:
+            if self.state.draining:
+                await _closing(503, "the server is shutting down")(scope, receive, exchange.send)
+            elif self.api_key and scope["path"] not in OPEN_ROUTES and not _authorised(headers, self.api_key):
+                refusal = error_response(
+                    401, "authorization: a missing or wrong bearer token (Authorization: Bearer <key>)"
+                )
+                refusal.headers["www-authenticate"] = "Bearer"
+                await refusal(scope, receive, exchange.send)
+            elif reranks and (wrong := _not_json(headers)):
+                await error_response(415, wrong)(scope, receive, exchange.send)
+            elif length.isdigit() and int(length) > self.max_body_bytes:
+                limit = f"over this server's limit of {self.max_body_bytes} bytes"
+                await error_response(413, f"body: {int(length)} bytes, {limit}")(scope, receive, exchange.send)
+            elif reranks and self.state.reranking >= self.max_queued:
+                queued = self.state.reranking
+                busy = error_response(429, f"busy: {queued} requests queued, this server's limit (max_queued_requests)")
+                busy.headers["retry-after"] = str(RETRY_AFTER_S)
+                await busy(scope, receive, exchange.send)
+            else:
+                admitted = reranks
+                self.state.reranking += admitted
+                await exchange.run(self.app)
+        finally:
+            self.state.reranking -= admitted
+            self.state.in_flight -= 1
+            self.metrics.in_flight.dec()
+            self.metrics.requests.labels(route, str(exchange.status)).inc()
+            self.metrics.latency.labels(route).observe(time.perf_counter() - exchange.start)
