@@ -8,6 +8,10 @@ Every candidate of every judged query is scored once (ONNX fp32); for both norma
 95th percentiles, the number of distinct float32 values, the Brier score and the expected calibration error against
 the judgments (an unjudged candidate not relevant), and whether the ranking equals the raw scores'. Nothing is chosen
 here: the calibration was fitted at export on the student's validation queries.
+
+``bounds`` says how far any calibrated map of these raw scores can spread: a monotone map sends the top 5% of raw
+scores to the probabilities above its 95th percentile, and a calibrated one gives them, on average, the share of them
+that is relevant. That share (and the bottom 5%'s) is the spread the student's ranking earns.
 """
 
 from __future__ import annotations
@@ -42,6 +46,15 @@ def spread(values: np.ndarray, relevant: np.ndarray, raw: np.ndarray, queries: l
     }
 
 
+def bounds(raw: np.ndarray, relevant: np.ndarray) -> dict[str, float]:
+    """The share relevant among the pairs of the top 5% and of the bottom 5% of raw scores."""
+    top, bottom = raw >= np.quantile(raw, 0.95), raw <= np.quantile(raw, 0.05)
+    return {
+        "top_5pct_relevant": round(float(relevant[top].mean()), 4),
+        "bottom_5pct_relevant": round(float(relevant[bottom].mean()), 4),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, help="an export folder with card.json's score_calibration")
@@ -73,6 +86,7 @@ def main() -> None:
         "queries": len(queries),
         "relevant": int(judgments.sum()),
         "calibration": reranker.calibration.to_dict(),
+        "bounds": bounds(scores, judgments),
         "calibrated": spread(reranker.calibration.probability(scores), judgments, scores, queries),
         "sigmoid": spread(sigmoid(scores), judgments, scores, queries),
     }

@@ -1201,7 +1201,35 @@ def page_serving(links: Links) -> str:
             parts += [f"![serving]({links.prefix}{folder}/serve.png)", ""]
         parts += [serve_padding(result), ""]
     parts.append(SERVE_FINDINGS)
+    parts += ["", calibration_section(links)]
     return "\n".join(parts)
+
+
+def calibration_section(links: Links) -> str:
+    """Every ``calibration-*.json`` (``benchmarks/calibration.py``): the calibrated scores' spread and fit on a
+    judged candidates file beside the plain sigmoid's, and the share relevant at the raw scores' two ends."""
+    rows = []
+    for path in sorted(p for p in result_files() if re.fullmatch(r"calibration-[^/]*\.json", p)):
+        r = load(path)
+        cal, sig, bounds = r["calibrated"], r["sigmoid"], r.get("bounds", {})
+        rows.append([
+            links(path), r["queries"], r["pairs"], r["relevant"],
+            f"{cal['p05']:.3f}–{cal['p95']:.3f}", cal["distinct_float32"], _f(cal["brier"], 3), _f(cal["ece"], 3),
+            f"{bounds['bottom_5pct_relevant']:.2f} / {bounds['top_5pct_relevant']:.2f}" if bounds else "",
+            f"{sig['p05']:.3f}–{sig['p95']:.3f}", sig["distinct_float32"],
+        ])  # fmt: skip
+    header = ["file", "queries", "pairs", "relevant", "calibrated p05–p95", "distinct", "Brier", "ECE",
+              "relevant in raw bottom / top 5%", "sigmoid p05–p95", "distinct"]  # fmt: skip
+    return "\n".join([
+        "## Score calibration",
+        "",
+        "`python benchmarks/calibration.py` scores every candidate of a judged file with an export and compares the",
+        "calibrated probabilities (the export's Platt scaling, fitted on its validation queries) with the plain",
+        "sigmoid of the raw scores. The share relevant among the top 5% of raw scores is, on average, what any",
+        "calibrated monotone map gives them: the spread the student's ranking earns.",
+        "",
+        _table(header, rows),
+    ])  # fmt: skip
 
 
 def page_demo(links: Links) -> str:

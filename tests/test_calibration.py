@@ -115,3 +115,39 @@ def test_probabilities_and_both_routes_use_it_and_keep_the_ranking(exported: Pat
         assert [r[key] for r in results] == pytest.approx([probability[r["index"]] for r in results], abs=1e-5)
     assert [r["score"] for r in raw_tei] == pytest.approx([raw[r["index"]] for r in raw_tei], abs=1e-5)
     assert info["score_calibration"]["scale"] == 3.0
+
+
+def test_the_calibration_benchmark_reports_both_normalisations_and_the_bounds(
+    exported: Path, dl19_sample: list[dict], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``benchmarks/calibration.py`` on the tiny export: its figures are those of the export's own calibration of
+    ONNX's raw scores, recomputed here, and the bounds are the share relevant at the raw scores' two ends."""
+    import sys
+
+    from benchmarks import calibration as bench
+    from distill.data.loaders import load_candidates, load_qrels
+
+    from .conftest import DL19_QRELS
+
+    candidates, out = tmp_path / "in.json", tmp_path / "calibration.json"
+    candidates.write_text(json.dumps(dl19_sample))
+    argv = ["calibration", "--model", str(exported), "--input", str(candidates), "--qrels", str(DL19_QRELS)]
+    monkeypatch.setattr(sys, "argv", [*argv, "--output", str(out)])
+    bench.main()
+    record = json.loads(out.read_text())
+
+    reranker = Reranker.load(exported, backend="onnx", interpolation=False)
+    qrels = load_qrels(DL19_QRELS)
+    raw, relevant = [], []
+    for query in load_candidates(candidates).candidates:
+        raw += reranker.score(query.query.text, [p.text for p in query.passages])
+        relevant += [qrels[query.query.qid].get(p.docid, 0) >= 2 for p in query.passages]
+    raw, relevant = np.array(raw, dtype=np.float32), np.array(relevant)
+    expected = assess(reranker.calibration.probability(raw), relevant)
+    assert (record["pairs"], record["queries"], record["relevant"]) == (36, 3, int(relevant.sum()))
+    assert record["calibrated"]["p95"] == pytest.approx(expected.p95, abs=1e-6)
+    assert record["calibrated"]["brier"] == pytest.approx(expected.brier, abs=1e-6)
+    assert record["calibrated"]["ranking_as_raw"] is True
+    top = raw >= np.quantile(raw, 0.95)
+    assert record["bounds"]["top_5pct_relevant"] == pytest.approx(relevant[top].mean(), abs=1e-4)
+    assert record["calibration"] == reranker.calibration.to_dict()
