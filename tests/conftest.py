@@ -77,6 +77,11 @@ def sample_file(tmp_path: Path, dl19_sample: list[dict]) -> Path:
 @pytest.fixture(scope="session")
 def tiny_bert(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 2-layer random BERT (BERT-large's shape family) with the real uncased WordPiece tokenizer."""
+    return make_tiny_bert(tmp_path_factory.mktemp("tiny-bert"))
+
+
+def make_tiny_bert(path: Path) -> Path:
+    """:func:`tiny_bert`'s model, saved into ``path``."""
     import torch
     from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
 
@@ -93,7 +98,6 @@ def tiny_bert(tmp_path_factory: pytest.TempPathFactory) -> Path:
         num_labels=1,
     )
     torch.manual_seed(0)
-    path = tmp_path_factory.mktemp("tiny-bert")
     BertForSequenceClassification(config).save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
@@ -128,12 +132,17 @@ def parity():
 
 
 @pytest.fixture(scope="session")
-def student(tmp_path_factory: pytest.TempPathFactory, tiny_bert: Path, parity) -> Path:
+def student(tmp_path_factory: pytest.TempPathFactory, parity) -> Path:
     """The tiny BERT fitted to the graded relevance of the parity pairs, saved as a student.
 
     A random model's ranking is noise that int8 quantisation reshuffles; one that separates the grades
     is what the int8 nDCG@10 bound is about.
     """
+    return fitted_student(tmp_path_factory.mktemp("student"), parity)
+
+
+def fitted_student(out: Path, parity) -> Path:
+    """:func:`student`'s model, saved into ``out``."""
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
@@ -141,6 +150,7 @@ def student(tmp_path_factory: pytest.TempPathFactory, tiny_bert: Path, parity) -
     from distill.serving.encoding import encode_pairs, pad_batch
     from students.model import save_student
 
+    tiny_bert = make_tiny_bert(out.parent / f"{out.name}-random")
     tokenizer = AutoTokenizer.from_pretrained(tiny_bert)
     model = AutoModelForSequenceClassification.from_pretrained(tiny_bert)
     pairs = [p for p in parity.pairs if p.docid is not None]
@@ -165,16 +175,25 @@ def student(tmp_path_factory: pytest.TempPathFactory, tiny_bert: Path, parity) -
         max_length=512,
         val_queries=sorted({p.qid for p in pairs}),
     )
-    return save_student(model, tokenizer, tmp_path_factory.mktemp("student"), card)
+    return save_student(model, tokenizer, out, card)
 
 
 @pytest.fixture(scope="session")
-def exported(tmp_path_factory: pytest.TempPathFactory, student: Path, parity) -> Path:
-    """The fitted student exported to every format (ONNX fp32/fp16/static int8, TorchScript)."""
+def exported(tmp_path_factory: pytest.TempPathFactory, parity) -> Path:
+    """The fitted student exported to every format (ONNX fp32/fp16/static int8, TorchScript).
+
+    Built once for the whole run: the first pytest-xdist worker to ask builds it in the run's shared temporary
+    folder, under a file lock, and the others wait for it and read it (no test writes into it)."""
+    from filelock import FileLock
+
     from distill.export.folder import export_student
 
-    out = tmp_path_factory.mktemp("exports") / "student"
-    export_student(student, out, fp16=True, int8="static", parity=parity)
+    shared = tmp_path_factory.getbasetemp().parent  # one folder per run, above each worker's own
+    out = shared / "exported" / "student"
+    with FileLock(str(shared / "exported.lock")):
+        if not (out / "card.json").is_file():
+            student = fitted_student(shared / "exported" / "fitted", parity)
+            export_student(student, out, fp16=True, int8="static", parity=parity)
     return out
 
 
