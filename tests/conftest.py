@@ -179,7 +179,7 @@ def fitted_student(out: Path, parity) -> Path:
 
 
 @pytest.fixture(scope="session")
-def exported(tmp_path_factory: pytest.TempPathFactory, parity) -> Path:
+def exported(tmp_path_factory: pytest.TempPathFactory, parity, worker_id: str) -> Path:
     """The fitted student exported to every format (ONNX fp32/fp16/static int8, TorchScript).
 
     Built once for the whole run: the first pytest-xdist worker to ask builds it in the run's shared temporary
@@ -188,7 +188,8 @@ def exported(tmp_path_factory: pytest.TempPathFactory, parity) -> Path:
 
     from distill.export.folder import export_student
 
-    shared = tmp_path_factory.getbasetemp().parent  # one folder per run, above each worker's own
+    base = tmp_path_factory.getbasetemp()
+    shared = base if worker_id == "master" else base.parent  # the run's folder, above each worker's own
     out = shared / "exported" / "student"
     with FileLock(str(shared / "exported.lock")):
         if not (out / "card.json").is_file():
