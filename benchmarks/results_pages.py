@@ -5,7 +5,7 @@ file, and every row links to the file it came from. A new run is committed as it
 
 - The README's block between ``<!-- results:begin -->`` and ``<!-- results:end -->``:
   ``python -m benchmarks.results_pages readme`` rewrites it, ``python -m benchmarks.results_pages check`` exits
-  with 1 when it is out of date (``tests/test_results_pages.py`` checks it).
+  with 1 when it is out of date (``tests/benchmarks/test_results_pages.py`` checks it).
 - The docs' results pages (``results/*.md`` in the site): :func:`pages`, written at build time by ``docs/gen_pages.py``
   (mkdocs-gen-files), which also copies :func:`result_files` into the site so that the links resolve there.
 

@@ -1,0 +1,99 @@
+"""The results pages and the README's headline table are generated from ``benchmarks/results/``, never typed.
+
+The docs site itself is built by ``make docs`` (``mkdocs build --strict``, in CI's ``.ci/run``), not here: these
+tests check the generated content, which needs only the standard library and the committed files.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from benchmarks import results_pages
+from tests.conftest import REPO
+
+
+def test_the_readme_table_is_what_the_committed_results_give() -> None:
+    assert results_pages.readme_is_current(), f"README.md's results table is out of date: {results_pages.FIX}"
+
+
+def test_every_readme_and_page_link_names_a_committed_results_file() -> None:
+    readme = (REPO / "README.md").read_text()
+    block = readme.split(results_pages.BEGIN, 1)[1].split(results_pages.END, 1)[0]
+    targets = re.findall(r"\]\((benchmarks/results/[^)]+)\)", block)
+    assert len(targets) >= 10
+    assert all((REPO / t).is_file() for t in targets)
+    pages = results_pages.pages()
+    assert set(pages) == set(results_pages.PAGES)
+    for name, text in pages.items():
+        linked = re.findall(r"\]\(files/([^)]+)\)", text)
+        assert linked, name
+        assert all((results_pages.RESULTS / f).is_file() for f in linked), name
+
+
+def test_a_figure_follows_its_results_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Change the committed BM25 figure in a copy of the results: the README block and the teachers page follow."""
+    results = tmp_path / "results"
+    shutil.copytree(results_pages.RESULTS, results)
+    path = results / results_pages.EVAL_DL19
+    data = json.loads(path.read_text())
+    data["results"]["dl19-bm25-smollm2/first_stage"]["nDCG@10"] = 12.3456
+    path.write_text(json.dumps(data))
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# x\n\n{results_pages.BEGIN}\nSTALE-LINE\n{results_pages.END}\n\nafter\n")
+    monkeypatch.setattr(results_pages, "RESULTS", results)
+    assert not results_pages.readme_is_current(readme)
+    assert results_pages.write_readme(readme)
+    text = readme.read_text()
+    assert "| 12.35 |" in text and "STALE-LINE" not in text and text.endswith("\n\nafter\n")
+    assert results_pages.readme_is_current(readme)
+    assert "**12.35**" in results_pages.pages()["teachers.md"]
+
+
+def test_a_missing_results_file_or_block_is_one_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(results_pages, "RESULTS", tmp_path)
+    with pytest.raises(FileNotFoundError, match=r"benchmarks/results/eval-dl19-bm25-smollm2\.json: no such file"):
+        results_pages.headline(results_pages.Links(""))
+    with pytest.raises(ValueError, match="no <!-- results:begin -->"):
+        results_pages.replace_block("# a README without the block\n", "x")
+
+
+def test_check_exits_1_on_an_out_of_date_readme(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    readme = tmp_path / "README.md"
+    readme.write_text(f"{results_pages.BEGIN}\nstale\n{results_pages.END}\n")
+    monkeypatch.setattr(results_pages, "README", readme)
+    assert results_pages.main(["check"]) == 1
+    assert results_pages.main(["readme"]) == 0
+    assert results_pages.main(["check"]) == 0
+
+
+def test_the_serving_figures_follow_serve_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The load benchmark's run (``serve-cpu/serve.json``): its cells, targets and plot on the serving page, and the
+    README's serving row, each read from the file."""
+    results = tmp_path / "results"
+    shutil.copytree(results_pages.RESULTS, results)
+    path = results / results_pages.SERVE
+    data = json.loads(path.read_text())
+    batched = next(c for c in data["servers"]["batched"]["cells"] if (c["documents"], c["concurrency"]) == (10, 8))
+    batched["queries_per_s"] = 123.456
+    path.write_text(json.dumps(data))
+    monkeypatch.setattr(results_pages, "RESULTS", results)
+    assert "123.5 queries/s" in results_pages.headline(results_pages.Links(""))
+    page = results_pages.pages()["serving-cpu.md"]
+    assert "| 123.46 |" in page and "![serving](files/serve-cpu/serve.png)" in page
+    assert all(t["target"] in page for t in data["targets"]) and data["command"] in page
+
+
+def test_a_recorded_command_of_a_moved_benchmark_names_todays() -> None:
+    """The committed files keep the command that ran; a page gives today's beside a script's or module's old name."""
+    assert results_pages.now("python benchmarks/teacher.py --device cuda") == (
+        " (now `python -m benchmarks.teacher_throughput`)"
+    )
+    assert results_pages.now("python -m distill.bench.load run --model m") == " (now `python -m benchmarks.load`)"
+    assert results_pages.now("python -m distill.bench.scale") == " (now `python -m benchmarks.scale`)"
+    assert results_pages.now("distill bench --student s") == ""  # the package's own benchmark did not move
+    assert results_pages.now("python -m benchmarks.scale --sizes '[10]'") == ""

@@ -1,0 +1,207 @@
+"""The latency benchmark: its workloads on real DL19 candidates, every method on identical inputs, its outputs."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from transformers import AutoTokenizer
+
+from distill.bench import report
+from distill.bench.latency import BenchConfig, run_bench
+from distill.bench.methods import PEERS, EncoderFlops, baseline_method, student_method, teacher_method
+from distill.bench.workload import rerank_workload, token_count_workloads
+from distill.cli import main
+from distill.core.schema import InputError
+from distill.data.loaders import load_candidates
+from distill.serving.auto import choose_backend
+from distill.serving.hardware import CpuFeatures
+from distill.serving.reranker import Reranker
+from teachers.teacher import CausalLMTeacher
+from tests.conftest import DL19
+
+
+@pytest.fixture(scope="module")
+def dl19():
+    return load_candidates(DL19)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_bert: Path):
+    return AutoTokenizer.from_pretrained(tiny_bert)
+
+
+def test_token_count_workloads_cut_one_querys_candidates(dl19, tokenizer) -> None:
+    workloads = token_count_workloads(dl19, tokenizer, [500, 2000, 10000])
+    totals = {
+        c.query.qid: sum(map(len, tokenizer([p.text for p in c.passages], add_special_tokens=False)["input_ids"]))
+        for c in dl19.candidates
+    }
+    longest = max(totals, key=totals.get)
+    by_qid = {c.query.qid: c for c in dl19.candidates}
+    for count, workload in zip([500, 2000, 10000], workloads, strict=True):
+        (call,) = workload.calls
+        assert workload.name == f"{count} tokens" and call.qid == longest
+        assert abs(call.passage_tokens - count) <= 3
+        texts = [p.text for p in by_qid[longest].passages]
+        assert call.passages[:-1] == texts[: len(call.passages) - 1]  # first-stage order, the last one cut
+        assert (
+            texts[len(call.passages) - 1]
+            .lower()
+            .replace(" ", "")
+            .startswith(call.passages[-1].lower().replace(" ", "")[:20])
+        )
+    assert len(workloads[2].calls[0].passages) > len(workloads[0].calls[0].passages)
+
+
+def test_token_count_workloads_bad_input(dl19, tokenizer) -> None:
+    qid = dl19.candidates[0].query.qid
+    with pytest.raises(InputError, match=rf"query {qid}'s candidates hold \d+ tokens, fewer than 100000"):
+        token_count_workloads(dl19, tokenizer, [100000], qid=qid)
+    with pytest.raises(InputError, match="no query 'nope'"):
+        token_count_workloads(dl19, tokenizer, [500], qid="nope")
+
+
+def test_rerank_workload_takes_whole_candidate_lists(dl19, tokenizer) -> None:
+    workload = rerank_workload(dl19, tokenizer, 2)
+    assert workload.name == "100 candidates"
+    assert [c.qid for c in workload.calls] == [c.query.qid for c in dl19.candidates[:2]]
+    assert all(len(c.passages) == 100 for c in workload.calls)
+
+
+def test_methods_score_identical_inputs_identically(exported: Path, tiny_llama: Path, dl19, tokenizer) -> None:
+    """The bench times what the stages compute: the Reranker's scores, the same numbers in sentence-transformers,
+    and the teacher stage's CIS."""
+    pytest.importorskip("sentence_transformers")
+    call = token_count_workloads(dl19, tokenizer, [300])[0].calls[0]
+    reference = np.array(Reranker.load(exported, backend="torch").score(call.query, call.passages))
+    for method in (
+        student_method(exported, "torch-fp32", "cpu", None, 4096),
+        student_method(exported, "onnx-fp32", "cpu", None, 4096),
+        baseline_method(exported, "cpu", None),
+    ):
+        np.testing.assert_allclose(method.score(call.query, call.passages), reference, atol=1e-4, err_msg=method.name)
+        model = Reranker.load(exported, backend="torch").scorer.model
+        assert method.n_params == sum(p.numel() for p in model.parameters())
+        assert method.tokens_fed(call) > call.passage_tokens  # query and special tokens added
+    teacher = CausalLMTeacher.load(str(tiny_llama))
+    cis = teacher_method(teacher).score(call.query, call.passages)
+    ids = teacher.encode_passages(call.passages)
+    cond = teacher.pair_terms([call.query] * len(ids), ids, ["logp_cond"])["logp_cond"]
+    np.testing.assert_allclose(cis, cond - teacher.passage_logprobs(ids), rtol=1e-6)
+
+
+def test_matmul_flops_of_a_student(exported: Path, dl19, tokenizer) -> None:
+    """Weight matmuls: every layer's per token but the last's query, output and feed-forward, which only [CLS]
+    needs, as the pooler and the classifier; attention's QK^T and AV on each pair's own length (the last layer's
+    for [CLS] only); int8 backends count their weight matmuls as int8."""
+    counts = EncoderFlops.of(exported)
+    hidden, inner = 32, 64  # the tiny BERT of conftest: 2 layers
+    assert counts == EncoderFlops(2, hidden, inner, hidden * hidden + hidden)
+    layer = 4 * hidden * hidden + 2 * hidden * inner
+    per_token, per_pair = layer + 2 * hidden * hidden, 2 * hidden * hidden + 2 * hidden * inner + counts.head_weights
+    assert counts([3, 5]) == (2 * (per_token * 8 + per_pair * 2), 4 * hidden * (9 + 25 + 8))
+    call = token_count_workloads(dl19, tokenizer, [300])[0].calls[0]
+    fp32 = student_method(exported, "onnx-fp32", "cpu", None, 4096).matmul_flops(call)
+    int8 = student_method(exported, "onnx-int8", "cpu", None, 4096, threads=1).matmul_flops(call)
+    assert set(fp32) == {"float"} and int8["int8"] + int8["float"] == pytest.approx(fp32["float"])
+
+
+def test_bench_times_every_method_and_writes_json_csv_png(exported: Path, tiny_llama: Path, tmp_path: Path) -> None:
+    queries = json.loads(DL19.read_text())[:4]  # a quality pass over 4 judged queries
+    (tmp_path / "dl19-4.json").write_text(json.dumps(queries))
+    config = BenchConfig(
+        student=str(exported),
+        input=str(tmp_path / "dl19-4.json"),
+        teacher=str(tiny_llama),
+        token_counts=[200, 400],
+        rerank_queries=2,
+        repeats=3,
+        max_seconds=60,
+        output=str(tmp_path / "bench"),
+        matmul_size=256,
+    )
+    result = run_bench(config, "distill bench ...")
+    students = ["torch-fp32", "torchscript", "onnx-fp32", "onnx-int8", "openvino-fp32", "openvino-bf16"]
+    expected = [f"student {m}" for m in [*students, "openvino-int8"] if m not in result["skipped"]]
+    expected.append(f"student auto ({choose_backend(exported).backend})")  # beside every backend, named by its choice
+    expected += [m for m in ("st-crossencoder", *PEERS) if m not in result["skipped"]]
+    assert report.methods(result) == [*expected, "teacher cis"]
+    assert result["environment"]["cpu_features"] == CpuFeatures.read().describe()
+    assert report.workloads(result) == ["200 tokens", "400 tokens", "100 candidates"]
+    for cell in result["cells"]:
+        calls = 2 if cell["workload"] == "100 candidates" else 1
+        assert cell["n"] == 3 * calls and cell["calls"] == calls
+        assert 0 < cell["p50_s"] <= cell["p95_s"] <= max(cell["seconds"])
+        assert cell["pairs_per_s"] == pytest.approx(cell["pairs_per_call"] * cell["n"] / sum(cell["seconds"]))
+        assert cell["peak_memory_bytes"] > 0 and cell["flop_floor_s"] > 0
+        assert cell["floor_fraction"] == pytest.approx(cell["flop_floor_s"] / cell["p50_s"])
+        int8 = cell["dtype"] == "int8"
+        assert set(cell["matmul_flops_per_call"]) == ({"int8", "float"} if int8 else {"float"}), cell["method"]
+    quality = result["quality"]
+    assert quality["queries"] == 4 and set(quality["ndcg10"]) == set(expected)  # every judged query of the input
+    reference = quality["ndcg10"]["student torch-fp32"]
+    for method in ("student torchscript", "student onnx-fp32", "st-crossencoder"):
+        assert quality["ndcg10"].get(method, reference) == pytest.approx(reference, abs=0.01), method
+    auto = next(m for m in expected if m.startswith("student auto"))
+    chosen = "student " + auto.removeprefix("student auto (").removesuffix(")")
+    assert quality["ndcg10"][auto] == pytest.approx(quality["ndcg10"][chosen], abs=0.01)
+    summary = report.summary_table(result)
+    assert "100 candidates, p50 per call" in summary and "nDCG@10 on 4 judged queries" in summary
+    onnx_row = next(line for line in summary.splitlines() if "student onnx-fp32" in line)
+    torch_p50 = report.cell(result, "student torch-fp32", "100 candidates")["p50_s"]
+    onnx_p50 = report.cell(result, "student onnx-fp32", "100 candidates")["p50_s"]
+    assert f"{torch_p50 / onnx_p50:.2f}x" in onnx_row
+    out = tmp_path / "bench"
+    saved = json.loads((out / "bench.json").read_text())
+    assert saved["command"] == "distill bench ..." and saved["cells"] == json.loads(json.dumps(result["cells"]))
+    rows = list(csv.DictReader((out / "bench.csv").open()))
+    assert len(rows) == len(result["cells"]) and float(rows[0]["p50_s"]) == pytest.approx(result["cells"][0]["p50_s"])
+    assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    speedups = report.speedups(result, "teacher cis")
+    teacher = report.cell(result, "teacher cis", "100 candidates")
+    onnx = report.cell(result, "student onnx-fp32", "100 candidates")
+    assert speedups["student onnx-fp32"]["100 candidates"] == pytest.approx(teacher["p50_s"] / onnx["p50_s"])
+
+
+def test_bench_random_weights_and_saved_results_on_the_cli(
+    tiny_bert: Path, tiny_llama: Path, tmp_path: Path, capsys
+) -> None:
+    """``--random-weights`` builds both models from their configs (here the tiny ones' folders); ``--results``
+    prints a saved run's tables, ``--compare`` its speed-ups."""
+    out = tmp_path / "random"
+    argv = ["bench", "--random-weights", "--student", str(tiny_bert), "--teacher", str(tiny_llama)]
+    argv += ["--token-counts", "100", "--rerank-queries", "0", "--repeats", "2", "--backends", "torch-fp32"]
+    argv += ["--output", str(out), "--matmul-size", "128", "--device", "cpu", "--quality", "false"]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "student torch-fp32" in printed and "teacher cis" in printed and "100 tokens" in printed
+    result = json.loads((out / "bench.json").read_text())
+    assert result["student"]["name"] == f"random {tiny_bert}" and len(result["cells"]) == 2
+    assert main(["bench", "--results", str(out / "bench.json"), "--compare"]) == 0
+    printed = capsys.readouterr().out
+    ratio = report.speedups(result, "teacher cis")["student torch-fp32"]["100 tokens"]
+    assert "speed-up over teacher cis" in printed and f"{ratio:.2f}x" in printed
+
+
+def test_bench_bad_arguments(exported: Path, capsys) -> None:
+    assert main(["bench", "--student", str(exported), "--backends", "torch-fp8"]) == 2
+    assert "unknown ['torch-fp8']" in capsys.readouterr().err
+    assert main(["bench"]) == 2
+    assert "--student is required" in capsys.readouterr().err
+    assert main(["bench", "--student", "/nonexistent/run"]) == 2
+    assert "no such run or model folder" in capsys.readouterr().err
+
+
+def test_a_failing_method_keeps_the_figures_already_taken(exported: Path, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "partial"
+    argv = ["bench", "--student", str(exported), "--teacher", str(tmp_path / "no-such-teacher"), "--device", "cpu"]
+    argv += ["--token-counts", "100", "--rerank-queries", "0", "--repeats", "1", "--backends", "torch-fp32,onnx-fp32"]
+    assert main([*argv, "--output", str(out), "--matmul-size", "128"]) == 2
+    assert "no-such-teacher" in capsys.readouterr().err
+    saved = json.loads((out / "bench.json").read_text())
+    assert not saved["complete"] and report.methods(saved) == ["student torch-fp32", "student onnx-fp32"]
+    assert not (out / "bench.png").exists()

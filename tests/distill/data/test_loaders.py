@@ -1,0 +1,377 @@
+"""Loaders: rank_llm, qrels, TREC run, BEIR, multi-hop QA, and the bad-input policy."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from contextlib import AbstractContextManager
+from pathlib import Path
+
+import pytest
+
+from distill.core.schema import InputError, Query, RerankingData
+from distill.data.loaders import load_candidates, load_qrels
+from distill.data.loaders._common import repair_mojibake
+
+DATA = Path(__file__).resolve().parents[3] / "data"
+DL19 = DATA / "trec-dl19"
+HOTPOT = DATA / "hotpotqa" / "hotpotqa_train100.json"
+
+
+def shipped(path: Path) -> Path:
+    if not path.exists():
+        pytest.skip(f"{path} is not there")
+    return path
+
+
+def raises(message: str) -> AbstractContextManager[pytest.ExceptionInfo[InputError]]:
+    """Expect an :class:`InputError` whose message contains ``message``."""
+    return pytest.raises(InputError, match=re.escape(message))
+
+
+def write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def write_jsonl(path: Path, records: list[dict]) -> Path:
+    return write(path, "".join(json.dumps(r) + "\n" for r in records))
+
+
+def ranking(data: RerankingData) -> dict[str, list[str]]:
+    return {c.query.qid: [p.docid for p in c.passages] for c in data.candidates}
+
+
+def texts(data: RerankingData) -> dict[str, str]:
+    return {p.docid: p.text for c in data.candidates for p in c.passages}
+
+
+# --- rank_llm and qrels on the shipped TREC DL19 data ---
+
+
+def test_rank_llm_dl19() -> None:
+    data = load_candidates(shipped(DL19 / "bm25_top100.json"))
+    assert len(data.candidates) == 43
+    assert data.num_pairs == 4300
+    assert data.candidates[0].query.qid == "264014"
+    assert data.candidates[0].query.text == "how long is life cycle of flea"
+    assert all(len(c.passages) == 100 for c in data.candidates)
+    assert not data.skipped
+
+
+def test_rank_llm_mojibake_repair() -> None:
+    path = shipped(DL19 / "bm25_top100.json")
+    raw = texts(load_candidates(path, repair_mojibake=False))["2688537"]
+    fixed = texts(load_candidates(path))["2688537"]
+    assert "Itâ\x80\x99s a long-lasting solution" in raw
+    assert "FRONTLINE Â® Plus" in raw
+    assert "It’s a long-lasting solution" in fixed
+    assert fixed.startswith("FRONTLINE ® Plus")
+    assert "â\x80" not in fixed
+
+
+def test_repair_mojibake_keeps_what_it_cannot_repair() -> None:
+    assert repair_mojibake("naïve café ☕") == "naïve café ☕"  # not Latin-1: cannot be mojibake
+    assert repair_mojibake("naïve café") == "naïve café"  # Latin-1, but its bytes are not UTF-8
+    assert repair_mojibake("plain ascii") == "plain ascii"
+
+
+def test_qrels_dl19() -> None:
+    qrels = load_qrels(shipped(DL19 / "qrels.txt"))
+    assert len(qrels) == 43
+    assert qrels["19335"]["1017759"] == 0
+    candidates = load_candidates(shipped(DL19 / "bm25_top100.json"))
+    assert set(qrels) == {c.query.qid for c in candidates.candidates}
+
+
+# --- TREC run with queries and corpus ---
+
+RUN = """\
+q1 Q0 d2 1 5.0 bm25
+q1 Q0 d1 2 7.5 bm25
+q2 Q0 d3 1 3.0 bm25
+q1 Q0 d3 3 5.0 bm25
+q2 Q0 d1 2 -1e3 bm25
+"""
+
+
+@pytest.fixture
+def trec(tmp_path: Path) -> dict[str, Path]:
+    return {
+        "run": write(tmp_path / "run.trec", RUN),
+        "queries": write(tmp_path / "queries.tsv", "q1\tfirst query\nq2\tsecond query\nq3\tunused query\n"),
+        "corpus": write(
+            tmp_path / "corpus.tsv",
+            "d1\tpassage one\n"
+            "d2\tTitle Two\tpassage two\n"
+            "d3\t\tpassage three\n"
+            "d4\tunused, malformed\tline\twith four fields\n",
+        ),
+        "queries_jsonl": write_jsonl(
+            tmp_path / "queries.jsonl", [{"_id": "q1", "text": "first query"}, {"qid": "q2", "query": "second query"}]
+        ),
+        "corpus_jsonl": write_jsonl(
+            tmp_path / "corpus.jsonl",
+            [
+                {"_id": "d1", "text": "passage one"},
+                {"docid": "d2", "title": "Title Two", "text": "passage two"},
+                {"id": "d3", "contents": "passage three", "title": ""},
+                {"id": "d4"},  # no text, but not in the run: never looked at
+            ],
+        ),
+    }
+
+
+EXPECTED_RANKING = {"q1": ["d1", "d2", "d3"], "q2": ["d3", "d1"]}
+EXPECTED_TEXTS = {"d1": "passage one", "d2": "Title Two passage two", "d3": "passage three"}
+
+
+def test_trec_run_tsv(trec: dict[str, Path]) -> None:
+    data = load_candidates(trec["run"], queries=trec["queries"], corpus=trec["corpus"])
+    assert ranking(data) == EXPECTED_RANKING  # by score; the 5.0 tie by rank; qids by first appearance
+    assert texts(data) == EXPECTED_TEXTS
+    assert [c.query.text for c in data.candidates] == ["first query", "second query"]
+    assert data.candidates[0].scores == [7.5, 5.0, 5.0]
+    assert data.candidates[1].scores == [3.0, -1000.0]
+    assert data.first_stage_run()["q2"] == {"d3": 3.0, "d1": -1000.0}
+    assert data.qrels == {}
+
+
+def test_trec_run_jsonl(trec: dict[str, Path]) -> None:
+    data = load_candidates(trec["run"], queries=trec["queries_jsonl"], corpus=trec["corpus_jsonl"])
+    assert ranking(data) == EXPECTED_RANKING
+    assert texts(data) == EXPECTED_TEXTS
+
+
+def test_trec_run_missing_docid(trec: dict[str, Path]) -> None:
+    run = write(trec["run"], RUN + "q2 Q0 d9 3 0.5 bm25\n")
+    with pytest.raises(InputError) as e:
+        load_candidates(run, queries=trec["queries"], corpus=trec["corpus"])
+    assert f"{run}:6:" in str(e.value)
+    assert f"docid d9 not found in {trec['corpus']}" in str(e.value)
+    data = load_candidates(run, queries=trec["queries"], corpus=trec["corpus"], on_bad_input="skip")
+    assert ranking(data) == EXPECTED_RANKING
+    assert sum(data.skipped.values()) == 1
+
+
+def test_trec_run_missing_qid(trec: dict[str, Path]) -> None:
+    run = write(trec["run"], "q7 Q0 d1 1 1.0 bm25\n" + RUN)
+    with raises(f"{run}:1: qid q7 not found in {trec['queries']}"):
+        load_candidates(run, queries=trec["queries"], corpus=trec["corpus"])
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [("q1 Q0 d1 1 7.5", "expected 6 fields"), ("q1 Q0 d1 1 high bm25", "score 'high' is not a number")],
+)
+def test_trec_run_malformed_line(trec: dict[str, Path], line: str, message: str) -> None:
+    run = write(trec["run"], RUN.replace("q1 Q0 d3 3 5.0 bm25", line))
+    with raises(f"{run}:4: {message}"):
+        load_candidates(run, queries=trec["queries"], corpus=trec["corpus"])
+    data = load_candidates(run, queries=trec["queries"], corpus=trec["corpus"], on_bad_input="skip")
+    assert data.num_pairs == 4
+    assert sum(data.skipped.values()) == 1
+
+
+def test_trec_queries_line_without_tab(trec: dict[str, Path]) -> None:
+    queries = write(trec["queries"], "q1\tfirst query\nq2 second query\n")
+    with raises(f"{queries}:2: expected 'qid<TAB>text', got 1 tab-separated fields"):
+        load_candidates(trec["run"], queries=queries, corpus=trec["corpus"])
+    data = load_candidates(trec["run"], queries=queries, corpus=trec["corpus"], on_bad_input="skip")
+    assert ranking(data) == {"q1": EXPECTED_RANKING["q1"]}
+    assert data.skipped == Counter(
+        {"expected 'qid<TAB>text', got 1 tab-separated fields": 1, "qid q2 not found in " + str(queries): 2}
+    )
+
+
+def test_trec_run_needs_queries_and_corpus(trec: dict[str, Path]) -> None:
+    with raises("needs --queries and --corpus"):
+        load_candidates(trec["run"], queries=trec["queries"])
+    with raises(f"{trec['corpus'].with_name('nope.tsv')}: corpus file not found"):
+        load_candidates(trec["run"], queries=trec["queries"], corpus=trec["corpus"].with_name("nope.tsv"))
+
+
+# --- BEIR ---
+
+
+@pytest.fixture
+def beir(tmp_path: Path) -> Path:
+    root = tmp_path / "scifact"
+    write_jsonl(
+        root / "corpus.jsonl",
+        [
+            {"_id": "d1", "title": "", "text": "passage one"},
+            {"_id": "d2", "title": "Title Two", "text": "passage two"},
+            {"_id": "d3", "title": "Three", "text": "passage three"},
+        ],
+    )
+    write_jsonl(root / "queries.jsonl", [{"_id": "q1", "text": "first query"}, {"_id": "q2", "text": "second"}])
+    write(root / "qrels" / "test.tsv", "query-id\tcorpus-id\tscore\nq1\td2\t1\nq1\td1\t0\nq2\td3\t2\n")
+    write(root / "qrels" / "dev.tsv", "query-id\tcorpus-id\tscore\nq2\td1\t1\n")
+    return root
+
+
+BEIR_TEST_QRELS = {"q1": {"d2": 1, "d1": 0}, "q2": {"d3": 2}}
+
+
+def test_beir_without_run(beir: Path) -> None:
+    data = load_candidates(beir)
+    assert ranking(data) == {"q1": ["d2", "d1"], "q2": ["d3"]}  # the judged pairs, in file order
+    assert [c.scores for c in data.candidates] == [[0.0, 0.0], [0.0]]
+    assert texts(data) == {"d1": "passage one", "d2": "Title Two passage two", "d3": "Three passage three"}
+    assert data.qrels == BEIR_TEST_QRELS
+
+
+def test_beir_with_run(beir: Path, tmp_path: Path) -> None:
+    run = write(tmp_path / "bm25.run", "q1 Q0 d3 2 1.5 bm25\nq1 Q0 d1 1 2.5 bm25\n")
+    data = load_candidates(beir, run=run)
+    assert ranking(data) == {"q1": ["d1", "d3"]}
+    assert data.candidates[0].scores == [2.5, 1.5]
+    assert data.qrels == BEIR_TEST_QRELS
+
+
+def test_beir_split_and_missing_qrels(beir: Path) -> None:
+    from distill.data.loaders._common import BadInput
+    from distill.data.loaders.beir import load_beir
+
+    candidates, qrels = load_beir(beir, None, BadInput("error"), True, split="dev")
+    assert qrels == {"q2": {"d1": 1}}
+    assert [(c.query.qid, [p.docid for p in c.passages]) for c in candidates] == [("q2", ["d1"])]
+    with raises(f"{beir / 'qrels' / 'train.tsv'}: qrels file for split 'train' not found"):
+        load_beir(beir, None, BadInput("error"), True, split="train")
+
+
+def test_beir_missing_judged_passage(beir: Path) -> None:
+    qrels_path = write(beir / "qrels" / "test.tsv", "query-id\tcorpus-id\tscore\nq1\td2\t1\nq1\td8\t1\n")
+    with raises(f"{qrels_path}:3: docid d8 not found in {beir / 'corpus.jsonl'}"):
+        load_candidates(beir)
+
+
+# --- multi-hop QA ---
+
+
+def test_hotpotqa_shipped() -> None:
+    raw = json.loads(shipped(HOTPOT).read_text(encoding="utf-8"))
+    data = load_candidates(HOTPOT)
+    assert len(data.candidates) == 100
+    assert not data.skipped
+    # 99 questions have the usual 10 paragraphs; one has only 4.
+    assert Counter(len(c.passages) for c in data.candidates) == Counter({10: 99, 4: 1})
+    for question, cands in zip(raw, data.candidates, strict=True):
+        qid = question["_id"]
+        assert cands.query == Query(qid, question["question"].strip())
+        assert [p.docid for p in cands.passages] == [f"{qid}-{k}" for k in range(len(question["context"]))]
+        assert cands.scores == [-float(k) for k in range(len(question["context"]))]
+        for p, (title, sentences) in zip(cands.passages, question["context"], strict=True):
+            assert p.text == (title + ". " + "".join(sentences)).strip()
+        relevant = {question["context"][int(d.rsplit("-", 1)[1])][0] for d, g in data.qrels[qid].items() if g == 1}
+        assert relevant == {title for title, _ in question["supporting_facts"]}
+        assert len(data.qrels[qid]) == len(question["context"])
+        assert sorted(data.qrels[qid].values()) == [0] * (len(question["context"]) - 2) + [1, 1]
+
+
+def test_hotpotqa_hf_variant_matches(tmp_path: Path) -> None:
+    question = json.loads(shipped(HOTPOT).read_text(encoding="utf-8"))[0]
+    hf = {
+        "id": question["_id"],
+        "question": question["question"],
+        "context": {"title": [t for t, _ in question["context"]], "sentences": [s for _, s in question["context"]]},
+        "supporting_facts": {
+            "title": [t for t, _ in question["supporting_facts"]],
+            "sent_id": [i for _, i in question["supporting_facts"]],
+        },
+    }
+    listed = load_candidates(write(tmp_path / "list.json", json.dumps([question])))
+    hf_data = load_candidates(write(tmp_path / "hf.json", json.dumps([hf])))
+    assert hf_data.candidates == listed.candidates
+    assert hf_data.qrels == listed.qrels
+
+
+def test_2wiki_sentences_without_leading_space(tmp_path: Path) -> None:
+    question = {
+        "_id": "w1",
+        "question": "Who?",
+        "context": [["Alpha", ["Alpha is a film.", "It was made in 1990."]], ["Beta", ["Beta is a town."]]],
+        "supporting_facts": [["Beta", 0]],
+    }
+    data = load_candidates(write(tmp_path / "2wiki.json", json.dumps([question])))
+    assert texts(data) == {"w1-0": "Alpha. Alpha is a film. It was made in 1990.", "w1-1": "Beta. Beta is a town."}
+    assert data.qrels == {"w1": {"w1-0": 0, "w1-1": 1}}
+
+
+def test_multihop_supporting_title_not_in_context(tmp_path: Path) -> None:
+    question = {"_id": "h1", "question": "Q?", "context": [["A", ["a."]]], "supporting_facts": [["Z", 0]]}
+    path = write(tmp_path / "h.json", json.dumps([question, {**question, "_id": "h2", "supporting_facts": []}]))
+    with raises(f"{path}: entry [0] supporting_facts: supporting title 'Z' is not in the context"):
+        load_candidates(path)
+    data = load_candidates(path, on_bad_input="skip")
+    assert ranking(data) == {"h2": ["h2-0"]}
+    assert sum(data.skipped.values()) == 1
+
+
+def test_musique(tmp_path: Path) -> None:
+    questions = [
+        {
+            "id": "2hop__1_2",
+            "question": "Where was the author of X born?",
+            "paragraphs": [
+                {"idx": 0, "title": "Y", "paragraph_text": "Y is a place.", "is_supporting": False},
+                {"idx": 1, "title": "X", "paragraph_text": "X was written by Z.", "is_supporting": True},
+                {"idx": 2, "title": "Z", "paragraph_text": "Z was born in W.", "is_supporting": True},
+            ],
+        }
+    ]
+    data = load_candidates(write(tmp_path / "musique.json", json.dumps(questions)))
+    as_jsonl = load_candidates(write(tmp_path / "musique.jsonl", "\n".join(json.dumps(q) for q in questions)))
+    assert ranking(as_jsonl) == ranking(data) and texts(as_jsonl) == texts(data) and as_jsonl.qrels == data.qrels
+    assert ranking(data) == {"2hop__1_2": ["2hop__1_2-0", "2hop__1_2-1", "2hop__1_2-2"]}
+    assert data.candidates[0].scores == [0.0, -1.0, -2.0]
+    assert texts(data)["2hop__1_2-2"] == "Z. Z was born in W."
+    assert data.qrels == {"2hop__1_2": {"2hop__1_2-0": 0, "2hop__1_2-1": 1, "2hop__1_2-2": 1}}
+
+
+# --- bad input through load_candidates ---
+
+
+def rank_llm_file(tmp_path: Path, hits: list[dict]) -> Path:
+    return write(tmp_path / "cands.json", json.dumps([{"query": "a query", "hits": hits}]))
+
+
+def hit(docid: str, content: str = "some text", rank: int = 1) -> dict:
+    return {"qid": "1", "docid": docid, "content": content, "rank": rank, "score": 10.0 - rank}
+
+
+def test_malformed_json_names_line_and_column(tmp_path: Path) -> None:
+    path = write(tmp_path / "broken.json", '[\n  {"query": "q",\n   "hits": [,]}\n]\n')
+    with raises(f"{path}:3:13: malformed JSON: Expecting value"):
+        load_candidates(path)
+
+
+def test_missing_field_names_entry_and_hit(tmp_path: Path) -> None:
+    no_content = {"qid": "1", "docid": "b", "rank": 2}
+    path = rank_llm_file(tmp_path, [hit("a"), no_content])
+    with raises(f"{path}: entry [0] hit [1]: missing field 'content'"):
+        load_candidates(path)
+
+
+@pytest.mark.parametrize(
+    ("bad_hit", "reason"),
+    [(hit("b", content="   ", rank=2), "empty passage text for docid b"), (hit("a", rank=2), "duplicate (qid, docid)")],
+)
+def test_bad_hit_error_or_skip(tmp_path: Path, bad_hit: dict, reason: str) -> None:
+    path = rank_llm_file(tmp_path, [hit("a"), bad_hit, hit("c", rank=3)])
+    with pytest.raises(InputError) as e:
+        load_candidates(path)
+    assert f"{path}: entry [0] hit [1]: {reason}" in str(e.value)
+    data = load_candidates(path, on_bad_input="skip")
+    assert ranking(data) == {"1": ["a", "c"]}
+    assert data.candidates[0].scores == [9.0, 7.0]
+    assert sum(data.skipped.values()) == 1
+    assert any(reason in r for r in data.skipped)
+
+
+def test_unknown_json_layout(tmp_path: Path) -> None:
+    with raises("unknown JSON layout"):
+        load_candidates(write(tmp_path / "x.json", json.dumps([{"foo": 1}])))

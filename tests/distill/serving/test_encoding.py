@@ -1,0 +1,166 @@
+"""Pair encoding: the fast path (each distinct query and each passage encoded once by the Rust tokenizer, joined
+by its post-processor) gives exactly the tokenizer's own pair encoding, and the numpy padding ``tokenizer.pad``'s."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from transformers import AutoTokenizer
+
+from distill.data.loaders import load_candidates
+from distill.serving.encoding import Packed, encode_pairs, pad_batch
+from tests.conftest import DL19
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_bert):
+    return AutoTokenizer.from_pretrained(tiny_bert)
+
+
+def reference(tokenizer, queries: list[str], passages: list[str], max_length: int) -> tuple[list[dict], int]:
+    """``tokenizer(query, passage)`` pair by pair: only_second, else longest_first; and the truncated count."""
+    features, truncated = [], 0
+    special = tokenizer.num_special_tokens_to_add(pair=True)
+    for query, passage in zip(queries, passages, strict=True):
+        q, p = (len(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in (query, passage))
+        strategy = "only_second" if q + special < max_length else "longest_first"
+        encoded = tokenizer(query, passage, truncation=strategy, max_length=max_length)
+        features.append({k: encoded[k] for k in ("input_ids", "attention_mask", "token_type_ids") if k in encoded})
+        truncated += q + p + special > max_length
+    return features, truncated
+
+
+@pytest.mark.parametrize("max_length", [512, 64, 8])
+def test_fast_pair_encoding_is_the_tokenizers_own(tokenizer, max_length: int) -> None:
+    lists = load_candidates(DL19).candidates[:3]
+    queries = [c.query.text for c in lists for _ in c.passages[:30]] + ["word " * 300, "rhino"]
+    passages = [p.text for c in lists for p in c.passages[:30]] + ["a passage", "horn " * 600]
+    encoded = encode_pairs(tokenizer, queries, passages, max_length)
+    features, truncated = reference(tokenizer, queries, passages, max_length)
+    assert encoded.features == features and encoded.truncated == truncated > 0
+    assert max(encoded.lengths) == max_length
+
+
+def test_slow_tokenizers_take_the_python_path(tokenizer, monkeypatch: pytest.MonkeyPatch) -> None:
+    queries, passages = ["a query", "word " * 100], ["a passage " * 50, "short"]
+    fast = encode_pairs(tokenizer, queries, passages, 40)
+    monkeypatch.setattr(type(tokenizer), "is_fast", property(lambda self: False))
+    assert encode_pairs(tokenizer, queries, passages, 40) == fast
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_padding_is_tokenizer_pad(tokenizer, side: str) -> None:
+    tokenizer.padding_side = side
+    try:
+        features = encode_pairs(tokenizer, ["a query"] * 3, ["one", "two words here", "three " * 9], 512).features
+        theirs = tokenizer.pad(features, padding="longest", return_tensors="np")
+        ours = pad_batch(tokenizer, features)
+    finally:
+        tokenizer.padding_side = "right"
+    assert list(ours) == ["input_ids", "attention_mask", "token_type_ids"]
+    for name, array in ours.items():
+        assert array.dtype == np.int64 and np.array_equal(array, theirs[name]), name
+
+
+def bpe_tokenizer(processor):
+    """The conftest's byte-level BPE tokenizer (no token type ids) with ``processor`` joining pairs."""
+    from tests.conftest import _train_tokenizer
+
+    texts = [c.query.text for c in load_candidates(DL19).candidates[:2]]
+    tokenizer = _train_tokenizer(texts + [p.text for c in load_candidates(DL19).candidates[:2] for p in c.passages])
+    tokenizer.backend_tokenizer.post_processor = processor
+    return tokenizer
+
+
+@pytest.mark.parametrize("kind", ["bert", "roberta", "none", "per-pair", "left-truncation"])
+def test_the_template_joins_pairs_as_the_tokenizer_does(tokenizer, kind: str, monkeypatch) -> None:
+    """The pairs joined with numpy by the post-processor's template (or one by one where it has none) are the
+    tokenizer's own, for BERT's template, RoBERTa's ``<s> Q </s></s> K </s>``, no special tokens at all, and a
+    passage cut on the left."""
+    from tokenizers import processors
+
+    from distill.serving import encoding
+
+    if kind == "roberta":
+        tokenizer = bpe_tokenizer(processors.RobertaProcessing(("</s>", 2), ("<s>", 1)))
+    elif kind == "none":
+        tokenizer = bpe_tokenizer(processors.TemplateProcessing(single="$A", pair="$A $B:1"))
+    elif kind == "per-pair":
+        monkeypatch.setattr(encoding, "_template", lambda *args: None)
+    elif kind == "left-truncation":
+        monkeypatch.setattr(tokenizer, "truncation_side", "left")
+    lists = load_candidates(DL19).candidates[:2]
+    # an empty query; an empty passage is left out: the tokenizer takes ``text_pair=""`` for no pair at all
+    queries = [c.query.text for c in lists for _ in c.passages[:20]] + ["", "word " * 300]
+    passages = [p.text for c in lists for p in c.passages[:20]] + ["a passage", "horn"]
+    encoded = encode_pairs(tokenizer, queries, passages, 48)
+    features, truncated = reference(tokenizer, queries, passages, 48)
+    names = [name for name in ("input_ids", "attention_mask", "token_type_ids") if name in features[0]]
+    assert encoded.features == [{name: f[name] for name in names} for f in features]
+    assert encoded.truncated == truncated > 0 and list(encoded.names) == sorted(names, key=names.index)
+
+
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_a_batch_of_rows_is_built_from_the_flat_ids_as_tokenizer_pad_builds_it(tokenizer, side: str, call) -> None:
+    query, passages = call
+    encoded = encode_pairs(tokenizer, [query] * len(passages), passages, 512)
+    rows = [7, 3, 99, 0, 42]
+    tokenizer.padding_side = side
+    try:
+        theirs = tokenizer.pad([encoded.features[i] for i in rows], padding="longest", return_tensors="np")
+        ours = encoded.batch(tokenizer, rows)
+        wider = encoded.batch(tokenizer, rows, length=300)
+    finally:
+        tokenizer.padding_side = "right"
+    assert list(ours) == ["input_ids", "attention_mask", "token_type_ids"]
+    for name, array in ours.items():
+        assert array.dtype == np.int64 and np.array_equal(array, theirs[name]), name
+        pad = wider[name][:, : 300 - array.shape[1]] if side == "left" else wider[name][:, array.shape[1] :]
+        assert np.array_equal(
+            wider[name][:, -array.shape[1] :] if side == "left" else wider[name][:, : array.shape[1]], array
+        )
+        assert (pad == (tokenizer.pad_token_id if name == "input_ids" else 0)).all()
+    assert ours.lengths.tolist() == [encoded.lengths[i] for i in rows] and ours.left == (side == "left")
+    assert np.array_equal(ours["attention_mask"].sum(1), ours.lengths)
+    # Packed, the same rows are their tokens back to back, whether gathered from the flat ids or from the padding.
+    packed = encoded.pack(rows)
+    assert packed.lengths.tolist() == ours.lengths.tolist()
+    assert packed.input_ids.tolist() == [t for i in rows for t in encoded.features[i]["input_ids"]]
+    assert packed.token_type_ids.tolist() == [t for i in rows for t in encoded.features[i]["token_type_ids"]]
+    for batch in (ours, wider, dict(wider)):
+        again = Packed.of_padded(batch)
+        for name in ("input_ids", "token_type_ids", "lengths"):
+            assert np.array_equal(getattr(again, name), getattr(packed, name)), name
+
+
+def test_the_passages_are_encoded_in_one_parallel_call_and_joined_without_per_pair_calls(
+    tokenizer, call, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One ``encode_batch_fast`` (the Rust backend's parallel batch call) for the passages, one for the query, and
+    the post-processor once per query (its template), not once per pair; nothing sets TOKENIZERS_PARALLELISM."""
+    import os
+
+    from distill.serving.encoding import _plain_backend
+
+    query, passages = call
+    backend = _plain_backend(tokenizer)
+    calls: list[tuple[str, int]] = []
+
+    class Spy:
+        def __getattr__(self, name):
+            attribute = getattr(backend, name)
+            if not callable(attribute):
+                return attribute
+
+            def spied(*args, **kwargs):
+                calls.append((name, len(args[0]) if name.startswith("encode_batch") else 1))
+                return attribute(*args, **kwargs)
+
+            return spied
+
+    before = os.environ.get("TOKENIZERS_PARALLELISM")
+    want = encode_pairs(tokenizer, [query] * 100, passages, 512)
+    monkeypatch.setattr("distill.serving.encoding._plain_backend", lambda tokenizer: Spy())
+    assert encode_pairs(tokenizer, [query] * 100, passages, 512) == want
+    assert sorted(calls) == [("encode_batch_fast", 1), ("encode_batch_fast", 100), ("post_process", 1)]
+    assert os.environ.get("TOKENIZERS_PARALLELISM") == before

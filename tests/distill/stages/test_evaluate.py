@@ -1,0 +1,217 @@
+"""Evaluation: trec_eval's conventions (checked against the published BM25 figure), per-query values by hand,
+significance tests, multi-hop recall and precision, and ``distill eval`` end to end."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import ir_measures
+import numpy as np
+import pytest
+
+from distill.cli import main
+from distill.data.loaders import load_candidates, load_qrels
+from distill.eval.metrics import (
+    DEFAULT_METRICS,
+    MULTIHOP_METRICS,
+    default_rel_level,
+    evaluate,
+    evaluate_per_query,
+    means,
+    parse_metrics,
+)
+from distill.eval.significance import TESTS, compare, randomization_test
+from distill.eval.trec_runs import read_trec_run, write_trec_run
+from tests.conftest import DL19, DL19_QRELS, REPO
+
+TEACHER = REPO / "data" / "teacher" / "dl19-bm25-smollm2"
+HOTPOT = REPO / "data" / "hotpotqa" / "hotpotqa_train100.json"
+
+
+def test_bm25_check_figure() -> None:
+    """The shipped DL19 BM25 top-100 scores the published Pyserini nDCG@10 of 50.58."""
+    data = load_candidates(DL19, qrels=DL19_QRELS)
+    assert evaluate(data.first_stage_run(), data.qrels, ["nDCG@10"])["nDCG@10"] == pytest.approx(50.58, abs=0.005)
+
+
+def test_mean_is_over_the_run_s_judged_queries_and_unjudged_count_as_irrelevant() -> None:
+    qrels = {"q1": {"a": 2, "b": 0}, "q2": {"c": 1}}
+    perfect = evaluate({"q1": {"a": 2.0, "x": 1.0}}, qrels, ["nDCG@10"])["nDCG@10"]
+    assert perfect == pytest.approx(100.0)  # q2, absent from the run, is not averaged in
+    demoted = evaluate({"q1": {"x": 3.0, "a": 2.0}}, qrels, ["nDCG@1"])["nDCG@1"]
+    assert demoted == 0.0  # the unjudged document ranked first counts as irrelevant
+    with pytest.raises(ValueError, match="no query"):
+        evaluate({"q9": {"a": 1.0}}, qrels)
+
+
+def test_run_files_round_trip(tmp_path) -> None:
+    run = {"q1": {"a": 1.5, "b": 3.0}, "q2": {"c": -1.0}}
+    write_trec_run(tmp_path / "r.trec", run, tag="t")
+    lines = (tmp_path / "r.trec").read_text().splitlines()
+    assert lines[0] == "q1 Q0 b 1 3.000000 t" and lines[1] == "q1 Q0 a 2 1.500000 t"
+    assert read_trec_run(tmp_path / "r.trec") == run
+    assert load_qrels(DL19_QRELS)["19335"]["1017759"] == 0
+
+
+def test_per_query_values_by_hand() -> None:
+    """trec_eval's nDCG (linear gains, log2(rank + 1) discount), RR and R, query by query."""
+    qrels = {"q1": {"a": 2, "b": 1, "c": 0}, "q2": {"d": 1}}
+    run = {"q1": {"c": 3.0, "a": 2.0, "b": 1.0}, "q2": {"x": 2.0, "d": 1.0}, "q3": {"a": 1.0}}
+    values = evaluate_per_query(run, qrels, ["nDCG@1", "nDCG@10", "RR@10", "R@100"], rel_level=2)
+    assert list(values) == ["nDCG@1", "nDCG@10", "RR(rel=2)@10", "R(rel=2)@100"]  # the relevance level is named
+    ndcg_q1 = (2 / math.log2(3) + 1 / math.log2(4)) / (2 + 1 / math.log2(3))
+    expected = {
+        "nDCG@1": {"q1": 0.0, "q2": 0.0},  # q3 is not judged: left out
+        "nDCG@10": {"q1": 100 * ndcg_q1, "q2": 100 / math.log2(3)},
+        "RR(rel=2)@10": {"q1": 50.0, "q2": 0.0},  # q2 has no document of grade >= 2
+        "R(rel=2)@100": {"q1": 100.0, "q2": 0.0},
+    }
+    for metric, by_query in expected.items():
+        assert values[metric] == pytest.approx(by_query), metric
+    assert evaluate_per_query(run, qrels, ["RR@10"], rel_level=1)["RR@10"] == pytest.approx({"q1": 50.0, "q2": 50.0})
+    assert evaluate(run, qrels, ["nDCG@10"])["nDCG@10"] == pytest.approx(50 * ndcg_q1 + 50 / math.log2(3))
+
+
+def test_means_of_per_query_values_match_ir_measures_aggregates() -> None:
+    data = load_candidates(DL19, qrels=DL19_QRELS)
+    assert default_rel_level(data.qrels) == 2 and default_rel_level({"q": {"a": 1, "b": 0}}) == 1
+    measures = parse_metrics(DEFAULT_METRICS, rel_level=2)
+    assert list(measures) == ["nDCG@1", "nDCG@5", "nDCG@10", "RR(rel=2)@10", "R(rel=2)@100"]
+    aggregate = ir_measures.calc_aggregate(measures.values(), data.qrels, data.first_stage_run())
+    per_query = evaluate_per_query(data.first_stage_run(), data.qrels, DEFAULT_METRICS, rel_level=2)
+    assert {m: len(v) for m, v in per_query.items()} == {m: 43 for m in measures}
+    assert means(per_query) == pytest.approx({name: 100 * aggregate[m] for name, m in measures.items()})
+
+
+def test_unknown_metric_is_named() -> None:
+    with pytest.raises(ValueError, match="unknown metric 'nDGC@10'"):
+        parse_metrics(["nDCG@10", "nDGC@10"])
+
+
+def test_significance_identical_reversed_and_by_hand() -> None:
+    data = load_candidates(DL19, qrels=DL19_QRELS)
+    bm25 = evaluate_per_query(data.first_stage_run(), data.qrels, ["nDCG@10"])["nDCG@10"]
+    reverse = {qid: {docid: -s for docid, s in docs.items()} for qid, docs in data.first_stage_run().items()}
+    reversed_ = evaluate_per_query(reverse, data.qrels, ["nDCG@10"])["nDCG@10"]
+    for test in TESTS:
+        same = compare(bm25, dict(bm25), test)
+        assert (same.difference, same.p_value, same.queries) == (0.0, 1.0, 43)
+        worse = compare(bm25, reversed_, test)
+        assert worse.difference < -30 and worse.significant
+    assert compare(bm25, reversed_, "t").p_value < 1e-9
+    assert compare(bm25, reversed_, "randomization").p_value == pytest.approx(1 / 10_001)  # never beaten
+    # Exact two-sided sign-flip p-values: only the all-plus and all-minus assignments reach |sum| = 10 (2 of 16),
+    # and for three equal differences 2 of 8.
+    assert randomization_test(np.array([1.0, 2, 3, 4]), np.zeros(4)) == pytest.approx(2 / 16, abs=0.01)
+    assert randomization_test(np.array([1.0, 1, 1]), np.zeros(3)) == pytest.approx(2 / 8, abs=0.015)
+    one_per_chunk = randomization_test(np.array([1.0, 2, 3, 4]), np.zeros(4), chunk_elements=4)
+    assert one_per_chunk == pytest.approx(2 / 16, abs=0.01)  # chunking changes the draws, not what they estimate
+    assert randomization_test(np.arange(5.0), np.ones(5)) == randomization_test(np.arange(5.0), np.ones(5))  # seeded
+    assert math.isnan(compare({"q": 1.0}, {"q": 2.0}).p_value)
+
+
+def test_t_test_and_randomisation_test_agree_on_real_runs() -> None:
+    data = load_candidates(DL19, qrels=DL19_QRELS)
+    metrics = ["nDCG@5", "nDCG@10", "RR@10"]
+    bm25 = evaluate_per_query(data.first_stage_run(), data.qrels, metrics, rel_level=2)
+    for name in ("upr", "cis"):
+        run = evaluate_per_query(read_trec_run(TEACHER / "runs" / f"{name}.trec"), data.qrels, metrics, rel_level=2)
+        for m in bm25:
+            t, r = compare(bm25[m], run[m], "t"), compare(bm25[m], run[m], "randomization")
+            assert t.difference == r.difference == pytest.approx(means(run)[m] - means(bm25)[m])
+            assert abs(t.p_value - r.p_value) < 0.02 and t.significant == r.significant == (name == "cis"), (name, m)
+
+
+def test_cli_eval_with_significance_json_and_per_query(tmp_path, capsys) -> None:
+    out = tmp_path / "eval.json"
+    bm25 = TEACHER / "runs" / "first_stage.trec"  # the folder's first run already: evaluated once
+    args = ["eval", "--qrels", str(DL19_QRELS), "--run", str(TEACHER), str(bm25), "--json", str(out), "--per-query"]
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    assert "relevance level 2: grade >= 2 is relevant for RR(rel=2)@10, R(rel=2)@100" in printed
+    rows = [line.split() for line in printed.splitlines() if line.startswith("dl19-bm25-smollm2/")]
+    names = [f"dl19-bm25-smollm2/{n}" for n in ("first_stage", "cis", "cond", "noprompt", "upr")]
+    assert [r[0] for r in rows] == names + names[1:]  # the means, then the differences to the first
+    assert rows[0][:5] == ["dl19-bm25-smollm2/first_stage", "43", "54.26", "52.78", "50.58"]
+    assert rows[1][4] == "30.82*"  # cis is significantly worse than BM25 on nDCG@10
+    assert rows[4][4] == "54.39"  # upr's gain is not significant
+    assert rows[8][5:7] == ["+3.80", "p=0.244"]  # upr's nDCG@10 difference to BM25
+    assert "difference to dl19-bm25-smollm2/first_stage" in printed and "per query: dl19-bm25-smollm2/upr" in printed
+    record = json.loads(out.read_text())
+    assert record["metrics"] == ["nDCG@1", "nDCG@5", "nDCG@10", "RR(rel=2)@10", "R(rel=2)@100"]
+    assert record["results"]["dl19-bm25-smollm2/first_stage"]["nDCG@10"] == pytest.approx(50.58, abs=0.005)
+    assert len(record["per_query"]["dl19-bm25-smollm2/cis"]["nDCG@10"]) == 43
+    upr = record["significance"]["results"]["dl19-bm25-smollm2/upr"]["nDCG@10"]
+    results = record["results"]
+    assert upr["difference"] == pytest.approx(
+        results["dl19-bm25-smollm2/upr"]["nDCG@10"] - results["dl19-bm25-smollm2/first_stage"]["nDCG@10"]
+    )
+    assert 0.05 < upr["p_value"] < 1 and not upr["significant"] and upr["queries"] == 43
+    assert record["significance"]["baseline"] == "dl19-bm25-smollm2/first_stage"
+
+
+def test_cli_eval_errors_name_the_metric_and_the_run(tmp_path, capsys) -> None:
+    bm25 = str(TEACHER / "runs" / "first_stage.trec")
+    assert main(["eval", "--qrels", str(DL19_QRELS), "--run", bm25, "--metrics", "nDCG@10", "nDGC@10"]) == 2
+    assert "unknown metric 'nDGC@10'" in capsys.readouterr().err
+    unjudged = tmp_path / "unjudged.trec"
+    write_trec_run(unjudged, {"no-such-query": {"d1": 1.0}}, tag="x")
+    assert main(["eval", "--qrels", str(DL19_QRELS), "--run", bm25, str(unjudged)]) == 2
+    assert f"{unjudged}: no query of the run has relevance judgements in {DL19_QRELS}" in capsys.readouterr().err
+
+
+def _hotpot_question(qid: str, titles: list[str], supporting: list[str]) -> dict:
+    context = [[t, [f"{t} is a paragraph.", " It has two sentences."]] for t in titles]
+    return {
+        "_id": qid,
+        "question": f"question {qid}?",
+        "context": context,
+        "supporting_facts": [[t, 0] for t in supporting],
+    }
+
+
+def test_multihop_recall_and_precision_by_hand(tmp_path, capsys) -> None:
+    """Given order: q1's supporting paragraphs at ranks 1 and 5 of 6, q2's at ranks 2 and 3 of only 4."""
+    questions = [
+        _hotpot_question("q1", ["A", "B", "C", "D", "E", "F"], ["A", "E"]),
+        _hotpot_question("q2", ["G", "H", "I", "J"], ["H", "I"]),
+    ]
+    path = tmp_path / "hotpot.json"
+    path.write_text(json.dumps(questions))
+    expected = {  # recall: |supporting ∩ top k| / 2; precision: |supporting ∩ top k| / k, mean of q1 and q2
+        "R@3": (50 + 100) / 2,
+        "R@4": (50 + 100) / 2,
+        "R@6": (100 + 100) / 2,
+        "P@3": (100 / 3 + 200 / 3) / 2,
+        "P@4": (25 + 50) / 2,
+        "P@6": (200 / 6 + 200 / 6) / 2,  # q2 ranks only 4 paragraphs, still divided by 6
+    }
+    reverse = tmp_path / "reverse.trec"  # q1 reversed: F E D C B A puts E at 2 and A at 6
+    write_trec_run(reverse, {"q1": {f"q1-{k}": float(k) for k in range(6)}}, tag="rev")
+    out = tmp_path / "eval.json"
+    assert main(["eval", "--input", str(path), "--run", str(reverse), "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "hotpot/first_stage" in printed and "R@3" in printed
+    record = json.loads(out.read_text())
+    assert record["metrics"] == list(MULTIHOP_METRICS) and record["rel_level"] == 1
+    assert record["results"]["hotpot/first_stage"] == pytest.approx(expected)
+    assert record["results"][str(reverse)] == pytest.approx(
+        {"R@3": 50, "R@4": 50, "R@6": 100, "P@3": 100 / 3, "P@4": 25, "P@6": 200 / 6}  # q1 only: q2 is not in the run
+    )
+    assert record["significance"]["results"][str(reverse)]["R@3"]["queries"] == 1
+
+
+def test_multihop_first_stage_on_real_hotpotqa(capsys) -> None:
+    """The given-order baseline of the shipped HotpotQA sample, against a direct count over the raw JSON."""
+    questions = json.loads(HOTPOT.read_text())
+    supporting = [{title for title, _ in q["supporting_facts"]} for q in questions]
+    expected: dict[str, float] = {}
+    for k in (3, 4, 6):
+        found = [len(s & {title for title, _ in q["context"][:k]}) for s, q in zip(supporting, questions, strict=True)]
+        expected[f"R@{k}"] = 100 * sum(f / len(s) for f, s in zip(found, supporting, strict=True)) / len(questions)
+        expected[f"P@{k}"] = 100 * sum(f / k for f in found) / len(questions)
+    assert main(["eval", "--input", str(HOTPOT)]) == 0
+    row = next(line.split() for line in capsys.readouterr().out.splitlines() if line.startswith("hotpotqa_train100/"))
+    assert row[1] == "100"
+    assert [float(v) for v in row[2:]] == pytest.approx([expected[m] for m in MULTIHOP_METRICS], abs=0.005)

@@ -1,0 +1,474 @@
+"""The teacher stage end to end on a tiny random Llama: output, caching, resuming, sharding, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import datasets
+import numpy as np
+import pytest
+
+from distill.cli import main
+from distill.core.schema import InputError
+from distill.data.teacher_data import TeacherDataset
+from distill.eval.trec_runs import read_trec_run
+from distill.stages.teach import TeachConfig, teach
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def config(tiny_llama: Path, sample_file: Path, tmp_path: Path, **overrides) -> TeachConfig:
+    values = {
+        "input": str(sample_file),
+        "output": str(tmp_path / "out"),
+        "teacher": str(tiny_llama),
+        "scores": ["cis", "cond", "noprompt", "upr"],
+        "cache_dir": str(tmp_path / "cache"),
+        "chunk_size": 5,
+        "max_batch_tokens": 256,
+        "progress": False,
+    }
+    return TeachConfig(**{**values, **overrides})
+
+
+def rows(path: Path) -> list[dict]:
+    return datasets.load_from_disk(str(path)).to_list()
+
+
+def run_teach(cfg: TeachConfig) -> Path:
+    return teach(cfg).output
+
+
+def metadata(out: Path):
+    return TeacherDataset.open(out).metadata
+
+
+def test_writes_triplets_metadata_and_runs(tiny_llama: Path, sample_file: Path, tmp_path: Path) -> None:
+    out = run_teach(config(tiny_llama, sample_file, tmp_path))
+    ds = datasets.load_from_disk(str(out))
+    assert ds.num_rows == 36
+    for column in (
+        "qid",
+        "docid",
+        "query",
+        "passage",
+        "cis",
+        "logp_cond",
+        "logp_uncond",
+        "n_passage_tokens",
+        "cond",
+        "noprompt",
+        "upr",
+        "logp_cond_noprompt",
+        "logp_upr",
+    ):
+        assert column in ds.column_names
+    assert len({(r["qid"], r["docid"]) for r in ds}) == 36
+    table = ds.to_pandas()
+    np.testing.assert_allclose(table.cis, table.logp_cond - table.logp_uncond)
+    np.testing.assert_allclose(table.noprompt, table.logp_cond_noprompt - table.logp_uncond)
+    np.testing.assert_array_equal(table.upr, table.logp_upr)
+    assert (table.n_passage_tokens > 0).all() and (table.logp_uncond < 0).all()
+    meta = metadata(out)
+    assert meta.score == "cis" and meta.fingerprint["prompt"] == "Q: {query} A:"
+    assert meta.fingerprint["teacher"].startswith("directory:")
+    run = read_trec_run(out / "runs" / "cis.trec")
+    top = max(run["264014"], key=run["264014"].get)
+    assert top == table[table.qid == "264014"].sort_values("cis").docid.iloc[-1]
+    assert sorted(p.name for p in (out / "runs").iterdir()) == [
+        "cis.trec",
+        "cond.trec",
+        "first_stage.trec",
+        "noprompt.trec",
+        "upr.trec",
+    ]
+    assert not (tmp_path / "out.partial").exists()
+
+
+def test_passage_logprob_computed_once_and_cached_across_runs(
+    tiny_llama: Path, dl19_sample: list[dict], tmp_path: Path
+) -> None:
+    # The same passage under two queries: one log p(K), shared.
+    shared = dict(dl19_sample[1]["hits"][0], qid=dl19_sample[0]["hits"][0]["qid"])
+    sample = [{"query": dl19_sample[0]["query"], "hits": [*dl19_sample[0]["hits"], shared]}, dl19_sample[1]]
+    path = tmp_path / "dup.json"
+    path.write_text(json.dumps(sample))
+    out = run_teach(config(tiny_llama, path, tmp_path))
+    table = datasets.load_from_disk(str(out)).to_pandas()
+    same = table[table.docid == shared["docid"]]
+    assert len(same) == 2 and same.logp_uncond.nunique() == 1
+    cache_files = sorted((tmp_path / "cache").rglob("seg-*.jsonl"))
+    entries = sum(len(f.read_text().splitlines()) for f in cache_files)
+    assert entries == table.passage.nunique() == len(table) - 1
+    # A second run on other outputs computes no new log p(K).
+    run_teach(config(tiny_llama, path, tmp_path, output=str(tmp_path / "again"), scores=["cis"]))
+    assert sorted((tmp_path / "cache").rglob("seg-*.jsonl")) == cache_files
+
+
+def test_rerun_of_a_complete_output_is_a_no_op(tiny_llama: Path, sample_file: Path, tmp_path: Path) -> None:
+    cfg = config(tiny_llama, sample_file, tmp_path)
+    out = run_teach(cfg)
+    stamp = (out / "dataset_info.json").stat().st_mtime_ns
+    run_teach(cfg)
+    assert (out / "dataset_info.json").stat().st_mtime_ns == stamp
+    with pytest.raises(InputError, match="--overwrite"):
+        run_teach(config(tiny_llama, sample_file, tmp_path, prompt="Question: {query} Answer:"))
+    run_teach(config(tiny_llama, sample_file, tmp_path, prompt="Question: {query} Answer:", overwrite=True))
+    assert metadata(out).fingerprint["prompt"] == "Question: {query} Answer:"
+
+
+def _cli(tiny_llama: Path, sample_file: Path, out: Path, cache: Path) -> list[str]:
+    return [
+        "-m",
+        "distill",
+        "teach",
+        "--input",
+        str(sample_file),
+        "--output",
+        str(out),
+        "--teacher",
+        str(tiny_llama),
+        "--scores",
+        "cis,upr",
+        "--chunk-size",
+        "3",
+        "--max-batch-tokens",
+        "128",
+        "--cache-dir",
+        str(cache),
+        "--progress",
+        "false",
+    ]
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("kill_after", "lines"), [("seg-*.jsonl", False), ("chunks/*.parquet", True)])
+def test_resume_after_kill_9_gives_the_same_dataset(
+    tiny_llama: Path, sample_file: Path, tmp_path: Path, kill_after: str, lines: bool
+) -> None:
+    """Killed after its first p(K) segment, or its first chunk of pairs (then from a streamed JSON-lines input)."""
+    if lines:
+        sample_file = as_json_lines(sample_file, tmp_path / "sample.jsonl")
+    reference = tmp_path / "reference"
+    subprocess.run(
+        [sys.executable, *_cli(tiny_llama, sample_file, reference, tmp_path / "c1")], check=True, env=_env(), cwd=REPO
+    )
+    out, cache = tmp_path / "out", tmp_path / "c2"
+    watch = cache if kill_after.startswith("seg") else tmp_path / "out.partial"
+    proc = subprocess.Popen([sys.executable, *_cli(tiny_llama, sample_file, out, cache)], env=_env(), cwd=REPO)
+    deadline = time.monotonic() + 120
+    while not list(watch.rglob(kill_after)) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.002)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not out.exists(), "the run finished before it could be killed"
+    assert list(watch.rglob(kill_after)), "killed before any work was saved"
+    subprocess.run([sys.executable, *_cli(tiny_llama, sample_file, out, cache)], check=True, env=_env(), cwd=REPO)
+    assert rows(out) == rows(reference)
+
+
+@pytest.mark.slow
+def test_two_processes_give_the_same_dataset_as_one(tiny_llama: Path, sample_file: Path, tmp_path: Path) -> None:
+    """``accelerate launch --multi_gpu`` (torchrun underneath) on a machine without CUDA: two processes over gloo,
+    each scoring half the passages."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    subprocess.run(
+        [sys.executable, *_cli(tiny_llama, sample_file, one, tmp_path / "c1")], check=True, env=_env(), cwd=REPO
+    )
+    launcher = shutil.which("accelerate", path=str(Path(sys.executable).parent))
+    done = subprocess.run(
+        [
+            launcher,
+            "launch",
+            *["--multi_gpu", "--num_processes", "2", "--num_machines", "1"],
+            *["--mixed_precision", "no", "--dynamo_backend", "no"],
+            *_cli(tiny_llama, sample_file, two, tmp_path / "c2"),
+            *["--progress", "true"],
+        ],
+        env=_env(),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "log p(K) [rank 0/2]" in done.stderr  # rank 0 of 2: its share, not every passage
+    assert rows(two) == rows(one)
+    assert len(rows(two)) == 36
+
+
+def test_bad_input_is_named_and_nothing_is_scored(
+    tiny_llama: Path, dl19_sample: list[dict], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    broken = tmp_path / "broken.json"
+    broken.write_text(json.dumps(dl19_sample)[:-40])
+    code = main(["teach", "--input", str(broken), "--output", str(tmp_path / "o"), "--teacher", "x/y"])
+    assert code == 2 and f"{broken}:1:" in capsys.readouterr().err
+    missing = [{"query": "q", "hits": [{"qid": 1, "docid": "d1"}]}]
+    broken.write_text(json.dumps(missing))
+    assert main(["teach", "--input", str(broken), "--output", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "entry [0] hit [0]" in err and "'content'" in err
+    assert not (tmp_path / "o").exists() and not (tmp_path / "o.partial").exists()
+
+
+def test_an_output_that_cannot_be_written_is_one_line_before_the_teacher_loads(
+    sample_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from teachers.teacher import CausalLMTeacher
+
+    def never(*args, **kwargs):
+        raise AssertionError("the teacher was loaded before the output was checked")
+
+    monkeypatch.setattr(CausalLMTeacher, "load", never)
+    regular = tmp_path / "a-file"
+    regular.write_text("not a folder")
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    cases = [
+        (
+            "--output",
+            regular / "x" / "out",
+            f"teach: output: {regular / 'x' / 'out'}: {regular} is a file, not a folder",
+        ),
+        ("--output", regular, f"teach: output: {regular}: is a file, not a folder"),
+        (
+            "--output",
+            tmp_path / "dangling" / "out",
+            f"teach: output: {tmp_path / 'dangling' / 'out'}: {tmp_path / 'dangling'} is a broken link, not a folder",
+        ),
+        ("--cache_dir", regular / "cache", f"teach: cache_dir: {regular / 'cache'}: {regular} is a file, not a folder"),
+    ]
+    if Path("/proc/self").is_dir():  # a folder that takes no new file, even for root (mkdir there: FileNotFoundError)
+        cases.append(("--output", Path("/proc/self/out"), "teach: output: /proc/self/out: cannot write in /proc/self"))
+    for flag, path, message in cases:
+        args = ["teach", "--input", str(sample_file), "--output", str(tmp_path / "o")]
+        args += ["--cache_dir", str(tmp_path / "pk")]  # beside the output: an output inside the cache is refused
+        args[args.index(flag) + 1] = str(path)
+        assert main(args) == 2, path
+        err = capsys.readouterr().err
+        assert err.startswith(f"distill teach: error: {message}") and err.count("\n") == 1, err
+    assert not (tmp_path / "nowhere").exists() and regular.read_text() == "not a folder"
+
+
+def test_bad_records_can_be_skipped_and_counted(tiny_llama: Path, dl19_sample: list[dict], tmp_path: Path) -> None:
+    sample = json.loads(json.dumps(dl19_sample))
+    sample[0]["hits"][1]["content"] = "  "
+    sample[1]["hits"].append(dict(sample[1]["hits"][0]))
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(sample))
+    with pytest.raises(InputError, match="empty passage"):
+        run_teach(config(tiny_llama, path, tmp_path))
+    report = teach(config(tiny_llama, path, tmp_path, on_bad_input="skip"))
+    assert datasets.load_from_disk(str(report.output)).num_rows == 35
+    assert sum(report.skipped.values()) == 2 and any("duplicate" in reason for reason in report.skipped)
+    assert "skipped bad input records" in report.format()
+
+
+def test_unknown_teacher_lists_what_was_tried(sample_file: Path, tmp_path: Path, capsys) -> None:
+    code = main(["teach", "--input", str(sample_file), "--output", str(tmp_path / "o"), "--teacher", "no/such-model"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "cannot find model 'no/such-model'" in err and "local directory" in err and "hub id" in err
+
+
+def test_partial_results_of_another_configuration_are_kept(tiny_llama: Path, sample_file: Path, tmp_path: Path) -> None:
+    partial = tmp_path / "out.partial"
+    (partial / "chunks").mkdir(parents=True)
+    (partial / "fingerprint.json").write_text(json.dumps({"prompt": "other"}))
+    (partial / "chunks" / "000000.parquet").write_bytes(b"kept")
+    with pytest.raises(InputError, match="partial results of another configuration"):
+        run_teach(config(tiny_llama, sample_file, tmp_path))
+    assert (partial / "chunks" / "000000.parquet").read_bytes() == b"kept"
+
+
+def test_config_file_and_flag_overrides(tiny_llama: Path, sample_file: Path, tmp_path: Path) -> None:
+    cfg = tmp_path / "teach.yaml"
+    cfg.write_text(
+        f"input: {sample_file}\noutput: {tmp_path / 'o'}\nteacher: {tiny_llama}\nscores: [upr]\n"
+        f"cache_dir: {tmp_path / 'c'}\nmax_queries: 1\nprogress: false\n"
+    )
+    assert main(["teach", "--config", str(cfg), "--max-queries", "2", "--output", str(tmp_path / "flag")]) == 0
+    ds = datasets.load_from_disk(str(tmp_path / "flag"))
+    assert ds.num_rows == 24 and "upr" in ds.column_names and metadata(tmp_path / "flag").score == "upr"
+    cfg.write_text("input: x\nbogus: 1\n")
+    assert main(["teach", "--nonsense"]) == 2
+    assert main(["teach", "--config", str(cfg)]) == 2
+
+
+def as_json_lines(path: Path, out: Path) -> Path:
+    """The rank_llm list at ``path`` as JSON lines, one ``{query, hits}`` entry a line."""
+    out.write_text("".join(json.dumps(entry) + "\n" for entry in json.loads(path.read_text())))
+    return out
+
+
+def test_a_json_lines_input_is_streamed_to_the_same_dataset(
+    tiny_llama: Path, sample_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rank_llm JSON-lines input is read a line at a time (never loaded whole), into the dataset its JSON list
+    gives: the same rows, the same fingerprint (so either one's output is up to date for the other)."""
+    from distill.data import loaders
+
+    listed = run_teach(config(tiny_llama, sample_file, tmp_path, output=str(tmp_path / "listed")))
+
+    def whole(*args, **kwargs):
+        raise AssertionError("a JSON-lines rank_llm input was loaded whole")
+
+    monkeypatch.setattr("distill.stages.teach_input.load_candidates", whole)
+    monkeypatch.setattr(loaders, "load_candidates", whole)
+    lines = as_json_lines(sample_file, tmp_path / "sample.jsonl")
+    streamed = run_teach(config(tiny_llama, lines, tmp_path, output=str(tmp_path / "streamed")))
+    assert rows(streamed) == rows(listed)
+    assert metadata(streamed).fingerprint == metadata(listed).fingerprint
+    assert not list(tmp_path.glob(".*pairs*"))  # the row files are removed once the dataset is written
+    # at most the first N queries, read no further than needed
+    first = run_teach(config(tiny_llama, lines, tmp_path, output=str(tmp_path / "first"), max_queries=2))
+    assert rows(first) == rows(listed)[:24]
+
+
+def test_a_query_that_comes_back_in_a_stream_is_named(tiny_llama: Path, sample_file: Path, tmp_path: Path) -> None:
+    entries = json.loads(sample_file.read_text())
+    lines = tmp_path / "again.jsonl"
+    lines.write_text("".join(json.dumps(e) + "\n" for e in [*entries, entries[0]]))
+    with pytest.raises(InputError, match=rf"{lines}:4: qid \S+ already had its candidates on line 1"):
+        run_teach(config(tiny_llama, lines, tmp_path))
+    skipped = teach(config(tiny_llama, lines, tmp_path, output=str(tmp_path / "skip"), on_bad_input="skip"))
+    assert skipped.pairs == 36 and sum(skipped.skipped.values()) == 1
+
+
+def test_several_inputs_are_joined_and_each_pair_scored_once(
+    tiny_llama: Path, dl19_sample: list[dict], tmp_path: Path
+) -> None:
+    first, second = tmp_path / "a.json", tmp_path / "b.json"
+    first.write_text(json.dumps(dl19_sample[:2]))
+    # The second file repeats 4 pairs of query 0 and adds query 2.
+    second.write_text(
+        json.dumps([{"query": dl19_sample[0]["query"], "hits": dl19_sample[0]["hits"][-4:]}, dl19_sample[2]])
+    )
+    out = tmp_path / "joined"
+    args = ["teach", "--input", f"{first},{second}", "--output", str(out), "--teacher", str(tiny_llama)]
+    assert main([*args, "--cache-dir", str(tmp_path / "c"), "--progress", "false"]) == 0
+    table = datasets.load_from_disk(str(out)).to_pandas()
+    assert len(table) == 36 and not table.duplicated(["qid", "docid"]).any()
+    assert list(table.qid.unique()) == [str(e["hits"][0]["qid"]) for e in dl19_sample]
+    assert metadata(out).input == [str(first), str(second)]
+
+
+def test_cis_q_ranks_as_upr_within_a_query_and_is_comparable_across_queries(
+    tiny_llama: Path, sample_file: Path, tmp_path: Path
+) -> None:
+    scores = ["cis", "upr", "cis_q", "cis_mean", "cis_q_mean"]
+    table = datasets.load_from_disk(str(run_teach(config(tiny_llama, sample_file, tmp_path, scores=scores))))
+    table = table.to_pandas()
+    np.testing.assert_allclose(table.cis_q, table.logp_upr - table.logp_upr_empty)
+    np.testing.assert_allclose(table.cis_mean, table.cis / table.n_passage_tokens)
+    np.testing.assert_allclose(table.cis_q_mean, table.cis_q / table.n_query_tokens)
+    by_query = table.groupby("qid")
+    for _, group in by_query:
+        # The subtracted term is one value per query, so the order within a query is upr's, ties and all.
+        assert group.logp_upr_empty.nunique() == 1
+        assert list(group.sort_values(["upr", "docid"]).docid) == list(group.sort_values(["cis_q", "docid"]).docid)
+    # Raw query likelihood scales with the query's length; the PMI does not (a random LM learns nothing from K).
+    lengths = by_query.n_query_tokens.first()
+    upr, cis_q = by_query.upr.mean(), by_query.cis_q.mean()
+    assert lengths.nunique() == len(lengths) and list(upr.sort_values().index) == list(
+        lengths.sort_values().index[::-1]
+    )
+    assert cis_q.abs().max() < 0.05 * (upr.max() - upr.min())
+
+
+def test_migrate_moves_legacy_metadata_to_teacher_json_and_keeps_every_row(
+    teacher_dataset: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    legacy = tmp_path / "legacy"
+    shutil.copytree(teacher_dataset, legacy)
+    metadata = json.loads((legacy / "teacher.json").read_text())
+    (legacy / "teacher.json").unlink()
+    info = json.loads((legacy / "dataset_info.json").read_text())
+    (legacy / "dataset_info.json").write_text(json.dumps({**info, "description": json.dumps(metadata)}))
+    with pytest.raises(InputError, match="run `distill migrate` on it"):
+        TeacherDataset.open(legacy)
+    arrow = {f.name: f.read_bytes() for f in legacy.glob("*.arrow")}
+    assert main(["migrate", "--paths", str(legacy), str(teacher_dataset)]) == 0
+    assert capsys.readouterr().out.splitlines() == [f"migrated {legacy}", f"already current: {teacher_dataset}"]
+    assert {f.name: f.read_bytes() for f in legacy.glob("*.arrow")} == arrow  # every score bit-identical
+    assert TeacherDataset.open(legacy).metadata == TeacherDataset.open(teacher_dataset).metadata
+    assert rows(legacy) == rows(teacher_dataset)
+    assert main(["migrate", "--paths", str(tmp_path)]) == 2
+    assert "not a teacher dataset" in capsys.readouterr().err
+
+
+def test_reuse_gives_the_same_dataset_as_a_fresh_run_and_scores_only_the_new_pairs(
+    tiny_llama: Path, dl19_sample: list[dict], sample_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from teachers.teacher import CausalLMTeacher
+
+    scores = ["cis", "upr", "cis_q"]
+    fresh = run_teach(config(tiny_llama, sample_file, tmp_path / "fresh", scores=scores))
+    # An earlier dataset of the same teacher: 8 of the first 2 queries' 12 candidates, more scores than needed.
+    part = tmp_path / "part.json"
+    part.write_text(json.dumps([{"query": e["query"], "hits": e["hits"][:8]} for e in dl19_sample[:2]]))
+    earlier = run_teach(config(tiny_llama, part, tmp_path / "earlier", scores=[*scores, "cis_mean"]))
+
+    scored = {"passages": 0, "pairs": 0, "queries": 0}
+    originals = {n: getattr(CausalLMTeacher, n) for n in ("passage_logprobs", "pair_terms", "query_terms")}
+
+    def counting(name: str, kind: str):
+        def wrapper(self, items, *args, **kwargs):
+            scored[kind] += len(items)
+            return originals[name](self, items, *args, **kwargs)
+
+        return wrapper
+
+    monkeypatch.setattr(CausalLMTeacher, "passage_logprobs", counting("passage_logprobs", "passages"))
+    monkeypatch.setattr(CausalLMTeacher, "pair_terms", counting("pair_terms", "pairs"))
+    monkeypatch.setattr(CausalLMTeacher, "query_terms", counting("query_terms", "queries"))
+    report = teach(config(tiny_llama, sample_file, tmp_path / "reuse", scores=scores, reuse=[str(earlier)]))
+    assert report.reused == 16 and "reused 16 pairs, scored 20 new" in report.format()
+    assert scored == {"passages": 20, "pairs": 20, "queries": 1}  # p(K) and query terms come from there too
+    assert metadata(report.output).reused == {"datasets": [str(earlier)], "pairs_reused": 16, "pairs_new": 20}
+    assert metadata(report.output).fingerprint == metadata(fresh).fingerprint
+
+    got, want = rows(report.output), rows(fresh)
+    assert [{k: r[k] for k in ("qid", "docid", "query", "passage")} for r in got] == [
+        {k: r[k] for k in ("qid", "docid", "query", "passage")} for r in want
+    ]
+    assert list(got[0]) == list(want[0])
+    for column in got[0]:
+        if isinstance(want[0][column], float):
+            np.testing.assert_allclose([r[column] for r in got], [r[column] for r in want], rtol=1e-5, atol=1e-5)
+        else:
+            assert [r[column] for r in got] == [r[column] for r in want], column
+    # The reused pairs carry the earlier dataset's values exactly.
+    before = {(r["qid"], r["docid"]): r for r in rows(earlier)}
+    for r in got:
+        if (r["qid"], r["docid"]) in before:
+            assert all(r[c] == before[r["qid"], r["docid"]][c] for c in ("cis", "upr", "cis_q", "logp_uncond"))
+
+
+def test_reuse_of_another_teacher_fingerprint_is_refused_in_one_line_before_the_teacher_loads(
+    tiny_llama: Path, sample_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch
+) -> None:
+    from teachers.teacher import CausalLMTeacher
+
+    earlier = run_teach(config(tiny_llama, sample_file, tmp_path / "earlier", scores=["cis"], max_passage_tokens=64))
+    monkeypatch.setattr(CausalLMTeacher, "load", lambda *a, **k: pytest.fail("the teacher loaded before the check"))
+    args = ["teach", "--input", str(sample_file), "--output", str(tmp_path / "out"), "--teacher", str(tiny_llama)]
+    args += ["--cache-dir", str(tmp_path / "cache"), "--chunk-size", "5", "--max-batch-tokens", "256"]
+    capsys.readouterr()
+    assert main([*args, "--reuse", str(earlier), "--progress", "false"]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+    assert errors == [
+        f"distill teach: error: teach: reuse {earlier} was made under another teacher fingerprint: "
+        "max_passage_tokens is 64 there, 256 here"
+    ]
+    assert not (tmp_path / "out").exists()

@@ -1,0 +1,59 @@
+"""The command line's output: the stages' progress at INFO, shown; third-party notices a user can do nothing about
+(transformers' per-model "Loading weights" bars and advisory warnings), hidden unless asked for."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+LOAD = """
+import sys
+if sys.argv[2] == "quiet":
+    from distill.cli import quiet_third_parties
+    quiet_third_parties()
+from transformers import AutoModelForSequenceClassification
+AutoModelForSequenceClassification.from_pretrained(sys.argv[1])
+"""
+
+
+def load_stderr(model: Path, mode: str, **env: str) -> str:
+    environment = {
+        k: v for k, v in os.environ.items() if k not in ("TRANSFORMERS_VERBOSITY", "HF_HUB_DISABLE_PROGRESS_BARS")
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", LOAD, str(model), mode],
+        capture_output=True, text=True, cwd=REPO, env={**environment, **env}, check=True,
+    )  # fmt: skip
+    return done.stderr
+
+
+@pytest.mark.slow
+def test_loading_a_model_shows_no_weight_loading_bar(tiny_bert: Path) -> None:
+    assert "Loading weights" in load_stderr(tiny_bert, "plain")  # what a user saw
+    assert "Loading weights" not in load_stderr(tiny_bert, "quiet")
+    assert "Loading weights" in load_stderr(tiny_bert, "quiet", HF_HUB_DISABLE_PROGRESS_BARS="0")  # asked for
+
+
+def test_progress_is_info_and_shown_third_party_info_is_not(monkeypatch: pytest.MonkeyPatch) -> None:
+    from distill.cli import PROJECT_LOGGERS, quiet_third_parties
+
+    monkeypatch.delenv("TRANSFORMERS_VERBOSITY", raising=False)
+    monkeypatch.setenv("HF_HUB_DISABLE_PROGRESS_BARS", "0")
+    levels = {name: logging.getLogger(name).level for name in PROJECT_LOGGERS}
+    try:
+        quiet_third_parties()
+        assert os.environ["TRANSFORMERS_VERBOSITY"] == "error"
+        assert os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "0"  # a user's choice stands
+        assert logging.getLogger("distill.bench.latency").isEnabledFor(logging.INFO)
+        assert logging.getLogger("students.token_store").isEnabledFor(logging.INFO)
+        assert not logging.getLogger("urllib3.connectionpool").isEnabledFor(logging.INFO)
+    finally:
+        for name, level in levels.items():
+            logging.getLogger(name).setLevel(level)

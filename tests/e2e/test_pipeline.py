@@ -1,0 +1,182 @@
+"""``distill run``: the whole pipeline on tiny models and real DL19 candidates, its skipping and its summary."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from distill.cli import main
+from distill.core.interpolation import interpolate
+from distill.core.student_card import StudentCard
+from distill.data.loaders import load_candidates
+from distill.eval.trec_runs import read_trec_run
+from distill.pipeline import load_pipeline
+from distill.serving.reranker import Reranker
+from tests.conftest import DL19_QRELS
+
+
+def write_pipeline(tmp_path: Path, sample_file: Path, tiny_llama: Path, tiny_bert: Path, **bench) -> Path:
+    train = {
+        "model": {"backbone": str(tiny_bert), "lr": 1e-3},
+        "data": {"label": "cis", "qrels": str(DL19_QRELS), "val_queries": 1, "batch_size": 8, "max_length": 128},
+        "trainer": {"max_epochs": 1, "accelerator": "cpu", "devices": 1, "enable_progress_bar": False},
+        "wandb_mode": "disabled",
+    }
+    (tmp_path / "train.yaml").write_text(yaml.safe_dump(train))
+    config = {
+        "name": "tiny",
+        "root": str(tmp_path / "runs"),
+        "teach": {
+            "input": str(sample_file),
+            "qrels": str(DL19_QRELS),
+            "teacher": str(tiny_llama),
+            "scores": ["cis", "upr"],
+            "cache_dir": str(tmp_path / "cache"),
+            "progress": False,
+        },
+        "train": {"config": [str(tmp_path / "train.yaml")], "model": {"warmup_ratio": 0.0}},
+        "export": {"formats": ["onnx", "torchscript"], "int8": False, "parity_queries": 1, "parity_depth": 8},
+        "bench": {
+            "input": str(sample_file),
+            "token_counts": [200],
+            "rerank_queries": 1,
+            "repeats": 2,
+            "matmul_size": 256,
+            "backends": ["onnx-fp32"],  # one student backend: what the pipeline does with a bench, not each backend
+            "quality": False,
+            **bench,
+        },
+        "rerank": {"backend": "onnx"},
+        "fuse": True,
+    }
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def stamps(folder: Path) -> dict[str, str]:
+    return {p.stem: p.read_text() for p in sorted((folder / "stages").glob("*.json"))}
+
+
+def test_pipeline_runs_every_stage_then_skips_what_is_up_to_date(
+    tmp_path: Path, sample_file: Path, tiny_llama: Path, tiny_bert: Path, capsys
+) -> None:
+    config = write_pipeline(tmp_path, sample_file, tiny_llama, tiny_bert)
+    assert main(["run", "--config", str(config)]) == 0
+    printed = capsys.readouterr().out
+    folder = tmp_path / "runs" / "tiny"
+    for artefact in ("teacher/dataset_info.json", "student/hf/model.safetensors", "student/export/model.onnx"):
+        assert (folder / artefact).is_file(), artefact
+    assert (folder / "student/bench/bench.png").is_file() and (folder / "eval/student.trec").is_file()
+    summary = json.loads((folder / "summary.json").read_text())
+    held_out = json.loads((folder / "student/hf/config.json").read_text())["cis_distill"]["val_queries"]
+    assert summary["eval_queries"] == len(held_out) == 1
+    fused = "student (onnx) fused with the first stage"
+    assert list(summary["nDCG@10"]) == ["teacher/first_stage", "teacher/cis", "teacher/upr", "student (onnx)", fused]
+    evaluation = json.loads((folder / "eval/eval.json").read_text())
+    student = str(folder / "eval/student.trec")
+    assert set(evaluation["per_query"][student]["nDCG@10"]) == set(held_out)
+    assert set(read_trec_run(folder / "eval/student.trec")) == set(held_out)
+    # fuse: the student's scores fused with the first stage's by the α its card chose on the validation queries
+    (alpha,) = StudentCard.find(folder / "student/export").alphas().values()
+    (query,) = [c for c in load_candidates(sample_file).candidates if c.query.qid == held_out[0]]
+    alone = Reranker.load(folder / "student/export", backend="onnx", interpolation=False)  # the run file's rounding
+    scores = alone.score(query.query.text, [p.text for p in query.passages])  # would swamp the tiny model's spread
+    expected = interpolate(scores, np.asarray(query.scores), held_out * len(scores), alpha)
+    together = read_trec_run(folder / "eval/student-fused.trec")[held_out[0]]
+    np.testing.assert_allclose([together[p.docid] for p in query.passages], expected, atol=1e-4, rtol=0)
+    assert f"interpolated with the first stage (alpha {alpha:g})" in printed
+    assert set(summary["latency_p50_s"]) == {"200 tokens", "12 candidates"}
+    assert "teacher cis" in summary["latency_p50_s"]["200 tokens"]
+    benched = json.loads((folder / "student/bench/bench.json").read_text())
+    assert benched["config"]["teacher"] == str(tiny_llama)  # timed against the teacher it learnt from
+    assert "nDCG@10 on 1 evaluation query ==" in printed and "faster than the teacher" in printed
+    first = stamps(folder)
+    assert set(first) == {"teach", "train", "export", "bench", "rerank", "eval"}
+
+    # Nothing changed: every stage is skipped.
+    assert main(["run", "--config", str(config)]) == 0
+    assert capsys.readouterr().out.count("up to date") == 6 and stamps(folder) == first
+
+    # The train stage stopped before it finished (preempted): the rerun resumes its run, nothing is wiped.
+    kept = folder / "student" / "checkpoints" / "last.ckpt"
+    before = kept.stat().st_mtime_ns
+    (folder / "stages" / "train.json").unlink()
+    assert main(["run", "--config", str(config)]) == 0
+    printed = capsys.readouterr().out
+    assert "[train] resuming the interrupted run" in printed and printed.count("up to date") == 5
+    assert kept.stat().st_mtime_ns == before
+    assert json.loads(stamps(folder)["train"])["key"] == json.loads(first["train"])["key"]
+    first = stamps(folder)
+
+    # A bench option changed: the bench alone reruns; --force reruns a named stage.
+    config = write_pipeline(tmp_path, sample_file, tiny_llama, tiny_bert, repeats=1)
+    assert main(["run", "--config", str(config), "--force", "eval"]) == 0
+    printed = capsys.readouterr().out
+    assert "[bench] running" in printed and "[eval] running" in printed and printed.count("up to date") == 4
+    after = stamps(folder)
+    assert after["bench"] != first["bench"] and after["teach"] == first["teach"] and after["train"] == first["train"]
+    assert all(cell["n"] == 1 for cell in json.loads((folder / "student/bench/bench.json").read_text())["cells"])
+
+
+def one_line_error(capsys) -> str:
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    return err
+
+
+@pytest.mark.parametrize(
+    ("sections", "expected"),
+    [
+        ({"exprot": {}}, "{path}: exprot: unknown option (did you mean 'export'?)"),
+        ({"teach": {"max_querys": 1}}, "{path}: teach: max_querys: unknown option (did you mean 'max_queries'?)"),
+        ({"train": {"model": {"lrr": 0.1}}}, "{path}: train: "),
+        ({"export": {"int9": True}}, "{path}: export: int9: unknown option (did you mean 'int8'?)"),
+        ({"bench": {"repeets": 2}}, "{path}: bench: repeets: unknown option (did you mean 'repeats'?)"),
+        ({"rerank": {"backnd": "onnx"}}, "{path}: rerank: backnd: unknown option (did you mean 'backend'?)"),
+        ({"eval": {"qrel": "x"}}, "{path}: eval: qrel: unknown option (did you mean 'qrels'?)"),
+        ({"eval": {"test": "z"}}, "{path}: eval: test: expected 't' | 'randomization', got 'z'"),
+        ({"bench": {"repeats": "many"}}, "{path}: bench: repeats: expected int, got 'many'"),
+        ({"name": None}, "{path}: name: missing"),
+        ({"teach": "nope.yaml"}, "nope.yaml: config file not found"),
+    ],
+)
+def test_pipeline_config_errors_are_one_line_naming_the_file_and_key(
+    tmp_path: Path, sample_file: Path, capsys, sections: dict, expected: str
+) -> None:
+    train = tmp_path / "train.yaml"
+    train.write_text(yaml.safe_dump({"model": {"backbone": "all-minilm-l6-v2"}, "data": {"label": "cis"}}))
+    config = {
+        "name": "x",
+        "root": str(tmp_path / "runs"),
+        "teach": {"input": str(sample_file), "qrels": str(DL19_QRELS)},
+        "train": {"config": [str(train)]},
+    }
+    for key, value in sections.items():
+        if value is None:
+            config.pop(key)
+        elif isinstance(value, dict) and isinstance(config.get(key), dict):
+            config[key] = {**config[key], **value}
+        else:
+            config[key] = value
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(yaml.safe_dump(config))
+    assert main(["run", "--config", str(path)]) == 2
+    assert expected.format(path=path) in one_line_error(capsys)
+    assert not (tmp_path / "runs").exists()  # nothing ran
+
+
+def test_a_pipeline_without_optional_sections_takes_their_defaults(tmp_path: Path, sample_file: Path) -> None:
+    path = tmp_path / "pipeline.yaml"
+    train = {"model": {"backbone": "all-minilm-l6-v2"}}
+    teach = {"input": str(sample_file), "qrels": str(DL19_QRELS)}
+    path.write_text(yaml.safe_dump({"name": "x", "root": str(tmp_path), "teach": teach, "train": train}))
+    pipeline = load_pipeline(path)
+    assert pipeline.export.int8 is False and pipeline.export.parity_queries == 3  # ExportConfig's defaults
+    assert pipeline.rerank.backend == "auto" and pipeline.rerank.input == [str(sample_file)]
+    assert pipeline.eval.qrels == str(DL19_QRELS) and pipeline.eval.held_out == str(tmp_path / "x" / "student")
+    assert pipeline.bench.output == str(tmp_path / "x" / "student" / "bench")

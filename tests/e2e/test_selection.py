@@ -1,0 +1,69 @@
+"""The selection of ``experiments/first_stages.py``: two settings compared query by query with the quality gate's
+paired bootstrap, and α chosen on pooled held-out lists, fused as ``distill rerank`` fuses."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import numpy as np
+import pytest
+
+from distill.core.interpolation import interpolate
+from tests.conftest import REPO
+
+
+@pytest.fixture(scope="module")
+def selection():
+    spec = importlib.util.spec_from_file_location("first_stages", REPO / "experiments" / "first_stages.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_difference_has_its_bootstrap_interval_over_the_shared_queries(selection) -> None:
+    rng = np.random.default_rng(0)
+    a = {f"q{i}": float(v) for i, v in enumerate(rng.normal(60, 10, size=53))}
+    better = {q: v + 2.0 + float(rng.normal(0, 1)) for q, v in a.items()}
+    better["extra"] = 99.0  # a query only one side has is left out
+    d = selection.difference(better, a)
+    assert d["queries"] == 53 and d["interval"][0] < d["difference"] < d["interval"][1]
+    assert d["interval"][0] > 1.0 and d["interval"][1] < 3.0 and d["p"] < 0.001
+    same = selection.difference(a, a)
+    assert same["difference"] == 0 and same["interval"] == [0, 0] and same["p"] == 1.0
+
+
+def test_pooled_lists_are_fused_as_rerank_fuses_and_alpha_is_the_best_on_them(selection) -> None:
+    student = {"q1": {"a": 3.0, "b": 1.0, "c": 2.0}, "q2": {"x": 0.5, "y": 0.1}}
+    first = {"q1": {"a": 10.0, "b": 30.0, "c": 20.0}, "q2": {"x": 1.0, "y": 5.0}, "q3": {"z": 1.0}}
+    fused = selection.fuse(student, first, 0.3)
+    for q in student:
+        docs = list(student[q])
+        expected = interpolate(
+            np.array([student[q][d] for d in docs]), np.array([first[q][d] for d in docs]), [q] * len(docs), 0.3
+        )
+        assert [fused[q][d] for d in docs] == pytest.approx(expected.tolist())
+    qrels = {"q1": {"a": 1}, "q2": {"x": 1}}  # the student is right, the first stage wrong: all student
+    assert selection.choose(student, first, qrels) == 1.0
+    assert selection.choose(student, first, {"q1": {"b": 1}, "q2": {"y": 1}}) < 0.5
+
+
+def test_a_teacher_label_is_the_weighted_sum_of_its_runs_z_scores(selection) -> None:
+    from distill.data.labels import per_query_z
+    from distill.eval.trec_runs import read_trec_run
+
+    weights = {"minilm/similarity": 1.0, "smollm2/cis_q": 0.5}
+    label = selection.label_run("bm25", weights)
+    runs = {
+        name: read_trec_run(
+            REPO / "data" / "teacher" / f"dl21-bm25-{name.split('/')[0]}" / "runs" / f"{name.split('/')[1]}.trec"
+        )
+        for name in weights
+    }
+    qid = sorted(label)[0]
+    docids = sorted(label[qid])
+    assert len(label) == 53 and len(docids) == 100
+    expected = sum(
+        weight * per_query_z(np.array([runs[name][qid][d] for d in docids]), [qid] * len(docids))
+        for name, weight in weights.items()
+    )
+    np.testing.assert_allclose([label[qid][d] for d in docids], expected, atol=1e-9)
