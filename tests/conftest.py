@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -132,13 +133,34 @@ def parity():
 
 
 @pytest.fixture(scope="session")
-def student(tmp_path_factory: pytest.TempPathFactory, parity) -> Path:
-    """The tiny BERT fitted to the graded relevance of the parity pairs, saved as a student.
+def run_folder(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
+    """The run's own temporary folder, shared by its pytest-xdist workers (above each worker's own)."""
+    base = tmp_path_factory.getbasetemp()
+    return base if worker_id == "master" else base.parent
+
+
+def built_once(folder: Path, build: Callable[[Path], object]) -> Path:
+    """``folder``, built by ``build(folder)`` by the first worker of the run to ask, under a file lock; the others
+    wait for it and read it (no test writes into it). A marker written after the build says it is complete."""
+    from filelock import FileLock
+
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(folder.with_name(folder.name + ".lock"))):
+        done = folder.with_name(folder.name + ".done")
+        if not done.is_file():
+            build(folder)
+            done.touch()
+    return folder
+
+
+@pytest.fixture(scope="session")
+def student(run_folder: Path, parity) -> Path:
+    """The tiny BERT fitted to the graded relevance of the parity pairs, saved as a student (once a run).
 
     A random model's ranking is noise that int8 quantisation reshuffles; one that separates the grades
     is what the int8 nDCG@10 bound is about.
     """
-    return fitted_student(tmp_path_factory.mktemp("student"), parity)
+    return built_once(run_folder / "student", lambda out: fitted_student(out, parity))
 
 
 def fitted_student(out: Path, parity) -> Path:
@@ -179,23 +201,14 @@ def fitted_student(out: Path, parity) -> Path:
 
 
 @pytest.fixture(scope="session")
-def exported(tmp_path_factory: pytest.TempPathFactory, parity, worker_id: str) -> Path:
-    """The fitted student exported to every format (ONNX fp32/fp16/static int8, TorchScript).
-
-    Built once for the whole run: the first pytest-xdist worker to ask builds it in the run's shared temporary
-    folder, under a file lock, and the others wait for it and read it (no test writes into it)."""
-    from filelock import FileLock
-
+def exported(run_folder: Path, student: Path, parity) -> Path:
+    """The fitted student exported to every format (ONNX fp32/fp16/static int8, TorchScript), once a run."""
     from distill.export.folder import export_student
 
-    base = tmp_path_factory.getbasetemp()
-    shared = base if worker_id == "master" else base.parent  # the run's folder, above each worker's own
-    out = shared / "exported" / "student"
-    with FileLock(str(shared / "exported.lock")):
-        if not (out / "card.json").is_file():
-            student = fitted_student(shared / "exported" / "fitted", parity)
-            export_student(student, out, fp16=True, int8="static", parity=parity)
-    return out
+    def build(out: Path) -> None:
+        export_student(student, out, fp16=True, int8="static", parity=parity)
+
+    return built_once(run_folder / "exported" / "student", build)
 
 
 @pytest.fixture(scope="session")
