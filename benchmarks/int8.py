@@ -47,7 +47,7 @@ from benchmarks.phases import (
 from distill.bench.measure import environment
 from distill.core.batching import token_budget_batches
 from distill.core.devices import STUDENT_BATCH_TOKENS
-from distill.core.package_paths import CANDIDATES, DL19, DL21, QRELS
+from distill.core.project_files import CANDIDATES, DL19, DL21, QRELS
 from distill.core.run_folder import student_folder
 from distill.core.schema import InputError
 from distill.data.loaders import load_candidates

@@ -482,7 +482,7 @@ def load_average() -> list[float]:
 def dl19_calls(path: str | Path | None = None, limit: int | None = None) -> list[tuple[str, list[str]]]:
     """The queries with their candidates of a rank_llm file (default DL19's 43 with their 100 BM25 candidates,
     ``data/trec-dl19/bm25_top100.json``), in the file's order; the first ``limit``."""
-    from distill.core.package_paths import CANDIDATES, DL19, shipped
+    from distill.core.project_files import CANDIDATES, DL19, shipped
     from distill.data.loaders import load_candidates
 
     data = load_candidates(path or shipped(DL19 / CANDIDATES, "--input"))

@@ -65,12 +65,12 @@ from benchmarks.phases import (
 from distill.bench.measure import environment, int8_matmul_ops_per_s, matmul_flops_per_s
 from distill.core.batching import token_budget_batches
 from distill.core.devices import STUDENT_BATCH_TOKENS
-from distill.core.package_paths import CANDIDATES, DL19
+from distill.core.project_files import CANDIDATES, DL19
 from distill.core.run_folder import student_folder
 from distill.core.schema import InputError
 from distill.data.loaders import load_candidates
 from distill.export.cls_tail import run_tail_on_first_token
-from distill.export.folder import EXAMPLE_PAIRS
+from distill.export.exporter import EXAMPLE_PAIRS
 from distill.export.onnx_graphs import Logits, export_onnx, fuse_transformer
 from distill.export.parity_set import dl19_parity_set, ranking_ndcg10
 from distill.export.quantize import Calibration, quantize_int8
@@ -251,7 +251,7 @@ def op_counts(path: Path) -> dict[str, int]:
 # ----------------------------------------------------------------------------- timing
 
 
-class Workload:
+class RerankCalls:
     """The first queries of DL19 with their 100 BM25 candidates, and the tokenizer of the student."""
 
     def __init__(self, folder: Path, queries: int) -> None:
@@ -261,7 +261,7 @@ class Workload:
         self.calls = [(c.query.text, [p.text for p in c.passages]) for c in candidates]
 
 
-def reranker(scorer: Scorer, work: Workload, budget: int) -> Reranker:
+def reranker(scorer: Scorer, work: RerankCalls, budget: int) -> Reranker:
     return Reranker(scorer, work.tokenizer, work.max_length, budget)
 
 
@@ -280,7 +280,7 @@ def parallel_score(ranker: Reranker, pool: ThreadPoolExecutor) -> Callable[[str,
     return score
 
 
-def time_rounds(score: Callable[[str, list[str]], Sequence[float]], work: Workload, repeats: int) -> dict[str, Any]:
+def time_rounds(score: Callable[[str, list[str]], Sequence[float]], work: RerankCalls, repeats: int) -> dict[str, Any]:
     """``score`` on every call of ``work``: one warm-up round, then ``repeats`` timed rounds (p50, p95, seconds)."""
     return time_calls([partial(score, query, passages) for query, passages in work.calls], repeats)
 
@@ -288,7 +288,7 @@ def time_rounds(score: Callable[[str, list[str]], Sequence[float]], work: Worklo
 class Quality:
     """nDCG@10 of rankings on all judged DL19 queries (each query's 100 candidates), against PyTorch fp32's."""
 
-    def __init__(self, hf: Path, work: Workload) -> None:
+    def __init__(self, hf: Path, work: RerankCalls) -> None:
         parity = dl19_parity_set()
         self.pairs, self.qrels = parity.ranking, parity.qrels
         self.queries: dict[str, list[int]] = defaultdict(list)
@@ -312,7 +312,7 @@ class Quality:
 # ----------------------------------------------------------------------------- stages
 
 
-def stage_variants(graphs: dict[str, Path], work: Workload, args: OnnxCpu, quality: Quality | None):
+def stage_variants(graphs: dict[str, Path], work: RerankCalls, args: OnnxCpu, quality: Quality | None):
     rows = []
     settings = SessionSettings(threads=args.threads)
     for name, path in graphs.items():
@@ -328,7 +328,7 @@ def stage_variants(graphs: dict[str, Path], work: Workload, args: OnnxCpu, quali
     return rows
 
 
-def stage_sessions(graphs: dict[str, Path], work: Workload, args: OnnxCpu):
+def stage_sessions(graphs: dict[str, Path], work: RerankCalls, args: OnnxCpu):
     rows = []
     base = SessionSettings(threads=args.threads)
     changes: list[tuple[str, SessionSettings, int, int]] = [("defaults", base, args.budget, 1)]
@@ -391,7 +391,7 @@ def _openvino_installed() -> bool:
     return True
 
 
-def stage_openvino(graphs: dict[str, Path], work: Workload, args: OnnxCpu, quality: Quality | None):
+def stage_openvino(graphs: dict[str, Path], work: RerankCalls, args: OnnxCpu, quality: Quality | None):
     """Each graph OpenVINO reads, one stream of ``--threads`` threads at three batch budgets, every op it does not
     run in int8 in fp32 (the fused fp32 graph and ``int8-weights`` also in bf16). The choice between OpenVINO's
     int8 settings is made in ``python -m benchmarks.int8``."""
@@ -423,7 +423,7 @@ def stage_openvino(graphs: dict[str, Path], work: Workload, args: OnnxCpu, quali
     return {"version": openvino.__version__, "rows": rows}
 
 
-def stage_streams(graphs: dict[str, Path], work: Workload, args: OnnxCpu):
+def stage_streams(graphs: dict[str, Path], work: RerankCalls, args: OnnxCpu):
     """OpenVINO with ``--threads`` single-threaded streams and a batch in flight on each (the fused fp32 graph, the
     static int8 one and ``int8-weights`` as the ``openvino-int8`` backend quantises it), at two batch budgets."""
     if not _openvino_installed():
@@ -492,13 +492,13 @@ def _print_profile(name: str, row: dict[str, Any]) -> None:
           f" the graph; {top}", flush=True)  # fmt: skip
 
 
-def _timed_round(ranker: Reranker, work: Workload, start: Callable[[], None] = lambda: None) -> list[float]:
+def _timed_round(ranker: Reranker, work: RerankCalls, start: Callable[[], None] = lambda: None) -> list[float]:
     """A warm-up round of every call (as many graph runs as the timed one), ``start()``, then the wall time of each
     call of one round, in seconds."""
     return time_calls([partial(ranker.score, q, p) for q, p in work.calls], 1, start)["seconds"]
 
 
-def profile_onnxruntime(path: Path, work: Workload, args: OnnxCpu, prefix: Path) -> dict[str, Any]:
+def profile_onnxruntime(path: Path, work: RerankCalls, args: OnnxCpu, prefix: Path) -> dict[str, Any]:
     """onnxruntime's profile of the graph at ``path`` with the default session settings."""
     scorer = ProfiledScorer(path, SessionSettings(threads=args.threads), prefix)
     walls = _timed_round(reranker(scorer, work, args.budget), work)
@@ -512,7 +512,7 @@ def profile_onnxruntime(path: Path, work: Workload, args: OnnxCpu, prefix: Path)
     return _profile_row(by_op, walls, sum(e["dur"] for e in timed) / 1e3)
 
 
-def profile_openvino(path: Path, work: Workload, args: OnnxCpu) -> dict[str, Any]:
+def profile_openvino(path: Path, work: RerankCalls, args: OnnxCpu) -> dict[str, Any]:
     """OpenVINO's per-node profile of ``distill``'s ``openvino-int8`` backend (the graph of ``int8_mode: weights``),
     by node type and kernel; the graph's time is the sum of its nodes'."""
     scorer = OpenVinoScorer(path, args.threads, OPENVINO_INT8_PRECISION, OPENVINO_INT8_GROUP_SIZE, perf_count=True)
@@ -521,7 +521,7 @@ def profile_openvino(path: Path, work: Workload, args: OnnxCpu) -> dict[str, Any
     return _profile_row(counters.ms, walls, sum(counters.ms.values()))
 
 
-def stage_profile(graphs: dict[str, Path], work: Workload, args: OnnxCpu, tmp: Path):
+def stage_profile(graphs: dict[str, Path], work: RerankCalls, args: OnnxCpu, tmp: Path):
     """Where one round of calls spends its time, after a warm-up round: onnxruntime's profile of the fused fp32
     graph and of ``--int8``, and OpenVINO's of its int8 backend (if installed). Per call: the wall time, the time
     in the graph and outside it (tokenisation, padding, Python), and the time per op type (also as a share of the
@@ -573,7 +573,7 @@ def run(args: OnnxCpu, invocation: dict[str, Any]) -> int:
         started = time.perf_counter()
         graphs = graphs_in(hf, folder)
         record["build_s"] = time.perf_counter() - started
-        work = Workload(folder, args.queries)
+        work = RerankCalls(folder, args.queries)
         record["workload"] = {"queries": [q for q, _ in work.calls], "candidates": [len(c) for _, c in work.calls]}
         quality = Quality(hf, work) if args.quality and {"variants", "openvino"} & set(args.stages) else None
         for stage in args.stages:

@@ -44,7 +44,7 @@ from benchmarks.phases import (
 from distill.bench.measure import dtype_name, environment
 from distill.bench.profile import profiled
 from distill.core.devices import MATMUL_SIZE, attention_backends, resolve_device
-from distill.core.package_paths import CANDIDATES, DL19
+from distill.core.project_files import CANDIDATES, DL19
 from distill.data.loaders import load_candidates
 from distill.model.resolver import ARCHITECTURES
 from teachers.causal_lm import CausalLMScorer, ScorerOptions, ScoringSequence
@@ -102,7 +102,7 @@ class TeacherThroughput(TimedOptions, ScorerOptions):
 
 
 @dataclass
-class Workload:
+class TeacherSequences:
     """The sequences behind the CIS terms of every pair, as the teacher builds them."""
 
     queries: list[str]
@@ -170,7 +170,7 @@ def with_model_levers(teacher: CausalLMTeacher, options: ScorerOptions) -> None:
     teacher.scorer = CausalLMScorer(old.model, old.logit_chunk_rows, old.pad_token_id, options)
 
 
-def load_workload(teacher: CausalLMTeacher, path: str, max_queries: int | None) -> Workload:
+def load_sequences(teacher: CausalLMTeacher, path: str, max_queries: int | None) -> TeacherSequences:
     """Every pair of ``path`` (the first ``max_queries`` queries), tokenised as the teacher does."""
     candidates = load_candidates(path).candidates[:max_queries]
     queries = [c.query.text for c in candidates for _ in c.passages]
@@ -180,7 +180,7 @@ def load_workload(teacher: CausalLMTeacher, path: str, max_queries: int | None) 
     distinct_ids = [list(ids) for ids in first]
     cond = teacher.pair_sequences("logp_cond", queries, passage_ids)
     uncond = teacher.passage_sequences(distinct_ids)
-    return Workload(queries, passage_ids, distinct_ids, distinct_index, cond, uncond, len(candidates))
+    return TeacherSequences(queries, passage_ids, distinct_ids, distinct_index, cond, uncond, len(candidates))
 
 
 def progress(total: int, desc: str, enabled: bool) -> tqdm:
@@ -250,7 +250,7 @@ def run_loop(
 
 
 def run_naive(
-    model: torch.nn.Module, work: Workload, n_pairs: int, device: torch.device, show: bool
+    model: torch.nn.Module, work: TeacherSequences, n_pairs: int, device: torch.device, show: bool
 ) -> tuple[ScoringPhase, np.ndarray, np.ndarray]:
     """Score the first ``n_pairs`` pairs' conditional and unconditional sequences one at a time.
 
@@ -264,7 +264,7 @@ def run_naive(
     return phase, values[0::2], values[1::2]
 
 
-def plain_sequences(work: Workload, n_pairs: int) -> tuple[list[ScoringSequence], list[int]]:
+def plain_sequences(work: TeacherSequences, n_pairs: int) -> tuple[list[ScoringSequence], list[int]]:
     """The first ``n_pairs`` pairs' conditional sequences, then their distinct passages' unconditional ones; and
     for each of those pairs, the index of its unconditional sequence in that list."""
     distinct = list(dict.fromkeys(work.distinct_index[:n_pairs]))
@@ -275,7 +275,7 @@ def plain_sequences(work: Workload, n_pairs: int) -> tuple[list[ScoringSequence]
 
 def run_plain(
     model: torch.nn.Module,
-    work: Workload,
+    work: TeacherSequences,
     n_pairs: int,
     batch_size: int,
     pad_id: int,
@@ -312,12 +312,12 @@ def padded_tokens(scorer: CausalLMScorer, sequences: Sequence[ScoringSequence]) 
     return sum(plan.padded_tokens for plan in scorer.plan(sequences))
 
 
-def batch_shapes(scorer: CausalLMScorer, work: Workload) -> list[tuple[int, int]]:
+def batch_shapes(scorer: CausalLMScorer, work: TeacherSequences) -> list[tuple[int, int]]:
     """The distinct ``(rows, width)`` shapes of the teacher's batches over the workload."""
     return sorted({plan.shape for seqs in (work.cond, work.uncond) for plan in scorer.plan(seqs)})
 
 
-def warm_up(teacher: CausalLMTeacher, work: Workload, device: torch.device) -> float:
+def warm_up(teacher: CausalLMTeacher, work: TeacherSequences, device: torch.device) -> float:
     """Score the first (longest, fullest) ``logp_cond`` batch; with ``compile``, also the last one and the first
     and last ``logp_uncond`` batches, so that torch.compile's compiles (at most three) happen here.
 
@@ -336,7 +336,7 @@ def warm_up(teacher: CausalLMTeacher, work: Workload, device: torch.device) -> f
 
 
 def run_teacher(
-    teacher: CausalLMTeacher, work: Workload, device: torch.device, show: bool
+    teacher: CausalLMTeacher, work: TeacherSequences, device: torch.device, show: bool
 ) -> tuple[ScoringPhase, np.ndarray, np.ndarray]:
     """Score every distinct passage's ``logp_uncond`` and every pair's ``logp_cond`` with the teacher.
 
@@ -365,7 +365,12 @@ def run_teacher(
 
 
 def agreement(
-    cond: np.ndarray, uncond: np.ndarray, ref_cond: np.ndarray, ref_uncond: np.ndarray, work: Workload, tolerance: float
+    cond: np.ndarray,
+    uncond: np.ndarray,
+    ref_cond: np.ndarray,
+    ref_uncond: np.ndarray,
+    work: TeacherSequences,
+    tolerance: float,
 ) -> dict[str, Any]:
     """Differences (nats) of a loop's ``[n]`` ``cond`` and ``uncond`` from (b)'s (``ref_cond`` ``[n_pairs]``,
     ``ref_uncond`` ``[n_distinct]``) on the first ``n`` pairs: per term and on CIS itself, and whether the largest
@@ -399,7 +404,7 @@ def run(options: TeacherThroughput, invocation: dict[str, Any]) -> int:
     teacher, label = build_teacher(options, device, dtype)
     model = teacher.scorer.model
     n_params = sum(p.numel() for p in model.parameters())
-    work = load_workload(teacher, options.input, options.max_queries)
+    work = load_sequences(teacher, options.input, options.max_queries)
     n_naive = min(options.naive_pairs, work.n_pairs)
     n_plain = work.n_pairs if options.plain_pairs is None else min(options.plain_pairs, work.n_pairs)
     ceiling = Ceiling(device, dtype, options.matmul_size or MATMUL_SIZE[device.type], options.matmul_reps)

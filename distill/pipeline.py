@@ -329,7 +329,7 @@ def check_inputs(pipeline: Pipeline) -> None:
     Raises:
         MissingFileError, InputError: ``<stage>: <option>: <path>: <what is wrong>``.
     """
-    from distill.core.paths import input_path, same_path
+    from distill.core.path_checks import input_path, same_path
     from distill.data.loaders.irds import is_irds
 
     rerank, evaluate = pipeline.rerank, pipeline.eval

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from distill.core.package_paths import PROJECT as ROOT
+from distill.core.project_files import PROJECT as ROOT
 
 CONFIG = "configs/train/minilm-first-stages.yaml"
 BASE = ["distill", "train", "--config", CONFIG]

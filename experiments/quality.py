@@ -32,7 +32,7 @@ from typing import Any
 
 import yaml
 
-from distill.core.package_paths import PROJECT as ROOT
+from distill.core.project_files import PROJECT as ROOT
 from distill.data.labels import LabelExpression, Term
 
 RESULTS = ROOT / "benchmarks" / "results"

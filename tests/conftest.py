@@ -203,7 +203,7 @@ def fitted_student(out: Path, parity) -> Path:
 @pytest.fixture(scope="session")
 def exported(run_folder: Path, student: Path, parity) -> Path:
     """The fitted student exported to every format (ONNX fp32/fp16/static int8, TorchScript), once a run."""
-    from distill.export.folder import export_student
+    from distill.export.exporter import export_student
 
     def build(out: Path) -> None:
         export_student(student, out, fp16=True, int8="static", parity=parity)
@@ -234,3 +234,9 @@ def call() -> tuple[str, list[str]]:
 
     candidates = load_candidates(DL19).candidates[0]
     return candidates.query.text, [p.text for p in candidates.passages]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests marked slow first (a stable sort: otherwise in collection order), so that pytest-xdist's workers
+    end together instead of one idling while the other runs a long test handed out last."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)

@@ -36,12 +36,12 @@ from distill.bench.methods import (
     teacher_method,
     variant,
 )
-from distill.bench.quality import REFERENCE, QualitySet
+from distill.bench.ndcg import REFERENCE, QualitySet
 from distill.bench.timing import time_method
 from distill.bench.workload import TOKEN_COUNTS, Workload, rerank_workload, token_count_workloads
 from distill.core.devices import MATMUL_SIZE, compute_dtype, resolve_device
-from distill.core.package_paths import CANDIDATES, DL19, QRELS, shipped
-from distill.core.paths import output_folder
+from distill.core.path_checks import output_folder
+from distill.core.project_files import CANDIDATES, DL19, QRELS, shipped
 from distill.core.run_folder import RunLayout, student_folder
 from distill.core.schema import InputError, MissingFileError, RerankingData
 from distill.data.loaders import load_candidates
@@ -191,7 +191,7 @@ def _students(
 ) -> tuple[list[tuple[str, Callable[[], Method]]], dict[str, str], dict[str, str]]:
     """The student and baseline methods to time, each as (name, a function that loads it); the reason each default
     one left out is left out (its file is missing, or the peers' student is not [CLS]-head); and the methods whose
-    nDCG@10 change is taken against another method than :data:`~distill.bench.quality.REFERENCE` (the peers on
+    nDCG@10 change is taken against another method than :data:`~distill.bench.ndcg.REFERENCE` (the peers on
     another student: against ``st-crossencoder (peer)``). ``scratch`` holds the peers' exports."""
     from distill.bench.peers import peer_folder, require_optimum, st_peer_method
     from distill.serving.backends import OPENVINO_DTYPES

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from distill.core.package_paths import PROJECT
+from distill.core.project_files import PROJECT
 
 
 def synchronize(device: torch.device) -> None:

@@ -4,7 +4,7 @@ YAML metadata (``base_model``, ``pipeline_tag: text-ranking``, ``library_name``,
 ``license``), then what the student learnt (teacher, label, loss, teacher data), its validation and fidelity
 figures (the student card's), each precision's quality gate, usage with cis-distill's ``Reranker``,
 sentence-transformers and transformers, and its limitations. Paths show as the training command gave them (never
-an absolute path: see :func:`~distill.export.paths.shown_path`).
+an absolute path: see :func:`~distill.export.recorded_paths.shown_path`).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from distill.export.paths import shown_path
+from distill.export.recorded_paths import shown_path
 from distill.model.resolver import hub_id
 
 PROJECT = "cis-distill"

@@ -8,10 +8,10 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from distill.core.package_paths import CANDIDATES, DL19, QRELS, shipped
+from distill.core.project_files import CANDIDATES, DL19, QRELS, shipped
 from distill.core.schema import InputError, Qrels, RerankingData
 from distill.eval.trec_runs import run_from_columns
-from distill.export.paths import shown_path
+from distill.export.recorded_paths import shown_path
 
 NDCG_BOUND = 0.5
 """Max |ΔnDCG@10| (points, x100) of the int8 graph against PyTorch fp32."""

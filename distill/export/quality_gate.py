@@ -31,13 +31,13 @@ from typing import Any
 
 import numpy as np
 
-from distill.core.package_paths import CANDIDATES, DL21, shipped
+from distill.core.project_files import CANDIDATES, DL21, shipped
 from distill.core.schema import Candidates, InputError, MissingFileError, Qrels, RerankingData
 from distill.core.student_card import StudentCard
 from distill.data.teacher_data import TeacherDataset
 from distill.eval.trec_runs import Run
 from distill.export.parity_set import NDCG_BOUND, Pair, ParitySet
-from distill.export.paths import resolve_path, shown_path
+from distill.export.recorded_paths import resolve_path, shown_path
 from distill.serving.backends import NAMED_BACKENDS
 from distill.serving.hardware import CpuFeatures
 from distill.serving.scorers import FORMAT_FILES
@@ -152,7 +152,7 @@ class QualityGate:
     rule: GateRule = RULE
     reference: Run = field(default_factory=dict, repr=False)
     """PyTorch fp32's raw scores of the ranked pairs, qid -> docid -> score (not in card.json: the score
-    calibration is fitted on them, :func:`distill.export.folder.fit_score_calibration`)."""
+    calibration is fitted on them, :func:`distill.export.exporter.fit_score_calibration`)."""
 
     @property
     def bound(self) -> float:

@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from distill.core.batching import token_budget_batches
-from distill.core.package_paths import CALIBRATION_INPUTS, shipped
+from distill.core.project_files import CALIBRATION_INPUTS, shipped
 from distill.core.schema import InputError
-from distill.export.paths import shown_path
+from distill.export.recorded_paths import shown_path
 from distill.serving.encoding import Batch, encode_pairs, load_tokenizer, model_max_length, pad_batch
 
 Int8Mode = Literal["dynamic", "static", "weights"]

@@ -80,7 +80,7 @@ from distill.serving.http_schemas import (
     Tokens,
     Usage,
 )
-from distill.serving.options import ServerOptions
+from distill.serving.options import HttpOptions
 from distill.serving.reranker import Reranker
 
 log = logging.getLogger(__name__)
@@ -143,7 +143,7 @@ class RerankService:
     """Tokenises requests on a thread of its own and scores them through a :class:`DynamicBatcher` (a
     :class:`~distill.serving.reranker.Reranker`), or a :class:`PredictLoop` (a model that scores whole requests)."""
 
-    def __init__(self, reranker: Reranker | WholeRequests, options: ServerOptions, metrics: Metrics) -> None:
+    def __init__(self, reranker: Reranker | WholeRequests, options: HttpOptions, metrics: Metrics) -> None:
         self.reranker = reranker
         self.options = options
         self.metrics = metrics
@@ -318,7 +318,7 @@ def _validation_message(error: RequestValidationError) -> tuple[int, str]:
     return 422, f"{field}: {first['msg']}{more}"
 
 
-def model_info(folder: Path, reranker: Reranker | WholeRequests, options: ServerOptions) -> dict[str, Any]:
+def model_info(folder: Path, reranker: Reranker | WholeRequests, options: HttpOptions) -> dict[str, Any]:
     """``GET /info``: the model, its head, the backend (and why ``auto`` chose it), the export's quality gate (its
     record for this backend, and every backend's), the batching and the limits."""
     config = read_json_object(folder / "config.json")
@@ -362,7 +362,7 @@ class _Served:
     service: RerankService | None = None
 
 
-def _served_models(models: ServedModel | Sequence[ServedModel], options: ServerOptions) -> dict[str, _Served]:
+def _served_models(models: ServedModel | Sequence[ServedModel], options: HttpOptions) -> dict[str, _Served]:
     """The app's models by name, the default first.
 
     Raises:
@@ -390,7 +390,7 @@ def _served_models(models: ServedModel | Sequence[ServedModel], options: ServerO
     return served
 
 
-def create_app(models: ServedModel | Sequence[ServedModel], options: ServerOptions | None = None) -> FastAPI:
+def create_app(models: ServedModel | Sequence[ServedModel], options: HttpOptions | None = None) -> FastAPI:
     """The app serving ``models``, the first of them by default; ``app.state.serving`` is its
     :class:`ServingState`. A request names its model in ``model``, as Cohere's do: with one model served the field
     is ignored (clients send names of their own); with several, a name not served gets 404, and a request without
@@ -402,7 +402,7 @@ def create_app(models: ServedModel | Sequence[ServedModel], options: ServerOptio
     Raises:
         InputError: no model, or two with one name.
     """
-    options = options or ServerOptions()
+    options = options or HttpOptions()
     served = _served_models(models, options)
     default = next(iter(served.values()))
     metrics = Metrics()

@@ -22,7 +22,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from distill.serving.batcher import BatchStats
-from distill.serving.options import ServerOptions
+from distill.serving.options import HttpOptions
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +34,7 @@ ROUTES = ("/v1/rerank", "/v2/rerank", "/rerank", "/health", "/metrics", "/info")
 class ServingState:
     """What the server's shutdown reads and sets (:mod:`distill.serving.server`)."""
 
-    options: ServerOptions = field(default_factory=ServerOptions)
+    options: HttpOptions = field(default_factory=HttpOptions)
     """The app's options (the server reads its timeouts here)."""
     draining: bool = False
     """Set on SIGTERM: new requests get 503."""
@@ -130,7 +130,7 @@ RETRY_AFTER_S = 1
 """``Retry-After`` of a 429: a batch round lasts well under a second, so a second later the queue has moved."""
 
 
-def api_key(options: ServerOptions) -> str | None:
+def api_key(options: HttpOptions) -> str | None:
     """The key the server requires: ``options.api_key``, else ``$CIS_DISTILL_API_KEY``, else None (no auth)."""
     return options.api_key or os.environ.get(API_KEY_ENV) or None
 

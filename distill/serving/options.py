@@ -1,7 +1,7 @@
 """How a student is served, in two dataclasses: :class:`ServingOptions`, the options of
 :meth:`Reranker.load <distill.serving.reranker.Reranker.load>`, ``distill rerank`` and ``distill serve`` (whose configs
 extend it, so each flag is declared, documented and defaulted here once) and the methods ``distill bench`` times; and
-:class:`ServerOptions`, the HTTP server's batching window, limits and timeouts, which ``distill serve``'s config
+:class:`HttpOptions`, the HTTP server's batching window, limits and timeouts, which ``distill serve``'s config
 extends too."""
 
 from __future__ import annotations
@@ -100,7 +100,7 @@ class ServingOptions(TorchOptions, RuntimeOptions):
 
 
 @dataclass(frozen=True)
-class ServerOptions:
+class HttpOptions:
     """The HTTP server's batching window, the limits of a request and its timeouts (``distill serve``'s options of the
     same names; :func:`~distill.serving.http_api.create_app` takes them)."""
 

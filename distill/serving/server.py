@@ -25,17 +25,17 @@ from typing import Any
 from distill.core.config import REPEATABLE
 from distill.core.schema import InputError
 from distill.serving.http_gate import ServingState
-from distill.serving.options import ServerOptions, ServingOptions
+from distill.serving.options import HttpOptions, ServingOptions
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class ServeConfig(ServingOptions, ServerOptions):
+class ServeConfig(ServingOptions, HttpOptions):
     """Options of ``distill serve``: serve a student over HTTP (Cohere's ``/v1/rerank``, TEI's ``/rerank``). How the
     student is served (backend, device, dtype, the batch budget that concurrent requests' pairs fill together, the
     levers) are :class:`~distill.serving.options.ServingOptions`' fields, and the server's batching window, limits
-    and timeouts :class:`~distill.serving.options.ServerOptions`', each declared there once; ``auto`` is named with
+    and timeouts :class:`~distill.serving.options.HttpOptions`', each declared there once; ``auto`` is named with
     its reason by ``GET /info``. A request that sends first-stage scores is fused with the α of the first stage it
     names, else of ``first_stage`` (``interpolation``: ``false`` refuses such requests, a number fuses them all with
     it); one without is scored by the student alone."""
@@ -65,7 +65,7 @@ class ServeConfig(ServingOptions, ServerOptions):
             ServingOptions.__post_init__(self)
         except InputError as e:
             raise InputError(f"serve: {e}") from None
-        ServerOptions.__post_init__(self)  # the batching window, the limits and the timeouts
+        HttpOptions.__post_init__(self)  # the batching window, the limits and the timeouts
 
     @property
     def models(self) -> list[tuple[str, str]]:
@@ -79,8 +79,8 @@ class ServeConfig(ServingOptions, ServerOptions):
         return named
 
     @property
-    def options(self) -> ServerOptions:
-        return ServerOptions(**{f.name: getattr(self, f.name) for f in fields(ServerOptions)})
+    def options(self) -> HttpOptions:
+        return HttpOptions(**{f.name: getattr(self, f.name) for f in fields(HttpOptions)})
 
 
 def bind(host: str, port: int, listen: bool = True) -> socket.socket:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from distill.export.folder import ExportReport
+from distill.export.exporter import ExportReport
 from distill.export.quantize import Calibration, Int8Mode
 
 
@@ -54,11 +54,11 @@ class ExportConfig:
 def export(cfg: ExportConfig) -> ExportReport:
     """Export the student of ``cfg.checkpoint``; nothing is written if a format breaks its parity bound."""
     from distill.core.files import check_model_folder
-    from distill.core.paths import output_folder
+    from distill.core.path_checks import output_folder
     from distill.core.run_folder import RunLayout, student_folder
     from distill.core.schema import InputError
     from distill.data.loaders import load_candidates
-    from distill.export.folder import export_student
+    from distill.export.exporter import export_student
     from distill.export.parity_set import ParitySet, dl19_parity_set
     from distill.export.quality_gate import validation_set
 

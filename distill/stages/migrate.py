@@ -32,7 +32,7 @@ def migrate(cfg: MigrateConfig) -> MigrateReport:
 
     if not cfg.paths:
         raise InputError("migrate: give the teacher dataset folders to migrate: distill migrate FOLDER...")
-    from distill.core.paths import input_path
+    from distill.core.path_checks import input_path
 
     for path in cfg.paths:  # every folder first: none is migrated if one is wrong
         input_path(path, "migrate", "paths", "folder")

@@ -135,7 +135,7 @@ def check_paths(cfg: RerankConfig) -> None:
     Raises:
         InputError: ``rerank: <option>: <path>: <what is wrong>``.
     """
-    from distill.core.paths import input_path, output_file
+    from distill.core.path_checks import input_path, output_file
     from distill.core.run_folder import student_folder
     from distill.data.loaders.irds import is_irds
     from distill.model.resolver import HUB_REPO

@@ -57,7 +57,7 @@ class RetrieveReport:
 
 
 def retrieve(cfg: RetrieveConfig) -> RetrieveReport:
-    from distill.core.paths import input_path, output_file, output_folder
+    from distill.core.path_checks import input_path, output_file, output_folder
     from distill.retrieval.retrieve import retrieve as run_retrieval
 
     # Before any index is built or encoder loaded: the output and the index (a cache, read and written) are no input

@@ -28,7 +28,7 @@ import numpy as np
 import pyarrow as pa
 from tqdm.auto import tqdm
 
-from distill.core.paths import input_path, output_folder
+from distill.core.path_checks import input_path, output_folder
 from distill.core.schema import ExistingOutputError, InputError
 from distill.data.loaders.irds import is_irds
 from distill.data.teacher_data import TeacherDataset, TeacherMetadata

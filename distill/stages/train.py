@@ -292,7 +292,7 @@ def check_train_paths(config: Any, run_dir: Path, exist: bool = True) -> None:
     Raises:
         InputError: ``train: <key>: <path>: <what is wrong>``.
     """
-    from distill.core.paths import output_folder
+    from distill.core.path_checks import output_folder
     from distill.data.teacher_data import TeacherDataset
     from distill.model.resolver import cache_home
 

@@ -28,7 +28,7 @@ from tests.conftest import REPO
 
 
 def test_inputs_must_be_there_and_of_their_kind(tmp_path: Path) -> None:
-    from distill.core.paths import input_path
+    from distill.core.path_checks import input_path
 
     (tmp_path / "f").write_text("x")
     assert input_path(tmp_path / "f", "cmd", "input", "file") == tmp_path / "f"
@@ -41,7 +41,7 @@ def test_inputs_must_be_there_and_of_their_kind(tmp_path: Path) -> None:
 
 
 def test_an_output_is_no_input_and_can_be_written(tmp_path: Path) -> None:
-    from distill.core.paths import output_file, output_folder
+    from distill.core.path_checks import output_file, output_folder
 
     data = tmp_path / "data.json"
     data.write_text("[]")
@@ -325,7 +325,7 @@ def test_an_unknown_hub_id_fails_at_once(monkeypatch: pytest.MonkeyPatch) -> Non
 
 
 def test_stale_staging_folders_are_removed_and_live_ones_kept(tmp_path: Path) -> None:
-    from distill.export.folder import remove_stale_staging
+    from distill.export.exporter import remove_stale_staging
 
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     stale, live = tmp_path / f".export.tmp{dead.stdout.strip()}", tmp_path / f".export.tmp{os.getppid()}"
@@ -342,7 +342,7 @@ def test_sigterm_during_an_export_runs_its_clean_up() -> None:
     SIGTERM sent to it could reach first): the signal runs the export's clean-up, then exits with 128 + 15."""
     script = """
 import os, signal, time
-from distill.export.folder import _terminate_as_exit
+from distill.export.exporter import _terminate_as_exit
 try:
     with _terminate_as_exit():
         try:
@@ -379,7 +379,7 @@ def test_a_zip_that_is_not_a_checkpoint_is_not_mistaken_for_one(tmp_path: Path) 
 
 
 def test_an_output_inside_an_input_folder_is_refused(tmp_path: Path) -> None:
-    from distill.core.paths import output_file, output_folder
+    from distill.core.path_checks import output_file, output_folder
 
     model = tmp_path / "exp"
     model.mkdir()

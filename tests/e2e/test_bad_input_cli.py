@@ -26,7 +26,7 @@ from tests.conftest import DL19, DL19_QRELS
 def export_dir(tmp_path_factory: pytest.TempPathFactory, tiny_bert: Path) -> Path:
     """The tiny BERT exported to ONNX (fp32 only), checked on one DL19 query."""
     from distill.data.loaders import load_candidates
-    from distill.export.folder import export_student
+    from distill.export.exporter import export_student
     from distill.export.parity_set import ParitySet
 
     data = load_candidates(DL19, qrels=DL19_QRELS)

@@ -394,7 +394,7 @@ def test_the_plain_batched_loop_scores_each_sequence_as_the_textbook_does(model)
 def test_the_plain_loop_scores_each_pairs_two_terms_once_per_distinct_passage(model) -> None:
     vocab = model.config.vocab_size
     cond, uncond = random_sequences(vocab, 5, seed=6), random_sequences(vocab, 3, seed=7)
-    work = teacher_throughput.Workload(["q"] * 5, [[]] * 5, [[]] * 3, [2, 0, 2, 1, 0], cond, uncond, 1)
+    work = teacher_throughput.TeacherSequences(["q"] * 5, [[]] * 5, [[]] * 3, [2, 0, 2, 1, 0], cond, uncond, 1)
     sequences, uncond_of = teacher_throughput.plain_sequences(work, 4)
     assert sequences == [*cond[:4], uncond[2], uncond[0], uncond[1]] and uncond_of == [4, 5, 4, 6]
     cpu = torch.device("cpu")

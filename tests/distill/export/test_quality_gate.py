@@ -143,7 +143,7 @@ def test_what_this_machine_cannot_run_is_recorded_as_not_checked(
 
 def test_a_backend_outside_the_bound_is_recorded_as_failed(exported: Path, parity: ParitySet, tmp_path: Path) -> None:
     """An fp32 graph whose classifier is negated ranks every query in reverse: the gate records passed=false."""
-    from tests.distill.export.test_folder import edit_initializer
+    from tests.distill.export.test_exporter import edit_initializer
 
     folder = tmp_path / "export"
     shutil.copytree(exported, folder, ignore=shutil.ignore_patterns("model.torchscript.pt", "model.int8.onnx"))

@@ -74,7 +74,7 @@ print(json.dumps({"scores": scores, "module": kind}))
 @pytest.fixture(scope="module")
 def segment_export(tmp_path_factory: pytest.TempPathFactory, tiny_bert: Path, parity) -> Path:
     """A tiny segment-cosine student (its scale and bias moved off their initial values), exported to TorchScript."""
-    from distill.export.folder import export_student
+    from distill.export.exporter import export_student
     from students.model import build_student, save_student
 
     model, tokenizer = build_student(str(tiny_bert), head="segment_cosine")

@@ -59,7 +59,7 @@ def test_a_segment_cosine_student_exports_and_serves_with_parity(tiny_bert: Path
     reranked by the ONNX backend as the PyTorch weights rank."""
     from transformers import AutoModelForSequenceClassification
 
-    from distill.export.folder import export_student
+    from distill.export.exporter import export_student
     from distill.serving.reranker import Reranker
     from distill.serving.scorers import TorchScorer
 

@@ -14,7 +14,7 @@ import pytest
 from distill.core.schema import InputError
 from distill.serving.calibration import ScoreCalibration, assess, fit_platt, normalised, read_calibration, sigmoid
 from distill.serving.http_api import ServedModel, create_app
-from distill.serving.options import ServerOptions
+from distill.serving.options import HttpOptions
 from distill.serving.reranker import Reranker
 from tests.distill.serving.test_http_api import running
 
@@ -102,7 +102,7 @@ def test_probabilities_and_both_routes_use_it_and_keep_the_ranking(exported: Pat
     probability = np.array(reranker.probabilities(query, passages))
     np.testing.assert_allclose(probability, sigmoid(3.0 * raw - 3.0), rtol=1e-9)
     assert np.array_equal(np.argsort(-probability, kind="stable"), np.argsort(-raw, kind="stable"))
-    with running(create_app(ServedModel(folder, reranker), ServerOptions())) as url:
+    with running(create_app(ServedModel(folder, reranker), HttpOptions())) as url:
         cohere = httpx.post(f"{url}/v1/rerank", json={"query": query, "documents": passages}).json()["results"]
         tei = httpx.post(f"{url}/rerank", json={"query": query, "texts": passages, "truncate": True}).json()
         raw_tei = httpx.post(

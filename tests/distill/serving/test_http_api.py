@@ -25,7 +25,7 @@ import pytest
 from distill.cli import main
 from distill.serving.batcher import BatchStats, DynamicBatcher
 from distill.serving.encoding import encode_pairs
-from distill.serving.http_api import ServedModel, ServerOptions, create_app
+from distill.serving.http_api import HttpOptions, ServedModel, create_app
 from distill.serving.reranker import Reranker
 from distill.serving.server import bind, drain_server, uvicorn_config
 from tests.conftest import REPO
@@ -84,7 +84,7 @@ def server(exported: Path) -> Iterator[str]:
     """The export served on onnxruntime fp32 (its own copy of the backend), at most 120 documents a request."""
     reranker = Reranker.load(exported, backend="onnx", interpolation=False)
     with running(
-        create_app(ServedModel(exported, reranker), ServerOptions(max_documents=120, max_body_bytes=2**20))
+        create_app(ServedModel(exported, reranker), HttpOptions(max_documents=120, max_body_bytes=2**20))
     ) as url:
         yield url
 
@@ -293,7 +293,7 @@ def test_a_backend_failure_is_a_500_for_that_request_and_the_server_goes_on(expo
     reranker = Reranker.load(exported, backend="onnx", interpolation=False, max_batch_tokens=2**16)
     reranker.scorer = gate = Gated(Poisoned(reranker.scorer, reranker.tokenizer.convert_tokens_to_ids("poison")))
     query, passages = call
-    with running(create_app(ServedModel(exported, reranker), ServerOptions(max_wait_ms=0))) as url:
+    with running(create_app(ServedModel(exported, reranker), HttpOptions(max_wait_ms=0))) as url:
         bad = {"query": query, "texts": ["a poison pill", *passages[:3]], "raw_scores": True}
         good = {"query": query, "texts": passages[:10], "raw_scores": True}
         with ThreadPoolExecutor(3) as pool:
@@ -323,7 +323,7 @@ def test_concurrent_requests_share_batches_and_keep_their_order(exported: Path, 
     reranker.scorer = gate = Gated(reranker.scorer)
     query, passages = call
     requests = [(f"{query} {i}", passages[7 * i : 7 * i + 10][:: 1 if i % 2 else -1]) for i in range(6)]
-    with running(create_app(ServedModel(exported, reranker), ServerOptions(max_wait_ms=0))) as url:
+    with running(create_app(ServedModel(exported, reranker), HttpOptions(max_wait_ms=0))) as url:
 
         def post(request: tuple[str, list[str]]) -> list[float]:
             body = {"query": request[0], "documents": request[1], "raw_scores": True}

@@ -22,7 +22,7 @@ import pytest
 from distill.serving.batcher import DynamicBatcher
 from distill.serving.encoding import encode_pairs
 from distill.serving.http_api import ServedModel, create_app
-from distill.serving.options import ServerOptions
+from distill.serving.options import HttpOptions
 from distill.serving.reranker import Reranker
 from distill.serving.server import CUT_GRACE, ServeConfig
 from tests.distill.serving.test_http_api import Gated, metric, running, serve_process, wait_for
@@ -87,7 +87,7 @@ def timeouts(caplog: pytest.LogCaptureFixture) -> list[str]:
 def test_the_timeouts_are_options_of_distill_serve() -> None:
     config = ServeConfig(model="m", request_read_timeout=2.5, graceful_timeout=7)
     assert (config.options.request_read_timeout, config.options.graceful_timeout) == (2.5, 7)
-    defaults = ServerOptions()
+    defaults = HttpOptions()
     assert defaults.graceful_timeout > defaults.request_read_timeout > 0
     from distill.core.schema import InputError
 
@@ -100,7 +100,7 @@ def test_the_timeouts_are_options_of_distill_serve() -> None:
 def test_a_stalled_body_gets_a_408_and_one_log_line(tiny_bert: Path, tiny: Reranker, caplog) -> None:
     caplog.set_level(logging.WARNING)
     body = json.dumps({"query": "q", "texts": ["a", "b"]}).encode()
-    with running(create_app(ServedModel(tiny_bert, tiny), ServerOptions(request_read_timeout=1.0))) as url:
+    with running(create_app(ServedModel(tiny_bert, tiny), HttpOptions(request_read_timeout=1.0))) as url:
         host, port = address(url)
         with socket.create_connection((host, port), timeout=10) as sock:
             start = time.monotonic()
@@ -126,7 +126,7 @@ def test_a_stalled_body_gets_a_408_and_one_log_line(tiny_bert: Path, tiny: Reran
 
 def test_a_stalled_head_gets_a_408_and_a_silent_connection_is_closed(tiny_bert: Path, tiny: Reranker, caplog) -> None:
     caplog.set_level(logging.WARNING)
-    with running(create_app(ServedModel(tiny_bert, tiny), ServerOptions(request_read_timeout=0.5))) as url:
+    with running(create_app(ServedModel(tiny_bert, tiny), HttpOptions(request_read_timeout=0.5))) as url:
         host, port = address(url)
         with (
             socket.create_connection((host, port), timeout=10) as partial,
@@ -191,7 +191,7 @@ def test_a_request_whose_client_has_gone_is_cancelled_before_its_next_batch(tiny
     reranker.scorer = gate = Gated(reranker.scorer)
     query, passages = call
     big = json.dumps({"query": query, "texts": passages[:60], "truncate": True}).encode()
-    with running(create_app(ServedModel(tiny_bert, reranker), ServerOptions(max_wait_ms=0))) as url:
+    with running(create_app(ServedModel(tiny_bert, reranker), HttpOptions(max_wait_ms=0))) as url:
         host, port = address(url)
         with socket.create_connection((host, port), timeout=30) as leaving:
             leaving.sendall(post_head(host, "/rerank", len(big)) + big)
@@ -282,7 +282,7 @@ def test_the_drain_deadline_cuts_a_stalled_request_with_a_503(tiny_bert: Path, t
     """``ServingState.cut``, as the drain calls it at its deadline: a request stalled in its body is cancelled and
     answered 503, and its connection closed."""
     body = json.dumps({"query": "q", "texts": ["a", "b"]}).encode()
-    app = create_app(ServedModel(tiny_bert, tiny), ServerOptions(request_read_timeout=600))
+    app = create_app(ServedModel(tiny_bert, tiny), HttpOptions(request_read_timeout=600))
     state = app.state.serving
 
     async def cut() -> int:

@@ -14,7 +14,7 @@ import pytest
 from distill.bench.latency import BenchConfig
 from distill.core.config import parse_config
 from distill.core.schema import InputError
-from distill.serving.options import RuntimeOptions, ServerOptions, ServingOptions
+from distill.serving.options import HttpOptions, RuntimeOptions, ServingOptions
 from distill.serving.reranker import Reranker
 from distill.serving.scorers import TorchOptions
 from distill.serving.server import ServeConfig
@@ -24,7 +24,7 @@ from distill.stages.teach_input import InputOptions
 from teachers.causal_lm import ScorerOptions
 
 SHARED = [f.name for f in fields(ServingOptions)]
-OPTIONS = (RuntimeOptions, ServingOptions, ServerOptions, TorchOptions, ScorerOptions, InputOptions)
+OPTIONS = (RuntimeOptions, ServingOptions, HttpOptions, TorchOptions, ScorerOptions, InputOptions)
 """The options classes whose fields the commands' and benchmarks' configs share."""
 
 

@@ -14,7 +14,7 @@ import pytest
 from distill.core.config import parse_config
 from distill.core.schema import InputError
 from distill.serving.http_api import ServedModel, create_app
-from distill.serving.options import ServerOptions
+from distill.serving.options import HttpOptions
 from distill.serving.reranker import Reranker
 from distill.serving.server import ServeConfig
 from tests.distill.serving.test_http_api import running, serve_process
@@ -36,13 +36,13 @@ def test_the_options_are_distill_serves() -> None:
         3,
     )
     with pytest.raises(InputError, match="serve: max_queued_requests must be positive, got 0"):
-        ServerOptions(max_queued_requests=0)
+        HttpOptions(max_queued_requests=0)
     with pytest.raises(InputError, match="serve: api_key is empty"):
-        ServerOptions(api_key=" ")
+        HttpOptions(api_key=" ")
 
 
 def test_a_missing_or_wrong_bearer_token_gets_a_401(tiny_bert: Path, tiny: Reranker) -> None:
-    with running(create_app(ServedModel(tiny_bert, tiny), ServerOptions(api_key="s3cret"))) as url:
+    with running(create_app(ServedModel(tiny_bert, tiny), HttpOptions(api_key="s3cret"))) as url:
         missing = httpx.post(f"{url}/rerank", json=BODY)
         wrong = httpx.post(f"{url}/rerank", json=BODY, headers={"Authorization": "Bearer nope"})
         info = httpx.get(f"{url}/info")
@@ -61,20 +61,20 @@ def test_a_missing_or_wrong_bearer_token_gets_a_401(tiny_bert: Path, tiny: Reran
 
 def test_the_key_comes_from_the_environment_where_no_option_gives_it(tiny_bert, tiny, monkeypatch) -> None:
     monkeypatch.setenv("CIS_DISTILL_API_KEY", "from-env")
-    with running(create_app(ServedModel(tiny_bert, tiny), ServerOptions())) as url:
+    with running(create_app(ServedModel(tiny_bert, tiny), HttpOptions())) as url:
         assert httpx.post(f"{url}/rerank", json=BODY).status_code == 401
         assert httpx.post(f"{url}/rerank", json=BODY, headers={"Authorization": "Bearer from-env"}).status_code == 200
     monkeypatch.delenv("CIS_DISTILL_API_KEY")
-    with running(create_app(ServedModel(tiny_bert, tiny), ServerOptions())) as url:
+    with running(create_app(ServedModel(tiny_bert, tiny), HttpOptions())) as url:
         assert httpx.post(f"{url}/rerank", json=BODY).status_code == 200  # no key: no authentication
 
 
 def test_cors_preflights_are_answered_for_the_allowed_origins(tiny_bert: Path, tiny: Reranker) -> None:
     preflight = {"Origin": "https://app.example", "Access-Control-Request-Method": "POST",
                  "Access-Control-Request-Headers": "authorization, content-type"}  # fmt: skip
-    with running(create_app(ServedModel(tiny_bert, tiny), ServerOptions())) as url:
+    with running(create_app(ServedModel(tiny_bert, tiny), HttpOptions())) as url:
         assert httpx.options(f"{url}/rerank", headers=preflight).status_code == 405
-    options = ServerOptions(cors_allow_origin=["https://app.example"], api_key="k")
+    options = HttpOptions(cors_allow_origin=["https://app.example"], api_key="k")
     with running(create_app(ServedModel(tiny_bert, tiny), options)) as url:
         allowed = httpx.options(f"{url}/rerank", headers=preflight)
         other = httpx.options(f"{url}/rerank", headers={**preflight, "Origin": "https://evil.example"})
@@ -90,7 +90,7 @@ def test_cors_preflights_are_answered_for_the_allowed_origins(tiny_bert: Path, t
 
 def test_past_the_queue_bound_a_request_gets_a_429_with_retry_after(tiny_bert: Path, tiny: Reranker) -> None:
     body = json.dumps(BODY).encode()
-    with running(create_app(ServedModel(tiny_bert, tiny), ServerOptions(max_queued_requests=2))) as url:
+    with running(create_app(ServedModel(tiny_bert, tiny), HttpOptions(max_queued_requests=2))) as url:
         host, port = address(url)
         held = [socket.create_connection((host, port), timeout=10) for _ in range(2)]
         try:
@@ -113,7 +113,7 @@ def test_past_the_queue_bound_a_request_gets_a_429_with_retry_after(tiny_bert: P
 def test_tei_parity_empty_texts_error_type_and_truncation_direction(spread_bert: Path) -> None:
     tiny = Reranker.load(spread_bert, backend="torch", interpolation=False)  # scores that tell the two cuts apart
     text = " ".join(f"w{i}" for i in range(600))  # far over the tiny model's pair length
-    with running(create_app(ServedModel(spread_bert, tiny), ServerOptions())) as url:
+    with running(create_app(ServedModel(spread_bert, tiny), HttpOptions())) as url:
         empty = httpx.post(f"{url}/rerank", json={"query": "q", "texts": []})
         too_long = httpx.post(f"{url}/rerank", json={"query": "q", "texts": [text]})
         scored = {}
@@ -132,7 +132,7 @@ def test_tei_parity_empty_texts_error_type_and_truncation_direction(spread_bert:
 
 
 def test_answers_carry_tei_timing_headers_and_health_reports_the_backend(tiny_bert: Path, tiny: Reranker) -> None:
-    with running(create_app(ServedModel(tiny_bert, tiny), ServerOptions(max_queued_requests=7))) as url:
+    with running(create_app(ServedModel(tiny_bert, tiny), HttpOptions(max_queued_requests=7))) as url:
         answers = [
             httpx.post(f"{url}/rerank", json=BODY),
             httpx.post(f"{url}/v1/rerank", json={"query": "q", "documents": BODY["texts"]}),
@@ -158,7 +158,7 @@ def test_several_models_are_picked_by_the_requests_model_field(tiny_bert: Path, 
     spread = Reranker.load(spread_bert, backend="torch", interpolation=False)
     models = [ServedModel(tiny_bert, tiny, name="tiny"), ServedModel(spread_bert, spread, name="spread")]
     query, texts = BODY["query"], BODY["texts"]
-    with running(create_app(models, ServerOptions())) as url:
+    with running(create_app(models, HttpOptions())) as url:
         tei = {
             name: httpx.post(f"{url}/rerank", json={**BODY, "raw_scores": True, "model": name})
             for name in ("tiny", "spread")
@@ -186,7 +186,7 @@ def test_several_models_are_picked_by_the_requests_model_field(tiny_bert: Path, 
 
 
 def test_one_model_takes_any_model_name_as_cohere_clients_send_their_own(tiny_bert: Path, tiny: Reranker) -> None:
-    with running(create_app(ServedModel(tiny_bert, tiny, name="mine"), ServerOptions())) as url:
+    with running(create_app(ServedModel(tiny_bert, tiny, name="mine"), HttpOptions())) as url:
         answer = httpx.post(f"{url}/v1/rerank", json={"model": "rerank-english-v3.0", "query": "q", "documents": ["a"]})
     assert answer.status_code == 200
 

@@ -17,7 +17,7 @@ import pytest
 
 from distill.core.schema import InputError
 from distill.data.loaders import load_candidates
-from distill.export.folder import export_student
+from distill.export.exporter import export_student
 from distill.export.parity import BATCH_SIZES, SCORE_BOUNDS, SHORT_MAX_LENGTH, FormatParity, ParityError, verify_export
 from distill.export.parity_set import NDCG_BOUND, ParitySet
 from distill.export.quality_gate import measure_quality_gate

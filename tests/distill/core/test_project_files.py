@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from distill.core.package_paths import shipped
+from distill.core.project_files import shipped
 from distill.core.schema import MissingFileError
 
 

@@ -38,9 +38,9 @@ from distill.data.teacher_data import TeacherDataset
 from distill.export.model_card import render_model_card
 from distill.export.parity import FormatParity, ParityError, verify_export
 from distill.export.parity_set import ParitySet, dl19_parity_set
-from distill.export.paths import resolve_path
 from distill.export.quality_gate import QualityGate, measure_quality_gate, validation_set
 from distill.export.quantize import INT8_RUNTIMES, Calibration, Int8Mode
+from distill.export.recorded_paths import resolve_path
 from distill.export.remote_code import write_remote_code
 from distill.serving.auto import EXPORT_CARD
 from distill.serving.calibration import ScoreCalibration, fit_platt

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from distill.core.package_paths import PROJECT
+from distill.core.project_files import PROJECT
 
 
 def resolve_path(path: str) -> Path | None:
