@@ -37,10 +37,12 @@ demo: setup
 
 # The suite on TEST_WORKERS pytest-xdist workers: 2, a 2-core machine's cores, where most tests keep one core busy
 # (a fresh clone's .ci/run on two workers: benchmarks/results/ci-fresh-clone.txt). TEST_WORKERS=0: one process.
+# Work stealing: a worker that runs out takes tests queued on the other, so that a long test queued behind others
+# does not run alone at the end (tests/conftest.py hands out the slow ones first).
 TEST_WORKERS ?= 2
 
 test: setup
-	$(PY) -m pytest -q -n $(TEST_WORKERS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal
 
 lint: setup
 	$(VENV)/bin/ruff check .
