@@ -6,9 +6,11 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
-# uv installs what pip would (pip's indexes, find-links and constraints, passed on by .ci/uv-args) in a fraction of
-# pip's time; modules are compiled at install, as pip does, so that no process compiles them again.
-INSTALL = $(VENV)/bin/uv pip install --quiet --python $(PY) --compile-bytecode $(shell $(PY) .ci/uv-args)
+# uv installs what pip would (pip's indexes, find-links and constraints, written by .ci/uv-args into UV_ARGS once the
+# venv is there) in a fraction of pip's time; modules are compiled at install, as pip does, so that no process
+# compiles them again.
+UV_ARGS := $(VENV)/.uv-args
+INSTALL = $(VENV)/bin/uv pip install --quiet --python $(PY) --compile-bytecode $$(cat $(UV_ARGS))
 STAMP := $(VENV)/.installed
 DOCS_STAMP := $(VENV)/.docs-installed
 
@@ -24,6 +26,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml Makefile .ci/uv-args
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install uv
+	$(PY) .ci/uv-args > $(UV_ARGS)
 	$(INSTALL) torch==2.13.0
 	$(INSTALL) -e '.[train,retrieval,dev]'
 	$(INSTALL) --no-build-isolation deepspeed
