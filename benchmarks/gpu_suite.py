@@ -13,10 +13,10 @@ It runs, in one process and in this order:
    pairs cut at 256 tokens (``--data.max_length 256``, the length the plain loop pads every pair to; a handful of
    DL pairs are longer); tiny: ``tiny-bert`` at a small budget, eager, on the same config; its own JSON;
 3. reranking: ``distill bench --random_weights true`` with the student's torch fp16 (on a CPU: fp32) with its
-   defaults (on a GPU: unpadded, replayed from CUDA graphs), the same without the graphs (``+nographs``), padded
-   (``+padded``; on a CPU, where padded is the default, unpadded: ``+unpad``) and with tokenisation overlapped
-   (``+overlap50``), and on a GPU torch fp32 without and with TF32 (``+tf32``), against sentence-transformers'
-   ``CrossEncoder.predict`` (no teacher; ``--rerank_backends`` replaces the list, e.g. to add
+   defaults (on a GPU: unpadded, replayed from CUDA graphs), the same without the graphs (``+cuda_graphs=false``),
+   padded (``+unpad=false``; on a CPU, where padded is the default, unpadded: ``+unpad``) and with tokenisation
+   overlapped (``+overlap=50``), and on a GPU torch fp32 without and with TF32 (``+tf32``), against
+   sentence-transformers' ``CrossEncoder.predict`` (no teacher; ``--rerank_backends`` replaces the list, e.g. to add
    ``torch-fp16+compile``), its own ``bench.json`` (with every method's scores), ``bench.csv`` and ``bench.png``.
    The tokenizer runs in parallel (``TOKENIZERS_PARALLELISM=true`` for this stage, whatever the environment says),
    as in a user's process, and each method's scores are held to the padded path's within the export's parity
@@ -101,7 +101,8 @@ class GpuSuite:
     the suite's time)."""
     rerank_backends: str | None = None
     """``distill bench --backends`` of the rerank stage (default: the student's fp16 on a GPU, fp32 on a CPU, the
-    same +nographs (on a GPU), +padded (on a CPU: +unpad) and +overlap50, on a GPU torch-fp32 and torch-fp32+tf32,
+    same +cuda_graphs=false (on a GPU), +unpad=false (on a CPU: +unpad) and +overlap=50, on a GPU torch-fp32 and
+    torch-fp32+tf32,
     and st-crossencoder)."""
 
     def __post_init__(self) -> None:
@@ -158,13 +159,13 @@ def rerank_backend(args: GpuSuite) -> str:
 
 
 def other_path(args: GpuSuite) -> str:
-    """The lever that gives the target backend the path its defaults do not take: ``+padded`` on a GPU (the default
-    is unpadded there), ``+unpad`` on a CPU."""
-    return "+padded" if device_type(args.device) == "cuda" else "+unpad"
+    """The lever that gives the target backend the path its defaults do not take: ``+unpad=false`` on a GPU (the
+    default is unpadded there), ``+unpad`` on a CPU."""
+    return "+unpad=false" if device_type(args.device) == "cuda" else "+unpad"
 
 
 def padded_method(args: GpuSuite) -> str:
-    """The target backend's padded path, which every method's scores are held to: ``+padded`` on a GPU, the default
+    """The target backend's padded path, which every method's scores are held to: ``+unpad=false`` on a GPU, the default
     on a CPU."""
     backend = rerank_backend(args)
     return backend + other_path(args) if device_type(args.device) == "cuda" else backend
@@ -178,9 +179,9 @@ def rerank_backends(args: GpuSuite) -> str:
         return args.rerank_backends
     backend = rerank_backend(args)
     gpu = device_type(args.device) == "cuda"
-    levers = ["+nographs", other_path(args)] if gpu else [other_path(args)]
+    levers = ["+cuda_graphs=false", other_path(args)] if gpu else [other_path(args)]
     fp32 = ["torch-fp32", "torch-fp32+tf32"] if gpu else []
-    return ",".join([backend, *(backend + lever for lever in [*levers, f"+overlap{RERANK_OVERLAP}"]), *fp32, BASELINE])
+    return ",".join([backend, *(backend + lever for lever in [*levers, f"+overlap={RERANK_OVERLAP}"]), *fp32, BASELINE])
 
 
 def run_teacher(args: GpuSuite, out: Path, extra: Sequence[str] = ()) -> tuple[list[str], int]:

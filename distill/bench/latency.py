@@ -93,11 +93,12 @@ class BenchConfig(RuntimeOptions):
     timed as ``student auto (<its choice>)``), ``st-crossencoder`` (sentence-transformers' PyTorch ``predict``) and
     its optimised backends ``st-onnx, st-onnx-int8, st-openvino`` (on ``peer_student``). Default: those of the
     device whose files exist, OpenVINO's where it is installed, the peers where their optimum package imports.
-    A student backend takes the reranker's levers as suffixes, each timed as its own method: ``+overlapN``
-    (tokenise N pairs ahead on a background thread, any backend), ``+tf32`` (torch-fp32 on a GPU), ``+compile``,
-    ``+cudnn``, ``+unpad`` or ``+padded`` and ``+graphs`` or ``+nographs`` (torch backends; unpad and CUDA graphs
-    are on by default on a GPU), e.g. ``torch-fp16,torch-fp16+padded,torch-fp32,torch-fp32+tf32``; each method's
-    settings are recorded in ``bench.json``."""
+    A student backend takes the reranker's levers as suffixes named by their options' fields, each timed as its
+    own method: ``+overlap=N`` (tokenise N pairs ahead on a background thread, any backend), and the torch backends'
+    ``+tf32`` (torch-fp32 on a GPU), ``+compile``, ``+cudnn_attention``, ``+unpad`` and ``+cuda_graphs``, each true
+    alone or ``=true``/``=false`` (unpad and CUDA graphs are on by default on a GPU), e.g.
+    ``torch-fp16,torch-fp16+unpad=false,torch-fp32,torch-fp32+tf32``; each method's settings are recorded in
+    ``bench.json``."""
     peer_student: str | None = None
     """The [CLS]-head student (an HF or export folder) that sentence-transformers' ``st-onnx``, ``st-onnx-int8`` and
     ``st-openvino`` run on: their optimum export takes the architectures ``transformers`` knows, not the

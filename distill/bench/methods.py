@@ -5,9 +5,9 @@
   ``torch-bf16``, ``torchscript``, ``onnx-fp32``, ``onnx-fp16``, ``onnx-int8`` (onnxruntime), ``openvino-fp32``,
   ``openvino-bf16`` (``model.onnx`` in bf16 where the CPU has it) and ``openvino-int8`` (the same ONNX files on
   OpenVINO, an optional extra), and ``auto`` (the backend ``Reranker.load`` chooses for this machine, named in
-  the method: ``student auto (openvino-int8)``); each with the reranker's levers as suffixes (:func:`variant`):
-  ``torch-fp16+overlap50``, ``torch-fp32+tf32``, ``torch-fp16+compile``, ``torch-fp32+unpad``,
-  ``torch-fp16+padded``, ``torch-fp16+nographs``, ...;
+  the method: ``student auto (openvino-int8)``); each with the reranker's levers as suffixes, named by their
+  options' fields (:func:`variant`): ``torch-fp16+overlap=50``, ``torch-fp32+tf32``, ``torch-fp16+compile``,
+  ``torch-fp32+unpad``, ``torch-fp16+unpad=false``, ``torch-fp16+cuda_graphs=false``, ...;
 - the teacher: CIS with the teacher stage's scorer (:class:`teachers.teacher.CausalLMTeacher`), both terms
   computed per call (log p(K|Q) and log p(K); no p(K) cache);
 - the peer baseline: sentence-transformers' ``CrossEncoder.predict`` on the same student folder
@@ -17,7 +17,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -62,17 +62,10 @@ DEFAULT_BACKENDS = {
 peers where their optimum package is)."""
 FLOAT, INT8 = "float", "int8"
 """The arithmetic of matmul FLOPs: the device's float compute dtype (fp32 on a CPU), or int8."""
-TORCH_LEVERS: dict[str, tuple[str, bool]] = {
-    "tf32": ("tf32", True),
-    "compile": ("compile", True),
-    "cudnn": ("cudnn_attention", True),
-    "unpad": ("unpad", True),
-    "padded": ("unpad", False),
-    "graphs": ("cuda_graphs", True),
-    "nographs": ("cuda_graphs", False),
-}
-"""A student method's suffix -> the :class:`~distill.serving.scorers.TorchOptions` field it sets, and its value
-(torch backends). Without them, ``unpad`` and ``cuda_graphs`` take the device's defaults (on for CUDA)."""
+OVERLAP = "overlap"
+"""The lever every backend takes: :meth:`Reranker.load`'s ``overlap``, written ``+overlap=N``."""
+TRUE, FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
+"""The spellings of a boolean lever's value (``+unpad=false``); ``+unpad`` alone is true."""
 
 
 @dataclass(frozen=True)
@@ -86,31 +79,39 @@ class Variant:
     options: TorchOptions | None = None
     """The torch backend's levers; None for none."""
     suffix: str = ""
-    """The levers as written after the backend (``+overlap50+tf32``)."""
+    """The levers as written after the backend (``+overlap=50+tf32``)."""
 
 
 def variant(name: str, device: str = "cpu") -> Variant:
-    """The backend and levers of a student method's name: ``<backend>[+<lever>...]``, the levers ``overlapN``
-    (tokenise ``N`` pairs ahead, any backend), ``tf32`` (fp32 on CUDA), ``compile``, ``cudnn``, ``unpad`` or
-    ``padded`` and ``graphs`` or ``nographs`` (torch backends: :data:`TORCH_LEVERS`).
+    """The backend and levers of a student method's name: ``<backend>[+<option>[=<value>]...]``, each lever named
+    by its option's own field: ``overlap=N`` (:meth:`Reranker.load`'s: tokenise ``N`` pairs ahead, any backend), and
+    the torch backends' :class:`~distill.serving.scorers.TorchOptions` (``tf32``, ``compile``, ``cudnn_attention``,
+    ``unpad``, ``cuda_graphs``), true when named alone (``+unpad``) or set to ``true`` or ``false``
+    (``+unpad=false``, ``+cuda_graphs=false``).
 
     Raises:
-        InputError: an unknown backend or lever, or a lever the backend or the device does not take.
+        InputError: an unknown backend or lever, a lever without a value it needs, or a lever the backend or the
+            device does not take.
     """
     backend, *levers = name.split("+")
     if backend not in (*STUDENT_BACKENDS, AUTO):
         raise InputError(f"{name}: levers (+...) go after a student backend, one of {[*STUDENT_BACKENDS, AUTO]}")
+    torch_levers = [f.name for f in fields(TorchOptions)]
     overlap, flags = 0, {}
     for lever in levers:
-        if lever.startswith("overlap") and lever[len("overlap") :].isdigit() and int(lever[len("overlap") :]) > 0:
-            overlap = int(lever[len("overlap") :])
-        elif lever in TORCH_LEVERS:
-            field_name, value = TORCH_LEVERS[lever]
-            flags[field_name] = value
+        key, given, value = lever.partition("=")
+        if key == OVERLAP:
+            if not (value.isdigit() and int(value) > 0):
+                raise InputError(f"{name}: {OVERLAP} takes a number of pairs, +{OVERLAP}=N with N >= 1")
+            overlap = int(value)
+        elif key in torch_levers:
+            if given and value.lower() not in (*TRUE, *FALSE):
+                raise InputError(f"{name}: {key} is true or false, got {value!r}")
+            flags[key] = not given or value.lower() in TRUE
         else:
-            raise InputError(f"{name}: unknown lever {lever!r}; levers: overlapN (N >= 1), {', '.join(TORCH_LEVERS)}")
+            raise InputError(f"{name}: unknown lever {key!r}; levers: {OVERLAP}=N, {', '.join(torch_levers)}")
     if flags and STUDENT_BACKENDS.get(backend, ("",))[0] != "torch":
-        raise InputError(f"{name}: {', '.join(TORCH_LEVERS)} are levers of the torch backends")
+        raise InputError(f"{name}: {', '.join(torch_levers)} are levers of the torch backends")
     if flags.get("tf32") and (STUDENT_BACKENDS[backend][1] != "float32" or device_type(device) != "cuda"):
         raise InputError(f"{name}: tf32 computes CUDA's fp32 matmuls in TF32; give it torch-fp32 on a GPU")
     suffix = "".join(f"+{lever}" for lever in levers)

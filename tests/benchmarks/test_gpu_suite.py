@@ -61,18 +61,18 @@ def test_the_tiny_suite_runs_each_benchmark_and_summarises_every_figure(tmp_path
     fp32 = next(c for c in bench["cells"] if (c["method"], c["workload"]) == ("student torch-fp32", "100 candidates"))
     assert figures["rerank", "torch-fp32_100_candidates_p50_s"]["value"] == fp32["p50_s"]
     # Tokenisation overlapped with compute, timed beside it, its settings recorded.
-    overlapped = figures["rerank", "torch-fp32+overlap50_100_candidates_p50_s"]
+    overlapped = figures["rerank", "torch-fp32+overlap=50_100_candidates_p50_s"]
     assert overlapped["value"] > 0 and overlapped["target"] == 0.025
-    assert bench["settings"]["student torch-fp32+overlap50"]["overlap"] == 50
+    assert bench["settings"]["student torch-fp32+overlap=50"]["overlap"] == 50
     # The unpadded encoder too (on a CPU a lever; the default on a GPU), against the same target.
     assert figures["rerank", "torch-fp32+unpad_100_candidates_p50_s"]["target"] == 0.025
     assert bench["settings"]["student torch-fp32+unpad"]["unpad"] is True
     assert bench["settings"]["student torch-fp32"]["unpad"] is False
     # Every method's scores, held to the padded path's within the export's fp32 parity bound.
-    students = {f"student {m}" for m in ("torch-fp32", "torch-fp32+unpad", "torch-fp32+overlap50")}
+    students = {f"student {m}" for m in ("torch-fp32", "torch-fp32+unpad", "torch-fp32+overlap=50")}
     assert set(bench["scores"]) == {*students, "st-crossencoder"} == {c["method"] for c in bench["cells"]}
     assert [len(call) for call in bench["scores"]["student torch-fp32"]["100 candidates"]] == [100]
-    for method in ("torch-fp32+unpad", "torch-fp32+overlap50"):
+    for method in ("torch-fp32+unpad", "torch-fp32+overlap=50"):
         parity = figures["rerank", f"{method}_max_abs_diff_from_padded"]
         assert parity["target"] == 1e-4 and 0 <= parity["value"] <= 1e-4 and parity["met"] is True
     # Serving: distill serve batched and one at a time, and CrossEncoder.predict, on the random tiny student.
@@ -121,11 +121,11 @@ def test_the_gpu_run_trains_the_gpu_config_through_distill_train_and_its_argumen
     assert parsed.random_config == "llama3-8b" and parsed.plain_pairs is None  # the plain loop on every pair
     assert parsed.out == str(Path("out/teacher.json")) and "teacher-fp8" not in suite.STAGES
     argv = suite.rerank_argv(full, Path("out"))
-    backends = "torch-fp16,torch-fp16+nographs,torch-fp16+padded,torch-fp16+overlap50,torch-fp32,torch-fp32+tf32"
-    backends += ",st-crossencoder"
+    backends = "torch-fp16,torch-fp16+cuda_graphs=false,torch-fp16+unpad=false,torch-fp16+overlap=50,"
+    backends += "torch-fp32,torch-fp32+tf32,st-crossencoder"
     assert argv[argv.index("--backends") + 1] == backends and argv[argv.index("--scores") + 1] == "true"
-    assert suite.padded_method(full) == "torch-fp16+padded"
-    assert suite.profile_argv("rerank", full, Path("p"))[-3] == "torch-fp16,torch-fp16+padded"
+    assert suite.padded_method(full) == "torch-fp16+unpad=false"
+    assert suite.profile_argv("rerank", full, Path("p"))[-3] == "torch-fp16,torch-fp16+unpad=false"
     chosen = GpuSuite(device="cuda", rerank_backends="torch-fp16+compile,st-crossencoder")
     assert "torch-fp16+compile,st-crossencoder" in suite.rerank_argv(chosen, Path("out"))
 
@@ -133,18 +133,18 @@ def test_the_gpu_run_trains_the_gpu_config_through_distill_train_and_its_argumen
 def test_the_rerank_targets_are_the_fp16_students_and_its_levers() -> None:
     """On the full shapes: 25 ms and ahead of CrossEncoder.predict for torch-fp16 with and without its levers; the
     fp32 methods are reported without a target."""
-    p50 = {"student torch-fp16": 0.020, "student torch-fp16+overlap50": 0.030, "student torch-fp32+tf32": 0.040}
+    p50 = {"student torch-fp16": 0.020, "student torch-fp16+overlap=50": 0.030, "student torch-fp32+tf32": 0.040}
     cells = [{"method": m, "workload": "100 candidates", "p50_s": s} for m, s in p50.items()]
     cells.append({"method": "st-crossencoder", "workload": "100 candidates", "p50_s": 0.035})
-    settings = {"student torch-fp16+overlap50": {"overlap": 50, "attention": "sdpa", "max_batch_tokens": 32768}}
+    settings = {"student torch-fp16+overlap=50": {"overlap": 50, "attention": "sdpa", "max_batch_tokens": 32768}}
     result = {"cells": cells, "settings": settings}
     figures = {f["figure"]: f for f in suite.rerank_figures(result, "torch-fp16", False)}
     assert figures["torch-fp16_100_candidates_p50_s"]["met"] is True
     assert figures["speedup_over_st_crossencoder"]["value"] == pytest.approx(1.75)
-    overlapped = figures["torch-fp16+overlap50_100_candidates_p50_s"]
+    overlapped = figures["torch-fp16+overlap=50_100_candidates_p50_s"]
     assert overlapped["met"] is False and overlapped["target"] == 0.025
     assert "overlap 50, attention sdpa, max_batch_tokens 32768" in overlapped["note"]
-    assert figures["torch-fp16+overlap50_speedup_over_st_crossencoder"]["met"] is True
+    assert figures["torch-fp16+overlap=50_speedup_over_st_crossencoder"]["met"] is True
     tf32 = figures["torch-fp32+tf32_100_candidates_p50_s"]
     assert tf32["value"] == 0.040 and tf32["target"] is None and tf32["met"] is None
     tiny = suite.rerank_figures(result, "torch-fp16", True)
@@ -152,22 +152,23 @@ def test_the_rerank_targets_are_the_fp16_students_and_its_levers() -> None:
 
 
 def test_each_method_is_held_to_the_padded_paths_scores_within_the_parity_bound() -> None:
-    """On a GPU the defaults (unpadded, graphs) and the other levers of torch-fp16 against torch-fp16+padded, within
-    fp16's parity bound over every call; other backends' methods and the baseline are not compared."""
+    """On a GPU the defaults (unpadded, graphs) and the other levers of torch-fp16 against torch-fp16+unpad=false,
+    within fp16's parity bound over every call; other backends' methods and the baseline are not compared."""
     padded = [[0.5, -1.0], [2.0]]
     scores = {
-        "student torch-fp16+padded": {"100 candidates": padded},
+        "student torch-fp16+unpad=false": {"100 candidates": padded},
         "student torch-fp16": {"100 candidates": [[0.51, -1.0], [2.0]]},
-        "student torch-fp16+nographs": {"100 candidates": [[0.5, -1.0], [1.95]]},
+        "student torch-fp16+cuda_graphs=false": {"100 candidates": [[0.5, -1.0], [1.95]]},
         "student torch-fp32": {"100 candidates": [[9.0, 9.0], [9.0]]},
         "st-crossencoder": {"100 candidates": [[9.0, 9.0], [9.0]]},
     }
-    figures = {f["figure"]: f for f in suite.score_figures({"scores": scores}, "torch-fp16", "torch-fp16+padded")}
-    assert set(figures) == {"torch-fp16_max_abs_diff_from_padded", "torch-fp16+nographs_max_abs_diff_from_padded"}
-    close, far = figures["torch-fp16_max_abs_diff_from_padded"], figures["torch-fp16+nographs_max_abs_diff_from_padded"]
+    figures = {f["figure"]: f for f in suite.score_figures({"scores": scores}, "torch-fp16", "torch-fp16+unpad=false")}
+    no_graphs = "torch-fp16+cuda_graphs=false_max_abs_diff_from_padded"
+    assert set(figures) == {"torch-fp16_max_abs_diff_from_padded", no_graphs}
+    close, far = figures["torch-fp16_max_abs_diff_from_padded"], figures[no_graphs]
     assert close["value"] == pytest.approx(0.01) and close["target"] == 2e-2 and close["met"] is True
     assert far["value"] == pytest.approx(0.05) and far["met"] is False and "over 2 calls" in far["note"]
-    assert suite.score_figures({"scores": {}}, "torch-fp16", "torch-fp16+padded") == []  # the reference did not run
+    assert suite.score_figures({"scores": {}}, "torch-fp16", "torch-fp16+unpad=false") == []  # no reference ran
 
 
 def test_the_rerank_stage_tokenises_in_parallel_and_leaves_the_environment_as_it_found_it(

@@ -263,7 +263,7 @@ def test_distill_rerank_and_bench_take_unpad(spread_bert: Path, sample_file: Pat
     assert plain.keys() == unpadded.keys()
     for qid, docs in plain.items():
         np.testing.assert_allclose([unpadded[qid][d] for d in docs], list(docs.values()), rtol=1e-4, atol=1e-5)
-    assert variant("torch-fp16+unpad+overlap50", "cuda").options == TorchOptions(unpad=True)
+    assert variant("torch-fp16+unpad+overlap=50", "cuda").options == TorchOptions(unpad=True)
     with pytest.raises(InputError, match="levers of the torch backends"):
         variant("onnx-fp32+unpad")
 

@@ -1,9 +1,10 @@
 """The reranker's speed levers on the CPU: the GPU token budget, tokenisation overlapped with the previous
 span's batches, TF32 for fp32, SDPA attention and torch.compile; each pinned to the plain path's scores, in input
-order. And ``distill bench``'s methods with levers (``torch-fp16+overlap50``), which the GPU suite times."""
+order. And ``distill bench``'s methods with levers (``torch-fp16+overlap=50``), which the GPU suite times."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 from pathlib import Path
@@ -242,25 +243,31 @@ def test_the_torch_levers_are_refused_on_the_other_backends(student: Path) -> No
 # ----------------------------------------------------------------------------- distill bench
 
 
-def test_bench_method_names_carry_the_levers() -> None:
+def test_bench_method_names_carry_the_levers_by_their_options_field_names() -> None:
     options = TorchOptions(compile=True)
-    assert variant("torch-fp16+overlap50+compile", "cuda") == Variant("torch-fp16", 50, options, "+overlap50+compile")
+    assert variant("torch-fp16+overlap=50+compile", "cuda") == Variant("torch-fp16", 50, options, "+overlap=50+compile")
     assert variant("torch-fp32+tf32", "cuda:1").options == TorchOptions(tf32=True)
-    assert variant("torch-bf16+cudnn", "cuda").options == TorchOptions(cudnn_attention=True)
-    assert variant("torch-fp16+padded", "cuda").options == TorchOptions(unpad=False)
-    assert variant("torch-fp16+nographs", "cuda").options == TorchOptions(cuda_graphs=False)
-    assert variant("torch-fp32+unpad+graphs", "cuda").options == TorchOptions(unpad=True, cuda_graphs=True)
-    assert variant("onnx-int8+overlap8") == Variant("onnx-int8", 8, None, "+overlap8")
-    assert variant("auto+overlap4").overlap == 4 and variant("torch-fp32") == Variant("torch-fp32")
+    assert variant("torch-bf16+cudnn_attention", "cuda").options == TorchOptions(cudnn_attention=True)
+    assert variant("torch-fp16+unpad=false", "cuda").options == TorchOptions(unpad=False)
+    assert variant("torch-fp16+cuda_graphs=False", "cuda").options == TorchOptions(cuda_graphs=False)
+    assert variant("torch-fp32+unpad+cuda_graphs=true", "cuda").options == TorchOptions(unpad=True, cuda_graphs=True)
+    assert variant("onnx-int8+overlap=8") == Variant("onnx-int8", 8, None, "+overlap=8")
+    assert variant("auto+overlap=4").overlap == 4 and variant("torch-fp32") == Variant("torch-fp32")
+    # every lever of the torch backends is a TorchOptions field, under its own name
+    for name in (f.name for f in dataclasses.fields(TorchOptions)):
+        assert variant(f"torch-fp32+{name}=false", "cuda").options == TorchOptions(**{name: False})
     for name, device, message in (
         ("torch-fp32+tf32", "cpu", "give it torch-fp32 on a GPU"),
         ("torch-fp16+tf32", "cuda", "give it torch-fp32 on a GPU"),
         ("onnx-fp32+compile", "cpu", "levers of the torch backends"),
         ("auto+compile", "cuda", "levers of the torch backends"),
-        ("onnx-fp16+padded", "cuda", "levers of the torch backends"),
-        ("torch-fp32+overlap0", "cpu", "unknown lever 'overlap0'"),
-        ("torch-fp32+fast", "cpu", "unknown lever 'fast'"),
-        ("st-crossencoder+overlap8", "cpu", "go after a student backend"),
+        ("onnx-fp16+unpad=false", "cuda", "levers of the torch backends"),
+        ("torch-fp32+overlap=0", "cpu", "overlap takes a number of pairs"),
+        ("torch-fp32+overlap", "cpu", "overlap takes a number of pairs"),
+        ("torch-fp32+unpad=maybe", "cpu", "unpad is true or false, got 'maybe'"),
+        ("torch-fp32+padded", "cpu", "unknown lever 'padded'"),
+        ("torch-fp32+overlap50", "cpu", "unknown lever 'overlap50'"),
+        ("st-crossencoder+overlap=8", "cpu", "go after a student backend"),
     ):
         with pytest.raises(InputError, match=message):
             variant(name, device)
@@ -269,8 +276,8 @@ def test_bench_method_names_carry_the_levers() -> None:
 def test_a_bench_method_with_a_lever_scores_as_the_plain_one_and_records_it(student: Path, call) -> None:
     query, passages = call
     plain = student_method(student, "torch-fp32", "cpu", None, None)
-    overlapped = student_method(student, "torch-fp32+overlap16", "cpu", None, None)
-    assert overlapped.name == "student torch-fp32+overlap16" and overlapped.settings["overlap"] == 16
+    overlapped = student_method(student, "torch-fp32+overlap=16", "cpu", None, None)
+    assert overlapped.name == "student torch-fp32+overlap=16" and overlapped.settings["overlap"] == 16
     assert plain.settings["overlap"] == 0 and plain.settings["attention"] == "sdpa"
     np.testing.assert_allclose(overlapped.score(query, passages), plain.score(query, passages), **TIGHT)
 
@@ -279,10 +286,10 @@ def test_distill_bench_times_each_lever_as_its_own_method(tiny_bert: Path, tmp_p
     out = tmp_path / "bench"
     argv = ["bench", "--random_weights", "true", "--student", str(tiny_bert), "--teacher", "none", "--quality", "false"]
     argv += ["--token_counts", "[]", "--rerank_queries", "1", "--repeats", "1", "--matmul_size", "64"]
-    argv += ["--device", "cpu", "--output", str(out), "--backends", "torch-fp32,torch-fp32+overlap30"]
+    argv += ["--device", "cpu", "--output", str(out), "--backends", "torch-fp32,torch-fp32+overlap=30"]
     assert main(argv) == 0
     result = json.loads((out / "bench.json").read_text())
-    methods = ["student torch-fp32", "student torch-fp32+overlap30"]
+    methods = ["student torch-fp32", "student torch-fp32+overlap=30"]
     assert [(c["method"], c["workload"]) for c in result["cells"]] == [(m, "100 candidates") for m in methods]
     assert [result["settings"][m]["overlap"] for m in methods] == [0, 30]
     assert main([*argv[:-1], "torch-fp32+tf32"]) == 2
