@@ -1008,7 +1008,45 @@ def page_scale(links: Links) -> str:
         parts.append("")
         if (RESULTS / folder / "scale.png").exists():
             parts += [f"![scale]({links.prefix}{folder}/scale.png)", ""]
+    for path in sorted(p for p in result_files() if re.fullmatch(r"scale-cpu[^/]*/pk-cache\.json", p)):
+        r = load(path)
+        parts += [
+            f"## The p(K) cache: {links(path)}",
+            "",
+            "Reopening a p(K) cache of N distinct passages (`python -m benchmarks.pk_cache`), in a fresh process: "
+            "seconds, the peak RSS of the reopening and the RSS with the cache open, each above the process's "
+            "imports, and one lookup's time. MS MARCO has 8.8M passages.",
+            "",
+            f"CPU: {r['cpu']}, {r['cores']} cores, {r['cpu_features']}; commit {r['git_commit'][:7]}.",
+            "",
+            _command(r["command"]),
+            "",
+            pk_cache_table(r),
+            "",
+        ]
     return "\n".join(parts)
+
+
+def pk_cache_table(result: dict[str, Any]) -> str:
+    """A p(K) cache run (``pk-cache.json``) as a Markdown table: one row a size, its resident memory against the
+    target."""
+    target = result["target_resident_bytes"]
+    rows = [
+        [
+            f"{r['entries']:,}",
+            f"{r['seconds']:.1f} s ({r['verify_seconds']:.1f} s)",
+            f"{r['peak_above_baseline_bytes'] / 2**20:.0f} MiB",
+            f"{r['resident_above_baseline_bytes'] / 2**20:.0f} MiB",
+            f"{r['resident_above_baseline_bytes'] / r['entries']:.0f}",
+            f"{r['lookup_seconds'] * 1e6:.1f} µs",
+            f"{r['cache_bytes'] / 2**20:.0f} MiB",
+            "met" if r["met"] else "not met",
+        ]
+        for r in result["rows"]
+    ]
+    header = ["passages", "reopened (checksums)", "peak RSS", "resident", "bytes a passage", "lookup", "on disk",
+              f"resident ≤ {target / 2**20:.0f} MiB"]  # fmt: skip
+    return _table(header, rows)
 
 
 # --- serving (``python -m benchmarks.load``) ---------------------------------------------------------------------

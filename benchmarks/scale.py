@@ -14,8 +14,9 @@ has N/100 distinct queries as a real distillation set would. Each measurement th
 - ``teacher_input``: the teacher stage's input pass over the same pairs as a rank_llm JSON-lines file (one query a
   line), read a query at a time into its row file: seconds and the process's peak RSS;
 - ``pk_cache``: reopening a p(K) cache of N entries (every passage distinct, the most a run of N pairs keeps), in
-  segments of the teacher stage's default chunk (256 passages): seconds, and the part of it spent hashing the
-  segments against their checksums.
+  segments of the teacher stage's default chunk (256 passages): seconds, the part of it spent hashing the
+  segments against their checksums, and its memory (:mod:`benchmarks.pk_cache` measures it alone, at MS MARCO's
+  8.8M passages).
 
 Peak RSS is the process's ``VmHWM`` (reset after the imports and the tokenizer, so "above baseline" is what the
 phase itself adds). Every result records the CPU and its flags.
@@ -115,18 +116,33 @@ def synthetic_pk_cache(n: int, root: Path) -> Path:
 
 
 def measure_pk_cache(root: Path) -> dict[str, Any]:
-    """Reopen the p(K) cache under ``root``: seconds, and the part spent hashing its segments."""
+    """Reopen the p(K) cache under ``root``: seconds, the part spent hashing its segments, and memory: the peak RSS
+    of the reopening and the RSS with the cache open, each above the process's baseline (its imports), and one
+    lookup's seconds."""
     from teachers.passage_cache import PassageLogProbCache
 
+    baseline = _rss_bytes()
+    _reset_vm_hwm()
     start = time.perf_counter()
     cache = PassageLogProbCache(root, PK_SETTING)
+    entries = len(cache)  # every waiting entry merged: the index as a run looks it up
     seconds = time.perf_counter() - start
+    peak, resident = _vm_hwm_bytes() or 0, _rss_bytes()
+    probes = [f"{i:032x}" for i in np.random.default_rng(1).integers(0, max(entries, 1), 1000)]
+    started = time.perf_counter()
+    found = sum(key in cache for key in probes)
+    lookup_seconds = (time.perf_counter() - started) / len(probes)
     return {
         "seconds": seconds,
         "verify_seconds": cache.verify_seconds,
-        "entries": len(cache),
+        "entries": entries,
         "segments": len(list(cache.dir.glob("seg-*.jsonl"))),
         "cache_bytes": _folder_bytes(cache.dir),
+        "baseline_rss_bytes": baseline,
+        "peak_above_baseline_bytes": peak - baseline,
+        "resident_above_baseline_bytes": resident - baseline,
+        "lookup_seconds": lookup_seconds,
+        "lookups_found": found / len(probes),
     }
 
 

@@ -5,6 +5,9 @@ Entries are keyed by a hash of the passage's token ids, in a folder per teacher 
 rename), so concurrent processes never see a partial file and a killed run loses at most
 the segment it was writing.
 
+In memory the entries are a compact index (:class:`PackedLogProbs`): each key's 128 bits as two unsigned 64-bit
+integers beside its float64 value, 24 bytes an entry in sorted arrays, where a dict of strings would hold about 150.
+
 A segment is JSON lines (``[key, log p(K)]`` a line) named by the XXH3-128 of its bytes,
 ``seg-xxh3-<32 hex digits>.jsonl`` (:mod:`distill.core.checksums`), and checked against its name
 when read: a segment changed since it was written (a flipped byte, a zeroed block) is deleted with
@@ -22,7 +25,7 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,11 +44,14 @@ def passage_key(ids: Sequence[int]) -> str:
     return hashlib.sha256(np.asarray(ids, dtype=np.int64).tobytes()).hexdigest()[:32]
 
 
+HEX = frozenset("0123456789abcdef")
+
+
 def _entries(data: bytes) -> list[tuple[str, float]]:
     """The ``(key, log p(K))`` lines of a segment's bytes.
 
     Raises:
-        ValueError: a line is not ``[32-character key, number]``.
+        ValueError: a line is not ``[32 lowercase hex digits, number]``.
     """
     entries = []
     for number, line in enumerate(data.decode().splitlines(), start=1):
@@ -55,12 +61,93 @@ def _entries(data: bytes) -> list[tuple[str, float]]:
             or len(entry) != 2
             or not isinstance(entry[0], str)
             or len(entry[0]) != 32
+            or not HEX.issuperset(entry[0])
             or isinstance(entry[1], bool)
             or not isinstance(entry[1], int | float)
         ):
             raise ValueError(f"line {number} is not [key, log p(K)]")
         entries.append((entry[0], float(entry[1])))
     return entries
+
+
+def _halves(keys: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+    """The high and low 64 bits of each 32-hex-digit key: two ``[n]`` uint64 arrays."""
+    words = np.frombuffer(bytes.fromhex("".join(keys)), dtype=">u8").reshape(-1, 2)
+    return words[:, 0].astype(np.uint64), words[:, 1].astype(np.uint64)
+
+
+class PackedLogProbs:
+    """``key -> float`` for 32-hex-digit keys in 24 bytes an entry: sorted ``[n]`` uint64 arrays of the keys' high
+    and low halves and the ``[n]`` float64 values, found by binary search. Entries added since the last merge wait
+    in a dict, then in unsorted blocks of ``BLOCK`` entries; a lookup merges the blocks first: one sort of the
+    whole, whose peak is the three columns, the sort's index and one column's sorted copy (40 bytes an entry). A
+    key added again takes its last value."""
+
+    BLOCK = 1 << 16
+    """Entries that wait in the dict before they become a block of arrays."""
+
+    def __init__(self) -> None:
+        self.hi = np.empty(0, np.uint64)
+        self.lo = np.empty(0, np.uint64)
+        self.values = np.empty(0, np.float64)
+        self._recent: dict[str, float] = {}
+        self._blocks: dict[str, list[np.ndarray]] = {"hi": [], "lo": [], "values": []}
+        """The waiting blocks, column by column."""
+
+    def update(self, entries: Iterable[tuple[str, float]]) -> None:
+        self._recent.update(entries)
+        if len(self._recent) >= self.BLOCK:
+            self._block()
+
+    def _block(self) -> None:
+        if self._recent:
+            hi, lo = _halves(list(self._recent))
+            values = np.fromiter(self._recent.values(), np.float64, len(self._recent))
+            for name, column in (("hi", hi), ("lo", lo), ("values", values)):
+                self._blocks[name].append(column)
+            self._recent = {}
+
+    def _merge(self) -> None:
+        """Fold every waiting entry into the sorted arrays, a column at a time."""
+        self._block()
+        if not self._blocks["hi"]:
+            return
+        columns = []
+        for name, parts in self._blocks.items():
+            columns.append(np.concatenate([getattr(self, name), *parts]))
+            parts.clear()
+            setattr(self, name, None)
+        order = np.lexsort((columns[1], columns[0]))  # stable: a key's entries keep the order they came in
+        for i in range(3):
+            columns[i] = columns[i][order]
+        del order
+        hi, lo, values = columns
+        last = np.ones(len(hi), bool)
+        last[:-1] = (hi[1:] != hi[:-1]) | (lo[1:] != lo[:-1])  # the last entry of each key
+        self.hi, self.lo, self.values = (hi, lo, values) if last.all() else (hi[last], lo[last], values[last])
+
+    def _find(self, key: str) -> int | None:
+        if self._blocks["hi"]:
+            self._merge()
+        (hi,), (lo,) = _halves([key])
+        start, end = np.searchsorted(self.hi, hi, "left"), np.searchsorted(self.hi, hi, "right")
+        i = start + int(np.searchsorted(self.lo[start:end], lo))  # sorted by the low half within a high half
+        return i if i < end and self.lo[i] == lo else None
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._recent or self._find(key) is not None
+
+    def __getitem__(self, key: str) -> float:
+        if key in self._recent:
+            return self._recent[key]
+        i = self._find(key)
+        if i is None:
+            raise KeyError(key)
+        return float(self.values[i])
+
+    def __len__(self) -> int:
+        self._merge()
+        return len(self.hi)
 
 
 class PassageLogProbCache:
@@ -71,7 +158,7 @@ class PassageLogProbCache:
         self.dir = Path(root) / setting_digest
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / "setting.json").write_text(json.dumps(setting, indent=2, sort_keys=True))
-        self._values: dict[str, float] = {}
+        self._values = PackedLogProbs()
         self._read: set[str] = set()
         """Segments already read (and checked) by this object, by name."""
         self.verify_seconds = 0.0
