@@ -10,7 +10,7 @@ has N/100 distinct queries as a real distillation set would. Each measurement th
 - ``student_cached``: the same setup again, reopening the cache, with the part of it spent checking the token
   files against their checksums (read and hashed in blocks: ``verify_seconds``);
 - ``loader``: the first batch's latency and the training loader's batches a second at the GPU config's
-  budget (65,536 padded tokens, padded to a multiple of 64), with 0 and 2 workers;
+  budget and padding (``configs/train/bert-large-gpu.yaml``'s ``data``), with 0 and 2 workers;
 - ``teacher_input``: the teacher stage's input pass over the same pairs as a rank_llm JSON-lines file (one query a
   line), read a query at a time into its row file: seconds and the process's peak RSS;
 - ``pk_cache``: reopening a p(K) cache of N entries (every passage distinct, the most a run of N pairs keeps), in
@@ -46,9 +46,18 @@ BASE = ("data/teacher/dl21-bm25-smollm2", "data/teacher/dl22-bm25-smollm2")
 """The real teacher rows every synthetic dataset repeats."""
 COLUMNS = ("qid", "docid", "query", "passage", "first_stage_rank", "first_stage_score", "cis")
 BACKBONE = "all-minilm-l6-v2"
-BUDGET = 65_536
-"""Padded tokens a batch: ``configs/train/bert-large-gpu.yaml``'s ``data.max_batch_tokens``."""
-PAD_MULTIPLE = 64
+GPU_CONFIG = CHECKOUT / "configs" / "train" / "bert-large-gpu.yaml"
+"""The config whose batches the loader is timed at: its ``data.max_batch_tokens`` and ``data.pad_to_multiple_of``."""
+
+
+def gpu_batching() -> tuple[int, int]:
+    """:data:`GPU_CONFIG`'s token budget and padding multiple."""
+    import yaml
+
+    data = yaml.safe_load(GPU_CONFIG.read_text())["data"]
+    return int(data["max_batch_tokens"]), int(data["pad_to_multiple_of"])
+
+
 WRITE_ROWS = 200_000
 """Rows written to the synthetic dataset at a time (its writer's memory)."""
 PK_SEGMENT = 256
@@ -208,13 +217,14 @@ def _folder_bytes(folder: Path) -> int:
 def data_module(folder: Path, cache_dir: Path, workers: int = 0) -> Any:
     from students.data import StudentDataModule
 
+    budget, multiple = gpu_batching()
     return StudentDataModule(
         [str(folder)],
         label="cis",
         backbone=BACKBONE,
         val_queries=8,
-        max_batch_tokens=BUDGET,
-        pad_to_multiple_of=PAD_MULTIPLE,
+        max_batch_tokens=budget,
+        pad_to_multiple_of=multiple,
         max_length=512,
         num_workers=workers,
         cache_dir=str(cache_dir),
@@ -307,13 +317,14 @@ def run(sizes: list[int], work: Path, batches: int, seconds: float, keep: bool) 
         print(json.dumps(row), flush=True)
         if not keep:
             shutil.rmtree(cache, ignore_errors=True)
+    budget, multiple = gpu_batching()
     return {
         "what": "student data setup, cold and cached (and its checksum check), the training loader and the p(K) "
         "cache's reopening, against the number of pairs",
         "backbone": BACKBONE,
         "max_length": 512,
-        "budget_tokens": BUDGET,
-        "pad_to_multiple_of": PAD_MULTIPLE,
+        "budget_tokens": budget,
+        "pad_to_multiple_of": multiple,
         "cpu": cpu_name(),
         "cpu_features": CpuFeatures.read().describe(),
         "cores": os.cpu_count(),

@@ -12,7 +12,7 @@ from distill.core.devices import compute_dtype
 from distill.core.schema import InputError
 from distill.model.resolver import ModelSource, gguf_parsed_once, load_pretrained, resolve_model
 from teachers.causal_lm import CausalLMScorer, ScorerOptions, ScoringSequence
-from teachers.scores import (
+from teachers.terms import (
     DEFAULT_PROMPT,
     PAIR_TERMS,
     UPR_PASSAGE_PREFIX,
@@ -50,7 +50,7 @@ def teacher_setting(identity: str, dtype: torch.dtype, max_passage_tokens: int, 
 
 
 class CausalLMTeacher:
-    """Computes the terms of :mod:`teachers.scores` for (query, passage) pairs.
+    """Computes the terms of :mod:`teachers.terms` for (query, passage) pairs.
 
     Args:
         model: a Hugging Face causal LM, on its device(s), in eval mode.
@@ -166,7 +166,7 @@ class CausalLMTeacher:
         """Query ids as the query-likelihood terms score them: ``tok(" " + query)``."""
         return self.tokenize([" " + q for q in queries])
 
-    # The sequence layout of every term (see teachers.scores), in one place: scoring, benchmarks and
+    # The sequence layout of every term (see teachers.terms), in one place: scoring, benchmarks and
     # FLOP counts all build their sequences here.
 
     def passage_sequences(self, passage_ids: Sequence[list[int]]) -> list[ScoringSequence]:

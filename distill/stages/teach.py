@@ -38,7 +38,7 @@ from distill.stages.teach_input import InputOptions, PairRows, candidate_stream,
 from teachers.causal_lm import ScorerOptions
 from teachers.embedding import SIMILARITY
 from teachers.passage_cache import PassageLogProbCache, passage_key
-from teachers.scores import DEFAULT_PROMPT, PAIR_TERMS, QUERY_TERMS, SCORES, required_terms
+from teachers.terms import DEFAULT_PROMPT, PAIR_TERMS, QUERY_TERMS, SCORES, required_terms
 
 log = logging.getLogger(__name__)
 
