@@ -43,6 +43,7 @@ from benchmarks.phases import (
 )
 from distill.bench.measure import dtype_name, environment
 from distill.bench.profile import profiled
+from distill.core.config import options_of
 from distill.core.devices import MATMUL_SIZE, attention_backends, resolve_device
 from distill.core.project_files import CANDIDATES, DL19
 from distill.data.loaders import load_candidates
@@ -151,7 +152,7 @@ def build_teacher(options: TeacherThroughput, device: torch.device, dtype: torch
     kwargs = {
         "logit_chunk_rows": options.logit_chunk_rows,
         "max_passage_tokens": options.max_passage_tokens,
-        "options": dataclasses.replace(ScorerOptions.of(options).for_device(device), compile=False),
+        "options": dataclasses.replace(options_of(ScorerOptions, options).for_device(device), compile=False),
     }
     if options.random_config is None:
         teacher = CausalLMTeacher.load(options.teacher, device=device, dtype=dtype_name(dtype), **kwargs)
@@ -415,7 +416,7 @@ def run(options: TeacherThroughput, invocation: dict[str, Any]) -> int:
     if n_plain:
         batch, pad_id = options.plain_batch_size, teacher.scorer.pad_token_id
         plain, *plain_terms = run_plain(model, work, n_plain, batch, pad_id, device, options.cudnn_attention, show)
-    with_model_levers(teacher, ScorerOptions.of(options).for_device(device))
+    with_model_levers(teacher, options_of(ScorerOptions, options).for_device(device))
     warmup_seconds = warm_up(teacher, work, device)
     with profiled(options.profile, device):
         taught, *terms = run_teacher(teacher, work, device, show)

@@ -83,11 +83,6 @@ class ScorerOptions:
             for f in dataclasses.fields(ScorerOptions)
         })  # fmt: skip
 
-    @classmethod
-    def of(cls, config: Any) -> ScorerOptions:
-        """The options of a config that extends this class (its fields of the same names)."""
-        return cls(**{f.name: getattr(config, f.name) for f in dataclasses.fields(cls)})
-
     def changed(self) -> dict[str, Any]:
         """The levers (:data:`LEVERS`) of these options, resolved for a device (:meth:`for_device`), that differ
         from a CPU's exact path, by name."""

@@ -6,9 +6,10 @@ extends too."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Literal
 
+from distill.core.config import options_of
 from distill.core.schema import InputError
 from distill.serving.scorers import TorchOptions
 
@@ -92,11 +93,11 @@ class ServingOptions(TorchOptions, RuntimeOptions):
     @property
     def levers(self) -> TorchOptions:
         """The torch backend's levers alone."""
-        return TorchOptions(**{f.name: getattr(self, f.name) for f in fields(TorchOptions)})
+        return options_of(TorchOptions, self)
 
     def serving(self) -> ServingOptions:
         """These options alone, as :class:`ServingOptions` (from a config that extends it with its own fields)."""
-        return ServingOptions(**{f.name: getattr(self, f.name) for f in fields(ServingOptions)})
+        return options_of(ServingOptions, self)
 
 
 @dataclass(frozen=True)

@@ -19,10 +19,10 @@ import logging
 import os
 import socket
 import sys
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
-from distill.core.config import REPEATABLE
+from distill.core.config import REPEATABLE, options_of
 from distill.core.schema import InputError
 from distill.serving.http_gate import ServingState
 from distill.serving.options import HttpOptions, ServingOptions
@@ -80,7 +80,7 @@ class ServeConfig(ServingOptions, HttpOptions):
 
     @property
     def options(self) -> HttpOptions:
-        return HttpOptions(**{f.name: getattr(self, f.name) for f in fields(HttpOptions)})
+        return options_of(HttpOptions, self)
 
 
 def bind(host: str, port: int, listen: bool = True) -> socket.socket:

@@ -28,6 +28,7 @@ import numpy as np
 import pyarrow as pa
 from tqdm.auto import tqdm
 
+from distill.core.config import options_of
 from distill.core.path_checks import input_path, output_folder
 from distill.core.schema import ExistingOutputError, InputError
 from distill.data.loaders.irds import is_irds
@@ -238,7 +239,7 @@ class TeachReport:
 def teach(cfg: TeachConfig) -> TeachReport:
     """Run the teacher stage (in every process of an ``accelerate launch``)."""
     state = process_state()
-    options = ScorerOptions.of(cfg).for_device(state.device)
+    options = options_of(ScorerOptions, cfg).for_device(state.device)
     output = Path(cfg.output)
     cache_root = Path(cfg.cache_dir) if cfg.cache_dir else cache_home() / "pk"
     check_paths(cfg, output, cache_root)  # before anything is loaded or scored, a bad path loses nothing

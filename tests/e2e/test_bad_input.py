@@ -437,7 +437,7 @@ def test_the_shipped_teacher_data_are_up_to_date_before_their_teacher_loads(monk
     dataset its own configuration made."""
     import torch
 
-    from distill.core.config import parse_config
+    from distill.core.config import options_of, parse_config
     from distill.data.teacher_data import TeacherDataset
     from distill.stages import teach
     from distill.stages.teach_input import PairRows, candidate_stream, write_pair_rows
@@ -454,6 +454,6 @@ def test_the_shipped_teacher_data_are_up_to_date_before_their_teacher_loads(monk
             pairs.close()
         finally:
             shutil.rmtree(rows, ignore_errors=True)
-        options = ScorerOptions.of(cfg).for_device(torch.device("cpu"))
+        options = options_of(ScorerOptions, cfg).for_device(torch.device("cpu"))
         known = teach._fingerprint_before_load(cfg, torch.device("cpu"), digest, options)
         assert teach._differs(TeacherDataset.open(cfg.output).metadata.fingerprint, known) == [], name

@@ -14,7 +14,7 @@ import torch
 
 from benchmarks import teacher_throughput
 from distill.core.batching import token_budget_batches
-from distill.core.config import parse_config
+from distill.core.config import options_of, parse_config
 from distill.core.schema import InputError
 from teachers import CausalLMTeacher
 from teachers.batch_plan import PADDING_SEGMENT, build_batch, plan_batches
@@ -323,7 +323,7 @@ def test_benchmark_takes_the_levers_and_keeps_its_command_line() -> None:
         return parse_config(teacher_throughput.TeacherThroughput, argv, "teacher")
 
     def levers(options: object, device: torch.device) -> ScorerOptions:
-        return ScorerOptions.of(options).for_device(device)
+        return options_of(ScorerOptions, options).for_device(device)
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     old = parse("--random-config", "llama3-8b", "--device", "cuda", "--out", "x.json", "--progress", "false")
@@ -349,7 +349,7 @@ def test_the_teacher_levers_are_on_by_default_on_cuda_and_off_on_a_cpu() -> None
     from distill.stages.teach import TeachConfig
 
     def levers(config: TeachConfig, device: str) -> ScorerOptions:
-        return ScorerOptions.of(config).for_device(device)
+        return options_of(ScorerOptions, config).for_device(device)
 
     config = TeachConfig(input=["x.json"], output="out")
     assert levers(config, "cpu") == EXACT and not EXACT.changed()
