@@ -1,7 +1,7 @@
 """The teacher stage's input: every (query, candidate) pair, read a query at a time into a row file on disk.
 
-The inputs are read once, as a stream of candidate lists (a rank_llm JSON-lines file a line at a time; any other
-input through its loader, whole), and their pairs written in input order to an Arrow file of fixed-size record
+The inputs are read once, as a stream of candidate lists (one input a query at a time, in every format but multi-hop
+QA; several inputs whole, to join them), and their pairs written in input order to an Arrow file of fixed-size record
 batches, while the digest of the rows (the fingerprint's ``input``) is computed. The stage then reads the rows it
 needs a batch at a time, with plain reads: no list of every pair is ever held, and memory stays flat in the number
 of queries (but for the ids of the queries seen, which a stream needs to refuse a query that comes back).
@@ -22,9 +22,7 @@ import numpy as np
 import pyarrow as pa
 
 from distill.core.schema import Candidates, InputError, RerankingData
-from distill.data.loaders import OnBadInput, load_candidates
-from distill.data.loaders._common import BadInput
-from distill.data.loaders.rank_llm import is_rank_llm_jsonl, stream_rank_llm
+from distill.data.loaders import OnBadInput, load_candidates, open_candidates
 
 ROWS_PER_BATCH = 1024
 """Pairs per record batch of the row file: the unit it is read in."""
@@ -64,25 +62,20 @@ class InputOptions:
 
 def candidate_stream(options: InputOptions) -> tuple[Iterator[Candidates], Counter[str]]:
     """The candidate lists of the inputs, a query at a time, and the counter of bad records skipped (filled as the
-    stream is read). One rank_llm JSON-lines input is streamed; otherwise the inputs are loaded (whole) and joined,
-    each (qid, docid) pair once."""
-    if len(options.input) == 1 and is_rank_llm_jsonl(Path(options.input[0])):
-        bad = BadInput(options.on_bad_input)
-        return stream_rank_llm(Path(options.input[0]), bad, options.repair_mojibake), bad.skipped
-    data = RerankingData.union(
-        [
-            load_candidates(
-                path,
-                queries=options.queries,
-                corpus=options.corpus,
-                run=options.run,
-                qrels=options.qrels,
-                on_bad_input=options.on_bad_input,
-                repair_mojibake=options.repair_mojibake,
-            )
-            for path in options.input
-        ]
-    )
+    stream is read). One input is streamed (:func:`~distill.data.loaders.open_candidates`); several are loaded
+    whole and joined, each (qid, docid) pair once."""
+    kwargs = {
+        "queries": options.queries,
+        "corpus": options.corpus,
+        "run": options.run,
+        "qrels": options.qrels,
+        "on_bad_input": options.on_bad_input,
+        "repair_mojibake": options.repair_mojibake,
+    }
+    if len(options.input) == 1:
+        stream = open_candidates(options.input[0], **kwargs)
+        return stream.candidates, stream.skipped
+    data = RerankingData.union([load_candidates(path, **kwargs) for path in options.input])
     return iter(data.candidates), data.skipped
 
 

@@ -1,6 +1,7 @@
 """Loaders: each reads one input format into the internal schema (:mod:`distill.core.schema`).
 
-:func:`load_candidates` picks the loader from the input itself:
+:func:`open_candidates` picks the loader from the input itself, and reads the candidates a query at a time;
+:func:`load_candidates` holds them all:
 
 - a directory with ``corpus.jsonl`` and ``queries.jsonl``: BEIR (:mod:`.beir`);
 - a JSON list (or JSON-lines file) of ``{query, hits}``: rank_llm (:mod:`.rank_llm`);
@@ -12,18 +13,33 @@
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from itertools import islice
 from pathlib import Path
 
-from distill.core.schema import InputError, RerankingData
-from distill.data.loaders._common import BadInput, OnBadInput, iter_jsonl, read_json
+from distill.core.schema import Candidates, InputError, Qrels, RerankingData
+from distill.data.loaders._common import BadInput, OnBadInput, iter_json_list, iter_jsonl, read_json
 from distill.data.loaders.beir import is_beir_dir, load_beir
-from distill.data.loaders.irds import DEFAULT_DEPTH, is_irds, load_irds
+from distill.data.loaders.irds import DEFAULT_DEPTH, irds_qrels, is_irds, stream_irds
 from distill.data.loaders.multihop import is_multihop, load_multihop
 from distill.data.loaders.qrels import load_qrels
-from distill.data.loaders.rank_llm import is_rank_llm, load_rank_llm
-from distill.data.loaders.trec import load_trec_run
+from distill.data.loaders.rank_llm import is_rank_llm, stream_rank_llm
+from distill.data.loaders.trec import stream_trec_run
 
-__all__ = ["load_candidates", "load_qrels"]
+__all__ = ["CandidateStream", "load_candidates", "load_qrels", "open_candidates"]
+
+
+@dataclass
+class CandidateStream:
+    """One input, opened: its candidate lists, a query at a time as they are read, and its qrels."""
+
+    source: str
+    candidates: Iterator[Candidates]
+    qrels: Qrels
+    skipped: Counter[str] = field(default_factory=Counter)
+    """Reasons for records skipped under ``on_bad_input="skip"``, counted as the candidates are read."""
 
 
 def load_candidates(
@@ -37,7 +53,40 @@ def load_candidates(
     repair_mojibake: bool = True,
     depth: int = DEFAULT_DEPTH,
 ) -> RerankingData:
-    """Read candidate lists (and qrels, where there are any) from ``path``.
+    """Read candidate lists (and qrels, where there are any) from ``path``, whole: :func:`open_candidates`'s
+    stream, held.
+
+    Raises:
+        InputError: as :func:`open_candidates`, or no candidates are left.
+    """
+    stream = open_candidates(
+        path,
+        queries=queries,
+        corpus=corpus,
+        run=run,
+        qrels=qrels,
+        on_bad_input=on_bad_input,
+        repair_mojibake=repair_mojibake,
+        depth=depth,
+    )
+    candidates = list(stream.candidates)
+    if not candidates:
+        raise InputError(f"{path}: no candidates left to score")
+    return RerankingData(stream.source, candidates, stream.qrels, stream.skipped)
+
+
+def open_candidates(
+    path: str | Path,
+    *,
+    queries: str | Path | None = None,
+    corpus: str | Path | None = None,
+    run: str | Path | None = None,
+    qrels: str | Path | None = None,
+    on_bad_input: OnBadInput = "error",
+    repair_mojibake: bool = True,
+    depth: int = DEFAULT_DEPTH,
+) -> CandidateStream:
+    """Open the candidate lists (and qrels, where there are any) of ``path``, to be read a query at a time.
 
     Args:
         path: a rank_llm or multi-hop JSON file, a TREC run file, a BEIR folder, or ``irds:<ir_datasets id>``.
@@ -46,31 +95,38 @@ def load_candidates(
         run: for a BEIR folder, a TREC run over its corpus; without one, the judged pairs are the candidates.
         qrels: a TREC qrels file; overrides qrels the source carries itself.
         on_bad_input: ``"error"`` raises :class:`InputError` at the first bad record;
-            ``"skip"`` drops it and counts the reason in ``RerankingData.skipped``.
+            ``"skip"`` drops it and counts the reason in ``skipped``.
         repair_mojibake: undo UTF-8-read-as-Latin-1 damage (MS MARCO) in all texts.
         depth: for an ``irds:`` input, the candidates per query (its top scoreddocs).
+
+    Raises:
+        InputError: the input is missing or of no known layout (on opening); a bad record under ``"error"`` (as
+            the candidates are read).
+
+    A rank_llm list or JSON-lines file, a TREC run, a BEIR folder and an ``irds:`` dataset are read a query at a
+    time (a corpus through its index, :mod:`.corpus_index`); a multi-hop QA file is read whole.
     """
+    bad = BadInput(on_bad_input)
+    override = load_qrels(Path(qrels)) if qrels else None
     if is_irds(path):
-        bad = BadInput(on_bad_input)
-        candidates, source_qrels = load_irds(str(path), depth, bad, repair_mojibake)
-        if not candidates:
-            raise InputError(f"{path}: no candidates left to score")
-        return RerankingData(str(path), candidates, load_qrels(Path(qrels)) if qrels else source_qrels, bad.skipped)
+        candidates = stream_irds(str(path), depth, bad, repair_mojibake)
+        return CandidateStream(str(path), candidates, override or irds_qrels(str(path)), bad.skipped)
     path = Path(path)
     if not path.exists():
         raise InputError(f"{path}: no such file or directory")
-    bad = BadInput(on_bad_input)
-    source_qrels = {}
+    source_qrels: Qrels = {}
     if path.is_dir():
         if not is_beir_dir(path):
             raise InputError(f"{path}: a directory input must be a BEIR folder with corpus.jsonl and queries.jsonl")
         candidates, source_qrels = load_beir(path, Path(run) if run else None, bad, repair_mojibake)
     elif path.suffix in (".json", ".jsonl"):
-        data = read_json(path) if path.suffix == ".json" else [record for _, record in iter_jsonl(path)]
-        if is_rank_llm(data):
-            candidates = load_rank_llm(path, data, bad, repair_mojibake)
-        elif is_multihop(data):
-            candidates, source_qrels = load_multihop(path, data, bad, repair_mojibake)
+        first = list(islice(iter_json_list(path) if path.suffix == ".json" else (r for _, r in iter_jsonl(path)), 1))
+        if is_rank_llm(first):
+            candidates = stream_rank_llm(path, bad, repair_mojibake)
+        elif is_multihop(first):
+            data = read_json(path) if path.suffix == ".json" else [record for _, record in iter_jsonl(path)]
+            loaded, source_qrels = load_multihop(path, data, bad, repair_mojibake)
+            candidates = iter(loaded)
         else:
             raise InputError(
                 f"{path}: unknown JSON layout: expected a list of rank_llm {{query, hits}} entries "
@@ -79,12 +135,5 @@ def load_candidates(
     else:
         if queries is None or corpus is None:
             raise InputError(f"{path}: a TREC run file needs --queries and --corpus")
-        candidates = load_trec_run(path, Path(queries), Path(corpus), bad, repair_mojibake)
-    if not candidates:
-        raise InputError(f"{path}: no candidates left to score")
-    return RerankingData(
-        source=str(path),
-        candidates=candidates,
-        qrels=load_qrels(Path(qrels)) if qrels else source_qrels,
-        skipped=bad.skipped,
-    )
+        candidates = stream_trec_run(path, Path(queries), Path(corpus), bad, repair_mojibake)
+    return CandidateStream(str(path), candidates, override or source_qrels, bad.skipped)

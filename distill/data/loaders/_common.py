@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -31,6 +34,17 @@ class BadInput:
         if self.policy == "error":
             raise InputError(f"{where}: {reason} ({self.SKIP_HINT})")
         self.skipped[reason] += 1
+
+
+@dataclass(frozen=True)
+class TextRecord:
+    """One line of a queries or corpus file. ``key`` (the query's or passage's id) is None where the line is bad
+    wherever it is, ``text`` None where it is bad only where its key is needed; ``reason`` says why."""
+
+    line: int
+    key: str | None
+    text: str | None
+    reason: str = ""
 
 
 def repair_mojibake(text: str) -> str:
@@ -66,6 +80,99 @@ def iter_jsonl(path: Path):
                 yield lineno, json.loads(line)
             except json.JSONDecodeError as e:
                 raise InputError(f"{path}:{lineno}:{e.colno}: malformed JSON: {e.msg}") from None
+
+
+LIST_READ_CHARS = 1 << 20
+"""Characters read at a time from a JSON list (more where one element is longer)."""
+_WHITESPACE = re.compile(r"[ \t\n\r]*")
+_CUT = 64
+"""A decoding error this close to the end of what was read may be the end of the window, not of the element."""
+
+
+class _JsonWindow:
+    """The part of a JSON file not yet decoded, read as needed; positions in it map to the file's lines and
+    columns."""
+
+    def __init__(self, f: Any, path: Path) -> None:
+        self.f, self.path = f, path
+        self.buf, self.pos, self.eof = "", 0, False
+        self.line0, self.col0 = 1, 1
+        """Line and column of ``buf[0]`` in the file."""
+
+    def read(self, chars: int = LIST_READ_CHARS) -> bool:
+        """Drop what is decoded, then read up to ``chars`` more characters; False at the end of the file."""
+        done = self.buf[: self.pos]
+        if newlines := done.count("\n"):
+            self.line0, self.col0 = self.line0 + newlines, len(done) - done.rfind("\n")
+        else:
+            self.col0 += len(done)
+        chunk = self.f.read(chars)
+        self.buf, self.pos, self.eof = self.buf[self.pos :] + chunk, 0, not chunk
+        return bool(chunk)
+
+    def where(self, i: int) -> str:
+        before = self.buf[:i]
+        newlines = before.count("\n")
+        column = i - before.rfind("\n") if newlines else self.col0 + i
+        return f"{self.path}:{self.line0 + newlines}:{column}"
+
+    def error(self, i: int, msg: str) -> InputError:
+        return InputError(f"{self.where(i)}: malformed JSON: {msg}")
+
+    def next_char(self) -> str:
+        """The next character that is not whitespace ('' at the end of the file), left unconsumed."""
+        while True:
+            self.pos = _WHITESPACE.match(self.buf, self.pos).end()
+            if self.pos < len(self.buf) or not self.read():
+                return self.buf[self.pos : self.pos + 1]
+
+    def value(self, decoder: json.JSONDecoder) -> Any:
+        """The next JSON value, decoded; the window grows while the value runs past it."""
+        chars = LIST_READ_CHARS
+        self.next_char()
+        while True:
+            try:
+                value, end = decoder.raw_decode(self.buf, self.pos)
+                if end < len(self.buf) or self.eof or isinstance(value, (dict, list)):
+                    self.pos = end
+                    return value
+            except json.JSONDecodeError as e:
+                cut = e.msg.startswith("Unterminated string") or e.pos >= len(self.buf) - _CUT
+                if self.eof or not cut:
+                    raise self.error(e.pos, e.msg) from None
+            self.read(chars)
+            chars *= 2
+
+
+def iter_json_list(path: Path) -> Iterator[Any]:
+    """The elements of the JSON list in ``path``, one at a time, each decoded by the standard library's decoder from
+    a window of the file (grown while an element runs past it): the file is never held whole.
+
+    Raises:
+        InputError: the file is not a JSON list, or is malformed there (naming its line and column), or not UTF-8.
+    """
+    decoder = json.JSONDecoder()
+    try:
+        with path.open(encoding="utf-8") as f:
+            window = _JsonWindow(f, path)
+            if window.next_char() != "[":
+                raise window.error(window.pos, "expected a JSON list")
+            window.pos += 1
+            if window.next_char() == "]":
+                window.pos += 1
+            else:
+                while True:
+                    yield window.value(decoder)
+                    c = window.next_char()
+                    window.pos += 1
+                    if c == "]":
+                        break
+                    if c != ",":
+                        raise window.error(window.pos - 1, "Expecting ',' delimiter")
+            if window.next_char():
+                raise window.error(window.pos, "Extra data")
+    except UnicodeDecodeError as e:
+        raise InputError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
 
 
 class CandidatesBuilder:

@@ -3,16 +3,18 @@ and ``qrels/<split>.tsv`` (a header ``query-id<TAB>corpus-id<TAB>score``, then o
 
 With a TREC run over the corpus, the run gives the candidates; without one, each query's candidates
 are its judged passages in the split's qrels, in file order, all with first-stage score 0.0.
-The split's qrels are returned either way.
+The split's qrels are returned either way. Candidates are streamed as :mod:`.trec` streams them: ``corpus.jsonl``
+is indexed once (:mod:`.corpus_index`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 from distill.core.schema import Candidates, InputError, Qrels
 from distill.data.loaders._common import BadInput
-from distill.data.loaders.trec import RunLine, candidates_from_run, iter_lines, load_trec_run
+from distill.data.loaders.trec import RunLine, iter_lines, run_candidates, stream_trec_run
 
 
 def is_beir_dir(path: Path) -> bool:
@@ -21,17 +23,18 @@ def is_beir_dir(path: Path) -> bool:
 
 def load_beir(
     path: Path, run: Path | None, bad: BadInput, repair: bool, split: str = "test"
-) -> tuple[list[Candidates], Qrels]:
-    """Candidates and qrels of one split of the BEIR folder ``path`` (candidates from ``run``, if given)."""
+) -> tuple[Iterator[Candidates], Qrels]:
+    """Candidates (a query at a time) and qrels of one split of the BEIR folder ``path`` (candidates from ``run``,
+    if given)."""
     qrels_path = path / "qrels" / f"{split}.tsv"
     if not qrels_path.is_file():
         raise InputError(f"{qrels_path}: qrels file for split {split!r} not found")
     qrels, judged = read_beir_qrels(qrels_path)
     queries_path, corpus_path = path / "queries.jsonl", path / "corpus.jsonl"
     if run is not None:
-        candidates = load_trec_run(run, queries_path, corpus_path, bad, repair)
+        candidates = stream_trec_run(run, queries_path, corpus_path, bad, repair)
     else:
-        candidates = candidates_from_run(judged, qrels_path, queries_path, corpus_path, bad, repair)
+        candidates = run_candidates(list(judged), judged.items(), qrels_path, queries_path, corpus_path, bad, repair)
     return candidates, qrels
 
 

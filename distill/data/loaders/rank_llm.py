@@ -1,5 +1,5 @@
 """rank_llm's candidate format: ``[{"query": str, "hits": [{"qid", "docid", "content", "rank", "score"}]}]``, as one
-JSON list, or as JSON lines of one ``{query, hits}`` entry each (which :func:`stream_rank_llm` reads a query at a time).
+JSON list, or as JSON lines of one ``{query, hits}`` entry each; :func:`stream_rank_llm` reads either a query at a time.
 """
 
 from __future__ import annotations
@@ -7,47 +7,36 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-from distill.core.schema import Candidates, InputError
-from distill.data.loaders._common import BadInput, CandidatesBuilder, clean_text, iter_jsonl, read_json, require
+from distill.core.schema import Candidates
+from distill.data.loaders._common import BadInput, CandidatesBuilder, clean_text, iter_json_list, iter_jsonl, require
 
 
 def is_rank_llm(data: object) -> bool:
     return isinstance(data, list) and bool(data) and isinstance(data[0], dict) and "hits" in data[0]
 
 
-def load_rank_llm(path: Path, data: list | None, bad: BadInput, repair: bool) -> list[Candidates]:
-    """Candidates from a rank_llm JSON file (``data`` is its parsed content, if already read)."""
-    entries = read_json(path) if data is None else data
-    if not isinstance(entries, list):
-        raise InputError(f"{path}: expected a JSON list of {{query, hits}} entries")
-    builder = CandidatesBuilder(bad)
-    for i, entry in enumerate(entries):
-        _add_entry(builder, entry, f"{path}: entry [{i}]", bad, repair)
-    return builder.build()
-
-
-def is_rank_llm_jsonl(path: Path) -> bool:
-    """Whether ``path`` is a JSON-lines file whose first record is a rank_llm ``{query, hits}`` entry."""
-    if path.suffix != ".jsonl" or not path.is_file():
-        return False
-    first = next(iter_jsonl(path), None)
-    return first is not None and is_rank_llm([first[1]])
+def entries(path: Path) -> Iterator[tuple[str, object]]:
+    """``(where, entry)`` for each entry of a JSON list (``file: entry [i]``) or JSON-lines file (``file:line``), read
+    an entry at a time."""
+    if path.suffix == ".jsonl":
+        return ((f"{path}:{lineno}", entry) for lineno, entry in iter_jsonl(path))
+    return ((f"{path}: entry [{i}]", entry) for i, entry in enumerate(iter_json_list(path)))
 
 
 def stream_rank_llm(path: Path, bad: BadInput, repair: bool) -> Iterator[Candidates]:
-    """The candidates of a rank_llm JSON-lines file, a query at a time, as :func:`load_rank_llm` reads them, holding
-    one line's query in memory (and the ids of the queries seen, to refuse one that comes back on a later line:
-    its candidates could not be joined without holding them all)."""
-    seen: dict[str, int] = {}
-    for lineno, entry in iter_jsonl(path):
+    """The candidates of a rank_llm JSON list or JSON-lines file, a query at a time, holding one entry in memory
+    (and the ids of the queries seen, to refuse one that comes back in a later entry: its candidates could not be
+    joined without holding them all)."""
+    seen: dict[str, str] = {}
+    for where, entry in entries(path):
         builder = CandidatesBuilder(bad)
-        _add_entry(builder, entry, f"{path}:{lineno}", bad, repair)
+        _add_entry(builder, entry, where, bad, repair)
         for candidates in builder.build():
             qid = candidates.query.qid
             if qid in seen:
-                bad(f"{path}:{lineno}", f"qid {qid} already had its candidates on line {seen[qid]}")
+                bad(where, f"qid {qid} already had its candidates at {seen[qid]}")
                 continue
-            seen[qid] = lineno
+            seen[qid] = where
             yield candidates
 
 

@@ -5,20 +5,26 @@ Corpus: TSV ``docid<TAB>text`` or ``docid<TAB>title<TAB>text``, or JSONL
 ``{"_id"|"docid"|"id", "text"|"contents", "title" (optional)}``; a non-empty title is joined
 as ``f"{title} {text}"``. A file whose name ends in ``.jsonl`` or ``.json`` is JSONL, any other TSV.
 
-The corpus is streamed and only the passages the run needs are kept, so a large corpus is fine.
+Candidates are streamed a query at a time: the run is read twice (once for where each query's lines are, then a
+query at a time), and passages are looked up in the corpus's index (:mod:`.corpus_index`, built once and kept in
+the cache), so neither the run nor the corpus is ever held in memory; the queries the run names are.
 :mod:`.beir` shares the readers here.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from array import array
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from distill.core.schema import Candidates, InputError
-from distill.data.loaders._common import BadInput, CandidatesBuilder, clean_text, iter_jsonl
+from distill.data.loaders._common import BadInput, CandidatesBuilder, TextRecord, clean_text, iter_jsonl
+from distill.data.loaders.corpus_index import CorpusIndex, file_index_folder, open_index
 
 QUERY_ID_KEYS = ("_id", "qid", "id")
 QUERY_TEXT_KEYS = ("text", "query")
@@ -41,17 +47,18 @@ Run = dict[str, list[RunLine]]
 """qid -> its lines in rank order; qids in order of first appearance."""
 
 
-def load_trec_run(
+def stream_trec_run(
     run_path: Path, queries_path: Path, corpus_path: Path, bad: BadInput, repair: bool
-) -> list[Candidates]:
-    """Candidates from a TREC run, with texts from ``queries_path`` and ``corpus_path``.
+) -> Iterator[Candidates]:
+    """Candidates from a TREC run, with texts from ``queries_path`` and ``corpus_path``, a query at a time.
 
     Each query's candidates are ordered by score, descending (ties: rank, ascending); queries
     come in the order of their first line in the run.
     """
     for path, what in ((run_path, "run"), (queries_path, "queries"), (corpus_path, "corpus")):
         check_file(path, what)
-    return candidates_from_run(read_run(run_path, bad), run_path, queries_path, corpus_path, bad, repair)
+    run = RunFile(run_path)
+    return run_candidates(run.qids, run.queries(bad), run_path, queries_path, corpus_path, bad, repair)
 
 
 def check_file(path: Path, what: str) -> None:
@@ -63,14 +70,23 @@ def is_jsonl(path: Path) -> bool:
     return path.suffix.lower() in (".jsonl", ".json")
 
 
+def decoded(raw: bytes, path: Path, lineno: int) -> str:
+    """Line ``lineno`` of ``path`` as text, without its line end.
+
+    Raises:
+        InputError: it is not UTF-8.
+    """
+    try:
+        return raw.decode("utf-8").rstrip("\r\n")
+    except UnicodeDecodeError as e:
+        raise InputError(f"{path}:{lineno}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+
+
 def iter_lines(path: Path) -> Iterator[tuple[int, str]]:
     """Yield ``(line_number, line)`` for each non-blank line, without its line end."""
     with path.open("rb") as f:
         for lineno, raw in enumerate(f, start=1):
-            try:
-                line = raw.decode("utf-8").rstrip("\r\n")
-            except UnicodeDecodeError as e:
-                raise InputError(f"{path}:{lineno}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+            line = decoded(raw, path, lineno)
             if line.strip():
                 yield lineno, line
 
@@ -83,138 +99,204 @@ def iter_records(path: Path) -> Iterator[tuple[int, Any]]:
         raise InputError(f"{path}: not UTF-8 text ({e.reason})") from None
 
 
-def first_field(record: Any, keys: tuple[str, ...], where: str, bad: BadInput) -> Any | None:
-    """The value of the first of ``keys`` that ``record`` has, or ``None`` after reporting it to ``bad``."""
-    if not isinstance(record, dict):
-        bad(where, f"expected a JSON object, got {type(record).__name__}")
-        return None
-    for key in keys:
-        if record.get(key) is not None:
-            return record[key]
-    bad(where, f"missing field {keys[0]!r} (or {', '.join(repr(k) for k in keys[1:])})")
-    return None
-
-
 def passage_text(title: str, text: str, repair: bool) -> str:
     """``text``, after its title where there is a non-empty one."""
     title, text = clean_text(title, repair), clean_text(text, repair)
     return f"{title} {text}".strip() if title else text
 
 
+def parse_run_line(line: str, lineno: int, path: Path, bad: BadInput) -> RunLine | None:
+    """One line ``qid Q0 docid rank score tag`` of run ``path``, or None after reporting it to ``bad``."""
+    where = f"{path}:{lineno}"
+    parts = line.split()
+    if len(parts) != 6:
+        bad(where, f"expected 6 fields 'qid Q0 docid rank score tag', got {len(parts)}")
+        return None
+    qid, _, docid, rank, score, _ = parts
+    try:
+        score_value = float(score)
+    except ValueError:
+        bad(where, f"score {score!r} is not a number")
+        return None
+    if not math.isfinite(score_value):
+        bad(where, f"score {score!r} is not a finite number")
+        return None
+    try:
+        rank_value = int(rank)
+    except ValueError:
+        bad(where, f"rank {rank!r} is not an integer")
+        return None
+    return RunLine(qid, docid, rank_value, score_value, lineno)
+
+
+class RunFile:
+    """A TREC run, read a query at a time. Opening it reads the file once for where each query's lines are: each
+    stretch of consecutive lines of one query (one stretch a query in a run written a query at a time), held as
+    four numbers, not the lines."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        codes: dict[str, int] = {}
+        self._code, self._count = array("i"), array("i")
+        self._offset, self._lineno = array("q"), array("q")
+        offset = 0
+        with path.open("rb") as f:
+            for lineno, raw in enumerate(f, start=1):
+                start, offset = offset, offset + len(raw)
+                line = decoded(raw, path, lineno)
+                if not line.strip():
+                    continue
+                code = codes.setdefault(line.split(None, 1)[0], len(codes))
+                if self._code and self._code[-1] == code:
+                    self._count[-1] += 1
+                else:
+                    for values, value in ((self._code, code), (self._count, 1), (self._offset, start)):
+                        values.append(value)
+                    self._lineno.append(lineno)
+        self.qids = list(codes)
+        """The run's query ids, in the order of their first line."""
+
+    def queries(self, bad: BadInput) -> Iterator[tuple[str, list[RunLine]]]:
+        """Each query's lines (bad ones reported to ``bad``), sorted by score, descending (ties: rank); queries in
+        the order of their first line."""
+        codes = np.frombuffer(self._code, dtype=np.int32)
+        order = np.argsort(codes, kind="stable")
+        bounds = np.searchsorted(codes[order], np.arange(len(self.qids) + 1))
+        with self.path.open("rb") as f:
+            for code, qid in enumerate(self.qids):
+                lines: list[RunLine] = []
+                for stretch in order[bounds[code] : bounds[code + 1]]:
+                    f.seek(self._offset[stretch])
+                    lineno, left = self._lineno[stretch], self._count[stretch]
+                    while left:
+                        line = decoded(f.readline(), self.path, lineno)
+                        if line.strip():
+                            left -= 1
+                            if (parsed := parse_run_line(line, lineno, self.path, bad)) is not None:
+                                lines.append(parsed)
+                        lineno += 1
+                lines.sort(key=lambda r: (-r.score, r.rank))
+                yield qid, lines
+
+
 def read_run(path: Path, bad: BadInput) -> Run:
-    """Parse a TREC run: lines ``qid Q0 docid rank score tag``, sorted by score (ties: rank) per qid."""
-    run: Run = {}
+    """Parse a TREC run, whole: lines ``qid Q0 docid rank score tag``, sorted by score (ties: rank) per qid."""
+    return dict(RunFile(path).queries(bad))
+
+
+def text_records(
+    path: Path, id_keys: tuple[str, ...], text_keys: tuple[str, ...], repair: bool
+) -> Iterator[TextRecord]:
+    """The records of a queries or corpus file (TSV ``id<TAB>[title<TAB>]text``, or JSONL with one of ``id_keys``,
+    one of ``text_keys`` and an optional ``title``), texts cleaned; a bad one says why."""
+    titled = id_keys == DOC_ID_KEYS
+    if is_jsonl(path):
+        for lineno, record in iter_records(path):
+            key, reason = _first_field(record, id_keys)
+            if key is None:
+                yield TextRecord(lineno, None, None, reason)
+                continue
+            text, reason = _first_field(record, text_keys)
+            if text is None:
+                yield TextRecord(lineno, str(key), None, reason)
+            else:
+                title = str(record.get("title") or "") if titled else ""
+                yield TextRecord(lineno, str(key), passage_text(title, str(text), repair))
+        return
+    layout = "docid<TAB>text' or 'docid<TAB>title<TAB>text" if titled else "qid<TAB>text"
     for lineno, line in iter_lines(path):
-        where = f"{path}:{lineno}"
-        parts = line.split()
-        if len(parts) != 6:
-            bad(where, f"expected 6 fields 'qid Q0 docid rank score tag', got {len(parts)}")
+        parts = line.split("\t") if titled else line.split("\t", 1)
+        reason = f"expected '{layout}', got {len(parts)} tab-separated fields"
+        if len(parts) == 1:
+            yield TextRecord(lineno, None, None, reason)
+        elif len(parts) == 2:
+            yield TextRecord(lineno, parts[0].strip(), clean_text(parts[1], repair))
+        elif len(parts) == 3:
+            yield TextRecord(lineno, parts[0].strip(), passage_text(parts[1], parts[2], repair))
+        else:
+            yield TextRecord(lineno, parts[0].strip(), None, reason)
+
+
+def _first_field(record: Any, keys: tuple[str, ...]) -> tuple[Any | None, str]:
+    """The value of the first of ``keys`` that ``record`` has, or None and why."""
+    if not isinstance(record, dict):
+        return None, f"expected a JSON object, got {type(record).__name__}"
+    for key in keys:
+        if record.get(key) is not None:
+            return record[key], ""
+    return None, f"missing field {keys[0]!r} (or {', '.join(repr(k) for k in keys[1:])})"
+
+
+def read_texts(
+    path: Path,
+    id_keys: tuple[str, ...],
+    text_keys: tuple[str, ...],
+    bad: BadInput,
+    repair: bool,
+    needed: set[str] | None,
+) -> dict[str, str]:
+    """id -> text of a queries or corpus file, for the ids in ``needed`` only (reading stops once all are found);
+    all, if ``None``. A repeated id keeps its first text, and a different one is bad input."""
+    texts: dict[str, str] = {}
+    if needed is not None and not needed:
+        return texts
+    kind = "docid" if id_keys == DOC_ID_KEYS else "qid"
+    for record in text_records(path, id_keys, text_keys, repair):
+        where = f"{path}:{record.line}"
+        if record.key is None:
+            bad(where, record.reason)
+        elif needed is not None and record.key not in needed:
             continue
-        qid, _, docid, rank, score, _ = parts
-        try:
-            score_value = float(score)
-        except ValueError:
-            bad(where, f"score {score!r} is not a number")
-            continue
-        if not math.isfinite(score_value):
-            bad(where, f"score {score!r} is not a finite number")
-            continue
-        try:
-            rank_value = int(rank)
-        except ValueError:
-            bad(where, f"rank {rank!r} is not an integer")
-            continue
-        run.setdefault(qid, []).append(RunLine(qid, docid, rank_value, score_value, lineno))
-    for lines in run.values():
-        lines.sort(key=lambda r: (-r.score, r.rank))
-    return run
+        elif record.text is None:
+            bad(where, record.reason)
+        elif record.key not in texts:
+            texts[record.key] = record.text
+            if needed is not None and len(texts) == len(needed):
+                break
+        elif texts[record.key] != record.text:
+            bad(where, f"{kind} {record.key} appears twice with different texts")
+    return texts
 
 
 def read_queries(path: Path, bad: BadInput, repair: bool, needed: set[str] | None = None) -> dict[str, str]:
     """qid -> query text, for the qids in ``needed`` (all, if ``None``)."""
-    queries: dict[str, str] = {}
-    if is_jsonl(path):
-        records = _json_records(path, QUERY_ID_KEYS, QUERY_TEXT_KEYS, bad, needed)
-    else:
-        records = _tsv_records(path, "qid<TAB>text", bad, needed)
-    for where, qid, _, text in records:
-        _keep_first(queries, where, "qid", qid, clean_text(text, repair), bad)
-    return queries
+    return read_texts(path, QUERY_ID_KEYS, QUERY_TEXT_KEYS, bad, repair, needed)
 
 
 def read_corpus(path: Path, bad: BadInput, repair: bool, needed: set[str] | None) -> dict[str, str]:
     """docid -> passage text, for the docids in ``needed`` only (reading stops once all are found); all, if ``None``."""
-    corpus: dict[str, str] = {}
-    if needed is not None and not needed:
-        return corpus
-    if is_jsonl(path):
-        records = _json_records(path, DOC_ID_KEYS, DOC_TEXT_KEYS, bad, needed)
-    else:
-        records = _tsv_records(path, "docid<TAB>text' or 'docid<TAB>title<TAB>text", bad, needed, titled=True)
-    for where, docid, title, text in records:
-        _keep_first(corpus, where, "docid", docid, passage_text(title, text, repair), bad)
-        if needed is not None and len(corpus) == len(needed):
-            break
-    return corpus
+    return read_texts(path, DOC_ID_KEYS, DOC_TEXT_KEYS, bad, repair, needed)
 
 
-def candidates_from_run(
-    run: Run, source: Path, queries_path: Path, corpus_path: Path, bad: BadInput, repair: bool
-) -> list[Candidates]:
-    """Candidates for the (qid, docid) lines of ``run`` (read from ``source``), with their texts."""
-    queries = read_queries(queries_path, bad, repair, needed=set(run))
-    corpus = read_corpus(corpus_path, bad, repair, needed={r.docid for lines in run.values() for r in lines})
-    builder = CandidatesBuilder(bad)
-    for qid, lines in run.items():
-        for r in lines:
-            where = f"{source}:{r.lineno}"
-            if qid not in queries:
-                bad(where, f"qid {qid} not found in {queries_path}")
-            elif r.docid not in corpus:
-                bad(where, f"docid {r.docid} not found in {corpus_path}")
-            else:
-                builder.add(where, qid, queries[qid], r.docid, corpus[r.docid], r.score)
-    return builder.build()
+def open_corpus(path: Path, bad: BadInput, repair: bool) -> CorpusIndex:
+    """The index of corpus ``path`` (built on first use); its lines that are bad wherever they are reported to
+    ``bad``."""
+    folder = file_index_folder(path, "jsonl" if is_jsonl(path) else "tsv", repair)
+    index = open_index(folder, path, text_records(path, DOC_ID_KEYS, DOC_TEXT_KEYS, repair))
+    index.replay_bad(bad)
+    return index
 
 
-def _tsv_records(
-    path: Path, layout: str, bad: BadInput, needed: set[str] | None, titled: bool = False
-) -> Iterator[tuple[str, str, str, str]]:
-    """Yield ``(where, id, title, text)`` for the needed lines of ``id<TAB>[title<TAB>]text`` TSV.
-
-    A line without a tab is bad input wherever it is; one with too many fields only where it is needed.
-    """
-    for lineno, line in iter_lines(path):
-        where = f"{path}:{lineno}"
-        parts = line.split("\t") if titled else line.split("\t", 1)
-        key = parts[0].strip()
-        if len(parts) > 1 and needed is not None and key not in needed:
-            continue
-        if len(parts) == 2:
-            yield where, key, "", parts[1]
-        elif titled and len(parts) == 3:
-            yield where, key, parts[1], parts[2]
-        else:
-            bad(where, f"expected '{layout}', got {len(parts)} tab-separated fields")
-
-
-def _json_records(
-    path: Path, id_keys: tuple[str, ...], text_keys: tuple[str, ...], bad: BadInput, needed: set[str] | None
-) -> Iterator[tuple[str, str, str, str]]:
-    """Yield ``(where, id, title, text)`` for the needed records of a JSON-lines file."""
-    for lineno, record in iter_records(path):
-        where = f"{path}:{lineno}"
-        key = first_field(record, id_keys, where, bad)
-        if key is None or (needed is not None and str(key) not in needed):
-            continue
-        text = first_field(record, text_keys, where, bad)
-        if text is not None:
-            yield where, str(key), str(record.get("title") or ""), str(text)
-
-
-def _keep_first(texts: dict[str, str], where: str, kind: str, key: str, text: str, bad: BadInput) -> None:
-    """Store ``texts[key] = text``; a repeated key keeps its first text, and a different one is bad input."""
-    if key not in texts:
-        texts[key] = text
-    elif texts[key] != text:
-        bad(where, f"{kind} {key} appears twice with different texts")
+def run_candidates(
+    qids: list[str],
+    lines: Iterable[tuple[str, list[RunLine]]],
+    source: Path,
+    queries_path: Path,
+    corpus_path: Path,
+    bad: BadInput,
+    repair: bool,
+) -> Iterator[Candidates]:
+    """Candidates for each query's run ``lines`` (of queries ``qids``, read from ``source``), with their texts."""
+    queries = read_queries(queries_path, bad, repair, needed=set(qids))
+    with open_corpus(corpus_path, bad, repair) as corpus:
+        for qid, query_lines in lines:
+            builder = CandidatesBuilder(bad)
+            for r in query_lines:
+                where = f"{source}:{r.lineno}"
+                if qid not in queries:
+                    bad(where, f"qid {qid} not found in {queries_path}")
+                elif (text := corpus.get(r.docid, bad)) is None:
+                    bad(where, f"docid {r.docid} not found in {corpus_path}")
+                else:
+                    builder.add(where, qid, queries[qid], r.docid, text, r.score)
+            yield from builder.build()

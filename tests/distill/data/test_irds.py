@@ -93,6 +93,7 @@ def local_dataset(files: dict[str, Path], docs: object = None, scoreddocs: bool 
 @pytest.fixture(autouse=True)
 def irds_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("IR_DATASETS_HOME", str(tmp_path / "ir_datasets"))
+    monkeypatch.setenv("CIS_DISTILL_CACHE", str(tmp_path / "cache"))  # where docs without a store are indexed
 
 
 def test_candidates_in_score_order_with_texts_and_qrels(files: dict[str, Path], raw: RerankingData):
@@ -111,6 +112,23 @@ def test_candidates_in_score_order_with_texts_and_qrels(files: dict[str, Path], 
     assert texts["2688537"].startswith("FRONTLINE ® Plus")  # the shipped text has "FRONTLINE Â® Plus"
     judged = load_qrels(DL19 / "qrels.txt")
     assert data.qrels == {qid: judged[qid] for qid in expected}
+
+
+def test_scoreddocs_kept_together_by_query_are_read_a_query_at_a_time(files: dict[str, Path]):
+    import ir_datasets
+
+    from distill.data.loaders.irds import scoreddocs_queries
+
+    shuffled = load_candidates(local_dataset(files), depth=20)
+    lines = files["scoreddocs"].read_text().splitlines(keepends=True)
+    files["scoreddocs"].write_text("".join(sorted(lines, key=lambda line: line.split()[0])))
+    name = local_dataset(files)
+    qids, together = scoreddocs_queries(ir_datasets.load(name.removeprefix("irds:")))
+    assert together and qids == {c.query.qid for c in shuffled.candidates}
+    grouped = load_candidates(name, depth=20)
+    assert sorted(grouped.candidates, key=lambda c: c.query.qid) == sorted(
+        shuffled.candidates, key=lambda c: c.query.qid
+    )
 
 
 def test_depth_keeps_the_top_scored(files: dict[str, Path], raw: RerankingData):

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from distill.core.schema import InputError, Query, RerankingData
-from distill.data.loaders import load_candidates, load_qrels
+from distill.data.loaders import _common, load_candidates, load_qrels, open_candidates
 from distill.data.loaders._common import repair_mojibake
 
 DATA = Path(__file__).resolve().parents[3] / "data"
@@ -59,6 +59,32 @@ def test_rank_llm_dl19() -> None:
     assert data.candidates[0].query.text == "how long is life cycle of flea"
     assert all(len(c.passages) == 100 for c in data.candidates)
     assert not data.skipped
+
+
+def test_a_rank_llm_list_is_streamed_an_entry_at_a_time_as_json_reads_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    entries = json.loads(shipped(DL19 / "bm25_top100.json").read_text())
+    monkeypatch.setattr(_common, "LIST_READ_CHARS", 1000)  # far less than one entry: every entry runs past the window
+    expected = load_candidates(DL19 / "bm25_top100.json")
+    path = write(tmp_path / "indented.json", json.dumps(entries, indent=2))
+    assert load_candidates(path).candidates == expected.candidates
+    # The first query comes before the file is read to its end: a malformed tail is met only then.
+    write(path, json.dumps(entries[:2])[:-1] + ', {"query": "q", "hits": [}]')
+    stream = open_candidates(path).candidates
+    assert next(stream).query.qid == expected.candidates[0].query.qid
+    with raises(f"{path}:1:"):
+        list(stream)
+
+
+def test_a_query_that_comes_back_in_a_later_list_entry_is_named(tmp_path: Path) -> None:
+    entries = json.loads(shipped(DL19 / "bm25_top100.json").read_text())[:3]
+    path = write(tmp_path / "again.json", json.dumps([*entries, entries[1]]))
+    qid = entries[1]["hits"][0]["qid"]
+    with raises(f"{path}: entry [3]: qid {qid} already had its candidates at {path}: entry [1]"):
+        load_candidates(path)
+    skipped = load_candidates(path, on_bad_input="skip")
+    assert len(skipped.candidates) == 3 and sum(skipped.skipped.values()) == 1
 
 
 def test_rank_llm_mojibake_repair() -> None:
@@ -143,6 +169,20 @@ def test_trec_run_jsonl(trec: dict[str, Path]) -> None:
     data = load_candidates(trec["run"], queries=trec["queries_jsonl"], corpus=trec["corpus_jsonl"])
     assert ranking(data) == EXPECTED_RANKING
     assert texts(data) == EXPECTED_TEXTS
+
+
+def test_trec_run_is_streamed_a_query_at_a_time(trec: dict[str, Path]) -> None:
+    """Grouped or not, a run gives the same candidates; a bad line of a later query is met only once that query is
+    read."""
+    grouped = write(trec["run"].with_name("grouped.trec"), "".join(sorted(RUN.splitlines(keepends=True))))
+    expected = load_candidates(trec["run"], queries=trec["queries"], corpus=trec["corpus"])
+    assert load_candidates(grouped, queries=trec["queries"], corpus=trec["corpus"]).candidates == expected.candidates
+    with grouped.open("a") as f:
+        f.write("q2 Q0 d2 three 1.0 bm25\n")
+    stream = open_candidates(grouped, queries=trec["queries"], corpus=trec["corpus"]).candidates
+    assert next(stream) == expected.candidates[0]
+    with raises(f"{grouped}:6: rank 'three' is not an integer"):
+        next(stream)
 
 
 def test_trec_run_missing_docid(trec: dict[str, Path]) -> None:

@@ -339,7 +339,7 @@ def test_a_query_that_comes_back_in_a_stream_is_named(tiny_llama: Path, sample_f
     entries = json.loads(sample_file.read_text())
     lines = tmp_path / "again.jsonl"
     lines.write_text("".join(json.dumps(e) + "\n" for e in [*entries, entries[0]]))
-    with pytest.raises(InputError, match=rf"{lines}:4: qid \S+ already had its candidates on line 1"):
+    with pytest.raises(InputError, match=rf"{lines}:4: qid \S+ already had its candidates at {lines}:1"):
         run_teach(config(tiny_llama, lines, tmp_path))
     skipped = teach(config(tiny_llama, lines, tmp_path, output=str(tmp_path / "skip"), on_bad_input="skip"))
     assert skipped.pairs == 36 and sum(skipped.skipped.values()) == 1

@@ -1,0 +1,119 @@
+"""The corpus index: docid -> text on disk, built once, with the texts and bad-input reports of a read of the file."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from distill.core.schema import InputError
+from distill.data.loaders import load_candidates
+from distill.data.loaders._common import BadInput
+from distill.data.loaders.corpus_index import TextRecord, file_index_folder, open_index
+from distill.data.loaders.trec import open_corpus, read_corpus
+
+DL19 = Path(__file__).resolve().parents[3] / "data" / "trec-dl19"
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("CIS_DISTILL_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+@pytest.fixture(scope="module")
+def dl19_passages() -> dict[str, str]:
+    """Every DL19 BM25 candidate passage, as shipped (mojibake and all)."""
+    data = load_candidates(DL19 / "bm25_top100.json", repair_mojibake=False)
+    return {p.docid: p.text for c in data.candidates for p in c.passages}
+
+
+@pytest.mark.parametrize("layout", ["tsv", "jsonl"])
+@pytest.mark.parametrize("repair", [False, True])
+def test_every_passage_of_a_real_corpus_is_found_as_a_read_of_the_file_gives_it(
+    dl19_passages: dict[str, str], tmp_path: Path, layout: str, repair: bool
+) -> None:
+    path = tmp_path / f"corpus.{layout}"
+    if layout == "tsv":
+        path.write_text("".join(f"{d}\t{t}\n" for d, t in dl19_passages.items()), encoding="utf-8")
+    else:
+        path.write_text("".join(json.dumps({"_id": d, "text": t}) + "\n" for d, t in dl19_passages.items()))
+    expected = read_corpus(path, BadInput("error"), repair, needed=None)
+    assert len(expected) == len(dl19_passages) > 4000
+    with open_corpus(path, BadInput("error"), repair) as index:
+        assert index.records == len(expected)
+        assert {docid: index.get(docid, BadInput("error")) for docid in expected} == expected
+        assert index.get("no-such-docid", BadInput("error")) is None
+
+
+def test_the_index_is_built_once_and_reopened_without_reading_the_corpus(tmp_path: Path) -> None:
+    path = tmp_path / "corpus.tsv"
+    path.write_text("d1\tone\nd2\ttwo\n")
+    folder = file_index_folder(path, "tsv", True)
+
+    def records():
+        yield TextRecord(1, "d1", "one")
+        yield TextRecord(2, "d2", "two")
+
+    def never():
+        raise AssertionError("the corpus was read again")
+        yield
+
+    open_index(folder, path, records()).close()
+    with open_index(folder, path, never()) as index:
+        assert index.get("d2", BadInput("error")) == "two"
+    # Another process opens the same index (the key is the file's path, size and mtime) and finds the texts.
+    code = (
+        "import sys; from pathlib import Path; from distill.data.loaders._common import BadInput;"
+        "from distill.data.loaders.corpus_index import CorpusIndex;"
+        "print(CorpusIndex(Path(sys.argv[1]), 'c').get('d1', BadInput('error')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code, str(folder)], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "one"
+    # A changed corpus is another index.
+    path.write_text("d1\tone, changed\nd2\ttwo\n")
+    os.utime(path, ns=(0, 1))
+    assert file_index_folder(path, "tsv", True) != folder
+    with open_corpus(path, BadInput("error"), True) as index:
+        assert index.get("d1", BadInput("error")) == "one, changed"
+
+
+def test_bad_lines_are_reported_as_a_read_of_the_file_reports_them(tmp_path: Path) -> None:
+    path = tmp_path / "corpus.tsv"
+    path.write_text(
+        "d1\tone\n"
+        "no tab on this line\n"  # bad wherever it is
+        "d2\ttoo\tmany\tfields\n"  # bad where d2 is needed
+        "d3\tthree\n"
+        "d3\tthree, again\n"  # bad where d3 is needed
+        "d1\tone\n"  # a repeat with the same text: fine
+    )
+    with pytest.raises(InputError, match=rf"{path}:2: expected 'docid<TAB>text"):
+        open_corpus(path, BadInput("error"), True)
+    bad = BadInput("skip")
+    with open_corpus(path, bad, True) as index:
+        assert sum(bad.skipped.values()) == 1
+        assert index.get("d1", bad) == "one" and sum(bad.skipped.values()) == 1
+        assert index.get("d2", bad) is None and sum(bad.skipped.values()) == 2
+        assert index.get("d3", bad) == "three" and sum(bad.skipped.values()) == 3
+        assert index.get("d3", bad) == "three" and sum(bad.skipped.values()) == 3  # reported once
+    with (
+        open_corpus(path, BadInput("skip"), True) as index,
+        pytest.raises(InputError, match=rf"{path}:5: docid d3 appears twice with different texts"),
+    ):
+        index.get("d3", BadInput("error"))
+    reference = BadInput("skip")
+    read_corpus(path, reference, True, needed={"d1", "d2", "d3"})
+    assert reference.skipped == bad.skipped
+
+
+def test_a_corpus_that_is_not_json_lines_leaves_no_index(tmp_path: Path, cache: Path) -> None:
+    path = tmp_path / "corpus.jsonl"
+    path.write_text('{"_id": "d1", "text": "one"}\n{"_id": "d2", "text": \n')
+    with pytest.raises(InputError, match=rf"{path}:2:\d+: malformed JSON"):
+        open_corpus(path, BadInput("skip"), True)
+    assert not [p for p in (cache / "corpus").iterdir() if p.is_dir()]
