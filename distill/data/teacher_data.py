@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from distill.core.files import read_json_object
 from distill.core.schema import InputError, MissingFileError
-from distill.eval.trec_runs import run_from_columns, write_trec_run
+from distill.eval.trec_runs import write_trec_runs
 
 METADATA_FILE = "teacher.json"
 DATASET_INFO = "dataset_info.json"
@@ -132,16 +133,68 @@ class TeacherDataset:
 
     @staticmethod
     def write(table: Any, metadata: TeacherMetadata, path: Path) -> None:
-        """Write ``table`` (a ``pyarrow.Table`` of rows), ``teacher.json`` and the runs into the new folder ``path``."""
-        import datasets
+        """Write ``table`` (a ``pyarrow.Table`` of rows, in any order), ``teacher.json`` and the runs into the new
+        folder ``path``."""
+        import pyarrow.compute as pc
 
-        datasets.Dataset(table).save_to_disk(str(path))
-        metadata.write(path)
-        qids, docids = table.column("qid").to_pylist(), table.column("docid").to_pylist()
-        for name in (FIRST_STAGE, *metadata.scores):
-            column = "first_stage_score" if name == FIRST_STAGE else name
-            run = run_from_columns(qids, docids, table.column(column).to_pylist())
-            write_trec_run(path / "runs" / f"{name}.trec", run, tag=name)
+        codes = pc.index_in(table.column("qid"), value_set=pc.unique(table.column("qid")))
+        together = table.take(pc.sort_indices(codes))  # stable: each query's rows together, in order
+        scratch = path.with_name(f".{path.name}.arrow")
+        TeacherDataset.write_batches(table.to_batches(), metadata, path, scratch, together.to_batches())
+
+    @staticmethod
+    def write_batches(
+        batches: Iterable[Any], metadata: TeacherMetadata, path: Path, scratch: Path, by_query: Iterable[Any] = ()
+    ) -> None:
+        """Write the rows of ``batches`` (``pyarrow.RecordBatch``es of one schema), ``teacher.json`` and the runs into
+        the new folder ``path``, a batch at a time: the rows go through the Arrow file ``scratch`` (deleted when
+        done) into the ``datasets`` folder, and the runs are written from ``by_query`` (the same rows, each query's
+        together) or, without it, from ``scratch`` (whose rows must hold each query's together)."""
+        import datasets
+        import pyarrow as pa
+
+        batches = iter(batches)
+        first = next(batches)
+        try:
+            with pa.OSFile(str(scratch), "wb") as sink, pa.ipc.new_stream(sink, first.schema) as writer:
+                writer.write_batch(first)
+                for batch in batches:
+                    writer.write_batch(batch)
+            datasets.Dataset.from_file(str(scratch)).save_to_disk(str(path))
+            metadata.write(path)
+            names = (FIRST_STAGE, *metadata.scores)
+            columns = ["qid", "docid", *("first_stage_score" if n == FIRST_STAGE else n for n in names)]
+            with pa.memory_map(str(scratch)) as source:
+                queries = _queries(by_query or pa.ipc.open_stream(source), columns)
+                write_trec_runs({n: path / "runs" / f"{n}.trec" for n in names}, queries)
+        finally:
+            scratch.unlink(missing_ok=True)
+
+
+def _queries(reader: Any, columns: list[str]) -> Iterator[tuple[str, list[str], list[list[float]]]]:
+    """``(qid, docids, [values of each of columns[2:]])`` a query at a time, from the record batches of ``reader``,
+    whose rows hold each query's pairs together.
+
+    Raises:
+        RuntimeError: a query's rows are not together (a bug of the writer).
+    """
+    done: set[str] = set()
+    qid, docids, values = None, [], [[] for _ in columns[2:]]
+    for batch in reader:
+        batch_columns = [batch.column(name).to_pylist() for name in columns]
+        for row in zip(*batch_columns, strict=True):
+            if row[0] != qid:
+                if qid is not None:
+                    yield qid, docids, values
+                if row[0] in done:
+                    raise RuntimeError(f"query {row[0]}'s rows are not together")
+                done.add(row[0])
+                qid, docids, values = row[0], [], [[] for _ in columns[2:]]
+            docids.append(row[1])
+            for column, value in zip(values, row[2:], strict=True):
+                column.append(value)
+    if qid is not None:
+        yield qid, docids, values
 
 
 def _legacy(folder: Path) -> dict[str, Any] | None:

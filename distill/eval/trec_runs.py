@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from distill.core.schema import InputError
@@ -23,15 +23,30 @@ def run_from_columns(qids: Sequence[str], docids: Sequence[str], scores: Sequenc
 
 def write_trec_run(path: str | Path, run: Run, tag: str) -> None:
     """Write ``run`` ranked by score (ties by docid), atomically."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with tmp.open("w") as f:
-        for qid, scores in run.items():
-            ranked = sorted(scores.items(), key=lambda kv: (-kv[1], kv[0]))
-            for rank, (docid, score) in enumerate(ranked, start=1):
-                f.write(f"{qid} Q0 {docid} {rank} {score:.6f} {tag}\n")
-    tmp.replace(path)
+    queries = ((qid, list(scores), [list(scores.values())]) for qid, scores in run.items())
+    write_trec_runs({tag: Path(path)}, queries)
+
+
+def write_trec_runs(paths: dict[str, Path], queries: Iterable[tuple[str, list[str], list[list[float]]]]) -> None:
+    """Write one run per tag of ``paths`` (tag -> file), a query at a time: ``queries`` gives each query's id, its
+    docids and, for each tag in order, their scores. Each query is ranked by score (ties by docid); each file is
+    written atomically."""
+    tmps = {tag: path.with_name(f".{path.name}.tmp{os.getpid()}") for tag, path in paths.items()}
+    for path in paths.values():
+        path.parent.mkdir(parents=True, exist_ok=True)
+    files = {tag: tmp.open("w") for tag, tmp in tmps.items()}
+    try:
+        for qid, docids, columns in queries:
+            for (tag, f), scores in zip(files.items(), columns, strict=True):
+                ranked = sorted(zip(docids, map(float, scores), strict=True), key=lambda kv: (-kv[1], kv[0]))
+                f.writelines(
+                    f"{qid} Q0 {docid} {rank} {score:.6f} {tag}\n" for rank, (docid, score) in enumerate(ranked, 1)
+                )
+    finally:
+        for f in files.values():
+            f.close()
+    for tag, tmp in tmps.items():
+        tmp.replace(paths[tag])
 
 
 def read_trec_run(path: str | Path, on_bad_input: str = "error", skipped: Counter[str] | None = None) -> Run:

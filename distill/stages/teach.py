@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,8 +35,8 @@ from distill.core.schema import ExistingOutputError, InputError
 from distill.data.loaders.irds import is_irds
 from distill.data.teacher_data import TeacherDataset, TeacherMetadata
 from distill.model.resolver import cache_home
-from distill.stages.teach_chunks import chunk_file, read_chunks, write_chunk
-from distill.stages.teach_input import InputOptions, PairRows, candidate_stream, write_pair_rows
+from distill.stages.teach_chunks import chunk_batches, chunk_file, write_chunk
+from distill.stages.teach_input import InputOptions, PairRows, Share, candidate_stream, write_pair_rows
 from teachers.causal_lm import ScorerOptions
 from teachers.embedding import SIMILARITY
 from teachers.passage_cache import PassageLogProbCache, passage_key
@@ -136,7 +137,7 @@ class _Reuse:
     """What the ``reuse`` datasets hold for this run's pairs."""
 
     rows: np.ndarray
-    """``[n]`` each pair's row in :attr:`terms`, or -1: the pair is scored."""
+    """``[n]`` each pair's row in :attr:`terms` (``n`` this process's pairs), or -1: the pair is scored."""
     terms: dict[str, np.ndarray]
     """Pair term -> its values of the reused rows."""
     passages: dict[str, float]
@@ -189,7 +190,7 @@ class _Reuse:
         return cls(rows, terms_out, passages, query_values)
 
     def seed(self, keys: np.ndarray, pairs: PairRows, cache: PassageLogProbCache) -> None:
-        """Add the reused log p(K) of this run's passages that ``cache`` lacks."""
+        """Add the reused log p(K) of this process's passages that ``cache`` lacks."""
         if not self.passages:
             return
         new: dict[str, float] = {}
@@ -200,11 +201,12 @@ class _Reuse:
                     new[key] = self.passages[passage]
         cache.add(list(new), list(new.values()))
 
-    def summary(self, folders: list[str], reused: int) -> dict[str, Any] | None:
-        """``teacher.json``'s record of the reuse, or None without ``reuse``."""
+    @staticmethod
+    def summary(folders: list[str], pairs: int, reused: int) -> dict[str, Any] | None:
+        """``teacher.json``'s record of the reuse (``reused`` of ``pairs``), or None without ``reuse``."""
         if not folders:
             return None
-        return {"datasets": list(folders), "pairs_reused": reused, "pairs_new": len(self.rows) - reused}
+        return {"datasets": list(folders), "pairs_reused": reused, "pairs_new": pairs - reused}
 
 
 def _chunks(n: int, size: int) -> list[range]:
@@ -243,18 +245,24 @@ def teach(cfg: TeachConfig) -> TeachReport:
     output = Path(cfg.output)
     cache_root = Path(cfg.cache_dir) if cfg.cache_dir else cache_home() / "pk"
     check_paths(cfg, output, cache_root)  # before anything is loaded or scored, a bad path loses nothing
-    # Each process reads the inputs into rows of its own, so that a bad record stops every process alike.
-    rows_folder = output.with_name(f".{output.name}.pairs-{state.process_index}")
+    # Each process reads all of the inputs, so that a bad record stops every process alike, and keeps its share.
+    share = Share(state.process_index, state.num_processes, cfg.chunk_size)
+    rows_folder = _rows_folder(output, share.rank)
     candidates, skipped = candidate_stream(cfg)
-    write_pair_rows(candidates, skipped, rows_folder, cfg.max_queries, ", ".join(cfg.input))
+    write_pair_rows(candidates, skipped, rows_folder, cfg.max_queries, ", ".join(cfg.input), share)
     pairs = PairRows(rows_folder)
     try:
         if cfg.similarity:
-            return _teach_similarity(cfg, state, options, output, pairs)
-        return _teach(cfg, state, options, output, cache_root, pairs)
+            return _teach_similarity(cfg, state, share, options, output, pairs)
+        return _teach(cfg, state, share, options, output, cache_root, pairs)
     finally:  # done, up to date or failed: the rows go (a rerun reads the inputs again)
         pairs.close()
         shutil.rmtree(rows_folder, ignore_errors=True)
+
+
+def _rows_folder(output: Path, rank: int) -> Path:
+    """Where process ``rank`` keeps its share of the pairs while ``output`` is made (beside it)."""
+    return output.with_name(f".{output.name}.pairs-{rank}")
 
 
 def process_state() -> Any:
@@ -378,9 +386,17 @@ def _check_earlier_results(output: Path, work: Path, known: dict[str, Any], over
 
 
 def _teach(
-    cfg: TeachConfig, state: Any, options: ScorerOptions, output: Path, cache_root: Path, pairs: PairRows
+    cfg: TeachConfig,
+    state: Any,
+    share: Share,
+    options: ScorerOptions,
+    output: Path,
+    cache_root: Path,
+    pairs: PairRows,
 ) -> TeachReport:
-    """The stage once its inputs are in ``pairs``: load the teacher, then score what is not done yet."""
+    """The stage once its share of the inputs is in ``pairs``: load the teacher, then score what is not done yet."""
+    from accelerate.utils import gather_object
+
     from teachers.teacher import CausalLMTeacher
 
     summary = pairs.summary
@@ -403,9 +419,8 @@ def _teach(
     setting = teacher.describe()
     fingerprint = _fingerprint(setting, summary.digest, cfg, options)
     reuse = _Reuse.load(cfg, fingerprint, pairs)
-    report = TeachReport(
-        output, len(pairs), summary.queries, cfg.score_columns, True, summary.skipped, int((reuse.rows >= 0).sum())
-    )
+    reused = sum(gather_object([int((reuse.rows >= 0).sum())]))
+    report = TeachReport(output, summary.pairs, summary.queries, cfg.score_columns, True, summary.skipped, reused)
     if _is_complete(output, fingerprint, cfg.overwrite):
         return report
 
@@ -416,18 +431,18 @@ def _teach(
     keys = _passage_keys(teacher, pairs, cfg.chunk_size)
     cache_setting = {k: setting[k] for k in ("teacher", "dtype", "start_token_id")}
     cache = PassageLogProbCache(cache_root, cache_setting)
-    if state.is_main_process:
-        reuse.seed(keys, pairs, cache)
+    reuse.seed(keys, pairs, cache)
+    _write_passage_requests(keys, share, summary.pairs, work)
     state.wait_for_everyone()
     cache.reload()
-    _score_passages(teacher, keys, pairs, cache, cfg, state)
+    _score_passages(teacher, cache, output, work, share, summary.pairs, cfg, state)
     state.wait_for_everyone()
     cache.reload()
     query_values = _score_queries(teacher, pairs, cfg, state, reuse.query_values)
-    _score_pairs(teacher, pairs, keys, cache, query_values, reuse, work, cfg, state)
+    _score_pairs(teacher, pairs, share, keys, cache, query_values, reuse, work, cfg, state)
     state.wait_for_everyone()
     if state.is_main_process:
-        _merge(work, output, len(pairs), cfg, fingerprint, reuse.summary(cfg.reuse, report.reused))
+        _merge(work, output, summary.pairs, cfg, fingerprint, reuse.summary(cfg.reuse, summary.pairs, reused))
     return dataclasses.replace(report, up_to_date=False)
 
 
@@ -477,30 +492,92 @@ def _progress(cfg: TeachConfig, state: Any, total: int, desc: str, unit: str, pe
     )
 
 
+PASSAGES_PER_BUCKET = 8
+"""Pair chunks per bucket of passages (:func:`_buckets`), about: enough for every bucket to fill chunks of distinct
+passages, few enough for the buckets to spread over the processes."""
+MAX_BUCKETS = 4096
+
+
+def _buckets(pairs: int, chunk_size: int) -> int:
+    """How many buckets the distinct passages of ``pairs`` pairs are hashed into: a function of the input alone, so
+    that one process and N processes cut the same chunks of passages."""
+    return max(1, min(MAX_BUCKETS, pairs // (chunk_size * PASSAGES_PER_BUCKET)))
+
+
+def _requests(work: Path, rank: int) -> Path:
+    return work / "passages" / f"rank-{rank}"
+
+
+def _write_passage_requests(keys: np.ndarray, share: Share, pairs: int, work: Path) -> None:
+    """Write where this process's passages are, sorted by bucket (a passage's bucket: its key's high 64 bits modulo
+    :func:`_buckets`), then place in input order: for each, its key, its pair's place in input order and its row in
+    this process's row file; and where each bucket starts. Written afresh each run, through a rename."""
+    rows = np.concatenate([np.arange(r.start, r.stop) for _, _, r in share.chunks(pairs)] or [np.empty(0, np.int64)])
+    places = np.concatenate([np.arange(c.start, c.stop) for _, c, _ in share.chunks(pairs)] or [np.empty(0, np.int64)])
+    high = np.frombuffer(bytes.fromhex(b"".join(k[:16] for k in keys).decode()), dtype=">u8").astype(np.uint64)
+    buckets = _buckets(pairs, share.chunk_size)
+    bucket = (high % np.uint64(buckets)).astype(np.int64)
+    order = np.lexsort((places, bucket))
+    folder = _requests(work, share.rank)
+    tmp = folder.with_name(f".{folder.name}.tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    for name, values in (("key", keys[order]), ("place", places[order]), ("row", rows[order])):
+        np.save(tmp / f"{name}.npy", values)
+    np.save(tmp / "starts.npy", np.searchsorted(bucket[order], np.arange(buckets + 1)))
+    shutil.rmtree(folder, ignore_errors=True)
+    tmp.rename(folder)
+
+
 def _score_passages(
     teacher: Any,
-    keys: np.ndarray,
-    pairs: PairRows,
     cache: PassageLogProbCache,
+    output: Path,
+    work: Path,
+    share: Share,
+    pairs: int,
     cfg: TeachConfig,
     state: Any,
 ) -> None:
-    """log p(K) for this process's share of the distinct passages not yet in the cache (distinct passages in order
-    of first appearance, cut into chunks, chunk ``i`` to process ``i mod world_size``)."""
-    _, first = np.unique(keys, return_index=True)
-    distinct = np.sort(first)  # the pair where each distinct passage first appears
-    mine = [
-        c
-        for j, c in enumerate(_chunks(len(distinct), cfg.chunk_size))
-        if j % state.num_processes == state.process_index
+    """log p(K) of the distinct passages of this process's buckets (bucket ``b`` is process ``b mod world``'s) not
+    yet in the cache: each bucket's distinct passages (by key) in order of first appearance, cut into chunks of
+    ``chunk_size``, each scored as one unit. The passages come from every process's requests
+    (:func:`_write_passage_requests`) and their texts from its row file."""
+    buckets = _buckets(pairs, share.chunk_size)
+    requests = [
+        {name: np.load(_requests(work, r) / f"{name}.npy", mmap_mode="r") for name in ("key", "place", "row", "starts")}
+        for r in range(share.world)
     ]
-    todo = [[int(distinct[i]) for i in chunk if keys[distinct[i]].decode() not in cache] for chunk in mine]
-    with _progress(cfg, state, sum(map(len, todo)), "log p(K)", "passage") as bar:
-        for chunk in todo:
-            if chunk:
-                ids = teacher.encode_passages(pairs.rows(chunk, ["passage"])["passage"])
-                values = teacher.passage_logprobs(ids, on_batch=bar.update)
-                cache.add([keys[i].decode() for i in chunk], values)
+    todo: list[tuple[list[str], list[tuple[int, int]]]] = []
+    for b in range(share.rank, buckets, share.world):
+        parts = [(r, req["starts"][b], req["starts"][b + 1]) for r, req in enumerate(requests)]
+        keys = np.concatenate([requests[r]["key"][i:j] for r, i, j in parts])
+        places = np.concatenate([requests[r]["place"][i:j] for r, i, j in parts])
+        where = np.concatenate([np.stack([np.full(j - i, r), requests[r]["row"][i:j]], 1) for r, i, j in parts])
+        order = np.argsort(places, kind="stable")
+        keys, where = keys[order], where[order]
+        _, first = np.unique(keys, return_index=True)
+        distinct = np.sort(first)  # where each distinct passage of the bucket first appears
+        for chunk in _chunks(len(distinct), cfg.chunk_size):
+            chosen = [int(distinct[i]) for i in chunk if keys[distinct[i]].decode() not in cache]
+            if chosen:
+                todo.append(([keys[i].decode() for i in chosen], [tuple(map(int, where[i])) for i in chosen]))
+    row_files: dict[int, PairRows] = {}
+    try:
+        with _progress(cfg, state, sum(len(k) for k, _ in todo), "log p(K)", "passage") as bar:
+            for keys, places in todo:
+                passages: list[str] = [""] * len(places)
+                for r in sorted({r for r, _ in places}):
+                    rows = row_files.get(r) or row_files.setdefault(r, PairRows(_rows_folder(output, r)))
+                    mine = sorted((row, i) for i, (s, row) in enumerate(places) if s == r)
+                    texts = rows.rows([row for row, _ in mine], ["passage"])["passage"]
+                    for (_, i), text in zip(mine, texts, strict=True):
+                        passages[i] = text
+                values = teacher.passage_logprobs(teacher.encode_passages(passages), on_batch=bar.update)
+                cache.add(keys, values)
+    finally:
+        for rows in row_files.values():
+            rows.close()
 
 
 def _score_queries(
@@ -512,7 +589,7 @@ def _score_queries(
     distinct queries in the same batches (one short sequence each), so all processes and all chunks see the
     same value for a query.
     """
-    queries = list(dict.fromkeys(q for batch in pairs.column("query") for q in batch))
+    queries = pairs.queries()
     out: dict[str, dict[str, Any]] = {
         "n_query_tokens": dict(zip(queries, (len(ids) for ids in teacher.encode_queries(queries)), strict=True))
     }
@@ -529,6 +606,7 @@ def _score_queries(
 def _score_pairs(
     teacher: Any,
     pairs: PairRows,
+    share: Share,
     keys: np.ndarray,
     cache: PassageLogProbCache,
     query_values: dict[str, dict[str, Any]],
@@ -537,17 +615,16 @@ def _score_pairs(
     cfg: TeachConfig,
     state: Any,
 ) -> None:
-    """Score this process's share of pair chunks that are not on disk yet; pairs found in a reused dataset take
-    their pair terms from there."""
+    """Score this process's pair chunks that are not on disk yet; pairs found in a reused dataset take their pair
+    terms from there."""
     terms = required_terms(cfg.score_columns)
     pair_terms = [t for t in PAIR_TERMS if t in terms]
-    chunks = _chunks(len(pairs), cfg.chunk_size)
     mine = [
-        (j, chunk)
-        for j, chunk in enumerate(chunks)
-        if j % state.num_processes == state.process_index and chunk_file(work / "chunks", j, len(chunk)) is None
+        (j, rows)
+        for j, chunk, rows in share.chunks(pairs.summary.pairs)
+        if chunk_file(work / "chunks", j, len(chunk)) is None
     ]
-    todo = sum(int((reuse.rows[c.start : c.stop] < 0).sum()) for _, c in mine)
+    todo = sum(int((reuse.rows[r.start : r.stop] < 0).sum()) for _, r in mine)
     with _progress(cfg, state, todo, "pairs", "pair", len(pair_terms)) as bar:
         for j, chunk in mine:
             rows = pairs.rows(chunk)
@@ -591,7 +668,7 @@ def _pair_columns(rows: dict[str, Any]) -> dict[str, Any]:
 
 
 def _teach_similarity(
-    cfg: TeachConfig, state: Any, options: ScorerOptions, output: Path, pairs: PairRows
+    cfg: TeachConfig, state: Any, share: Share, options: ScorerOptions, output: Path, pairs: PairRows
 ) -> TeachReport:
     """The stage for an embedding teacher: score this process's share of pair chunks not on disk yet by
     :data:`~teachers.embedding.SIMILARITY`, then merge them as :func:`_teach` does."""
@@ -606,17 +683,16 @@ def _teach_similarity(
         "scores": cfg.score_columns,
         "chunk_size": cfg.chunk_size,
     }
-    report = TeachReport(output, len(pairs), summary.queries, cfg.score_columns, True, summary.skipped)
+    report = TeachReport(output, summary.pairs, summary.queries, cfg.score_columns, True, summary.skipped)
     if _is_complete(output, fingerprint, cfg.overwrite):
         return report
     if state.is_main_process:
         _prepare_work_dir(work, fingerprint, cfg.overwrite)
     state.wait_for_everyone()
-    chunks = _chunks(len(pairs), cfg.chunk_size)
     mine = [
-        (j, chunk)
-        for j, chunk in enumerate(chunks)
-        if j % state.num_processes == state.process_index and chunk_file(work / "chunks", j, len(chunk)) is None
+        (j, rows)
+        for j, chunk, rows in share.chunks(summary.pairs)
+        if chunk_file(work / "chunks", j, len(chunk)) is None
     ]
     with _progress(cfg, state, sum(len(c) for _, c in mine), "pairs", "pair") as bar:
         for j, chunk in mine:
@@ -625,7 +701,7 @@ def _teach_similarity(
             write_chunk(pa.table({**_pair_columns(rows), SIMILARITY: similarity}), work / "chunks", j)
     state.wait_for_everyone()
     if state.is_main_process:
-        _merge(work, output, len(pairs), cfg, fingerprint, None)
+        _merge(work, output, summary.pairs, cfg, fingerprint, None)
     return dataclasses.replace(report, up_to_date=False)
 
 
@@ -637,15 +713,13 @@ def _merge(
     fingerprint: dict[str, Any],
     reused: dict[str, Any] | None,
 ) -> None:
-    """Join the chunks into the final dataset folder, then swap it into place."""
-    table = read_chunks(work / "chunks", [len(chunk) for chunk in _chunks(n_pairs, cfg.chunk_size)])
-    if table.num_rows != n_pairs:
-        raise RuntimeError(f"merged {table.num_rows} rows for {n_pairs} pairs")
+    """Join the chunks, a record batch at a time, into the final dataset folder, then swap it into place."""
     staging = work / "dataset"
     if staging.exists():
         shutil.rmtree(staging)
     metadata = TeacherMetadata(cfg.scores[0], cfg.score_columns, cfg.input, fingerprint, reused)
-    TeacherDataset.write(table, metadata, staging)
+    sizes = [len(chunk) for chunk in _chunks(n_pairs, cfg.chunk_size)]
+    TeacherDataset.write_batches(chunk_batches(work / "chunks", sizes), metadata, staging, work / "merged.arrow")
     if output.exists():
         shutil.rmtree(output)
     staging.rename(output)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow as pa
@@ -68,17 +69,19 @@ def write_chunk(table: pa.Table, folder: Path, j: int) -> Path:
     return path
 
 
-def read_chunks(folder: Path, sizes: list[int]) -> pa.Table:
-    """Chunks ``0 .. len(sizes) - 1`` of ``folder`` (chunk ``j`` of ``sizes[j]`` pairs), checked and joined.
+def chunk_batches(folder: Path, sizes: list[int]) -> Iterator[pa.RecordBatch]:
+    """The record batches of chunks ``0 .. len(sizes) - 1`` of ``folder`` (chunk ``j`` of ``sizes[j]`` pairs), in
+    order, each chunk checked as it is read: one chunk in memory at a time.
 
     Raises:
         RuntimeError: a chunk is missing or damaged (a damaged one is deleted, so that the same command scores it
             again).
     """
-    tables = []
     for j, rows in enumerate(sizes):
         path = chunk_file(folder, j, rows)
         if path is None:
             raise RuntimeError(f"{folder}: chunk {j} is missing or was damaged: run the same command again to score it")
-        tables.append(pq.read_table(path))
-    return pa.concat_tables(tables)
+        table = pq.read_table(path)
+        if table.num_rows != rows:
+            raise RuntimeError(f"{path}: {table.num_rows} rows for chunk {j}'s {rows} pairs")
+        yield from table.to_batches()

@@ -1,10 +1,12 @@
-"""The teacher stage's input: every (query, candidate) pair, read a query at a time into a row file on disk.
+"""The teacher stage's input: every (query, candidate) pair, read a query at a time; a process's share into a row
+file on disk.
 
-The inputs are read once, as a stream of candidate lists (one input a query at a time, in every format but multi-hop
-QA; several inputs whole, to join them), and their pairs written in input order to an Arrow file of fixed-size record
-batches, while the digest of the rows (the fingerprint's ``input``) is computed. The stage then reads the rows it
-needs a batch at a time, with plain reads: no list of every pair is ever held, and memory stays flat in the number
-of queries (but for the ids of the queries seen, which a stream needs to refuse a query that comes back).
+Every process reads the inputs once, as a stream of candidate lists (one input a query at a time, in every format but
+multi-hop QA; several inputs whole, to join them), and the pairs of its :class:`Share` written in input order to an
+Arrow file of fixed-size record batches, while the digest of every row (the fingerprint's ``input``) is computed. The
+stage then reads the rows it needs a batch at a time, with plain reads: no list of the pairs is ever held, and memory
+stays flat in the number of pairs (but for the distinct query texts, and the ids of the queries seen, which a stream
+needs to refuse a query that comes back).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ SCHEMA = pa.schema(
         ("first_stage_score", pa.float64()),
     ]
 )
-ROWS_FILE, SUMMARY_FILE = "pairs.arrow", "pairs.json"
+ROWS_FILE, SUMMARY_FILE, QUERIES_FILE = "pairs.arrow", "pairs.json", "queries.json"
 
 
 @dataclass
@@ -80,21 +82,52 @@ def candidate_stream(options: InputOptions) -> tuple[Iterator[Candidates], Count
 
 
 @dataclass(frozen=True)
+class Share:
+    """The pairs one process keeps: pair chunk ``j`` (pairs ``[j * chunk_size, (j + 1) * chunk_size)`` in input
+    order) is process ``j mod world``'s, so that one process and N processes cut the same chunks."""
+
+    rank: int = 0
+    world: int = 1
+    chunk_size: int = 256
+
+    def owns(self, pair: int) -> bool:
+        """Whether pair ``pair`` (its place in input order) is this process's."""
+        return (pair // self.chunk_size) % self.world == self.rank
+
+    def chunks(self, pairs: int) -> Iterator[tuple[int, range, range]]:
+        """``(j, pairs of chunk j, its rows in this process's row file)`` for each chunk of this process, of
+        ``pairs`` in all."""
+        for j, start in enumerate(range(0, pairs, self.chunk_size)):
+            if j % self.world == self.rank:
+                size, row = min(self.chunk_size, pairs - start), (j // self.world) * self.chunk_size
+                yield j, range(start, start + size), range(row, row + size)
+
+
+@dataclass(frozen=True)
 class InputSummary:
-    """What the row file holds."""
+    """What the inputs hold, and what of them one process's row file holds."""
 
     pairs: int
+    """Pairs of every process."""
     queries: int
     digest: str
     """A digest of every row's (qid, docid, query, passage): the teacher fingerprint's ``input``."""
     skipped: dict[str, int]
+    rows: int
+    """Pairs in this process's row file (its :class:`Share`)."""
 
 
 def write_pair_rows(
-    candidates: Iterable[Candidates], skipped: Counter[str], folder: Path, max_queries: int | None, source: str
+    candidates: Iterable[Candidates],
+    skipped: Counter[str],
+    folder: Path,
+    max_queries: int | None,
+    source: str,
+    share: Share = Share(),
 ) -> InputSummary:
-    """Write the pairs of ``candidates`` (the first ``max_queries`` queries; read from ``source``) into ``folder``
-    (made anew), a query at a time; their :class:`InputSummary` is written beside them and returned.
+    """Read every pair of ``candidates`` (the first ``max_queries`` queries; read from ``source``), a query at a
+    time, into the digest, and write this process's ``share`` of them into ``folder`` (made anew), with every
+    distinct query text; their :class:`InputSummary` is written beside them and returned.
 
     Raises:
         InputError: no pair to score.
@@ -103,17 +136,23 @@ def write_pair_rows(
         shutil.rmtree(folder)
     folder.mkdir(parents=True)
     try:
-        return _write_pair_rows(candidates, skipped, folder, max_queries, source)
+        return _write_pair_rows(candidates, skipped, folder, max_queries, source, share)
     except BaseException:  # bad input, or interrupted: no partial rows are left behind
         shutil.rmtree(folder, ignore_errors=True)
         raise
 
 
 def _write_pair_rows(
-    candidates: Iterable[Candidates], skipped: Counter[str], folder: Path, max_queries: int | None, source: str
+    candidates: Iterable[Candidates],
+    skipped: Counter[str],
+    folder: Path,
+    max_queries: int | None,
+    source: str,
+    share: Share,
 ) -> InputSummary:
     digest = hashlib.sha256()
-    pairs = queries = 0
+    pairs = queries = rows = 0
+    texts: dict[str, None] = {}
     columns: dict[str, list[Any]] = {name: [] for name in SCHEMA.names}
     with pa.OSFile(str(folder / ROWS_FILE), "wb") as sink, pa.ipc.new_file(sink, SCHEMA) as writer:
 
@@ -129,26 +168,31 @@ def _write_pair_rows(
                 break
             queries += 1
             query = cands.query
+            texts[query.text] = None
             for rank, (passage, score) in enumerate(zip(cands.passages, cands.scores, strict=True), start=1):
                 digest.update(json.dumps([query.qid, passage.docid, query.text, passage.text]).encode())
-                for name, value in zip(
-                    SCHEMA.names, (query.qid, passage.docid, query.text, passage.text, rank, score), strict=True
-                ):
-                    columns[name].append(value)
+                if share.owns(pairs):
+                    row = (query.qid, passage.docid, query.text, passage.text, rank, score)
+                    for name, value in zip(SCHEMA.names, row, strict=True):
+                        columns[name].append(value)
+                    rows += 1
                 pairs += 1
             flush(final=False)
         flush(final=True)
     if pairs == 0:
         raise InputError(f"{source}: no candidates left to score")
-    summary = InputSummary(pairs, queries, digest.hexdigest()[:16], dict(skipped))
+    (folder / QUERIES_FILE).write_text(json.dumps(list(texts)))
+    summary = InputSummary(pairs, queries, digest.hexdigest()[:16], dict(skipped), rows)
     (folder / SUMMARY_FILE).write_text(json.dumps(summary.__dict__))
     return summary
 
 
 class PairRows:
-    """The row file of :func:`write_pair_rows`, read a record batch at a time (the last one kept)."""
+    """The row file of :func:`write_pair_rows`, read a record batch at a time (the last one kept); row ``i`` is the
+    ``i``-th pair of the process's share."""
 
     def __init__(self, folder: Path) -> None:
+        self.folder = folder
         values = json.loads((folder / SUMMARY_FILE).read_text())
         self.summary = InputSummary(**values)
         self._file = pa.OSFile(str(folder / ROWS_FILE))
@@ -156,7 +200,11 @@ class PairRows:
         self._cached: tuple[int, pa.RecordBatch] | None = None
 
     def __len__(self) -> int:
-        return self.summary.pairs
+        return self.summary.rows
+
+    def queries(self) -> list[str]:
+        """Every distinct query text of the inputs (not only of this share), in input order."""
+        return json.loads((self.folder / QUERIES_FILE).read_text())
 
     def close(self) -> None:
         self._file.close()
@@ -180,8 +228,3 @@ class PairRows:
             for name in out:
                 out[name] += taken.column(name).to_pylist()
         return out
-
-    def column(self, name: str) -> Iterator[list[Any]]:
-        """Column ``name``, a record batch at a time."""
-        for index in range(self._reader.num_record_batches):
-            yield self._batch(index).column(name).to_pylist()

@@ -138,7 +138,7 @@ def _cli(tiny_llama: Path, sample_file: Path, out: Path, cache: Path) -> list[st
         "--scores",
         "cis,upr",
         "--chunk-size",
-        "3",
+        "2",  # 18 chunks of pairs; the distinct passages in 2 buckets (each process scores one)
         "--max-batch-tokens",
         "128",
         "--cache-dir",
