@@ -1024,6 +1024,23 @@ def page_scale(links: Links) -> str:
             pk_cache_table(r),
             "",
         ]
+    for path in sorted(p for p in result_files() if re.fullmatch(r"scale-cpu[^/]*/teacher-input\.json", p)):
+        r = load(path)
+        parts += [
+            f"## The teacher's input pass: {links(path)}",
+            "",
+            "Each rank's input pass (`python -m benchmarks.teacher_input`), one rank at a time in a fresh process: "
+            "every rank reads all of the input (the digest of every pair is the teacher's fingerprint) and keeps its "
+            "share (chunk j of 256 pairs is rank j mod R's) in its row file; a corpus is looked up in its index, "
+            "built once.",
+            "",
+            f"CPU: {r['cpu']}, {r['cores']} cores, {r['cpu_features']}; commit {r['git_commit'][:7]}.",
+            "",
+            _command(r["command"]),
+            "",
+            teacher_input_table(r),
+            "",
+        ]
     return "\n".join(parts)
 
 
@@ -1047,6 +1064,50 @@ def pk_cache_table(result: dict[str, Any]) -> str:
     header = ["passages", "reopened (checksums)", "peak RSS", "resident", "bytes a passage", "lookup", "on disk",
               f"resident ≤ {target / 2**20:.0f} MiB"]  # fmt: skip
     return _table(header, rows)
+
+
+def teacher_input_table(result: dict[str, Any]) -> str:
+    """A teacher input run (``teacher-input.json``) as Markdown: the corpus indexes, then one row a format, size and
+    number of ranks, against the targets."""
+    targets = result["targets"]
+    index_rows = [
+        [
+            i["corpus"],
+            f"{i['records']:,}",
+            f"{i['seconds']:.1f} s" if i["built"] else "(built before)",
+            f"{i['reopen_seconds']:.2f} s" if "reopen_seconds" in i else "",
+            f"{i['peak_rss_bytes'] / 2**20:.0f} MiB",
+            f"{i['corpus_bytes'] / 2**20:,.0f} MiB",
+            f"{i['index_bytes'] / 2**20:,.0f} MiB",
+        ]
+        for i in result["indexes"]
+    ]
+    rows = [
+        [
+            r["format"],
+            f"{r['pairs']:,}",
+            str(r["ranks"]),
+            f"{r['peak_rss_bytes'] / 2**20:.0f} MiB",
+            f"{r['peak_above_baseline_bytes'] / 2**20:.0f} MiB",
+            f"{r['vs_one_rank']:.2f}x" if r["vs_one_rank"] is not None else "",
+            f"{r['seconds']:.1f} s",
+            f"{min(p['rows'] for p in r['per_rank']):,}–{max(p['rows'] for p in r['per_rank']):,}",
+        ]
+        for r in result["rows"]
+    ]
+    header = ["format", "pairs", "ranks", "peak RSS a rank", "above imports", "vs 1 rank", "seconds a rank",
+              "pairs a rank keeps"]  # fmt: skip
+    parts = []
+    if index_rows:
+        index_header = ["corpus index", "passages", "built in", "reopened in", "peak RSS", "corpus", "index"]
+        parts += [_table(index_header, index_rows), ""]
+    parts += [
+        _table(header, rows),
+        "",
+        f"Targets: peak RSS a rank ≤ {targets['peak_rss_bytes'] / 2**30:.0f} GiB at 10M pairs; with 2 ranks "
+        f"≤ {targets['two_ranks_vs_one']}x the 1-rank figure.",
+    ]
+    return "\n".join(parts)
 
 
 # --- serving (``python -m benchmarks.load``) ---------------------------------------------------------------------

@@ -285,9 +285,9 @@ def measure_loader(folder: Path, cache_dir: Path, workers: int, batches: int, se
     }
 
 
-def _measure_in_process(what: str, **options: Any) -> dict[str, Any]:
-    """Run one measurement in a fresh interpreter; its JSON result."""
-    command = [sys.executable, "-m", "benchmarks.scale", "measure", what, json.dumps(options, default=str)]
+def _measure_in_process(what: str, module: str = "benchmarks.scale", **options: Any) -> dict[str, Any]:
+    """Run one measurement of ``module`` (its ``measure WHAT OPTIONS``) in a fresh interpreter; its JSON result."""
+    command = [sys.executable, "-m", module, "measure", what, json.dumps(options, default=str)]
     done = subprocess.run(command, capture_output=True, text=True, cwd=CHECKOUT, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"{what} failed:\n{done.stderr[-3000:]}")
