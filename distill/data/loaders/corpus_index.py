@@ -7,19 +7,23 @@ size and modification time, its layout and whether mojibake is repaired):
 - ``texts.bin``: every passage's cleaned text (UTF-8), one after another;
 - ``ids.bin``: every docid (UTF-8), one after another;
 - ``table.npy``: a row per record, sorted by (XXH3-64 of the docid, line): the hash, where its docid and text are
-  (byte offset and length of each), its line and its state (kept, bad where needed, or a repeat);
-- ``index.json``: the source, the record count, and the lines that are bad wherever they are (a TSV line
-  without a tab, a JSONL record without an id), replayed into the bad-input policy each time it is opened.
+  (byte offset and length of each), its line and its state (kept, or bad where its docid is needed);
+- ``index.json``: the record count, the reasons of the bad records, the lines that are bad wherever they are (a TSV
+  line without a tab, a JSONL record without an id: replayed into the bad-input policy each time the index is
+  opened) and the XXH3-128 checksum of each file (:mod:`distill.core.checksums`).
 
-Reopening maps the table (no read of the corpus); a lookup is a binary search of the table, a comparison of the
-docid's bytes and one ``pread`` of its text. The build holds about 40 bytes a record (the table's columns), not
-the texts. Several processes (ranks, nodes on a shared cache) build it once: a file lock, and a rename into place.
+Reopening checks the files against their checksums (an index changed since it was written is deleted, with one
+warning line, and built again) and maps the table; a lookup is a binary search of the table, a comparison of the
+docid's bytes and one ``pread`` of its text. The build holds about 40 bytes a record (the table's columns), not the
+texts. Several processes (ranks, nodes on a shared cache) build it once: a file lock, and a rename into place.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
+import shutil
 from array import array
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,11 +32,16 @@ import numpy as np
 import xxhash
 from filelock import FileLock
 
+from distill.core.checksums import file_checksum
 from distill.data.loaders._common import BadInput, TextRecord
 from distill.model.resolver import cache_home
 
+log = logging.getLogger(__name__)
+
 VERSION = 1
 """The layout of an index folder; a new layout builds anew."""
+FILES = ("texts.bin", "ids.bin", "table.npy")
+"""The index's data files, each checked against its checksum when opened."""
 KEPT, BAD = 0, 1
 """A record's state: its text is kept, or it is bad input where its docid is needed (its reason in ``index.json``)."""
 TABLE = np.dtype(
@@ -134,17 +143,28 @@ class CorpusIndex:
 
 def open_index(folder: Path, source: Path | str, records: Iterator[TextRecord]) -> CorpusIndex:
     """The index in ``folder`` of the corpus ``source`` (named in messages), built from ``records`` (the corpus in
-    order, read only if the cache has no index yet); every process waits for one build.
+    order, read only where the cache has no whole index); every process waits for one build.
 
     Raises:
         InputError: the corpus is malformed beyond the bad-input policy (such as a JSONL line that is not JSON).
     """
-    if not (folder / "index.json").is_file():
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        with FileLock(str(folder) + ".lock"):
-            if not (folder / "index.json").is_file():
-                build_index(records, folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(folder) + ".lock"):
+        if (folder / "index.json").is_file() and not _whole(folder):
+            log.warning("corpus index: %s does not match its checksums (changed since it was written): rebuilt", folder)
+            shutil.rmtree(folder)
+        if not (folder / "index.json").is_file():
+            build_index(records, folder)
     return CorpusIndex(folder, source)
+
+
+def _whole(folder: Path) -> bool:
+    """Whether every data file of the index in ``folder`` matches the checksum its ``index.json`` records."""
+    checksums = json.loads((folder / "index.json").read_text()).get("checksums", {})
+    try:
+        return all(file_checksum(folder / name) == checksums.get(name) for name in FILES)
+    except OSError:
+        return False
 
 
 def build_index(records: Iterator[TextRecord], folder: Path) -> None:
@@ -197,5 +217,12 @@ def _build(records: Iterator[TextRecord], tmp: Path) -> None:
     del hashes, lines, id_lens, text_lens, states
     table = table[np.lexsort((table["line"], table["hash"]))]
     np.save(tmp / "table.npy", table)
-    meta = {"version": VERSION, "records": len(table), "always_bad": always_bad, "reasons": reasons}
+    checksums = {name: file_checksum(tmp / name) for name in FILES}
+    meta = {
+        "version": VERSION,
+        "records": len(table),
+        "always_bad": always_bad,
+        "reasons": reasons,
+        "checksums": checksums,
+    }
     (tmp / "index.json").write_text(json.dumps(meta))

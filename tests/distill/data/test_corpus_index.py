@@ -82,6 +82,41 @@ def test_the_index_is_built_once_and_reopened_without_reading_the_corpus(tmp_pat
         assert index.get("d1", BadInput("error")) == "one, changed"
 
 
+def test_processes_opening_a_new_index_at_once_build_it_once(tmp_path: Path, cache: Path) -> None:
+    path = tmp_path / "corpus.tsv"
+    path.write_text("".join(f"d{i}\tpassage {i}\n" for i in range(50_000)))
+    code = (
+        "import sys; from pathlib import Path; from distill.data.loaders._common import BadInput;"
+        "from distill.data.loaders.trec import open_corpus;"
+        "index = open_corpus(Path(sys.argv[1]), BadInput('error'), True);"
+        "print(index.get('d49999', BadInput('error')), index.folder)"
+    )
+    env = {**os.environ, "CIS_DISTILL_CACHE": str(cache)}
+    procs = [
+        subprocess.Popen([sys.executable, "-c", code, str(path)], stdout=subprocess.PIPE, text=True, env=env)
+        for _ in range(3)
+    ]
+    outs = [p.communicate()[0].split() for p in procs]
+    assert all(p.returncode == 0 for p in procs)
+    assert {tuple(out) for out in outs} == {("passage", "49999", str(file_index_folder(path, "tsv", True)))}
+    assert [p.name for p in (cache / "corpus").iterdir() if p.is_dir()] == [file_index_folder(path, "tsv", True).name]
+
+
+def test_an_index_changed_since_it_was_written_is_built_again(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "corpus.tsv"
+    path.write_text("".join(f"d{i}\tpassage number {i}\n" for i in range(1000)))
+    with open_corpus(path, BadInput("error"), True) as index:
+        texts = index.folder / "texts.bin"
+    with texts.open("r+b") as f:  # a zeroed block
+        f.seek(100)
+        f.write(bytes(64))
+    with open_corpus(path, BadInput("error"), True) as index:
+        assert [index.get(f"d{i}", BadInput("error")) for i in range(1000)] == [
+            f"passage number {i}" for i in range(1000)
+        ]
+    assert "does not match its checksums" in caplog.text and str(index.folder) in caplog.text
+
+
 def test_bad_lines_are_reported_as_a_read_of_the_file_reports_them(tmp_path: Path) -> None:
     path = tmp_path / "corpus.tsv"
     path.write_text(
