@@ -8,6 +8,7 @@ size and modification time, its layout and whether mojibake is repaired):
 - ``ids.bin``: every docid (UTF-8), one after another;
 - ``table.npy``: a row per record, sorted by (XXH3-64 of the docid, line): the hash, where its docid and text are
   (byte offset and length of each), its line and its state (kept, or bad where its docid is needed);
+- ``hashes.npy``: the table's hashes again, contiguous, for the binary search;
 - ``index.json``: the record count, the reasons of the bad records, the lines that are bad wherever they are (a TSV
   line without a tab, a JSONL record without an id: replayed into the bad-input policy each time the index is
   opened) and the XXH3-128 checksum of each file (:mod:`distill.core.checksums`).
@@ -38,9 +39,9 @@ from distill.model.resolver import cache_home
 
 log = logging.getLogger(__name__)
 
-VERSION = 1
+VERSION = 2
 """The layout of an index folder; a new layout builds anew."""
-FILES = ("texts.bin", "ids.bin", "table.npy")
+FILES = ("texts.bin", "ids.bin", "table.npy", "hashes.npy")
 """The index's data files, each checked against its checksum when opened."""
 KEPT, BAD = 0, 1
 """A record's state: its text is kept, or it is bad input where its docid is needed (its reason in ``index.json``)."""
@@ -85,7 +86,7 @@ class CorpusIndex:
         self.always_bad: list[tuple[int, str]] = [tuple(x) for x in meta["always_bad"]]
         self.reasons: dict[int, str] = {int(k): v for k, v in meta["reasons"].items()}
         self.table = np.load(folder / "table.npy", mmap_mode="r")
-        self._hashes = self.table["hash"]
+        self._hashes = np.load(folder / "hashes.npy", mmap_mode="r")
         self._ids = os.open(folder / "ids.bin", os.O_RDONLY)
         self._texts = os.open(folder / "texts.bin", os.O_RDONLY)
         self._reported: set[str] = set()
@@ -139,6 +140,28 @@ class CorpusIndex:
             for where, reason in problems:
                 bad(where, reason)
         return text
+
+    def get_many(self, docids: list[str], bad: BadInput) -> list[str | None]:
+        """:meth:`get` of each of ``docids``: one binary search for all, and where a docid has one good record (the
+        rule), two reads (its docid, to compare, and its text)."""
+        if not docids or not len(self._hashes):
+            return [None] * len(docids)
+        keys = [docid.encode() for docid in docids]
+        hashes = np.fromiter(map(docid_hash, keys), np.uint64, len(keys))
+        last = len(self._hashes) - 1
+        at = np.minimum(np.searchsorted(self._hashes, hashes), last)
+        rows = self.table[at]
+        found = rows["hash"] == hashes
+        alone = found & (rows["state"] == KEPT) & ((at == last) | (self._hashes[np.minimum(at + 1, last)] != hashes))
+        id_start, id_len = rows["id_start"].tolist(), rows["id_len"].tolist()
+        text_start, text_len = rows["text_start"].tolist(), rows["text_len"].tolist()
+        out: list[str | None] = []
+        for i, (docid, key) in enumerate(zip(docids, keys, strict=True)):
+            if alone[i] and os.pread(self._ids, id_len[i], id_start[i]) == key:
+                out.append(os.pread(self._texts, text_len[i], text_start[i]).decode())
+            else:
+                out.append(self.get(docid, bad) if found[i] else None)
+        return out
 
 
 def open_index(folder: Path, source: Path | str, records: Iterator[TextRecord]) -> CorpusIndex:
@@ -217,6 +240,7 @@ def _build(records: Iterator[TextRecord], tmp: Path) -> None:
     del hashes, lines, id_lens, text_lens, states
     table = table[np.lexsort((table["line"], table["hash"]))]
     np.save(tmp / "table.npy", table)
+    np.save(tmp / "hashes.npy", np.ascontiguousarray(table["hash"]))
     checksums = {name: file_checksum(tmp / name) for name in FILES}
     meta = {
         "version": VERSION,

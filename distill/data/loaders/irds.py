@@ -97,7 +97,7 @@ def docs_lookup(dataset: Any, spec: str, repair: bool) -> Callable[[list[str]], 
     )
     index = open_index(index_folder("irds", [spec, repair]), spec, records)
     bad = BadInput("error")  # an index of a docs iterator has no bad records
-    return lambda docids: {d: text for d in docids if (text := index.get(d, bad)) is not None}
+    return lambda docids: {d: t for d, t in zip(docids, index.get_many(docids, bad), strict=True) if t is not None}
 
 
 def stream_irds(spec: str, depth: int, bad: BadInput, repair: bool) -> Iterator[Candidates]:

@@ -291,11 +291,12 @@ def run_candidates(
     with open_corpus(corpus_path, bad, repair) as corpus:
         for qid, query_lines in lines:
             builder = CandidatesBuilder(bad)
-            for r in query_lines:
+            texts = corpus.get_many([r.docid for r in query_lines], bad) if qid in queries else []
+            for r, text in zip(query_lines, texts or [None] * len(query_lines), strict=True):
                 where = f"{source}:{r.lineno}"
                 if qid not in queries:
                     bad(where, f"qid {qid} not found in {queries_path}")
-                elif (text := corpus.get(r.docid, bad)) is None:
+                elif text is None:
                     bad(where, f"docid {r.docid} not found in {corpus_path}")
                 else:
                     builder.add(where, qid, queries[qid], r.docid, text, r.score)

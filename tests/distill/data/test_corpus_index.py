@@ -48,6 +48,7 @@ def test_every_passage_of_a_real_corpus_is_found_as_a_read_of_the_file_gives_it(
         assert index.records == len(expected)
         assert {docid: index.get(docid, BadInput("error")) for docid in expected} == expected
         assert index.get("no-such-docid", BadInput("error")) is None
+        assert index.get_many([*expected, "no-such-docid"], BadInput("error")) == [*expected.values(), None]
 
 
 def test_the_index_is_built_once_and_reopened_without_reading_the_corpus(tmp_path: Path) -> None:
@@ -144,6 +145,10 @@ def test_bad_lines_are_reported_as_a_read_of_the_file_reports_them(tmp_path: Pat
     reference = BadInput("skip")
     read_corpus(path, reference, True, needed={"d1", "d2", "d3"})
     assert reference.skipped == bad.skipped
+    many = BadInput("skip")
+    with open_corpus(path, many, True) as index:
+        assert index.get_many(["d3", "d1", "d2", "d9"], many) == ["three", "one", None, None]
+    assert many.skipped == bad.skipped
 
 
 def test_a_corpus_that_is_not_json_lines_leaves_no_index(tmp_path: Path, cache: Path) -> None:
