@@ -1024,7 +1024,7 @@ def page_scale(links: Links) -> str:
             pk_cache_table(r),
             "",
         ]
-    for path in sorted(p for p in result_files() if re.fullmatch(r"scale-cpu[^/]*/teacher-input\.json", p)):
+    for path in sorted(p for p in result_files() if re.fullmatch(r"scale-cpu[^/]*/teacher-input[^/]*\.json", p)):
         r = load(path)
         parts += [
             f"## The teacher's input pass: {links(path)}",

@@ -1,8 +1,10 @@
 """The teacher stage: score every (query, candidate) pair with a causal LM and save triplets.
 
-Work is cut into deterministic chunks (passages for log p(K), then pairs), chunk ``i`` going
-to process ``i mod world_size``. Each chunk is scored as one unit and written atomically under
-its checksum (:mod:`distill.stages.teach_chunks`; a damaged one is scored again), so
+Work is cut into deterministic chunks, the same whatever the number of processes: pair chunk ``j`` goes to process
+``j mod world_size``, which keeps only those pairs (:class:`~distill.stages.teach_input.Share`); the distinct passages
+are hashed into buckets (their number a function of the input alone), each bucket's cut into chunks in order of
+first appearance, and bucket ``b`` goes to process ``b mod world_size``. Each chunk is scored as one unit, and a pair
+chunk written atomically under its checksum (:mod:`distill.stages.teach_chunks`; a damaged one is scored again), so
 
 - one process and N processes (``accelerate launch``) produce the same dataset;
 - after a crash or ``kill -9``, the same command resumes and gives the same dataset as an
