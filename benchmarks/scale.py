@@ -187,7 +187,7 @@ def measure_teacher_input(lines: Path, rows: Path) -> dict[str, Any]:
     baseline = _rss_bytes()
     _reset_vm_hwm()
     start = time.perf_counter()
-    candidates, skipped = candidate_stream(InputOptions([str(lines)]))
+    candidates, skipped = candidate_stream(InputOptions([str(lines)]), rows.with_name(rows.name + ".join"))
     summary = write_pair_rows(candidates, skipped, rows, None, str(lines))
     seconds = time.perf_counter() - start
     peak = _vm_hwm_bytes() or 0

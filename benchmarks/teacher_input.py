@@ -148,7 +148,7 @@ def measure_pass(options: dict[str, str], rank: int, ranks: int, rows: Path) -> 
     _reset_vm_hwm()
     start = time.perf_counter()
     config = InputOptions(input=[options["input"]], **{k: v for k, v in options.items() if k != "input"})
-    candidates, skipped = candidate_stream(config)
+    candidates, skipped = candidate_stream(config, rows.with_name(rows.name + ".join"))
     summary = write_pair_rows(candidates, skipped, rows, None, options["input"], Share(rank, ranks, CHUNK_SIZE))
     seconds = time.perf_counter() - start
     peak = _vm_hwm_bytes() or 0

@@ -51,6 +51,20 @@ class Candidates:
     passages: list[Passage]
     scores: list[float]
 
+    @classmethod
+    def join(cls, lists: list[Candidates]) -> Candidates:
+        """One query's candidate ``lists`` (from several inputs) as one: in list order, each docid once (the
+        first), with the first list's query."""
+        joined = cls(lists[0].query, [], [])
+        seen: set[str] = set()
+        for cands in lists:
+            for passage, score in zip(cands.passages, cands.scores, strict=True):
+                if passage.docid not in seen:
+                    seen.add(passage.docid)
+                    joined.passages.append(passage)
+                    joined.scores.append(score)
+        return joined
+
 
 Qrels = dict[str, dict[str, int]]
 """qid -> docid -> graded relevance (0 = judged irrelevant)."""
@@ -78,22 +92,17 @@ class RerankingData:
         """
         if len(parts) == 1:
             return parts[0]
-        by_qid: dict[str, Candidates] = {}
-        seen: set[tuple[str, str]] = set()
+        by_qid: dict[str, list[Candidates]] = {}
         qrels: Qrels = {}
         skipped: Counter[str] = Counter()
         for part in parts:
             for cands in part.candidates:
-                joined = by_qid.setdefault(cands.query.qid, Candidates(cands.query, [], []))
-                for passage, score in zip(cands.passages, cands.scores, strict=True):
-                    if (cands.query.qid, passage.docid) not in seen:
-                        seen.add((cands.query.qid, passage.docid))
-                        joined.passages.append(passage)
-                        joined.scores.append(score)
+                by_qid.setdefault(cands.query.qid, []).append(cands)
             for qid, judged in part.qrels.items():
                 qrels[qid] = {**judged, **qrels.get(qid, {})}
             skipped.update(part.skipped)
-        return cls(" + ".join(p.source for p in parts), list(by_qid.values()), qrels, skipped)
+        joined = [Candidates.join(lists) for lists in by_qid.values()]
+        return cls(" + ".join(p.source for p in parts), joined, qrels, skipped)
 
     def first_stage_run(self) -> dict[str, dict[str, float]]:
         """The input ranking as a run: qid -> docid -> first-stage score."""

@@ -250,7 +250,7 @@ def teach(cfg: TeachConfig) -> TeachReport:
     # Each process reads all of the inputs, so that a bad record stops every process alike, and keeps its share.
     share = Share(state.process_index, state.num_processes, cfg.chunk_size)
     rows_folder = _rows_folder(output, share.rank)
-    candidates, skipped = candidate_stream(cfg)
+    candidates, skipped = candidate_stream(cfg, rows_folder.with_name(rows_folder.name + ".join"))
     write_pair_rows(candidates, skipped, rows_folder, cfg.max_queries, ", ".join(cfg.input), share)
     pairs = PairRows(rows_folder)
     try:

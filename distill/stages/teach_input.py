@@ -1,8 +1,8 @@
 """The teacher stage's input: every (query, candidate) pair, read a query at a time; a process's share into a row
 file on disk.
 
-Every process reads the inputs once, as a stream of candidate lists (one input a query at a time, in every format but
-multi-hop QA; several inputs whole, to join them), and the pairs of its :class:`Share` written in input order to an
+Every process reads the inputs once, as a stream of candidate lists (a query at a time, in every format; several
+inputs joined through files on disk), and the pairs of its :class:`Share` written in input order to an
 Arrow file of fixed-size record batches, while the digest of every row (the fingerprint's ``input``) is computed. The
 stage then reads the rows it needs a batch at a time, with plain reads: no list of the pairs is ever held, and memory
 stays flat in the number of pairs (but for the distinct query texts, and the ids of the queries seen, which a stream
@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from distill.core.schema import Candidates, InputError, RerankingData
-from distill.data.loaders import OnBadInput, load_candidates, open_candidates
+from distill.core.schema import Candidates, InputError
+from distill.data.loaders import OnBadInput, join_streams, open_candidates
 
 ROWS_PER_BATCH = 1024
 """Pairs per record batch of the row file: the unit it is read in."""
@@ -62,10 +62,10 @@ class InputOptions:
     """Repair MS MARCO's mojibake (``â\\x80\\x99`` for ``’``) where ``latin-1 -> utf-8`` decodes."""
 
 
-def candidate_stream(options: InputOptions) -> tuple[Iterator[Candidates], Counter[str]]:
-    """The candidate lists of the inputs, a query at a time, and the counter of bad records skipped (filled as the
-    stream is read). One input is streamed (:func:`~distill.data.loaders.open_candidates`); several are loaded
-    whole and joined, each (qid, docid) pair once."""
+def candidate_stream(options: InputOptions, scratch: Path) -> tuple[Iterator[Candidates], Counter[str]]:
+    """The candidate lists of the inputs, a query at a time (:func:`~distill.data.loaders.open_candidates`), and the
+    counter of bad records skipped (filled as the stream is read). Several inputs are joined, each (qid, docid) pair
+    once, through files under ``scratch`` (:func:`~distill.data.loaders.join_streams`)."""
     kwargs = {
         "queries": options.queries,
         "corpus": options.corpus,
@@ -74,11 +74,9 @@ def candidate_stream(options: InputOptions) -> tuple[Iterator[Candidates], Count
         "on_bad_input": options.on_bad_input,
         "repair_mojibake": options.repair_mojibake,
     }
-    if len(options.input) == 1:
-        stream = open_candidates(options.input[0], **kwargs)
-        return stream.candidates, stream.skipped
-    data = RerankingData.union([load_candidates(path, **kwargs) for path in options.input])
-    return iter(data.candidates), data.skipped
+    streams = [open_candidates(path, **kwargs) for path in options.input]
+    stream = streams[0] if len(streams) == 1 else join_streams(streams, scratch)
+    return stream.candidates, stream.skipped
 
 
 @dataclass(frozen=True)

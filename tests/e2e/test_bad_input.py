@@ -448,7 +448,7 @@ def test_the_shipped_teacher_data_are_up_to_date_before_their_teacher_loads(monk
         cfg = parse_config(teach.TeachConfig, ["--config", f"configs/teach/{name}.yaml"], "distill teach")
         rows = Path(f".{name}.pairs-test{os.getpid()}")
         try:
-            write_pair_rows(*candidate_stream(cfg), rows, cfg.max_queries, name)
+            write_pair_rows(*candidate_stream(cfg, rows.with_name(rows.name + ".join")), rows, cfg.max_queries, name)
             pairs = PairRows(rows)
             digest = pairs.summary.digest
             pairs.close()

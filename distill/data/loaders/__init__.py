@@ -13,22 +13,24 @@
 
 from __future__ import annotations
 
+import json
+import shutil
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
 
-from distill.core.schema import Candidates, InputError, Qrels, RerankingData
-from distill.data.loaders._common import BadInput, OnBadInput, iter_json_list, iter_jsonl, read_json
+from distill.core.schema import Candidates, InputError, Passage, Qrels, Query, RerankingData
+from distill.data.loaders._common import BadInput, OnBadInput, json_entries
 from distill.data.loaders.beir import is_beir_dir, load_beir
 from distill.data.loaders.irds import DEFAULT_DEPTH, irds_qrels, is_irds, stream_irds
-from distill.data.loaders.multihop import is_multihop, load_multihop
+from distill.data.loaders.multihop import is_multihop, stream_multihop
 from distill.data.loaders.qrels import load_qrels
 from distill.data.loaders.rank_llm import is_rank_llm, stream_rank_llm
 from distill.data.loaders.trec import stream_trec_run
 
-__all__ = ["CandidateStream", "load_candidates", "load_qrels", "open_candidates"]
+__all__ = ["CandidateStream", "join_streams", "load_candidates", "load_qrels", "open_candidates"]
 
 
 @dataclass
@@ -103,8 +105,8 @@ def open_candidates(
         InputError: the input is missing or of no known layout (on opening); a bad record under ``"error"`` (as
             the candidates are read).
 
-    A rank_llm list or JSON-lines file, a TREC run, a BEIR folder and an ``irds:`` dataset are read a query at a
-    time (a corpus through its index, :mod:`.corpus_index`); a multi-hop QA file is read whole.
+    Every input is read a query at a time (a corpus through its index, :mod:`.corpus_index`); a source's qrels
+    that come with its candidates (multi-hop QA) fill ``qrels`` as they are read.
     """
     bad = BadInput(on_bad_input)
     override = load_qrels(Path(qrels)) if qrels else None
@@ -120,13 +122,11 @@ def open_candidates(
             raise InputError(f"{path}: a directory input must be a BEIR folder with corpus.jsonl and queries.jsonl")
         candidates, source_qrels = load_beir(path, Path(run) if run else None, bad, repair_mojibake)
     elif path.suffix in (".json", ".jsonl"):
-        first = list(islice(iter_json_list(path) if path.suffix == ".json" else (r for _, r in iter_jsonl(path)), 1))
+        first = [entry for _, entry in islice(json_entries(path), 1)]
         if is_rank_llm(first):
             candidates = stream_rank_llm(path, bad, repair_mojibake)
         elif is_multihop(first):
-            data = read_json(path) if path.suffix == ".json" else [record for _, record in iter_jsonl(path)]
-            loaded, source_qrels = load_multihop(path, data, bad, repair_mojibake)
-            candidates = iter(loaded)
+            candidates = stream_multihop(path, bad, repair_mojibake, source_qrels)
         else:
             raise InputError(
                 f"{path}: unknown JSON layout: expected a list of rank_llm {{query, hits}} entries "
@@ -137,3 +137,45 @@ def open_candidates(
             raise InputError(f"{path}: a TREC run file needs --queries and --corpus")
         candidates = stream_trec_run(path, Path(queries), Path(corpus), bad, repair_mojibake)
     return CandidateStream(str(path), candidates, override or source_qrels, bad.skipped)
+
+
+def join_streams(streams: list[CandidateStream], scratch: Path) -> CandidateStream:
+    """Several inputs' candidates as one stream: each query's lists joined in input order, each docid once
+    (:meth:`~distill.core.schema.Candidates.join`), queries in order of first appearance. Every stream is read once
+    into a JSON-lines file under ``scratch`` (made, and deleted when the stream ends), a query a line; then each
+    query's lines are read back. What is held is where each query's lines are, not its candidates. The qrels are
+    joined (the first input wins on a conflict); ``skipped`` is filled once every input is read."""
+    qrels: Qrels = {}
+    for stream in streams:
+        for qid, judged in stream.qrels.items():
+            qrels[qid] = {**judged, **qrels.get(qid, {})}
+    skipped: Counter[str] = Counter()
+    source = " + ".join(stream.source for stream in streams)
+    return CandidateStream(source, _joined(streams, scratch, skipped), qrels, skipped)
+
+
+def _joined(streams: list[CandidateStream], scratch: Path, skipped: Counter[str]) -> Iterator[Candidates]:
+    scratch.mkdir(parents=True, exist_ok=True)
+    places: dict[str, list[tuple[int, int]]] = {}
+    try:
+        for part, stream in enumerate(streams):
+            with (scratch / f"{part}.jsonl").open("wb") as f:
+                for c in stream.candidates:
+                    places.setdefault(c.query.qid, []).append((part, f.tell()))
+                    record = [c.query.qid, c.query.text, [[p.docid, p.text] for p in c.passages], c.scores]
+                    f.write(json.dumps(record).encode() + b"\n")
+            skipped.update(stream.skipped)
+        files = [(scratch / f"{part}.jsonl").open("rb") for part in range(len(streams))]
+        try:
+            for where in places.values():
+                lists = []
+                for part, offset in where:
+                    files[part].seek(offset)
+                    qid, text, passages, scores = json.loads(files[part].readline())
+                    lists.append(Candidates(Query(qid, text), [Passage(d, t) for d, t in passages], scores))
+                yield Candidates.join(lists)
+        finally:
+            for f in files:
+                f.close()
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)

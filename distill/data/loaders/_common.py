@@ -1,4 +1,4 @@
-"""What every loader shares: the bad-input policy, text repair and JSON reading."""
+"""What every loader shares: the bad-input policy, text repair, and JSON read a record at a time."""
 
 from __future__ import annotations
 
@@ -59,21 +59,18 @@ def clean_text(text: str, repair: bool) -> str:
     return (repair_mojibake(text) if repair else text).strip()
 
 
-def read_json(path: Path) -> Any:
-    """Parse a JSON file; a syntax error names the file, line and column."""
-    try:
-        with path.open(encoding="utf-8") as f:
-            return json.load(f)
-    except json.JSONDecodeError as e:
-        raise InputError(f"{path}:{e.lineno}:{e.colno}: malformed JSON: {e.msg}") from None
-    except UnicodeDecodeError as e:
-        raise InputError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+def iter_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
+    """Yield ``(line_number, record)`` for each non-blank line of a JSON-lines file.
 
-
-def iter_jsonl(path: Path):
-    """Yield ``(line_number, record)`` for each non-blank line of a JSON-lines file."""
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
+    Raises:
+        InputError: a line is not JSON, or not UTF-8 (naming the line).
+    """
+    with path.open("rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise InputError(f"{path}:{lineno}: not UTF-8 text ({e.reason} at byte {e.start})") from None
             if not line.strip():
                 continue
             try:
@@ -173,6 +170,14 @@ def iter_json_list(path: Path) -> Iterator[Any]:
                 raise window.error(window.pos, "Extra data")
     except UnicodeDecodeError as e:
         raise InputError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+
+
+def json_entries(path: Path) -> Iterator[tuple[str, Any]]:
+    """``(where, entry)`` for each entry of a JSON list (``file: entry [i]``) or JSON-lines file (``file:line``),
+    read an entry at a time."""
+    if path.suffix == ".jsonl":
+        return ((f"{path}:{lineno}", entry) for lineno, entry in iter_jsonl(path))
+    return ((f"{path}: entry [{i}]", entry) for i, entry in enumerate(iter_json_list(path)))
 
 
 class CandidatesBuilder:

@@ -5,7 +5,8 @@ position ``k`` has first-stage score ``-k``); its supporting paragraphs are rele
 the others not (grade 0). A question without supporting-paragraph labels (a hidden test set) gets
 candidates but no qrels.
 
-Layouts (one JSON list of questions):
+Layouts (one JSON list of questions, or JSON lines of one question each), read a question at a time
+(:func:`stream_multihop`):
 
 - HotpotQA, 2WikiMultihopQA: ``{"_id" (or "id"), "question", "context": [[title, [sentence, ...]], ...],
   "supporting_facts": [[title, sentence_index], ...]}``, or the Hugging Face ``datasets`` variant with
@@ -25,12 +26,13 @@ whitespace, the sentences are joined with ``" "`` instead.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
 from distill.core.schema import Candidates, Qrels
-from distill.data.loaders._common import BadInput, CandidatesBuilder, clean_text, iter_jsonl, read_json, require
+from distill.data.loaders._common import BadInput, CandidatesBuilder, clean_text, json_entries, require
 
 
 class _Skip(Exception):
@@ -54,18 +56,17 @@ def is_multihop(data: object) -> bool:
 
 def is_multihop_file(path: Path) -> bool:
     """Whether ``path`` is a multi-hop QA file (``.json`` list or ``.jsonl`` lines; judged by its first question)."""
-    if path.suffix == ".jsonl":
-        first = next(iter_jsonl(path), None)
-        return first is not None and is_multihop([first[1]])
-    return path.suffix == ".json" and is_multihop(read_json(path))
+    if path.suffix not in (".json", ".jsonl"):
+        return False
+    first = next(json_entries(path), None)
+    return first is not None and is_multihop([first[1]])
 
 
-def load_multihop(path: Path, data: list, bad: BadInput, repair: bool) -> tuple[list[Candidates], Qrels]:
-    """Candidates and qrels from a list of multi-hop questions (``data``, read from ``path``)."""
-    builder = CandidatesBuilder(bad)
-    qrels: Qrels = {}
-    for i, entry in enumerate(data):
-        where = f"{path}: entry [{i}]"
+def stream_multihop(path: Path, bad: BadInput, repair: bool, qrels: Qrels) -> Iterator[Candidates]:
+    """The candidates of a file of multi-hop questions, a question at a time, each question's qrels added to
+    ``qrels`` as it is read (and the ids of the questions seen held, to refuse one that comes back)."""
+    seen: dict[str, str] = {}
+    for where, entry in json_entries(path):
         question = require(entry, "question", where, bad)
         if question is None:
             continue
@@ -78,13 +79,17 @@ def load_multihop(path: Path, data: list, bad: BadInput, repair: bool) -> tuple[
             query = clean_text(str(question), repair)
             if not query:
                 _skip(bad, where, f"empty question text for id {qid}")
+            if qid in seen:
+                _skip(bad, where, f"qid {qid} already had its candidates at {seen[qid]}")
         except _Skip:
             continue
+        seen[qid] = where
+        builder = CandidatesBuilder(bad)
         for k, p in enumerate(paragraphs):
             builder.add(p.where, qid, query, p.docid, _passage_text(p.title, p.body, repair), float(-k))
             if p.relevant is not None:
                 qrels.setdefault(qid, {})[p.docid] = int(p.relevant)
-    return builder.build(), qrels
+        yield from builder.build()
 
 
 def _passage_text(title: str, body: str, repair: bool) -> str:

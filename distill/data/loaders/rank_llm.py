@@ -8,19 +8,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from distill.core.schema import Candidates
-from distill.data.loaders._common import BadInput, CandidatesBuilder, clean_text, iter_json_list, iter_jsonl, require
+from distill.data.loaders._common import BadInput, CandidatesBuilder, clean_text, json_entries, require
 
 
 def is_rank_llm(data: object) -> bool:
     return isinstance(data, list) and bool(data) and isinstance(data[0], dict) and "hits" in data[0]
-
-
-def entries(path: Path) -> Iterator[tuple[str, object]]:
-    """``(where, entry)`` for each entry of a JSON list (``file: entry [i]``) or JSON-lines file (``file:line``), read
-    an entry at a time."""
-    if path.suffix == ".jsonl":
-        return ((f"{path}:{lineno}", entry) for lineno, entry in iter_jsonl(path))
-    return ((f"{path}: entry [{i}]", entry) for i, entry in enumerate(iter_json_list(path)))
 
 
 def stream_rank_llm(path: Path, bad: BadInput, repair: bool) -> Iterator[Candidates]:
@@ -28,7 +20,7 @@ def stream_rank_llm(path: Path, bad: BadInput, repair: bool) -> Iterator[Candida
     (and the ids of the queries seen, to refuse one that comes back in a later entry: its candidates could not be
     joined without holding them all)."""
     seen: dict[str, str] = {}
-    for where, entry in entries(path):
+    for where, entry in json_entries(path):
         builder = CandidatesBuilder(bad)
         _add_entry(builder, entry, where, bad, repair)
         for candidates in builder.build():

@@ -91,14 +91,6 @@ def iter_lines(path: Path) -> Iterator[tuple[int, str]]:
                 yield lineno, line
 
 
-def iter_records(path: Path) -> Iterator[tuple[int, Any]]:
-    """:func:`iter_jsonl`, with a decoding error named as :class:`InputError`."""
-    try:
-        yield from iter_jsonl(path)
-    except UnicodeDecodeError as e:
-        raise InputError(f"{path}: not UTF-8 text ({e.reason})") from None
-
-
 def passage_text(title: str, text: str, repair: bool) -> str:
     """``text``, after its title where there is a non-empty one."""
     title, text = clean_text(title, repair), clean_text(text, repair)
@@ -191,7 +183,7 @@ def text_records(
     one of ``text_keys`` and an optional ``title``), texts cleaned; a bad one says why."""
     titled = id_keys == DOC_ID_KEYS
     if is_jsonl(path):
-        for lineno, record in iter_records(path):
+        for lineno, record in iter_jsonl(path):
             key, reason = _first_field(record, id_keys)
             if key is None:
                 yield TextRecord(lineno, None, None, reason)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from distill.core.schema import InputError, Query, RerankingData
-from distill.data.loaders import _common, load_candidates, load_qrels, open_candidates
+from distill.data.loaders import _common, join_streams, load_candidates, load_qrels, open_candidates
 from distill.data.loaders._common import repair_mojibake
 
 DATA = Path(__file__).resolve().parents[3] / "data"
@@ -85,6 +85,35 @@ def test_a_query_that_comes_back_in_a_later_list_entry_is_named(tmp_path: Path) 
         load_candidates(path)
     skipped = load_candidates(path, on_bad_input="skip")
     assert len(skipped.candidates) == 3 and sum(skipped.skipped.values()) == 1
+
+
+def test_several_inputs_are_joined_a_query_at_a_time_through_files(tmp_path: Path) -> None:
+    entries = json.loads(shipped(DL19 / "bm25_top100.json").read_text())
+    first = write(tmp_path / "a.jsonl", "".join(json.dumps(e) + "\n" for e in entries[:3]))
+    # The second input repeats query 1 (its last 30 hits and 5 new ones) and adds query 3.
+    again = {"query": entries[1]["query"], "hits": entries[1]["hits"][-30:] + entries[5]["hits"][:5]}
+    for hit in again["hits"]:
+        hit["qid"] = entries[1]["hits"][0]["qid"]
+    second = write(tmp_path / "b.json", json.dumps([entries[3], again]))
+    expected = RerankingData.union([load_candidates(first), load_candidates(second)])
+    scratch = tmp_path / "scratch"
+    stream = join_streams([open_candidates(first), open_candidates(second)], scratch)
+    joined = list(stream.candidates)
+    assert joined == expected.candidates and not scratch.exists()
+    assert [len(c.passages) for c in joined] == [100, 105, 100, 100]
+
+
+@pytest.mark.parametrize("suffix", [".json", ".jsonl"])
+def test_a_json_input_that_is_not_utf8_is_named(tmp_path: Path, suffix: str) -> None:
+    entry = json.dumps({"query": "q", "hits": [{"qid": "1", "docid": "d", "content": "x"}]}).encode()
+    path = tmp_path / f"latin1{suffix}"
+    path.write_bytes(
+        b"[" + entry + b",\n" + entry.replace(b'"x"', b'"caf\xe9"') + b"]"
+        if suffix == ".json"
+        else entry + b"\n" + entry.replace(b'"x"', b'"caf\xe9"') + b"\n"
+    )
+    with raises("not UTF-8 text"):
+        load_candidates(path)
 
 
 def test_rank_llm_mojibake_repair() -> None:

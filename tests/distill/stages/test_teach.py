@@ -314,17 +314,15 @@ def as_json_lines(path: Path, out: Path) -> Path:
 def test_a_json_lines_input_is_streamed_to_the_same_dataset(
     tiny_llama: Path, sample_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A rank_llm JSON-lines input is read a line at a time (never loaded whole), into the dataset its JSON list
-    gives: the same rows, the same fingerprint (so either one's output is up to date for the other)."""
+    """A rank_llm JSON list and JSON-lines file are each read an entry at a time (never loaded whole), into the same
+    dataset: the same rows, the same fingerprint (so either one's output is up to date for the other)."""
     from distill.data import loaders
 
-    listed = run_teach(config(tiny_llama, sample_file, tmp_path, output=str(tmp_path / "listed")))
-
     def whole(*args, **kwargs):
-        raise AssertionError("a JSON-lines rank_llm input was loaded whole")
+        raise AssertionError("a rank_llm input was loaded whole")
 
-    monkeypatch.setattr("distill.stages.teach_input.load_candidates", whole)
     monkeypatch.setattr(loaders, "load_candidates", whole)
+    listed = run_teach(config(tiny_llama, sample_file, tmp_path, output=str(tmp_path / "listed")))
     lines = as_json_lines(sample_file, tmp_path / "sample.jsonl")
     streamed = run_teach(config(tiny_llama, lines, tmp_path, output=str(tmp_path / "streamed")))
     assert rows(streamed) == rows(listed)
