@@ -26,6 +26,8 @@ import pyarrow as pa
 from distill.core.schema import Candidates, InputError
 from distill.data.loaders import OnBadInput, join_streams, open_candidates
 
+_json_string = json.encoder.encode_basestring_ascii
+"""A string as ``json.dumps`` writes it (ASCII, escaped, quoted)."""
 ROWS_PER_BATCH = 1024
 """Pairs per record batch of the row file: the unit it is read in."""
 SCHEMA = pa.schema(
@@ -167,8 +169,11 @@ def _write_pair_rows(
             queries += 1
             query = cands.query
             texts[query.text] = None
+            qid, text = _json_string(query.qid), _json_string(query.text)
             for rank, (passage, score) in enumerate(zip(cands.passages, cands.scores, strict=True), start=1):
-                digest.update(json.dumps([query.qid, passage.docid, query.text, passage.text]).encode())
+                # json.dumps([qid, docid, query, passage]), each query's strings encoded once
+                row_json = f"[{qid}, {_json_string(passage.docid)}, {text}, {_json_string(passage.text)}]"
+                digest.update(row_json.encode())
                 if share.owns(pairs):
                     row = (query.qid, passage.docid, query.text, passage.text, rank, score)
                     for name, value in zip(SCHEMA.names, row, strict=True):
