@@ -180,27 +180,11 @@ def rank_llm_lines(teacher_data: Path, path: Path) -> Path:
 
 
 def measure_teacher_input(lines: Path, rows: Path) -> dict[str, Any]:
-    """The teacher stage's input pass over a rank_llm JSON-lines file: read a query at a time into its row file
-    (:mod:`distill.stages.teach_input`): seconds and the process's peak RSS (the stage's imports included)."""
-    from distill.stages.teach_input import InputOptions, candidate_stream, write_pair_rows
+    """The teacher stage's input pass over a rank_llm JSON-lines file, one process
+    (:func:`benchmarks.teacher_input.measure_pass`), and the file's size."""
+    from benchmarks.teacher_input import measure_pass
 
-    baseline = _rss_bytes()
-    _reset_vm_hwm()
-    start = time.perf_counter()
-    candidates, skipped = candidate_stream(InputOptions([str(lines)]), rows.with_name(rows.name + ".join"))
-    summary = write_pair_rows(candidates, skipped, rows, None, str(lines))
-    seconds = time.perf_counter() - start
-    peak = _vm_hwm_bytes() or 0
-    shutil.rmtree(rows, ignore_errors=True)
-    return {
-        "seconds": seconds,
-        "pairs": summary.pairs,
-        "queries": summary.queries,
-        "baseline_rss_bytes": baseline,
-        "peak_rss_bytes": peak,
-        "peak_above_baseline_bytes": peak - baseline,
-        "input_bytes": lines.stat().st_size,
-    }
+    return {**measure_pass({"input": str(lines)}, 0, 1, rows), "input_bytes": lines.stat().st_size}
 
 
 def _rss_bytes() -> int:

@@ -156,6 +156,7 @@ def measure_pass(options: dict[str, str], rank: int, ranks: int, rows: Path) -> 
     return {
         "seconds": seconds,
         "pairs": summary.pairs,
+        "queries": summary.queries,
         "rows": summary.rows,
         "baseline_rss_bytes": baseline,
         "peak_rss_bytes": peak,

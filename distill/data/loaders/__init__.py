@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
+from typing import Any
 
 from distill.core.schema import Candidates, InputError, Passage, Qrels, Query, RerankingData
 from distill.data.loaders._common import BadInput, OnBadInput, json_entries
@@ -44,33 +45,14 @@ class CandidateStream:
     """Reasons for records skipped under ``on_bad_input="skip"``, counted as the candidates are read."""
 
 
-def load_candidates(
-    path: str | Path,
-    *,
-    queries: str | Path | None = None,
-    corpus: str | Path | None = None,
-    run: str | Path | None = None,
-    qrels: str | Path | None = None,
-    on_bad_input: OnBadInput = "error",
-    repair_mojibake: bool = True,
-    depth: int = DEFAULT_DEPTH,
-) -> RerankingData:
+def load_candidates(path: str | Path, **options: Any) -> RerankingData:
     """Read candidate lists (and qrels, where there are any) from ``path``, whole: :func:`open_candidates`'s
-    stream, held.
+    stream (``options`` are its keyword arguments), held.
 
     Raises:
         InputError: as :func:`open_candidates`, or no candidates are left.
     """
-    stream = open_candidates(
-        path,
-        queries=queries,
-        corpus=corpus,
-        run=run,
-        qrels=qrels,
-        on_bad_input=on_bad_input,
-        repair_mojibake=repair_mojibake,
-        depth=depth,
-    )
+    stream = open_candidates(path, **options)
     candidates = list(stream.candidates)
     if not candidates:
         raise InputError(f"{path}: no candidates left to score")
