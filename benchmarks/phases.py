@@ -333,13 +333,26 @@ def met(flag: bool) -> str:
     return "met" if flag else "not met"
 
 
-def write_result(result: dict[str, Any], out: str | Path) -> Path:
-    """Write ``result`` as JSON to ``out`` (its folder made) and say where."""
+def write_result(result: dict[str, Any], out: str | Path, table: Callable[[dict[str, Any]], str] | None = None) -> Path:
+    """Write ``result`` as JSON to ``out`` (its folder made), and its ``table`` (Markdown) beside it (``.md``) and
+    to the terminal, where one is given; say where."""
     path = Path(out)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2) + "\n")
+    if table is not None:
+        path.with_suffix(".md").write_text(table(result) + "\n")
+        print(table(result))
     print(f"\nwrote {display_path(path)}")
     return path
+
+
+def this_cpu() -> dict[str, Any]:
+    """What a CPU result records of its machine and code: the CPU, its flags, its cores and the commit."""
+    from distill.bench.measure import cpu_name, git_commit
+    from distill.serving.hardware import CpuFeatures
+
+    return {"cpu": cpu_name(), "cpu_features": CpuFeatures.read().describe(), "cores": os.cpu_count(),
+            "git_commit": git_commit()}  # fmt: skip
 
 
 def display_path(path: str | Path) -> str:

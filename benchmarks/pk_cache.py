@@ -11,7 +11,6 @@ result: ``benchmarks/results/scale-cpu/pk-cache.json`` and ``.md``, with the CPU
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,6 @@ from typing import Any
 from benchmarks import RESULTS, phases
 from benchmarks.results_pages import pk_cache_table
 from benchmarks.scale import _measure_in_process, synthetic_pk_cache
-from distill.bench.measure import cpu_name, git_commit
 
 TARGET_BYTES = 512 * 2**20
 """The cache's resident memory at 8.8M passages: at most 0.5 GB."""
@@ -38,8 +36,6 @@ class PkCache:
 
 
 def run_sizes(options: PkCache, invocation: dict[str, Any]) -> int:
-    from distill.serving.hardware import CpuFeatures
-
     rows = []
     for n in options.sizes:
         root = synthetic_pk_cache(n, Path(options.work) / f"pk-{n}")
@@ -51,17 +47,10 @@ def run_sizes(options: PkCache, invocation: dict[str, Any]) -> int:
         "what": "reopening a p(K) cache of N distinct passages: seconds and memory above the process's imports",
         "command": invocation["command"],
         "target_resident_bytes": TARGET_BYTES,
-        "cpu": cpu_name(),
-        "cpu_features": CpuFeatures.read().describe(),
-        "cores": os.cpu_count(),
-        "git_commit": git_commit(),
+        **phases.this_cpu(),
         "rows": rows,
     }
-    out = Path(options.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    out.with_suffix(".md").write_text(pk_cache_table(result) + "\n")
-    print(pk_cache_table(result))
+    phases.write_result(result, options.out, pk_cache_table)
     return 0
 
 

@@ -1008,39 +1008,31 @@ def page_scale(links: Links) -> str:
         parts.append("")
         if (RESULTS / folder / "scale.png").exists():
             parts += [f"![scale]({links.prefix}{folder}/scale.png)", ""]
-    for path in sorted(p for p in result_files() if re.fullmatch(r"scale-cpu[^/]*/pk-cache\.json", p)):
-        r = load(path)
-        parts += [
-            f"## The p(K) cache: {links(path)}",
-            "",
+    sections = (
+        (
+            r"scale-cpu[^/]*/pk-cache\.json",
+            "The p(K) cache",
             "Reopening a p(K) cache of N distinct passages (`python -m benchmarks.pk_cache`), in a fresh process: "
             "seconds, the peak RSS of the reopening and the RSS with the cache open, each above the process's "
             "imports, and one lookup's time. MS MARCO has 8.8M passages.",
-            "",
-            f"CPU: {r['cpu']}, {r['cores']} cores, {r['cpu_features']}; commit {r['git_commit'][:7]}.",
-            "",
-            _command(r["command"]),
-            "",
-            pk_cache_table(r),
-            "",
-        ]
-    for path in sorted(p for p in result_files() if re.fullmatch(r"scale-cpu[^/]*/teacher-input[^/]*\.json", p)):
-        r = load(path)
-        parts += [
-            f"## The teacher's input pass: {links(path)}",
-            "",
+            pk_cache_table,
+        ),
+        (
+            r"scale-cpu[^/]*/teacher-input[^/]*\.json",
+            "The teacher's input pass",
             "Each rank's input pass (`python -m benchmarks.teacher_input`), one rank at a time in a fresh process: "
             "every rank reads all of the input (the digest of every pair is the teacher's fingerprint) and keeps its "
             "share (chunk j of 256 pairs is rank j mod R's) in its row file; a corpus is looked up in its index, "
             "built once.",
-            "",
-            f"CPU: {r['cpu']}, {r['cores']} cores, {r['cpu_features']}; commit {r['git_commit'][:7]}.",
-            "",
-            _command(r["command"]),
-            "",
-            teacher_input_table(r),
-            "",
-        ]
+            teacher_input_table,
+        ),
+    )
+    for pattern, title, intro, table in sections:
+        for path in sorted(p for p in result_files() if re.fullmatch(pattern, p)):
+            r = load(path)
+            parts += [f"## {title}: {links(path)}", "", intro, ""]
+            parts += [f"CPU: {r['cpu']}, {r['cores']} cores, {r['cpu_features']}; commit {r['git_commit'][:7]}.", ""]
+            parts += [_command(r["command"]), "", table(r), ""]
     return "\n".join(parts)
 
 

@@ -42,7 +42,7 @@ from benchmarks.scale import (
     rank_llm_lines,
     synthetic_teacher_data,
 )
-from distill.bench.measure import _reset_vm_hwm, _vm_hwm_bytes, cpu_name, git_commit
+from distill.bench.measure import _reset_vm_hwm, _vm_hwm_bytes
 
 FORMATS = ("jsonl", "json", "trec", "beir")
 TARGET_RSS_BYTES = 2**30
@@ -238,8 +238,6 @@ class TeacherInput:
 
 
 def run(options: TeacherInput, invocation: dict[str, Any]) -> int:
-    from distill.serving.hardware import CpuFeatures
-
     work = Path(options.work)
     os.environ.setdefault("CIS_DISTILL_CACHE", str(work / "cache"))  # the corpus indexes
     rows, indexes, texts = [], [], None
@@ -265,18 +263,11 @@ def run(options: TeacherInput, invocation: dict[str, Any]) -> int:
         "what": "the teacher stage's input pass, one rank at a time in a fresh process: seconds and peak RSS",
         "command": invocation["command"],
         "targets": {"peak_rss_bytes": TARGET_RSS_BYTES, "two_ranks_vs_one": TARGET_RATIO},
-        "cpu": cpu_name(),
-        "cpu_features": CpuFeatures.read().describe(),
-        "cores": os.cpu_count(),
-        "git_commit": git_commit(),
+        **phases.this_cpu(),
         "indexes": indexes,
         "rows": rows,
     }
-    out = Path(options.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    out.with_suffix(".md").write_text(teacher_input_table(result) + "\n")
-    print(teacher_input_table(result))
+    phases.write_result(result, options.out, teacher_input_table)
     return 0
 
 
