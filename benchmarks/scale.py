@@ -180,11 +180,36 @@ def rank_llm_lines(teacher_data: Path, path: Path) -> Path:
 
 
 def measure_teacher_input(lines: Path, rows: Path) -> dict[str, Any]:
-    """The teacher stage's input pass over a rank_llm JSON-lines file, one process
-    (:func:`benchmarks.teacher_input.measure_pass`), and the file's size."""
-    from benchmarks.teacher_input import measure_pass
-
+    """The teacher stage's input pass over a rank_llm JSON-lines file, one process (:func:`measure_pass`), and the
+    file's size."""
     return {**measure_pass({"input": str(lines)}, 0, 1, rows), "input_bytes": lines.stat().st_size}
+
+
+def measure_pass(options: dict[str, str], rank: int, ranks: int, rows: Path) -> dict[str, Any]:
+    """One rank's input pass (its share of ``ranks``, in the teach stage's default chunks): seconds, pairs kept, and
+    peak RSS."""
+    from distill.stages.teach import TeachConfig
+    from distill.stages.teach_input import InputOptions, Share, candidate_stream, write_pair_rows
+
+    baseline = _rss_bytes()
+    _reset_vm_hwm()
+    start = time.perf_counter()
+    config = InputOptions(input=[options["input"]], **{k: v for k, v in options.items() if k != "input"})
+    candidates, skipped = candidate_stream(config, rows.with_name(rows.name + ".join"))
+    share = Share(rank, ranks, TeachConfig.chunk_size)  # the teach stage's default chunk: the unit of the shares
+    summary = write_pair_rows(candidates, skipped, rows, None, options["input"], share)
+    seconds = time.perf_counter() - start
+    peak = _vm_hwm_bytes() or 0
+    shutil.rmtree(rows, ignore_errors=True)
+    return {
+        "seconds": seconds,
+        "pairs": summary.pairs,
+        "queries": summary.queries,
+        "rows": summary.rows,
+        "baseline_rss_bytes": baseline,
+        "peak_rss_bytes": peak,
+        "peak_above_baseline_bytes": peak - baseline,
+    }
 
 
 def _rss_bytes() -> int:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
 import time
 from dataclasses import dataclass, field
@@ -39,6 +38,7 @@ from benchmarks.results_pages import teacher_input_table
 from benchmarks.scale import (
     _measure_in_process,
     _rss_bytes,
+    measure_pass,
     rank_llm_lines,
     synthetic_teacher_data,
 )
@@ -49,8 +49,6 @@ TARGET_RSS_BYTES = 2**30
 """Peak RSS of one rank's input pass at 10M pairs: at most 1 GB."""
 TARGET_RATIO = 0.6
 """Peak RSS a rank with 2 ranks, against 1: at most 0.6x."""
-CHUNK_SIZE = 256
-"""``distill teach``'s default ``chunk_size``: the unit of the shares."""
 HITS = 100
 """Candidates a query of the synthetic corpus's run."""
 
@@ -138,30 +136,6 @@ def synthetic_corpus(passages: int, pairs: int, folder: Path, lines: Path) -> di
                 r.writelines(f"q{k} Q0 p{d} {i + 1} {HITS - i} synthetic\n" for i, d in enumerate(docids))
         run.with_suffix(".tmp").rename(run)
     return {"input": str(run), "queries": str(queries), "corpus": str(corpus)}
-
-
-def measure_pass(options: dict[str, str], rank: int, ranks: int, rows: Path) -> dict[str, Any]:
-    """One rank's input pass (its share of ``ranks``): seconds, pairs kept, and peak RSS."""
-    from distill.stages.teach_input import InputOptions, Share, candidate_stream, write_pair_rows
-
-    baseline = _rss_bytes()
-    _reset_vm_hwm()
-    start = time.perf_counter()
-    config = InputOptions(input=[options["input"]], **{k: v for k, v in options.items() if k != "input"})
-    candidates, skipped = candidate_stream(config, rows.with_name(rows.name + ".join"))
-    summary = write_pair_rows(candidates, skipped, rows, None, options["input"], Share(rank, ranks, CHUNK_SIZE))
-    seconds = time.perf_counter() - start
-    peak = _vm_hwm_bytes() or 0
-    shutil.rmtree(rows, ignore_errors=True)
-    return {
-        "seconds": seconds,
-        "pairs": summary.pairs,
-        "queries": summary.queries,
-        "rows": summary.rows,
-        "baseline_rss_bytes": baseline,
-        "peak_rss_bytes": peak,
-        "peak_above_baseline_bytes": peak - baseline,
-    }
 
 
 def measure_index(corpus: str) -> dict[str, Any]:
