@@ -25,6 +25,12 @@ def shipped(path: Path) -> Path:
     return path
 
 
+@pytest.fixture(autouse=True)
+def corpus_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Corpus indexes go to the test's folder, not the user's cache."""
+    monkeypatch.setenv("CIS_DISTILL_CACHE", str(tmp_path / "cache"))
+
+
 def raises(message: str) -> AbstractContextManager[pytest.ExceptionInfo[InputError]]:
     """Expect an :class:`InputError` whose message contains ``message``."""
     return pytest.raises(InputError, match=re.escape(message))
