@@ -59,6 +59,18 @@ def clean_text(text: str, repair: bool) -> str:
     return (repair_mojibake(text) if repair else text).strip()
 
 
+def decoded(raw: bytes, path: Path, lineno: int) -> str:
+    """Line ``lineno`` of ``path`` as text, without its line end.
+
+    Raises:
+        InputError: it is not UTF-8.
+    """
+    try:
+        return raw.decode("utf-8").rstrip("\r\n")
+    except UnicodeDecodeError as e:
+        raise InputError(f"{path}:{lineno}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+
+
 def iter_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
     """Yield ``(line_number, record)`` for each non-blank line of a JSON-lines file.
 
@@ -67,10 +79,7 @@ def iter_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
     """
     with path.open("rb") as f:
         for lineno, raw in enumerate(f, start=1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise InputError(f"{path}:{lineno}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+            line = decoded(raw, path, lineno)
             if not line.strip():
                 continue
             try:

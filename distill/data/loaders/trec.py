@@ -23,13 +23,28 @@ from typing import Any
 import numpy as np
 
 from distill.core.schema import Candidates, InputError
-from distill.data.loaders._common import BadInput, CandidatesBuilder, TextRecord, clean_text, iter_jsonl
+from distill.data.loaders._common import BadInput, CandidatesBuilder, TextRecord, clean_text, decoded, iter_jsonl
 from distill.data.loaders.corpus_index import CorpusIndex, file_index_folder, open_index
 
-QUERY_ID_KEYS = ("_id", "qid", "id")
-QUERY_TEXT_KEYS = ("text", "query")
-DOC_ID_KEYS = ("_id", "docid", "id")
-DOC_TEXT_KEYS = ("text", "contents")
+
+@dataclass(frozen=True)
+class TextFields:
+    """How a queries or corpus file names its fields: ``kind`` (``qid`` or ``docid``, for messages), the JSONL keys
+    of its ids and texts (the first one a record has), and whether its records may carry a title."""
+
+    kind: str
+    id_keys: tuple[str, ...]
+    text_keys: tuple[str, ...]
+    titled: bool
+
+    @property
+    def layout(self) -> str:
+        """Its TSV lines, as a message names them."""
+        return f"{self.kind}<TAB>text' or '{self.kind}<TAB>title<TAB>text" if self.titled else f"{self.kind}<TAB>text"
+
+
+QUERY_FIELDS = TextFields("qid", ("_id", "qid", "id"), ("text", "query"), titled=False)
+DOC_FIELDS = TextFields("docid", ("_id", "docid", "id"), ("text", "contents"), titled=True)
 
 
 @dataclass(frozen=True)
@@ -68,18 +83,6 @@ def check_file(path: Path, what: str) -> None:
 
 def is_jsonl(path: Path) -> bool:
     return path.suffix.lower() in (".jsonl", ".json")
-
-
-def decoded(raw: bytes, path: Path, lineno: int) -> str:
-    """Line ``lineno`` of ``path`` as text, without its line end.
-
-    Raises:
-        InputError: it is not UTF-8.
-    """
-    try:
-        return raw.decode("utf-8").rstrip("\r\n")
-    except UnicodeDecodeError as e:
-        raise InputError(f"{path}:{lineno}: not UTF-8 text ({e.reason} at byte {e.start})") from None
 
 
 def iter_lines(path: Path) -> Iterator[tuple[int, str]]:
@@ -176,29 +179,25 @@ def read_run(path: Path, bad: BadInput) -> Run:
     return dict(RunFile(path).queries(bad))
 
 
-def text_records(
-    path: Path, id_keys: tuple[str, ...], text_keys: tuple[str, ...], repair: bool
-) -> Iterator[TextRecord]:
-    """The records of a queries or corpus file (TSV ``id<TAB>[title<TAB>]text``, or JSONL with one of ``id_keys``,
-    one of ``text_keys`` and an optional ``title``), texts cleaned; a bad one says why."""
-    titled = id_keys == DOC_ID_KEYS
+def text_records(path: Path, fields: TextFields, repair: bool) -> Iterator[TextRecord]:
+    """The records of a queries or corpus file (TSV ``id<TAB>[title<TAB>]text``, or JSONL with the keys of
+    ``fields``), texts cleaned; a bad one says why."""
     if is_jsonl(path):
         for lineno, record in iter_jsonl(path):
-            key, reason = _first_field(record, id_keys)
+            key, reason = _first_field(record, fields.id_keys)
             if key is None:
                 yield TextRecord(lineno, None, None, reason)
                 continue
-            text, reason = _first_field(record, text_keys)
+            text, reason = _first_field(record, fields.text_keys)
             if text is None:
                 yield TextRecord(lineno, str(key), None, reason)
             else:
-                title = str(record.get("title") or "") if titled else ""
+                title = str(record.get("title") or "") if fields.titled else ""
                 yield TextRecord(lineno, str(key), passage_text(title, str(text), repair))
         return
-    layout = "docid<TAB>text' or 'docid<TAB>title<TAB>text" if titled else "qid<TAB>text"
     for lineno, line in iter_lines(path):
-        parts = line.split("\t") if titled else line.split("\t", 1)
-        reason = f"expected '{layout}', got {len(parts)} tab-separated fields"
+        parts = line.split("\t") if fields.titled else line.split("\t", 1)
+        reason = f"expected '{fields.layout}', got {len(parts)} tab-separated fields"
         if len(parts) == 1:
             yield TextRecord(lineno, None, None, reason)
         elif len(parts) == 2:
@@ -219,21 +218,13 @@ def _first_field(record: Any, keys: tuple[str, ...]) -> tuple[Any | None, str]:
     return None, f"missing field {keys[0]!r} (or {', '.join(repr(k) for k in keys[1:])})"
 
 
-def read_texts(
-    path: Path,
-    id_keys: tuple[str, ...],
-    text_keys: tuple[str, ...],
-    bad: BadInput,
-    repair: bool,
-    needed: set[str] | None,
-) -> dict[str, str]:
+def read_texts(path: Path, fields: TextFields, bad: BadInput, repair: bool, needed: set[str] | None) -> dict[str, str]:
     """id -> text of a queries or corpus file, for the ids in ``needed`` only (reading stops once all are found);
     all, if ``None``. A repeated id keeps its first text, and a different one is bad input."""
     texts: dict[str, str] = {}
     if needed is not None and not needed:
         return texts
-    kind = "docid" if id_keys == DOC_ID_KEYS else "qid"
-    for record in text_records(path, id_keys, text_keys, repair):
+    for record in text_records(path, fields, repair):
         where = f"{path}:{record.line}"
         if record.key is None:
             bad(where, record.reason)
@@ -246,25 +237,25 @@ def read_texts(
             if needed is not None and len(texts) == len(needed):
                 break
         elif texts[record.key] != record.text:
-            bad(where, f"{kind} {record.key} appears twice with different texts")
+            bad(where, f"{fields.kind} {record.key} appears twice with different texts")
     return texts
 
 
 def read_queries(path: Path, bad: BadInput, repair: bool, needed: set[str] | None = None) -> dict[str, str]:
     """qid -> query text, for the qids in ``needed`` (all, if ``None``)."""
-    return read_texts(path, QUERY_ID_KEYS, QUERY_TEXT_KEYS, bad, repair, needed)
+    return read_texts(path, QUERY_FIELDS, bad, repair, needed)
 
 
 def read_corpus(path: Path, bad: BadInput, repair: bool, needed: set[str] | None) -> dict[str, str]:
     """docid -> passage text, for the docids in ``needed`` only (reading stops once all are found); all, if ``None``."""
-    return read_texts(path, DOC_ID_KEYS, DOC_TEXT_KEYS, bad, repair, needed)
+    return read_texts(path, DOC_FIELDS, bad, repair, needed)
 
 
 def open_corpus(path: Path, bad: BadInput, repair: bool) -> CorpusIndex:
     """The index of corpus ``path`` (built on first use); its lines that are bad wherever they are reported to
     ``bad``."""
     folder = file_index_folder(path, "jsonl" if is_jsonl(path) else "tsv", repair)
-    index = open_index(folder, path, text_records(path, DOC_ID_KEYS, DOC_TEXT_KEYS, repair))
+    index = open_index(folder, path, text_records(path, DOC_FIELDS, repair))
     index.replay_bad(bad)
     return index
 
@@ -283,10 +274,11 @@ def run_candidates(
     with open_corpus(corpus_path, bad, repair) as corpus:
         for qid, query_lines in lines:
             builder = CandidatesBuilder(bad)
-            texts = corpus.get_many([r.docid for r in query_lines], bad) if qid in queries else []
-            for r, text in zip(query_lines, texts or [None] * len(query_lines), strict=True):
+            found = qid in queries
+            texts = corpus.get_many([r.docid for r in query_lines], bad) if found else [None] * len(query_lines)
+            for r, text in zip(query_lines, texts, strict=True):
                 where = f"{source}:{r.lineno}"
-                if qid not in queries:
+                if not found:
                     bad(where, f"qid {qid} not found in {queries_path}")
                 elif text is None:
                     bad(where, f"docid {r.docid} not found in {corpus_path}")
