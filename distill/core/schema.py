@@ -70,6 +70,15 @@ Qrels = dict[str, dict[str, int]]
 """qid -> docid -> graded relevance (0 = judged irrelevant)."""
 
 
+def join_qrels(parts: list[Qrels]) -> Qrels:
+    """Several sources' qrels as one; where two judge the same pair, the earlier part wins."""
+    qrels: Qrels = {}
+    for part in parts:
+        for qid, judged in part.items():
+            qrels[qid] = {**judged, **qrels.get(qid, {})}
+    return qrels
+
+
 @dataclass
 class RerankingData:
     """Candidate lists for a set of queries, with qrels where the source has them."""
@@ -93,16 +102,13 @@ class RerankingData:
         if len(parts) == 1:
             return parts[0]
         by_qid: dict[str, list[Candidates]] = {}
-        qrels: Qrels = {}
         skipped: Counter[str] = Counter()
         for part in parts:
             for cands in part.candidates:
                 by_qid.setdefault(cands.query.qid, []).append(cands)
-            for qid, judged in part.qrels.items():
-                qrels[qid] = {**judged, **qrels.get(qid, {})}
             skipped.update(part.skipped)
         joined = [Candidates.join(lists) for lists in by_qid.values()]
-        return cls(" + ".join(p.source for p in parts), joined, qrels, skipped)
+        return cls(" + ".join(p.source for p in parts), joined, join_qrels([p.qrels for p in parts]), skipped)
 
     def first_stage_run(self) -> dict[str, dict[str, float]]:
         """The input ranking as a run: qid -> docid -> first-stage score."""

@@ -514,8 +514,8 @@ def _write_passage_requests(keys: np.ndarray, share: Share, pairs: int, work: Pa
     """Write where this process's passages are, sorted by bucket (a passage's bucket: its key's high 64 bits modulo
     :func:`_buckets`), then place in input order: for each, its key, its pair's place in input order and its row in
     this process's row file; and where each bucket starts. Written afresh each run, through a rename."""
-    rows = np.concatenate([np.arange(r.start, r.stop) for _, _, r in share.chunks(pairs)] or [np.empty(0, np.int64)])
-    places = np.concatenate([np.arange(c.start, c.stop) for _, c, _ in share.chunks(pairs)] or [np.empty(0, np.int64)])
+    rows = np.arange(len(keys))  # the row file holds this process's chunks one after another
+    places = np.concatenate([np.arange(c.start, c.stop) for _, c, _ in share.chunks(pairs)] or [rows])
     high = np.frombuffer(bytes.fromhex(b"".join(k[:16] for k in keys).decode()), dtype=">u8").astype(np.uint64)
     buckets = _buckets(pairs, share.chunk_size)
     bucket = (high % np.uint64(buckets)).astype(np.int64)
@@ -569,11 +569,12 @@ def _score_passages(
         with _progress(cfg, state, sum(len(k) for k, _ in todo), "log p(K)", "passage") as bar:
             for keys, places in todo:
                 passages: list[str] = [""] * len(places)
-                for r in sorted({r for r, _ in places}):
-                    rows = row_files.get(r) or row_files.setdefault(r, PairRows(_rows_folder(output, r)))
-                    mine = sorted((row, i) for i, (s, row) in enumerate(places) if s == r)
-                    texts = rows.rows([row for row, _ in mine], ["passage"])["passage"]
-                    for (_, i), text in zip(mine, texts, strict=True):
+                for r in {r for r, _ in places}:  # a process's rows come in input order, as its row file has them
+                    if r not in row_files:
+                        row_files[r] = PairRows(_rows_folder(output, r))
+                    at = [i for i, (source, _) in enumerate(places) if source == r]
+                    texts = row_files[r].rows([places[i][1] for i in at], ["passage"])["passage"]
+                    for i, text in zip(at, texts, strict=True):
                         passages[i] = text
                 values = teacher.passage_logprobs(teacher.encode_passages(passages), on_batch=bar.update)
                 cache.add(keys, values)

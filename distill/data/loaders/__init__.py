@@ -22,7 +22,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from distill.core.schema import Candidates, InputError, Passage, Qrels, Query, RerankingData
+from distill.core.schema import Candidates, InputError, Passage, Qrels, Query, RerankingData, join_qrels
 from distill.data.loaders._common import BadInput, OnBadInput, json_entries
 from distill.data.loaders.beir import is_beir_dir, load_beir
 from distill.data.loaders.irds import DEFAULT_DEPTH, irds_qrels, is_irds, stream_irds
@@ -127,12 +127,9 @@ def join_streams(streams: list[CandidateStream], scratch: Path) -> CandidateStre
     into a JSON-lines file under ``scratch`` (made, and deleted when the stream ends), a query a line; then each
     query's lines are read back. What is held is where each query's lines are, not its candidates. The qrels are
     joined (the first input wins on a conflict); ``skipped`` is filled once every input is read."""
-    qrels: Qrels = {}
-    for stream in streams:
-        for qid, judged in stream.qrels.items():
-            qrels[qid] = {**judged, **qrels.get(qid, {})}
     skipped: Counter[str] = Counter()
     source = " + ".join(stream.source for stream in streams)
+    qrels = join_qrels([stream.qrels for stream in streams])
     return CandidateStream(source, _joined(streams, scratch, skipped), qrels, skipped)
 
 
