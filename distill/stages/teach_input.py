@@ -86,9 +86,9 @@ class Share:
     """The pairs one process keeps: pair chunk ``j`` (pairs ``[j * chunk_size, (j + 1) * chunk_size)`` in input
     order) is process ``j mod world``'s, so that one process and N processes cut the same chunks."""
 
-    rank: int = 0
-    world: int = 1
-    chunk_size: int = 256
+    rank: int
+    world: int
+    chunk_size: int
 
     def owns(self, pair: int) -> bool:
         """Whether pair ``pair`` (its place in input order) is this process's."""
@@ -101,6 +101,10 @@ class Share:
             if j % self.world == self.rank:
                 size, row = min(self.chunk_size, pairs - start), (j // self.world) * self.chunk_size
                 yield j, range(start, start + size), range(row, row + size)
+
+
+WHOLE = Share(0, 1, 1)
+"""Every pair: the share of the one process."""
 
 
 @dataclass(frozen=True)
@@ -123,7 +127,7 @@ def write_pair_rows(
     folder: Path,
     max_queries: int | None,
     source: str,
-    share: Share = Share(),
+    share: Share = WHOLE,
 ) -> InputSummary:
     """Read every pair of ``candidates`` (the first ``max_queries`` queries; read from ``source``), a query at a
     time, into the digest, and write this process's ``share`` of them into ``folder`` (made anew), with every
