@@ -6,9 +6,9 @@ size and modification time, its layout and whether mojibake is repaired):
 
 - ``texts.bin``: every passage's cleaned text (UTF-8), one after another;
 - ``ids.bin``: every docid (UTF-8), one after another;
-- ``table.npy``: a row per record, sorted by (XXH3-64 of the docid, line): the hash, where its docid and text are
-  (byte offset and length of each), its line and its state (kept, or bad where its docid is needed);
-- ``hashes.npy``: the table's hashes again, contiguous, for the binary search;
+- ``hashes.npy``: the XXH3-64 of every record's docid, sorted (then by line), for the binary search;
+- ``table.npy``: a row per record, in the same order: where its docid and text are (byte offset and length of
+  each), its line and its state (kept, or bad where its docid is needed);
 - ``index.json``: the record count, the reasons of the bad records, the lines that are bad wherever they are (a TSV
   line without a tab, a JSONL record without an id: replayed into the bad-input policy each time the index is
   opened) and the XXH3-128 checksum of each file (:mod:`distill.core.checksums`).
@@ -39,7 +39,7 @@ from distill.model.resolver import cache_home
 
 log = logging.getLogger(__name__)
 
-VERSION = 2
+VERSION = 3
 """The layout of an index folder; a new layout builds anew."""
 FILES = ("texts.bin", "ids.bin", "table.npy", "hashes.npy")
 """The index's data files, each checked against its checksum when opened."""
@@ -47,7 +47,6 @@ KEPT, BAD = 0, 1
 """A record's state: its text is kept, or it is bad input where its docid is needed (its reason in ``index.json``)."""
 TABLE = np.dtype(
     [
-        ("hash", "<u8"),
         ("id_start", "<i8"),
         ("id_len", "<i4"),
         ("text_start", "<i8"),
@@ -151,7 +150,7 @@ class CorpusIndex:
         last = len(self._hashes) - 1
         at = np.minimum(np.searchsorted(self._hashes, hashes), last)
         rows = self.table[at]
-        found = rows["hash"] == hashes
+        found = self._hashes[at] == hashes
         alone = found & (rows["state"] == KEPT) & ((at == last) | (self._hashes[np.minimum(at + 1, last)] != hashes))
         id_start, id_len = rows["id_start"].tolist(), rows["id_len"].tolist()
         text_start, text_len = rows["text_start"].tolist(), rows["text_len"].tolist()
@@ -230,17 +229,17 @@ def _build(records: Iterator[TextRecord], tmp: Path) -> None:
                 states.append(KEPT)
                 text_lens.append(len(encoded))
     table = np.empty(len(hashes), dtype=TABLE)
-    table["hash"] = np.frombuffer(hashes, dtype=np.uint64)
     table["line"] = np.frombuffer(lines, dtype=np.int64)
     for name, values in (("id", id_lens), ("text", text_lens)):
         lengths = np.frombuffer(values, dtype=np.int32)
         table[f"{name}_len"] = lengths
         table[f"{name}_start"] = np.cumsum(lengths, dtype=np.int64) - lengths
     table["state"] = np.frombuffer(states, dtype=np.int8)
-    del hashes, lines, id_lens, text_lens, states
-    table = table[np.lexsort((table["line"], table["hash"]))]
-    np.save(tmp / "table.npy", table)
-    np.save(tmp / "hashes.npy", np.ascontiguousarray(table["hash"]))
+    del lines, id_lens, text_lens, states
+    docid_hashes = np.frombuffer(hashes, dtype=np.uint64)
+    order = np.lexsort((table["line"], docid_hashes))
+    np.save(tmp / "hashes.npy", docid_hashes[order])
+    np.save(tmp / "table.npy", table[order])
     checksums = {name: file_checksum(tmp / name) for name in FILES}
     meta = {
         "version": VERSION,
