@@ -2,7 +2,7 @@
 
 Two heads, chosen by ``head``: ``cls`` (the paper's, below) and ``segment_cosine``
 (:mod:`distill.model.segment_cosine`: the cosine of the query's and the passage's mean tokens, which a
-sentence-embedding backbone makes a good ranker before any training; BERT-family backbones only).
+sentence-embedding backbone makes a good ranker before any training; BERT and MPNet backbones).
 
 ``AutoModelForSequenceClassification`` with ``num_labels=1`` is exactly the paper's cross-encoder:
 it reads ``[CLS] Q [SEP] K [SEP]``, takes the [CLS] representation (BERT's pooled [CLS]), applies
@@ -22,10 +22,17 @@ from distill.core.schema import InputError
 from distill.core.student_card import StudentCard
 from distill.model.resolver import load_architecture, load_pretrained, resolve_model
 from distill.model.segment_cosine import MODEL_TYPE as SEGMENT_COSINE
-from distill.model.segment_cosine import BertSegmentCosineConfig
+from distill.model.segment_cosine import MPNET_MODEL_TYPE, BertSegmentCosineConfig, MPNetSegmentCosineConfig
 
 IDENTITY_ACTIVATION = "torch.nn.modules.linear.Identity"
 HEADS = ("cls", "segment_cosine")
+SEGMENT_COSINE_CONFIGS = {
+    "bert": BertSegmentCosineConfig,
+    SEGMENT_COSINE: BertSegmentCosineConfig,
+    "mpnet": MPNetSegmentCosineConfig,
+    MPNET_MODEL_TYPE: MPNetSegmentCosineConfig,
+}
+"""The segment-cosine head's config for each backbone ``model_type`` it takes (a student's own type included)."""
 
 
 def build_student(
@@ -41,8 +48,8 @@ def build_student(
         segment_layers: with ``segment_cosine``, its first layers that attend within each segment only.
 
     Raises:
-        InputError: an unknown head, ``segment_cosine`` on a backbone that is no BERT, or ``segment_layers`` without
-            it or beyond the backbone's layers.
+        InputError: an unknown head, ``segment_cosine`` on a backbone that is neither BERT nor MPNet, or
+            ``segment_layers`` without it or beyond the backbone's layers.
     """
     if head not in HEADS:
         raise InputError(f"model.head: {head!r} is none of {list(HEADS)}")
@@ -51,13 +58,16 @@ def build_student(
         overrides["classifier_dropout"] = dropout
     config, tokenizer = load_architecture(backbone, **overrides)
     if head == "segment_cosine":
-        if config.model_type not in ("bert", SEGMENT_COSINE):
-            raise InputError(f"model.head: segment_cosine needs a BERT backbone, {backbone!r} is {config.model_type}")
+        head_config = SEGMENT_COSINE_CONFIGS.get(config.model_type)
+        if head_config is None:
+            raise InputError(
+                f"model.head: segment_cosine needs a BERT or MPNet backbone, {backbone!r} is {config.model_type}"
+            )
         layers = config.num_hidden_layers
         if not 0 <= segment_layers <= layers:
             raise InputError(f"model.segment_layers: {segment_layers} is not in 0..{layers}, the backbone's layers")
         values = {k: v for k, v in config.to_dict().items() if k not in ("model_type", "segment_layers")}
-        config = BertSegmentCosineConfig(**values, segment_layers=segment_layers)
+        config = head_config(**values, segment_layers=segment_layers)
     elif segment_layers:
         raise InputError("model.segment_layers: applies to the segment_cosine head only")
     if random_init:

@@ -105,6 +105,34 @@ def make_tiny_bert(path: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_mpnet(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 2-layer random MPNet with an MPNet tokenizer (``<s> Q </s></s> K </s>``, no token types) over the uncased
+    WordPiece vocabulary, MPNet's four special tokens first and ``<mask>`` last, as all-mpnet-base-v2's."""
+    import torch
+    from transformers import AutoTokenizer, MPNetConfig, MPNetModel, MPNetTokenizer
+
+    from distill.model.resolver import load_pretrained, resolve_model
+
+    path = tmp_path_factory.mktemp("tiny-mpnet")
+    wordpiece = load_pretrained(resolve_model("all-minilm-l6-v2"), AutoTokenizer)
+    words = sorted(wordpiece.get_vocab(), key=wordpiece.get_vocab().get)
+    vocab = {token: index for index, token in enumerate(["<s>", "<pad>", "</s>", "<unk>", *words, "<mask>"])}
+    tokenizer = MPNetTokenizer(vocab=vocab, model_max_length=512)
+    config = MPNetConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=514,
+    )
+    torch.manual_seed(0)
+    MPNetModel(config, add_pooling_layer=False).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
 def teacher_dataset(tmp_path_factory: pytest.TempPathFactory, tiny_llama: Path, dl19_sample: list[dict]) -> Path:
     """Teacher triplets (cis and upr) of the DL19 sample, scored by the tiny Llama."""
     from distill.stages.teach import TeachConfig, teach

@@ -23,6 +23,11 @@ HEADS = {
         "the segment-cosine head: every layer reads the joint input `[CLS] query [SEP] passage [SEP]`, and the score "
         "is `scale · cos(mean of the query's last-layer tokens, mean of the passage's) + bias`",
     ),
+    "mpnet-segment-cosine": (
+        "segment-cosine",
+        "the segment-cosine head over MPNet: every layer reads the joint input `<s> query </s></s> passage </s>`, and "
+        "the score is `scale · cos(mean of the query's last-layer tokens, mean of the passage's) + bias`",
+    ),
 }
 """``model_type`` of a head of the project's own -> (tag, what it computes)."""
 CLS_HEAD = "the [CLS] head: a linear layer on the `[CLS]` token of `[CLS] query [SEP] passage [SEP]`"

@@ -36,6 +36,12 @@ REMOTE_CODE = {
     "bert-segment-cosine": RemoteCode(
         "distill.model.segment_cosine", "modeling_segment_cosine.py", "BertSegmentCosineConfig", "BertForSegmentCosine"
     ),
+    "mpnet-segment-cosine": RemoteCode(
+        "distill.model.segment_cosine",
+        "modeling_segment_cosine.py",
+        "MPNetSegmentCosineConfig",
+        "MPNetForSegmentCosine",
+    ),
 }
 """``model_type`` -> its remote code."""
 

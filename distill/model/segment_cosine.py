@@ -14,9 +14,13 @@ attention sink the backbone was trained with), and each segment's positions star
 trained to, and only the later layers attend across them. With N the number of layers the head is, but for the
 [CLS] the passage shares with the query, the backbone's own bi-encoder similarity in one pass over the joint input.
 
-Importing this module registers the architecture with ``AutoConfig`` and ``AutoModelForSequenceClassification``
-(``model_type`` :data:`MODEL_TYPE`), so that every loader of the project (and sentence-transformers'
-``CrossEncoder``, once this module is imported) loads such a student like any other.
+The same head over MPNet (:class:`MPNetForSegmentCosine`, ``model_type`` :data:`MPNET_MODEL_TYPE`) reads MPNet's
+pairs, ``<s> Q </s></s> K </s>``, which carry no token types: the passage's segment starts at the second ``</s>``,
+its own start token, so that its layers apart encode ``</s> K </s>`` as the backbone encodes ``<s> K </s>``.
+
+Importing this module registers both architectures with ``AutoConfig`` and ``AutoModelForSequenceClassification``
+(``model_type`` :data:`MODEL_TYPE` and :data:`MPNET_MODEL_TYPE`), so that every loader of the project (and
+sentence-transformers' ``CrossEncoder``, once this module is imported) loads such a student like any other.
 
 ``distill export`` copies this very file into the export folder as Hugging Face remote code
 (``modeling_segment_cosine.py``, see :mod:`distill.export.remote_code`), so that a Python without cis-distill
@@ -28,10 +32,20 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from transformers import AutoConfig, AutoModelForSequenceClassification, BertConfig, BertModel, BertPreTrainedModel
+from transformers import (
+    AutoConfig,
+    AutoModelForSequenceClassification,
+    BertConfig,
+    BertModel,
+    BertPreTrainedModel,
+    MPNetConfig,
+    MPNetModel,
+    MPNetPreTrainedModel,
+)
 from transformers.modeling_outputs import SequenceClassifierOutput
 
 MODEL_TYPE = "bert-segment-cosine"
+MPNET_MODEL_TYPE = "mpnet-segment-cosine"
 
 
 class BertSegmentCosineConfig(BertConfig):
@@ -131,5 +145,95 @@ class BertForSegmentCosine(BertPreTrainedModel):
         return hidden
 
 
+class MPNetSegmentCosineConfig(MPNetConfig):
+    """An MPNet config with the head's ``cosine_scale`` and ``segment_layers``, as :class:`BertSegmentCosineConfig`."""
+
+    model_type = MPNET_MODEL_TYPE
+
+    def __init__(self, cosine_scale: float = 20.0, segment_layers: int = 0, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.cosine_scale = cosine_scale
+        self.segment_layers = segment_layers
+
+
+def separator_segments(input_ids: torch.Tensor, attention_mask: torch.Tensor, separator: int) -> torch.Tensor:
+    """``[B, T]`` int64 segment ids of MPNet's pairs ``<s> Q </s></s> K </s>``, whose tokenizer gives no token types:
+    0 for ``<s> Q </s>``, 1 from the second ``</s>`` on (``</s> K </s>``, the passage led by a start token of its
+    own, as ``<s> K </s>`` is alone), 0 on padding."""
+    seen = torch.cumsum((input_ids == separator).long(), dim=1)  # [B, T] separators up to and including each
+    return (seen >= 2).long() * attention_mask.long()
+
+
+class MPNetForSegmentCosine(MPNetPreTrainedModel):
+    """An MPNet cross-encoder scored by the cosine of its two segments' mean last-layer tokens.
+
+    ``forward`` takes ``input_ids`` and ``attention_mask``, each ``[B, T]`` (the segments are read off the
+    separators, :func:`separator_segments`), and returns ``logits`` ``[B, 1]``: ``scale · cos + bias``. With
+    ``segment_layers`` N, the first N layers attend within each segment only, each segment's positions (and relative
+    position buckets) starting again, so that with N the number of layers the query is encoded as ``<s> Q </s>``
+    alone and the passage as ``</s> K </s>``: the backbone's own bi-encoder similarity but for the passage's first
+    token.
+    """
+
+    config_class = MPNetSegmentCosineConfig
+
+    def __init__(self, config: MPNetSegmentCosineConfig) -> None:
+        super().__init__(config)
+        self.mpnet = MPNetModel(config, add_pooling_layer=False)
+        self.scale = torch.nn.Parameter(torch.tensor(float(config.cosine_scale)))
+        self.bias = torch.nn.Parameter(torch.tensor(0.0))
+        self.post_init()
+
+    def _init_weights(self, module: torch.nn.Module) -> None:
+        if module is self:
+            with torch.no_grad():
+                self.scale.fill_(float(self.config.cosine_scale))
+                self.bias.zero_()
+        else:
+            super()._init_weights(module)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        **kwargs: Any,
+    ) -> SequenceClassifierOutput:
+        segments = separator_segments(input_ids, attention_mask, self.config.eos_token_id)
+        if self.config.segment_layers:
+            hidden = self._segments_apart(input_ids, attention_mask, segments)
+        else:
+            hidden = self.mpnet(input_ids=input_ids, attention_mask=attention_mask)[0]
+        query = segment_mean(hidden, attention_mask * (1 - segments))
+        passage = segment_mean(hidden, attention_mask * segments)
+        cosine = torch.nn.functional.cosine_similarity(query, passage, dim=-1)
+        return SequenceClassifierOutput(logits=(self.scale * cosine + self.bias).unsqueeze(-1))
+
+    def _segments_apart(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, segments: torch.Tensor
+    ) -> torch.Tensor:
+        """``[B, T, H]`` last hidden states, the first ``segment_layers`` layers attending within each segment."""
+        first_length = (attention_mask * (1 - segments)).sum(1, keepdim=True)  # [B, 1]
+        places = torch.arange(input_ids.shape[1], device=input_ids.device)[None]  # [1, T]
+        positions = places - segments * first_length  # [B, T]: each segment's places from 0
+        hidden = self.mpnet.embeddings(input_ids=input_ids, position_ids=positions + self.config.pad_token_id + 1)
+        encoder = self.mpnet.encoder
+        keys = attention_mask.bool()[:, None, :]  # [B, 1, T]
+        same_segment = segments[:, :, None] == segments[:, None, :]  # [B, T, T]
+        apart = additive_mask(keys & same_segment, hidden.dtype)
+        across = additive_mask(keys.expand_as(same_segment), hidden.dtype)
+        relative = positions[:, None, :] - positions[:, :, None]  # [B, T, T]: key's place - query's, in a segment
+        buckets = encoder.relative_position_bucket(relative, num_buckets=self.config.relative_attention_num_buckets)
+        apart_bias = encoder.relative_attention_bias(buckets).permute(0, 3, 1, 2)  # [B, heads, T, T]
+        across_bias = encoder.compute_position_bias(hidden)
+        for index, layer in enumerate(encoder.layer):
+            inside = index < self.config.segment_layers
+            hidden = layer(hidden, apart if inside else across, apart_bias if inside else across_bias)[0]
+        return hidden
+
+
 AutoConfig.register(MODEL_TYPE, BertSegmentCosineConfig, exist_ok=True)
 AutoModelForSequenceClassification.register(BertSegmentCosineConfig, BertForSegmentCosine, exist_ok=True)
+AutoConfig.register(MPNET_MODEL_TYPE, MPNetSegmentCosineConfig, exist_ok=True)
+AutoModelForSequenceClassification.register(MPNetSegmentCosineConfig, MPNetForSegmentCosine, exist_ok=True)

@@ -356,7 +356,7 @@ class OpenVinoScorer:
         self.request = self.requests.get()
         """The first stream's request (its ``profiling_info`` holds the last batch's timings there)."""
         self.requests.put(self.request)
-        self.input_names = tuple(i.get_any_name() for i in self.compiled.inputs)
+        self.input_names = tuple(_input_name(i.get_names()) for i in self.compiled.inputs)
 
     def __call__(self, batch: Batch) -> np.ndarray:
         request = self.requests.get()
@@ -365,6 +365,13 @@ class OpenVinoScorer:
             return np.asarray(outputs[self.compiled.output("logits")])[:, 0].astype(np.float32)  # a copy
         finally:
             self.requests.put(request)
+
+
+def _input_name(names: set[str]) -> str:
+    """The input's name in :data:`INPUT_NAMES` among the tensor names OpenVINO gives it: a graph that casts an input
+    at once may name the input by the cast's output as well, and ``get_any_name`` may pick either."""
+    known = sorted(names & set(INPUT_NAMES))
+    return known[0] if known else sorted(names)[0]
 
 
 class TorchScriptScorer:

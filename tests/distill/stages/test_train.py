@@ -338,3 +338,22 @@ def test_ddp_on_two_cpu_processes_with_uneven_batches(tmp_path: Path, tiny_bert:
     assert done.stderr.count("student tokens: tokenising") == 1, done.stderr[-3000:]
     assert done.stderr.count("student data: ") == 2  # both ranks set up, from the one store
     assert len([p for p in (tmp_path / "tokens").iterdir() if not p.name.startswith(".")]) == 1
+
+
+def test_an_mpnet_backbone_trains_with_the_segment_cosine_head(
+    tmp_path: Path, tiny_mpnet: Path, teacher_dataset: Path
+) -> None:
+    """An MPNet backbone (no token types: the segments are read off its separators) trains through ``distill train``
+    with its layers apart, and its saved student reloads as the MPNet head with trained weights."""
+    from transformers import AutoModel, AutoModelForSequenceClassification
+
+    path = write_config(tmp_path, tiny_mpnet, teacher_dataset, max_epochs=1)
+    argv = ["train", "--config", str(path), "--model.head", "segment_cosine", "--model.segment_layers", "2"]
+    assert main(argv) == 0
+    run = tmp_path / "runs" / "tiny"
+    assert [r for r in metrics(run) if r.get("val/nDCG@10")] and any(r.get("train/loss") for r in metrics(run))
+    student = AutoModelForSequenceClassification.from_pretrained(run / "hf")
+    assert type(student).__name__ == "MPNetForSegmentCosine" and student.config.segment_layers == 2
+    backbone = AutoModel.from_pretrained(tiny_mpnet, add_pooling_layer=False)
+    trained = student.mpnet.state_dict()
+    assert any(not torch.equal(trained[name], weight) for name, weight in backbone.state_dict().items())
