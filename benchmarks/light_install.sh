@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The base install: build the wheel, install it without extras in a fresh venv, and rerank and serve an ONNX export
 # with it. Reports the install's seconds and size (what it adds to site-packages) and checks that torch is not
-# installed.
+# installed. With COLD=1, pip downloads every package again (--no-cache-dir), as a new user's first install does.
 #   bash benchmarks/light_install.sh EXPORT_FOLDER [OUTPUT]   (default output: benchmarks/results/light-install.txt)
+#   COLD=1 bash benchmarks/light_install.sh EXPORT_FOLDER benchmarks/results/light-install-cold.txt
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 EXPORT=$(cd "$1" && pwd)
@@ -18,7 +19,9 @@ python3 -m venv "$TMP/venv"
 SITE=$("$TMP/venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 BEFORE=$(du -sm "$SITE" | cut -f1)  # the fresh venv's own pip (and setuptools)
 START=$(date +%s.%N)
-"$TMP/venv/bin/python" -m pip install --disable-pip-version-check -q "$WHEEL" 2>&1 | grep -v "is ignored" || true
+CACHE=()
+[ "${COLD:-0}" = 1 ] && CACHE=(--no-cache-dir)
+"$TMP/venv/bin/python" -m pip install --disable-pip-version-check -q "${CACHE[@]}" "$WHEEL" 2>&1 | grep -v "is ignored" || true
 SECONDS_TAKEN=$(echo "$(date +%s.%N) - $START" | bc)
 SIZE=$(du -sm "$SITE" | cut -f1)
 TORCH=$("$TMP/venv/bin/python" -c 'import importlib.util; print(importlib.util.find_spec("torch") is not None)')
@@ -40,7 +43,11 @@ CPU=$(grep -m1 "model name" /proc/cpuinfo | cut -d: -f2 | xargs)
 FLAGS=$(grep -m1 "^flags" /proc/cpuinfo | tr ' ' '\n' | grep -E '^(avx2|avx512f|avx512_vnni|avx512_bf16|amx_bf16|amx_tile)$' | xargs)
 {
     echo "# bash benchmarks/light_install.sh $1, $(date -u +%F), $CPU, $(nproc) cores ($FLAGS)"
-    echo "# the wheel's base dependencies only, pip's cache as this machine had it"
+    if [ "${COLD:-0}" = 1 ]; then
+        echo "# the wheel's base dependencies only, every package downloaded again (pip --no-cache-dir)"
+    else
+        echo "# the wheel's base dependencies only, pip's cache as this machine had it"
+    fi
     echo "install_seconds $SECONDS_TAKEN"
     echo "installed_mb $((SIZE - BEFORE))  (site-packages $SIZE MB, of which the fresh venv's own $BEFORE MB)"
     echo "packages $PACKAGES"

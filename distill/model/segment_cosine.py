@@ -16,7 +16,7 @@ trained to, and only the later layers attend across them. With N the number of l
 
 The same head over MPNet (:class:`MPNetForSegmentCosine`, ``model_type`` :data:`MPNET_MODEL_TYPE`) reads MPNet's
 pairs, ``<s> Q </s></s> K </s>``, which carry no token types: the passage's segment starts at the second ``</s>``,
-its own start token, so that its layers apart encode ``</s> K </s>`` as the backbone encodes ``<s> K </s>``.
+its own start token, which its layers apart read as ``<s>``: they encode ``<s> K </s>`` as the backbone does alone.
 
 Importing this module registers both architectures with ``AutoConfig`` and ``AutoModelForSequenceClassification``
 (``model_type`` :data:`MODEL_TYPE` and :data:`MPNET_MODEL_TYPE`), so that every loader of the project (and
@@ -170,9 +170,9 @@ class MPNetForSegmentCosine(MPNetPreTrainedModel):
     ``forward`` takes ``input_ids`` and ``attention_mask``, each ``[B, T]`` (the segments are read off the
     separators, :func:`separator_segments`), and returns ``logits`` ``[B, 1]``: ``scale · cos + bias``. With
     ``segment_layers`` N, the first N layers attend within each segment only, each segment's positions (and relative
-    position buckets) starting again, so that with N the number of layers the query is encoded as ``<s> Q </s>``
-    alone and the passage as ``</s> K </s>``: the backbone's own bi-encoder similarity but for the passage's first
-    token.
+    position buckets) starting again and the passage's leading ``</s>`` read as ``<s>``, so that with N the number of
+    layers the query is encoded as ``<s> Q </s>`` alone and the passage as ``<s> K </s>``: the backbone's own
+    bi-encoder similarity in one pass over the joint input.
     """
 
     config_class = MPNetSegmentCosineConfig
@@ -217,7 +217,9 @@ class MPNetForSegmentCosine(MPNetPreTrainedModel):
         first_length = (attention_mask * (1 - segments)).sum(1, keepdim=True)  # [B, 1]
         places = torch.arange(input_ids.shape[1], device=input_ids.device)[None]  # [1, T]
         positions = places - segments * first_length  # [B, T]: each segment's places from 0
-        hidden = self.mpnet.embeddings(input_ids=input_ids, position_ids=positions + self.config.pad_token_id + 1)
+        starts = (segments == 1) & (positions == 0)  # the passage's leading </s> reads as <s>, as alone
+        ids = torch.where(starts, torch.full_like(input_ids, self.config.bos_token_id), input_ids)
+        hidden = self.mpnet.embeddings(input_ids=ids, position_ids=positions + self.config.pad_token_id + 1)
         encoder = self.mpnet.encoder
         keys = attention_mask.bool()[:, None, :]  # [B, 1, T]
         same_segment = segments[:, :, None] == segments[:, None, :]  # [B, T, T]

@@ -107,7 +107,8 @@ def test_an_mpnet_pair_is_cut_at_its_second_separator(tiny_mpnet: Path) -> None:
 
 def test_mpnet_layers_apart_are_its_bi_encoder(tiny_mpnet: Path) -> None:
     """With every layer apart, the query segment's states are the backbone's of ``<s> Q </s>`` alone and the
-    passage's those of ``</s> K </s>`` alone, and the score is the scaled cosine of their means."""
+    passage's those of ``<s> K </s>`` alone (its leading ``</s>`` read as ``<s>``), and the score is the scaled
+    cosine of their means."""
     from transformers import AutoModel
 
     model, tokenizer = build_student(str(tiny_mpnet), head="segment_cosine", segment_layers=2)
@@ -124,7 +125,7 @@ def test_mpnet_layers_apart_are_its_bi_encoder(tiny_mpnet: Path) -> None:
             cut = int((segments[row] == 0).sum() - (batch["attention_mask"][row] == 0).sum())
             assert ids[:cut] == tokenizer(QUERY)["input_ids"]
             assert ids[cut:] == [tokenizer.eos_token_id, *tokenizer(passage)["input_ids"][1:]]
-            query, alone = mpnet_alone(backbone, ids[:cut]), mpnet_alone(backbone, ids[cut:])
+            query, alone = mpnet_alone(backbone, ids[:cut]), mpnet_alone(backbone, tokenizer(passage)["input_ids"])
             torch.testing.assert_close(hidden[row, :cut], query, atol=1e-5, rtol=1e-4)
             torch.testing.assert_close(hidden[row, cut : len(ids)], alone, atol=1e-5, rtol=1e-4)
             cosine = torch.nn.functional.cosine_similarity(query.mean(0), alone.mean(0), dim=0)
