@@ -82,7 +82,34 @@ def segment_mean(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (hidden * weights).sum(1) / weights.sum(1).clamp(min=1.0)
 
 
-class BertForSegmentCosine(BertPreTrainedModel):
+class CosineScored(torch.nn.Module):
+    """The head both architectures share: ``scale`` (initially ``config.cosine_scale``) and ``bias`` (initially 0),
+    learnt, and the score ``scale · cos(mean query tokens, mean passage tokens) + bias``."""
+
+    def _add_scale_and_bias(self) -> None:
+        self.scale = torch.nn.Parameter(torch.tensor(float(self.config.cosine_scale)))
+        self.bias = torch.nn.Parameter(torch.tensor(0.0))
+
+    def _init_weights(self, module: torch.nn.Module) -> None:
+        if module is self:
+            with torch.no_grad():
+                self.scale.fill_(float(self.config.cosine_scale))
+                self.bias.zero_()
+        else:
+            super()._init_weights(module)
+
+    def _scored(
+        self, hidden: torch.Tensor, attention_mask: torch.Tensor, segments: torch.Tensor
+    ) -> SequenceClassifierOutput:
+        """``logits`` ``[B, 1]`` of the last hidden states ``[B, T, H]``, with ``segments`` ``[B, T]`` (0: the
+        query's, 1: the passage's)."""
+        query = segment_mean(hidden, attention_mask * (1 - segments))
+        passage = segment_mean(hidden, attention_mask * segments)
+        cosine = torch.nn.functional.cosine_similarity(query, passage, dim=-1)
+        return SequenceClassifierOutput(logits=(self.scale * cosine + self.bias).unsqueeze(-1))
+
+
+class BertForSegmentCosine(CosineScored, BertPreTrainedModel):
     """A BERT cross-encoder scored by the cosine of its two segments' mean last-layer tokens.
 
     ``forward`` takes ``input_ids``, ``attention_mask`` and ``token_type_ids``, each ``[B, T]``, and returns
@@ -95,17 +122,8 @@ class BertForSegmentCosine(BertPreTrainedModel):
     def __init__(self, config: BertSegmentCosineConfig) -> None:
         super().__init__(config)
         self.bert = BertModel(config, add_pooling_layer=False)
-        self.scale = torch.nn.Parameter(torch.tensor(float(config.cosine_scale)))
-        self.bias = torch.nn.Parameter(torch.tensor(0.0))
+        self._add_scale_and_bias()
         self.post_init()
-
-    def _init_weights(self, module: torch.nn.Module) -> None:
-        if module is self:
-            with torch.no_grad():
-                self.scale.fill_(float(self.config.cosine_scale))
-                self.bias.zero_()
-        else:
-            super()._init_weights(module)
 
     def forward(
         self,
@@ -119,10 +137,7 @@ class BertForSegmentCosine(BertPreTrainedModel):
             hidden = self._segments_apart(input_ids, attention_mask, token_type_ids)
         else:
             hidden = self.bert(input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids)[0]
-        query = segment_mean(hidden, attention_mask * (1 - token_type_ids))
-        passage = segment_mean(hidden, attention_mask * token_type_ids)
-        cosine = torch.nn.functional.cosine_similarity(query, passage, dim=-1)
-        return SequenceClassifierOutput(logits=(self.scale * cosine + self.bias).unsqueeze(-1))
+        return self._scored(hidden, attention_mask, token_type_ids)
 
     def _segments_apart(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor
@@ -164,7 +179,7 @@ def separator_segments(input_ids: torch.Tensor, attention_mask: torch.Tensor, se
     return (seen >= 2).long() * attention_mask.long()
 
 
-class MPNetForSegmentCosine(MPNetPreTrainedModel):
+class MPNetForSegmentCosine(CosineScored, MPNetPreTrainedModel):
     """An MPNet cross-encoder scored by the cosine of its two segments' mean last-layer tokens.
 
     ``forward`` takes ``input_ids`` and ``attention_mask``, each ``[B, T]`` (the segments are read off the
@@ -180,17 +195,8 @@ class MPNetForSegmentCosine(MPNetPreTrainedModel):
     def __init__(self, config: MPNetSegmentCosineConfig) -> None:
         super().__init__(config)
         self.mpnet = MPNetModel(config, add_pooling_layer=False)
-        self.scale = torch.nn.Parameter(torch.tensor(float(config.cosine_scale)))
-        self.bias = torch.nn.Parameter(torch.tensor(0.0))
+        self._add_scale_and_bias()
         self.post_init()
-
-    def _init_weights(self, module: torch.nn.Module) -> None:
-        if module is self:
-            with torch.no_grad():
-                self.scale.fill_(float(self.config.cosine_scale))
-                self.bias.zero_()
-        else:
-            super()._init_weights(module)
 
     def forward(
         self,
@@ -205,10 +211,7 @@ class MPNetForSegmentCosine(MPNetPreTrainedModel):
             hidden = self._segments_apart(input_ids, attention_mask, segments)
         else:
             hidden = self.mpnet(input_ids=input_ids, attention_mask=attention_mask)[0]
-        query = segment_mean(hidden, attention_mask * (1 - segments))
-        passage = segment_mean(hidden, attention_mask * segments)
-        cosine = torch.nn.functional.cosine_similarity(query, passage, dim=-1)
-        return SequenceClassifierOutput(logits=(self.scale * cosine + self.bias).unsqueeze(-1))
+        return self._scored(hidden, attention_mask, segments)
 
     def _segments_apart(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, segments: torch.Tensor
