@@ -275,6 +275,8 @@ def load_pretrained(source: ModelSource, loader: Any, **kwargs: Any) -> Any:
                 return loader.from_pretrained(source.location, local_files_only=True, **kwargs)
             except OSError:
                 _check_hub(source.name)
+        if source.gguf_file and getattr(loader, "__name__", "").endswith("Tokenizer"):
+            return loader.from_pretrained(gguf_tokenizer_folder(source, loader), **kwargs)
         with _gguf_bar_as_configured(source), gguf_parsed_once(source):
             return loader.from_pretrained(source.location, **source.pretrained_kwargs(), **kwargs)
     except ModelNotFoundError:
@@ -283,6 +285,34 @@ def load_pretrained(source: ModelSource, loader: Any, **kwargs: Any) -> Any:
         if source.kind != "hub":
             raise
         raise ModelNotFoundError(_not_found(source.name, _hub_tried(source.name, str(e).splitlines()[0]))) from e
+
+
+def gguf_tokenizer_folder(source: ModelSource, loader: Any) -> Path:
+    """A folder holding ``source``'s tokenizer converted from its GGUF file, converted once into
+    ``<cache>/tokenizers/<file>-<key>``. The key is the file's path, size and modification time, and transformers'
+    version (which does the conversion). Converting a GGUF vocabulary takes seconds on every load, while reading
+    the saved tokenizer takes a fraction of one."""
+    import hashlib
+
+    import transformers
+
+    path = (Path(source.location) / str(source.gguf_file)).resolve()
+    stat = path.stat()
+    identity = f"{path}:{stat.st_size}:{stat.st_mtime_ns}:{transformers.__version__}"
+    key = hashlib.sha256(identity.encode()).hexdigest()[:16]
+    folder = cache_home() / "tokenizers" / f"{path.stem}-{key}"
+    if (folder / "tokenizer_config.json").is_file():
+        return folder
+    with _gguf_bar_as_configured(source), gguf_parsed_once(source):
+        tokenizer = loader.from_pretrained(source.location, **source.pretrained_kwargs())
+    tmp = folder.with_name(f"{folder.name}.tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tokenizer.save_pretrained(tmp)
+    try:
+        tmp.rename(folder)
+    except OSError:  # another process saved it first: keep theirs
+        shutil.rmtree(tmp, ignore_errors=True)
+    return folder
 
 
 @contextlib.contextmanager

