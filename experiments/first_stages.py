@@ -375,11 +375,12 @@ def final_command(name: str, alphas: dict[str, float]) -> list[str]:
 
 
 def final(name: str) -> dict[str, Any]:
-    """Refit ``name`` (chosen in ``selection-dl21.json``), export it, and rerank DL19's three first stages' top-100
-    with it, alone and fused by each first stage's α: ``final.json``."""
+    """Refit ``name`` (chosen in ``selection-dl21.json``), export it, rerank DL19's three first stages' top-100 with
+    it, and fuse each run with its first stage by the card's α: ``final.json``."""
     from distill.data.loaders import load_qrels
     from distill.eval.metrics import evaluate_per_query
     from distill.eval.significance import paired_t_test
+    from distill.eval.trec_runs import read_trec_run
 
     selection = json.loads((RECORDS / "selection-dl21.json").read_text())
     validation = next((row for row in selection["rows"] if row["name"] == name), None)
@@ -396,7 +397,7 @@ def final(name: str) -> dict[str, Any]:
         run(export)
     commands = [shell(train), shell(export)]
     qrels = load_qrels(ROOT / TEST_QRELS)
-    card = json.loads((ROOT / folder / "export" / "config.json").read_text())["cis_distill"]["interpolation"]
+    card = json.loads((ROOT / folder / "export" / "config.json").read_text())["cis_distill"]
     dl19: dict[str, Any] = {}
     for stage, candidates in TEST.items():
         output = f"{folder}/dl19-{stage}.trec"  # beside the export: a rerank writes nothing into its model
@@ -404,19 +405,20 @@ def final(name: str) -> dict[str, Any]:
         command += ["--interpolation", "false", "--output", output]
         if not (ROOT / output).is_file():
             run(command)
-        fused_output = f"{folder}/dl19-{stage}-fused.trec"
-        fused_command = [*command[:-4], "--interpolation", "true", "--first_stage", stage, "--output", fused_output]
-        if not (ROOT / fused_output).is_file():
-            run(fused_command)
-        commands += [shell(command), shell(fused_command)]
-        first = evaluate_per_query(first_stage_scores(candidates), qrels, [METRIC])[METRIC]
-        student, fused = per_query(output, qrels), per_query(fused_output, qrels)
+        commands.append(shell(command))
+        first_run = first_stage_scores(candidates)
+        first = evaluate_per_query(first_run, qrels, [METRIC])[METRIC]
+        student = per_query(output, qrels)
+        # Fused as `distill rerank --interpolation true --first_stage <stage>` fuses, with the card's α, from the
+        # student's run above rather than a second pass of the student over the same pairs.
+        fused_run = fuse(read_trec_run(ROOT / output), first_run, card["interpolation"][stage]["alpha"])
+        fused = evaluate_per_query(fused_run, qrels, [METRIC])[METRIC]
         queries = sorted(set(fused) & set(first))
         dl19[stage] = {
             "first_stage": mean(first),
             "student": mean(student),
             "fused": mean(fused),
-            "alpha": card[stage]["alpha"],
+            "alpha": card["interpolation"][stage]["alpha"],
             "alpha_chosen_on": f"the pooled DL21 {TEST_ALPHA[stage]} lists (53 queries)",
             "p_fused_vs_first_stage": round(
                 paired_t_test(np.array([fused[q] for q in queries]), np.array([first[q] for q in queries])), 4
@@ -428,6 +430,7 @@ def final(name: str) -> dict[str, Any]:
         }
     record = {
         "student": name,
+        "backbone": card["backbone"],
         "validation_queries": 53,
         "command": f"python experiments/first_stages.py final {name}",
         "commands": commands,
