@@ -41,11 +41,12 @@ demo: setup
 # The suite on TEST_WORKERS pytest-xdist workers: 2, a 2-core machine's cores, where most tests keep one core busy
 # (a fresh clone's .ci/run on two workers: benchmarks/results/ci-fresh-clone.txt). TEST_WORKERS=0: one process.
 # Work stealing: a worker that runs out takes tests queued on the other, so that a long test queued behind others
-# does not run alone at the end (tests/conftest.py hands out the slow ones first).
+# does not run alone at the end (tests/conftest.py hands out the slow ones first). The 25 slowest tests are listed at
+# the end, so that a CI log shows where its time went.
 TEST_WORKERS ?= 2
 
 test: setup
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=25
 
 lint: setup
 	$(VENV)/bin/ruff check .
