@@ -859,6 +859,8 @@ def page_students(links: Links) -> str:
 BENCH_TITLES = {
     "bench-cpu-auto-dl2122-final": '`backend="auto"` and every backend: the final SmolLM2 student',
     "bench-cpu-dl2122-seg-hybrid-lr3e-5": "The final SmolLM2 student's backends on an Intel Xeon (AVX-512, no AMX)",
+    "bench-cpu-fs-hybrid-apart-final": "The MiniLM-L6 first-stage student `hybrid-apart` (run just after the next)",
+    "bench-cpu-fs-mpnet-student-final": "The final first-stage student `mpnet-student` (all-mpnet-base-v2)",
     "bench-cpu-minilm-dl19-all-cis": "The first CIS student against the teacher, the paper's protocol",
     "bench-cpu-minilm-dl19-all-cis-batch16384": "The same at a 16,384-token batch budget",
     "bench-cpu-minilm-dl21-cis": "A DL21-only student",
