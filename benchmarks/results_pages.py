@@ -403,9 +403,8 @@ def final_rows(final: dict[str, Any], links: Links) -> list[list[str]]:
         significant = "*" if r["p_fused_vs_first_stage"] < 0.05 else ""
         rows.append(
             [
-                f"Final student `{final['student']}` ({final['backbone']}; BM25 and SPLADE++ "
-                f"candidates, chosen on "
-                f"{final['validation_queries']} DL21 queries), DL19 {FIRST_STAGE_NAMES.get(stage, stage)} top-100: "
+                f"Final student `{final['student']}` ({final['backbone']}; BM25 and SPLADE++ candidates, chosen "
+                f"on {final['validation_queries']} DL21 queries), DL19 {FIRST_STAGE_NAMES.get(stage, stage)} top-100: "
                 "first stage / student alone / fused (α)",
                 f"{_f(r['first_stage'])} / {_f(r['student'])} / {_f(r['fused'])}{significant} ({r['alpha']:g})",
                 links(FINAL),

@@ -170,13 +170,6 @@ def train(names: list[str]) -> None:
             run(train_command(name, run_name))
 
 
-def per_query(path: str | Path, qrels: Any) -> dict[str, float]:
-    from distill.eval.metrics import evaluate_per_query
-    from distill.eval.trec_runs import read_trec_run
-
-    return evaluate_per_query(read_trec_run(ROOT / path), qrels, [METRIC])[METRIC]
-
-
 def first_stage_scores(candidates: str) -> dict[str, dict[str, float]]:
     """The first stage's run: its scores of ``candidates``, qid -> docid -> score."""
     from distill.data.loaders import load_candidates
@@ -408,10 +401,11 @@ def final(name: str) -> dict[str, Any]:
         commands.append(shell(command))
         first_run = first_stage_scores(candidates)
         first = evaluate_per_query(first_run, qrels, [METRIC])[METRIC]
-        student = per_query(output, qrels)
+        student_run = read_trec_run(ROOT / output)
+        student = evaluate_per_query(student_run, qrels, [METRIC])[METRIC]
         # Fused as `distill rerank --interpolation true --first_stage <stage>` fuses, with the card's α, from the
         # student's run above rather than a second pass of the student over the same pairs.
-        fused_run = fuse(read_trec_run(ROOT / output), first_run, card["interpolation"][stage]["alpha"])
+        fused_run = fuse(student_run, first_run, card["interpolation"][stage]["alpha"])
         fused = evaluate_per_query(fused_run, qrels, [METRIC])[METRIC]
         queries = sorted(set(fused) & set(first))
         dl19[stage] = {
