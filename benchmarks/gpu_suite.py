@@ -6,7 +6,7 @@
 It runs, in one process and in this order:
 
 1. the teacher: :mod:`benchmarks.teacher_throughput` with ``--random_config llama3-8b`` (tiny: ``tiny``,
-   1 query), the stage against the naive and the plain batched loop, its own JSON;
+   1 query's first 24 candidates), the stage against the naive and the plain batched loop, its own JSON;
 2. training: :mod:`benchmarks.train_throughput` on ``distill train --config configs/train/bert-large-gpu.yaml``
    as it stands (the GPU config's data, budget, padding multiple, compile, unpadding, loader workers, clipping and
    learning rate), with random weights (``--model.random_init true``: offline, the shapes are what is timed) and
@@ -114,9 +114,10 @@ class GpuSuite:
 
 
 def teacher_argv(args: GpuSuite, out: Path) -> list[str]:
-    shapes = ["--random_config", "tiny", "--max_queries", "1", "--naive_pairs", "2"] if args.tiny else []
-    shapes += ["--plain_pairs", "8", "--plain_batch_size", "4"] if args.tiny else []
-    shapes = shapes or ["--random_config", "llama3-8b"]
+    shapes = ["--random_config", "llama3-8b"]
+    if args.tiny:
+        shapes = ["--random_config", "tiny", "--max_queries", "1", "--max_candidates", "24", "--naive_pairs", "2"]
+        shapes += ["--plain_pairs", "8", "--plain_batch_size", "4"]
     small = ["--matmul_size", "128", "--matmul_reps", "2"] if args.tiny else []
     return [*shapes, *small, "--device", args.device, "--progress", "false", "--out", str(out / "teacher.json")]
 

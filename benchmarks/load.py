@@ -43,6 +43,7 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
@@ -324,6 +325,20 @@ def start(name: str, command: list[str], timeout: float = 300) -> Server:
     return Server(name, command, process, found[0], log)
 
 
+def start_all(commands: dict[str, list[str]]) -> dict[str, Server]:
+    """Every server of ``commands`` (name -> command) started at once, each as :func:`start`; their loading and
+    warm-up overlap. Raises the first server's failure after stopping the others."""
+    with ThreadPoolExecutor(len(commands)) as pool:
+        pending = {name: pool.submit(start, name, command) for name, command in commands.items()}
+    failures = [f.exception() for f in pending.values() if f.exception() is not None]
+    if failures:
+        for future in pending.values():
+            if future.exception() is None:
+                future.result().stop()
+        raise failures[0]
+    return {name: future.result() for name, future in pending.items()}
+
+
 def server_metrics(url: str) -> dict[str, float]:
     """The server's Prometheus samples (name with labels -> value) that a cell's batching figures come from."""
     import httpx
@@ -493,8 +508,9 @@ def measure(plan: Plan, calls: Sequence[tuple[str, list[str]]], log: Any = None)
     """Every server's cells, then the robustness cell on the batched server; figures as :func:`summarise`'s; each
     cell's line to ``log`` (default: printed as it is measured).
 
-    The servers run side by side (an idle one takes no CPU), and each cell is measured on every server in turn, so
-    that a spell of other load on the machine falls on the servers' cells alike rather than on one server's.
+    The servers start together and run side by side (an idle one takes no CPU), and each cell is measured on every
+    server in turn, so that a spell of other load on the machine falls on the servers' cells alike rather than on
+    one server's.
     """
     import httpx
 
@@ -504,10 +520,8 @@ def measure(plan: Plan, calls: Sequence[tuple[str, list[str]]], log: Any = None)
     entries: dict[str, dict[str, Any]] = {}
     references: dict[str, dict[tuple[int, int], np.ndarray]] = {}
     try:
-        for name in plan.servers:
-            servers[name] = start(
-                name, server_command(name, plan.model, plan.backend, () if name == PEER else plan.serve_args)
-            )
+        extra = {name: () if name == PEER else plan.serve_args for name in plan.servers}
+        servers.update(start_all({n: server_command(n, plan.model, plan.backend, extra[n]) for n in plan.servers}))
         for name, server in servers.items():
             info = httpx.get(f"{server.url}/info", timeout=30).json()
             counts, _ = plan.cells_of(name)

@@ -77,6 +77,8 @@ class TeacherThroughput(TimedOptions, ScorerOptions):
     """rank_llm or multi-hop JSON, or a BEIR folder (default: DL19's BM25 top-100)."""
     max_queries: int | None = None
     """Use only the first N queries of the input."""
+    max_candidates: int | None = None
+    """Use only each query's first N candidates."""
     device: str = "auto"
     """``auto`` (cuda where there is one), ``cpu`` or ``cuda[:N]``."""
     dtype: str = "auto"
@@ -98,7 +100,7 @@ class TeacherThroughput(TimedOptions, ScorerOptions):
     def __post_init__(self) -> None:
         super().__post_init__()
         ScorerOptions.__post_init__(self)
-        at_least(self, 1, "naive_pairs", "max_queries", "plain_batch_size")
+        at_least(self, 1, "naive_pairs", "max_queries", "max_candidates", "plain_batch_size")
         at_least(self, 0, "plain_pairs")
 
 
@@ -171,11 +173,15 @@ def with_model_levers(teacher: CausalLMTeacher, options: ScorerOptions) -> None:
     teacher.scorer = CausalLMScorer(old.model, old.logit_chunk_rows, old.pad_token_id, options)
 
 
-def load_sequences(teacher: CausalLMTeacher, path: str, max_queries: int | None) -> TeacherSequences:
-    """Every pair of ``path`` (the first ``max_queries`` queries), tokenised as the teacher does."""
+def load_sequences(
+    teacher: CausalLMTeacher, path: str, max_queries: int | None, max_candidates: int | None
+) -> TeacherSequences:
+    """Every pair of ``path`` (the first ``max_queries`` queries, each query's first ``max_candidates``
+    candidates), tokenised as the teacher does."""
     candidates = load_candidates(path).candidates[:max_queries]
-    queries = [c.query.text for c in candidates for _ in c.passages]
-    passage_ids = teacher.encode_passages([p.text for c in candidates for p in c.passages])
+    passages = [c.passages[:max_candidates] for c in candidates]
+    queries = [c.query.text for c, kept in zip(candidates, passages, strict=True) for _ in kept]
+    passage_ids = teacher.encode_passages([p.text for kept in passages for p in kept])
     first: dict[tuple[int, ...], int] = {}
     distinct_index = [first.setdefault(tuple(ids), len(first)) for ids in passage_ids]
     distinct_ids = [list(ids) for ids in first]
@@ -405,7 +411,7 @@ def run(options: TeacherThroughput, invocation: dict[str, Any]) -> int:
     teacher, label = build_teacher(options, device, dtype)
     model = teacher.scorer.model
     n_params = sum(p.numel() for p in model.parameters())
-    work = load_sequences(teacher, options.input, options.max_queries)
+    work = load_sequences(teacher, options.input, options.max_queries, options.max_candidates)
     n_naive = min(options.naive_pairs, work.n_pairs)
     n_plain = work.n_pairs if options.plain_pairs is None else min(options.plain_pairs, work.n_pairs)
     ceiling = Ceiling(device, dtype, options.matmul_size or MATMUL_SIZE[device.type], options.matmul_reps)

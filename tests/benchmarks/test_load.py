@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import signal
 from pathlib import Path
 
 import numpy as np
@@ -232,3 +233,28 @@ def test_an_overload_run_gets_only_200s_and_429s(exported: Path, calls, tmp_path
     assert over["lost"] == over["wrong"] == over["refused_without_retry_after"] == 0
     assert over["accepted"] >= 2 and result["health_after"] == 200 and result["exit_status"] == 0
     assert "| overload (open loop" in (tmp_path / "overload.md").read_text()
+
+
+def test_servers_start_together_and_one_that_fails_stops_the_others(tmp_path: Path) -> None:
+    import os
+    import sys
+
+    from benchmarks.load import start_all
+
+    def server(name: str, delay: float) -> list[str]:
+        """A process that writes its pid and start time, then says it listens ``delay`` seconds later."""
+        code = f"import os, sys, time; open({str(tmp_path / name)!r}, 'w').write(f'{{os.getpid()}} {{time.time()}}'); "
+        code += f"time.sleep({delay}); print('listening on http://127.0.0.1:1', file=sys.stderr, flush=True); "
+        return [sys.executable, "-c", code + "time.sleep(60)"]
+
+    up = start_all({"a": server("a", 2), "b": server("b", 2)})
+    try:
+        assert sorted(up) == ["a", "b"] and all(s.url == "http://127.0.0.1:1" for s in up.values())
+        began = [float((tmp_path / name).read_text().split()[1]) for name in "ab"]
+        assert abs(began[0] - began[1]) < 2  # each started before the other listened
+    finally:
+        assert all(s.stop() == -signal.SIGTERM for s in up.values())
+    with pytest.raises(RuntimeError, match="broken did not start"):
+        start_all({"good": server("good", 0), "broken": [sys.executable, "-c", "raise SystemExit(3)"]})
+    with pytest.raises(ProcessLookupError):  # stopped and reaped
+        os.kill(int((tmp_path / "good").read_text().split()[0]), 0)
