@@ -284,14 +284,12 @@ OPENVINO_PRECISIONS = {"float32": "f32", "bfloat16": "bf16"}
 OPENVINO_INT8_PRECISION = "float32"
 """The arithmetic of the ops that OpenVINO does not run in int8 in the graph of ``int8_mode: weights`` (attention's
 two matmuls, LayerNorms, GELU). fp32 rather than bf16 even where the CPU has bf16: on the final student it was both
-faster and closer to fp32 (:mod:`benchmarks.onnx_cpu`'s ``openvino`` on an AVX-512 BF16 Xeon, one scale per 384
-channels: 472 ms against 497 ms, nDCG@10 -0.13 against -0.30 on DL19)."""
+faster and closer to fp32 (:mod:`benchmarks.onnx_cpu`'s ``openvino`` run, on the CPU latency results page)."""
 OPENVINO_INT8_GROUP_SIZE = 128
 """Channels of a token's activations that OpenVINO quantises with one int8 scale, at run time, before a matmul whose
 weights are int8 (the graph of ``int8_mode: weights``, see :mod:`distill.export.quantize`). Chosen on DL21 by
-:mod:`benchmarks.int8` on the final student: its ranking keeps Spearman 0.998 with fp32's (0.997 with one scale per
-384 channels, 0.999 with none, which runs no int8 matmul), and it was the fastest group size timed there (443 ms,
-against 452 for 64 and 670 for 384)."""
+:mod:`benchmarks.int8` on the final student, against 64, 384 and no grouping: the fastest of them, with a ranking
+as close to fp32's as the others' (its results on the CPU latency results page)."""
 
 
 class OpenVinoScorer:
