@@ -11,6 +11,12 @@ import pytest
 
 # Tests never reach a model hub: fail fast instead of retrying the network (read by huggingface_hub on import).
 os.environ["HF_HUB_OFFLINE"] = "1"
+# pytest-xdist's workers share the machine's cores: each worker's OpenMP pools (torch's, in it and in every process a
+# test starts) get its share of them, unless OMP_NUM_THREADS is set. Two workers that each ran a pool over every core
+# would spin against each other, and small ops slow down several times (read by torch on import).
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0)) // _WORKERS)))
 
 REPO = Path(__file__).resolve().parents[1]
 DL19 = REPO / "data" / "trec-dl19" / "bm25_top100.json"
