@@ -7,6 +7,9 @@ logits are shuffled over the vocabulary (what a tokenizer/model mismatch or a ga
 
 from __future__ import annotations
 
+import contextlib
+import io
+
 import numpy as np
 import pytest
 import torch
@@ -23,8 +26,25 @@ PER_SIDE = 4
 
 
 @pytest.fixture(scope="module")
-def smollm2() -> CausalLMTeacher:
-    return CausalLMTeacher.load("smollm2-135m")
+def loaded() -> tuple[CausalLMTeacher, str]:
+    """SmolLM2 loaded once, as the command line loads it (the hub's progress bars off), and what the load wrote to
+    ``sys.stderr``, where tqdm draws its bars."""
+    from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
+
+    was_disabled = are_progress_bars_disabled()
+    disable_progress_bars()
+    try:
+        with contextlib.redirect_stderr(io.StringIO()) as err:
+            teacher = CausalLMTeacher.load("smollm2-135m")
+    finally:
+        if not was_disabled:
+            enable_progress_bars()
+    return teacher, err.getvalue()
+
+
+@pytest.fixture(scope="module")
+def smollm2(loaded: tuple[CausalLMTeacher, str]) -> CausalLMTeacher:
+    return loaded[0]
 
 
 @pytest.fixture(scope="module")
@@ -83,17 +103,11 @@ def test_cis_convention_on_the_real_tokenizer(smollm2: CausalLMTeacher, judged: 
     assert SCORES["cis"](terms)[0] == pytest.approx(cond - uncond, abs=4e-3)
 
 
-def test_the_packaged_gguf_loads_without_its_conversion_bar_where_bars_are_off(capfd) -> None:
+def test_the_packaged_gguf_loads_without_its_conversion_bar_where_bars_are_off(
+    loaded: tuple[CausalLMTeacher, str],
+) -> None:
     """The embedded teacher is a GGUF file inside a package: with the hub's progress bars off (as the command line
     turns them off), transformers' GGUF conversion draws none either."""
-    from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
-
-    was_disabled = are_progress_bars_disabled()
-    disable_progress_bars()
-    try:
-        capfd.readouterr()
-        CausalLMTeacher.load("smollm2-135m")
-        assert "de-quantizing GGUF tensors" not in capfd.readouterr().err
-    finally:
-        if not was_disabled:
-            enable_progress_bars()
+    teacher, err = loaded
+    assert teacher.describe()["start_token"] == "<|im_start|>"  # loaded, from the GGUF file
+    assert "de-quantizing GGUF tensors" not in err

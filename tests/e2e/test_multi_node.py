@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import DL19
-from tests.distill.stages.test_teach import _cli, rows
+from tests.distill.stages.test_teach import _cli, one_process_rows, rows
 
 REPO = Path(__file__).resolve().parents[2]
 NODES = 2
@@ -89,17 +89,11 @@ def kill_node(node: subprocess.Popen) -> None:
 @pytest.mark.slow
 def test_two_node_teacher_gives_one_process_dataset(tiny_llama: Path, sample_file: Path, tmp_path: Path) -> None:
     """A shared output folder and p(K) cache, as a cluster's shared filesystem gives them."""
-    one, two = tmp_path / "one", tmp_path / "two"
-    subprocess.run(
-        [sys.executable, *_cli(tiny_llama, sample_file, one, tmp_path / "c1")],
-        check=True,
-        env=node_env(0, tmp_path),
-        cwd=REPO,
-    )
+    two = tmp_path / "two"
     nodes = teacher_nodes(_cli(tiny_llama, sample_file, two, tmp_path / "c2"), tmp_path)
     assert wait_all(nodes) == [0, 0]
     assert "log p(K) [rank 0/2]" in (tmp_path / "teacher-node0.log").read_text()  # one process of two
-    assert rows(two) == rows(one)
+    assert rows(two) == one_process_rows(tiny_llama, sample_file, tmp_path / "one")
 
 
 @pytest.mark.slow
@@ -107,13 +101,7 @@ def test_a_node_killed_mid_run_then_both_relaunched_gives_the_same_dataset(tiny_
     """Three DL19 queries' top 60 (180 pairs in 60 chunks), so that a node dies with most chunks to score."""
     sample_file = tmp_path / "sample.json"
     sample_file.write_text(json.dumps([{**e, "hits": e["hits"][:60]} for e in json.loads(DL19.read_text())[:3]]))
-    reference = tmp_path / "reference"
-    subprocess.run(
-        [sys.executable, *_cli(tiny_llama, sample_file, reference, tmp_path / "c1")],
-        check=True,
-        env=node_env(0, tmp_path),
-        cwd=REPO,
-    )
+    reference = one_process_rows(tiny_llama, sample_file, tmp_path / "reference")
     out, cache = tmp_path / "out", tmp_path / "c2"
     nodes = teacher_nodes(_cli(tiny_llama, sample_file, out, cache), tmp_path)
     deadline = time.monotonic() + 120
@@ -127,7 +115,7 @@ def test_a_node_killed_mid_run_then_both_relaunched_gives_the_same_dataset(tiny_
         kill_node(nodes[0])
     assert not out.exists(), "the run finished before a node was killed"
     assert wait_all(teacher_nodes(_cli(tiny_llama, sample_file, out, cache), tmp_path)) == [0, 0]
-    assert rows(out) == rows(reference)
+    assert rows(out) == reference
 
 
 def student_nodes(

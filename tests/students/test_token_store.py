@@ -70,17 +70,22 @@ def test_a_store_is_reused_only_under_the_same_key(
 ) -> None:
     from transformers import AutoTokenizer
 
-    first = store_of(DL2122, tokenizer, tmp_path)
-    again = store_of(DL2122, tokenizer, tmp_path)
+    # two folders: the tiny teacher's triplets and a copy of their first half
+    dataset = TeacherDataset.open(teacher_dataset)
+    half = tmp_path / "half"
+    TeacherDataset.write(dataset.table().slice(0, dataset.table().num_rows // 2), dataset.metadata, half)
+    folders = [str(teacher_dataset), str(half)]
+    first = store_of(folders, tokenizer, tmp_path)
+    again = store_of(folders, tokenizer, tmp_path)
     assert again.path == first.path and again.manifest == first.manifest  # reopened, not rebuilt
     # the label does not change the tokens: the same store serves it
-    assert store_of(DL2122, tokenizer, tmp_path, label="upr").path == first.path
+    assert store_of(folders, tokenizer, tmp_path, label="upr").path == first.path
     # what does change them gives a store of its own
     others = {
-        "max_length": store_of(DL2122, tokenizer, tmp_path, max_length=256),
-        "rows": store_of(DL2122[:1], tokenizer, tmp_path),
-        "order": store_of(DL2122[::-1], tokenizer, tmp_path),
-        "tokenizer": store_of(DL2122, AutoTokenizer.from_pretrained(tiny_llama), tmp_path),
+        "max_length": store_of(folders, tokenizer, tmp_path, max_length=256),
+        "rows": store_of(folders[:1], tokenizer, tmp_path),
+        "order": store_of(folders[::-1], tokenizer, tmp_path),
+        "tokenizer": store_of(folders, AutoTokenizer.from_pretrained(tiny_llama), tmp_path),
     }
     assert len({first.path, *(store.path for store in others.values())}) == 1 + len(others)
     # the same folder rewritten (new contents, same path) is another key

@@ -14,6 +14,7 @@ from pathlib import Path
 import datasets
 import numpy as np
 import pytest
+import torch
 
 from distill.cli import main
 from distill.core.schema import InputError
@@ -152,18 +153,34 @@ def _env() -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
+def one_process_rows(tiny_llama: Path, sample: Path, root: Path) -> list[dict]:
+    """The rows of an uninterrupted run of :func:`_cli`'s command on ``sample`` into ``root``, in this process and on
+    one thread, as the subprocesses run it: what an interrupted or a multi-process run must equal."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert main(_cli(tiny_llama, sample, root / "out", root / "cache")[2:]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    return rows(root / "out")
+
+
+@pytest.fixture(scope="module")
+def one_process(tiny_llama: Path, dl19_sample: list[dict], tmp_path_factory: pytest.TempPathFactory) -> list[dict]:
+    """:func:`one_process_rows` of the DL19 sample (``sample_file``'s contents)."""
+    root = tmp_path_factory.mktemp("one-process")
+    (root / "sample.json").write_text(json.dumps(dl19_sample))
+    return one_process_rows(tiny_llama, root / "sample.json", root)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(("kill_after", "lines"), [("seg-*.jsonl", False), ("chunks/*.parquet", True)])
 def test_resume_after_kill_9_gives_the_same_dataset(
-    tiny_llama: Path, sample_file: Path, tmp_path: Path, kill_after: str, lines: bool
+    tiny_llama: Path, sample_file: Path, tmp_path: Path, kill_after: str, lines: bool, one_process: list[dict]
 ) -> None:
     """Killed after its first p(K) segment, or its first chunk of pairs (then from a streamed JSON-lines input)."""
     if lines:
         sample_file = as_json_lines(sample_file, tmp_path / "sample.jsonl")
-    reference = tmp_path / "reference"
-    subprocess.run(
-        [sys.executable, *_cli(tiny_llama, sample_file, reference, tmp_path / "c1")], check=True, env=_env(), cwd=REPO
-    )
     out, cache = tmp_path / "out", tmp_path / "c2"
     watch = cache if kill_after.startswith("seg") else tmp_path / "out.partial"
     proc = subprocess.Popen([sys.executable, *_cli(tiny_llama, sample_file, out, cache)], env=_env(), cwd=REPO)
@@ -175,17 +192,16 @@ def test_resume_after_kill_9_gives_the_same_dataset(
     assert not out.exists(), "the run finished before it could be killed"
     assert list(watch.rglob(kill_after)), "killed before any work was saved"
     subprocess.run([sys.executable, *_cli(tiny_llama, sample_file, out, cache)], check=True, env=_env(), cwd=REPO)
-    assert rows(out) == rows(reference)
+    assert rows(out) == one_process
 
 
 @pytest.mark.slow
-def test_two_processes_give_the_same_dataset_as_one(tiny_llama: Path, sample_file: Path, tmp_path: Path) -> None:
+def test_two_processes_give_the_same_dataset_as_one(
+    tiny_llama: Path, sample_file: Path, tmp_path: Path, one_process: list[dict]
+) -> None:
     """``accelerate launch --multi_gpu`` (torchrun underneath) on a machine without CUDA: two processes over gloo,
     each scoring half the passages."""
-    one, two = tmp_path / "one", tmp_path / "two"
-    subprocess.run(
-        [sys.executable, *_cli(tiny_llama, sample_file, one, tmp_path / "c1")], check=True, env=_env(), cwd=REPO
-    )
+    two = tmp_path / "two"
     launcher = shutil.which("accelerate", path=str(Path(sys.executable).parent))
     done = subprocess.run(
         [
@@ -203,7 +219,7 @@ def test_two_processes_give_the_same_dataset_as_one(tiny_llama: Path, sample_fil
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "log p(K) [rank 0/2]" in done.stderr  # rank 0 of 2: its share, not every passage
-    assert rows(two) == rows(one)
+    assert rows(two) == one_process
     assert len(rows(two)) == 36
 
 

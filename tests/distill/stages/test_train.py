@@ -297,31 +297,6 @@ def test_the_program_exits_promptly_after_its_summary(tmp_path: Path, tiny_bert:
 
 
 @pytest.mark.slow
-def test_killed_run_resumes_from_last(tmp_path: Path, tiny_bert: Path, teacher_dataset: Path) -> None:
-    import signal
-    import subprocess
-    import sys
-    import time
-
-    path = write_config(tmp_path, tiny_bert, teacher_dataset, max_epochs=40)
-    command = [sys.executable, "-m", "distill", "train", "--config", str(path), "--checkpointing.every_n_steps", "3"]
-    last = tmp_path / "runs" / "tiny" / "checkpoints" / "last.ckpt"  # saved every 3 steps (an epoch), and at the end
-    proc = subprocess.Popen(command, env=_subprocess_env(), stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
-    deadline = time.monotonic() + 300
-    while not last.exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.01)
-    time.sleep(0.5)  # a few more epochs
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    killed_at = torch.load(last, weights_only=False)["epoch"]
-    assert killed_at < 39, "the run finished before it could be killed"
-    resumed = subprocess.run([*command, "--ckpt_path", "last"], env=_subprocess_env(), capture_output=True, text=True)
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert "Restoring states from the checkpoint path" in resumed.stderr
-    assert torch.load(last, weights_only=False)["epoch"] == 39
-
-
-@pytest.mark.slow
 def test_ddp_on_two_cpu_processes_with_uneven_batches(tmp_path: Path, tiny_bert: Path, teacher_dataset: Path) -> None:
     """24 training pairs in batches of 5 are 5 batches: two ranks must still step together and finish. The pairs
     are tokenised once (rank 0, in ``prepare_data``), and both ranks map the same cached files."""
