@@ -15,7 +15,8 @@ DL19 is the test year: the final student alone is reranked on it, once, on its B
 (TAS-B takes SPLADE++'s α).
 
     python experiments/first_stages.py train NAME [NAME ...]   # -> checkpoints/fs-NAME[-fK] (skips finished runs)
-    python experiments/first_stages.py select NAME [NAME ...] [--against NAME]  # -> quality/selection-dl21.{json,md}
+    python experiments/first_stages.py select NAME [NAME ...] [--against NAME] [--record dl21]
+        # -> quality/selection-RECORD.{json,md}, and each variant's pooled runs: quality/heldout/NAME/dl21-*.trec
     python experiments/first_stages.py final NAME              # -> checkpoints/fs-NAME-final, quality/final.json
 
 The MPNet variants need all-mpnet-base-v2's weights beyond ``make setup``'s: ``make experiments`` installs them.
@@ -113,6 +114,8 @@ VARIANTS: dict[str, tuple[list[str], bool]] = {
     "hybrid-apart-margin_mse": ([*HYBRID, *APART, "--model.loss", "margin_mse"], True),
     "hybrid-apart-ranknet": ([*HYBRID, *APART, "--model.loss", "ranknet"], True),
     "hybrid-apart-adr_mse": ([*HYBRID, *APART, "--model.loss", "adr_mse"], True),
+    "hybrid-apart-lr1e-4": ([*HYBRID, *APART, "--model.lr", "1.0e-4"], True),
+    "hybrid-apart-e3": ([*HYBRID, *APART, "--trainer.max_epochs", "3"], True),
     "hybrid-apart-dl22s": ([*HYBRID, *APART, *every_list("smollm2", "minilm")], True),
     "mpnet-student-dl22s": ([*MPNET_HYBRID, *MPNET_STUDENT, *every_list("smollm2", "mpnet")], True),
     "hybrid-fs0.5": (
@@ -152,6 +155,8 @@ TEACHERS = {
 weight (``teacher/score``: ``data/teacher/dl21-<first stage>-<teacher>/runs/<score>.trec``), what a student
 distilled from that label alone approaches."""
 RECORDS = ROOT / "benchmarks" / "results" / "quality"
+SELECTION = "dl21"
+"""The selection record that ``final`` reads: ``selection-dl21.{json,md}``."""
 METRIC = "nDCG@10"
 
 
@@ -243,14 +248,22 @@ def mean(values: dict[str, float]) -> float:
     return round(float(np.mean(list(values.values()))), 2)
 
 
+def heldout_path(name: str, stage: str) -> Path:
+    """The committed pooled held-out run of variant ``name`` on the DL21 ``stage`` lists."""
+    return RECORDS / "heldout" / name / f"dl21-{stage}.trec"
+
+
 def pooled(name: str, qrels: Any, commands: list[str]) -> dict[str, dict[str, dict[str, float]]]:
     """first stage -> the variant's student run over the 53 DL21 queries, each query scored by the run that held it
-    out (its rerank commands appended to ``commands``)."""
-    from distill.eval.trec_runs import read_trec_run
+    out (its train and rerank commands appended to ``commands``). The pooled runs are committed
+    (:func:`heldout_path`), so that a clean clone selects without the checkpoints; a variant without them is reranked
+    from its fold checkpoints and its pooled runs written."""
+    from distill.eval.trec_runs import read_trec_run, write_trec_run
 
     lists: dict[str, dict[str, dict[str, float]]] = {stage: {} for stage in VALIDATION}
+    committed = all(heldout_path(name, stage).is_file() for stage in VALIDATION)
     for run_name in runs(name):
-        if not trained(run_name):
+        if not committed and not trained(run_name):
             raise SystemExit(f"first_stages.py select: checkpoints/{run_name}/hf is missing: run `train {name}`")
         commands.append(shell(train_command(name, run_name)))
         model = f"checkpoints/{run_name}"
@@ -258,10 +271,17 @@ def pooled(name: str, qrels: Any, commands: list[str]) -> dict[str, dict[str, di
             output = f"{model}/dl21-{stage}.trec"
             command = ["distill", "rerank", "--model", model, "--backend", "torch", "--input", candidates]
             command += ["--held_out", model, "--interpolation", "false", "--output", output]
+            commands.append(shell(command))
+            if committed:
+                continue
             if not (ROOT / output).is_file():
                 run(command)
-            commands.append(shell(command))
             lists[stage].update(read_trec_run(ROOT / output))
+    for stage in VALIDATION:
+        if committed:
+            lists[stage] = read_trec_run(heldout_path(name, stage))
+        else:
+            write_trec_run(heldout_path(name, stage), lists[stage], tag=name)
     judged = {q for q in lists["bm25"] if q in qrels}
     assert len(judged) == 53, f"{name}: {len(judged)} validation queries, not 53"
     return lists
@@ -284,9 +304,10 @@ def label_run(stage: str, weights: dict[str, float]) -> dict[str, dict[str, floa
     return total
 
 
-def select(names: list[str], against: Sequence[str] = ()) -> dict[str, Any]:
+def select(names: list[str], against: Sequence[str] = (), record_name: str = SELECTION) -> dict[str, Any]:
     """Pool each variant's held-out DL21 scores, choose α per first stage on them, compare with :data:`REFERENCE`,
-    with the final student of ``final.json`` and with each variant of ``against``."""
+    with the final student of ``final.json`` and with each variant of ``against``: ``selection-<record_name>.{json,md}``
+    (``final`` reads the default one)."""
     from distill.data.loaders import load_qrels
     from distill.eval.metrics import evaluate_per_query
 
@@ -324,6 +345,7 @@ def select(names: list[str], against: Sequence[str] = ()) -> dict[str, Any]:
             for baseline in baselines
         }
     options = "".join(f" --against {name}" for name in against)
+    options += f" --record {record_name}" if record_name != SELECTION else ""
     record = {
         "command": f"python experiments/first_stages.py select {' '.join(names[1:])}{options}",
         "final_before": incumbent,
@@ -341,7 +363,7 @@ def select(names: list[str], against: Sequence[str] = ()) -> dict[str, Any]:
         },
     }
     RECORDS.mkdir(parents=True, exist_ok=True)
-    (RECORDS / "selection-dl21.json").write_text(json.dumps(record, indent=2) + "\n")
+    (RECORDS / f"selection-{record_name}.json").write_text(json.dumps(record, indent=2) + "\n")
     lines = [
         f"`{record['command']}`: nDCG@10 on all 53 judged DL21 queries, each scored by a student that did not train "
         f"on it. Δ: the student's mean difference with `{REFERENCE}` (BM25's candidates alone), with its 95% "
@@ -380,7 +402,7 @@ def select(names: list[str], against: Sequence[str] = ()) -> dict[str, Any]:
                 d = row["student_vs"][baseline][stage]
                 cells.append(f"{d['difference']:+.2f} [{d['interval'][0]:+.2f}, {d['interval'][1]:+.2f}]")
             lines.append("| " + " | ".join(cells) + " |")
-    (RECORDS / "selection-dl21.md").write_text("\n".join(lines) + "\n")
+    (RECORDS / f"selection-{record_name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return record
 
@@ -400,7 +422,7 @@ def final(name: str) -> dict[str, Any]:
     from distill.eval.significance import paired_t_test
     from distill.eval.trec_runs import read_trec_run
 
-    selection = json.loads((RECORDS / "selection-dl21.json").read_text())
+    selection = json.loads((RECORDS / f"selection-{SELECTION}.json").read_text())
     validation = next((row for row in selection["rows"] if row["name"] == name), None)
     if validation is None:
         raise SystemExit(f"first_stages.py final: {name} is not in selection-dl21.json: run `select {name}` first")
@@ -469,6 +491,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub.choices["select"].add_argument(
         "--against", action="append", default=[], choices=sorted(VARIANTS), help="also compare each variant with it"
     )
+    sub.choices["select"].add_argument(
+        "--record", default=SELECTION, help="write selection-RECORD.{json,md} (final reads the default's)"
+    )
     sub.add_parser("final", help="refit the chosen variant, test it once on DL19").add_argument(
         "name", choices=sorted(VARIANTS)
     )
@@ -476,7 +501,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "train":
         train(args.names)
     elif args.command == "select":
-        select(args.names, args.against)
+        select(args.names, args.against, args.record)
     else:
         final(args.name)
     return 0

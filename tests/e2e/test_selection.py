@@ -67,3 +67,29 @@ def test_a_teacher_label_is_the_weighted_sum_of_its_runs_z_scores(selection) -> 
         for name, weight in weights.items()
     )
     np.testing.assert_allclose([label[qid][d] for d in docids], expected, atol=1e-9)
+
+
+def test_a_variant_with_committed_held_out_runs_selects_without_its_checkpoints(
+    selection, tmp_path, monkeypatch
+) -> None:
+    from distill.data.loaders import load_qrels
+    from distill.eval.trec_runs import read_trec_run, write_trec_run
+
+    monkeypatch.setattr(selection, "RECORDS", tmp_path)
+    monkeypatch.setattr(selection, "ROOT", tmp_path)  # no checkpoints/ here
+    qrels = load_qrels(REPO / selection.VALIDATION_QRELS)
+    runs = {
+        stage: {q: {f"{stage}-d{k}": float(k) for k in range(3)} for q in sorted(qrels)}
+        for stage in selection.VALIDATION
+    }
+    with pytest.raises(SystemExit, match="checkpoints/fs-hybrid-apart-f0/hf is missing"):
+        selection.pooled("hybrid-apart", qrels, [])
+    for stage, run in runs.items():
+        write_trec_run(selection.heldout_path("hybrid-apart", stage), run, tag="hybrid-apart")
+    commands: list[str] = []
+    lists = selection.pooled("hybrid-apart", qrels, commands)
+    assert lists == {stage: read_trec_run(selection.heldout_path("hybrid-apart", stage)) for stage in runs}
+    assert lists["bm25"][sorted(qrels)[0]]["bm25-d2"] == 2.0 and len(lists["splade"]) == 53
+    # The commands that made them are still recorded: each fold's training and its two held-out reranks.
+    assert [c.split()[1] for c in commands] == ["train", "rerank", "rerank"] * 2
+    assert "--data.val_fold 1" in commands[3] and "--held_out checkpoints/fs-hybrid-apart-f1" in commands[5]
