@@ -215,22 +215,22 @@ def test_two_node_student_equals_two_ranks_on_one_node(
 
 @pytest.mark.slow
 def test_a_node_killed_then_both_resumed_from_last_ends_with_the_one_node_weights(
-    tmp_path_factory: pytest.TempPathFactory, tiny_bert: Path, teacher_dataset: Path
+    ddp_reference: tuple[Path, Path],
 ) -> None:
     """Two nodes train the resumable config (a checkpoint every step, 6 steps an epoch over 2 ranks); node 1 is
     SIGKILLed after a checkpoint of the first epoch (node 0 loses its peer and is ended too, as a scheduler ends a
     job); both are launched again with ``--ckpt_path last`` and end with the weights of an uninterrupted 2-rank run
     on one node (the resume tests' "exactly")."""
-    from tests.e2e.test_resume import assert_same_weights, reference_run, saved_steps
+    from tests.e2e.test_resume import assert_same_weights, saved_steps
 
-    config, reference = reference_run(tmp_path_factory.mktemp("resume"), tiny_bert, teacher_dataset, devices=2)
-    root = config.parent
+    config, reference = ddp_reference
+    root, run_name = config.parent, "two-nodes-killed"
     resume = ["--ckpt_path", "last"]
-    nodes = student_nodes(config, root, "killed", "torchrun", [None, None], *resume)
-    log = root / "killed-node0.log"
+    nodes = student_nodes(config, root, run_name, "torchrun", [None, None], *resume)
+    log = root / f"{run_name}-node0.log"
     deadline = time.monotonic() + 300
     while not (steps := saved_steps(log, 0)) or steps[-1] < 3:
-        assert all(node.poll() is None for node in nodes), node_logs(root, "killed")[-3000:]
+        assert all(node.poll() is None for node in nodes), node_logs(root, run_name)[-3000:]
         assert time.monotonic() < deadline, "no checkpoint of step 3"
         time.sleep(0.02)
     kill_node(nodes[1])
@@ -238,8 +238,8 @@ def test_a_node_killed_then_both_resumed_from_last_ends_with_the_one_node_weight
         nodes[0].wait(timeout=30)
     except subprocess.TimeoutExpired:
         kill_node(nodes[0])
-    assert not (root / "runs" / "killed" / "hf").exists(), "the run finished before a node was killed"
-    nodes = student_nodes(config, root, "killed", "torchrun", [None, None], *resume)
-    assert wait_all(nodes) == [0, 0], node_logs(root, "killed")[-3000:]
-    assert "resumed at epoch" in node_logs(root, "killed")
-    assert_same_weights(root / "runs" / "killed", reference)
+    assert not (root / "runs" / run_name / "hf").exists(), "the run finished before a node was killed"
+    nodes = student_nodes(config, root, run_name, "torchrun", [None, None], *resume)
+    assert wait_all(nodes) == [0, 0], node_logs(root, run_name)[-3000:]
+    assert "resumed at epoch" in node_logs(root, run_name)
+    assert_same_weights(root / "runs" / run_name, reference)

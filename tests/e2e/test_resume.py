@@ -130,11 +130,6 @@ def reference(tmp_path_factory, tiny_bert: Path, teacher_dataset: Path) -> tuple
     return reference_run(tmp_path_factory.mktemp("reference"), tiny_bert, teacher_dataset, devices=1)
 
 
-@pytest.fixture(scope="module")
-def ddp_reference(tmp_path_factory, tiny_bert: Path, teacher_dataset: Path) -> tuple[Path, Path]:
-    return reference_run(tmp_path_factory.mktemp("ddp-reference"), tiny_bert, teacher_dataset, devices=2)
-
-
 def interrupt_and_resume(config: Path, run: Path, signals: list[signal.Signals], epoch_steps: int, seed: int) -> str:
     """Run, stop the run with each of ``signals`` in turn, resume it each time with ``--ckpt_path last``, and
     let the last resumption finish; returns the log of all the processes.
