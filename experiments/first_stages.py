@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shlex
 import subprocess
 import sys
@@ -272,16 +273,16 @@ def pooled(name: str, qrels: Any, commands: list[str]) -> dict[str, dict[str, di
             command = ["distill", "rerank", "--model", model, "--backend", "torch", "--input", candidates]
             command += ["--held_out", model, "--interpolation", "false", "--output", output]
             commands.append(shell(command))
-            if committed:
-                continue
-            if not (ROOT / output).is_file():
-                run(command)
-            lists[stage].update(read_trec_run(ROOT / output))
+            if not committed:
+                if not (ROOT / output).is_file():
+                    run(command)
+                lists[stage].update(read_trec_run(ROOT / output))
     for stage in VALIDATION:
+        path = heldout_path(name, stage)
         if committed:
-            lists[stage] = read_trec_run(heldout_path(name, stage))
+            lists[stage] = read_trec_run(path)
         else:
-            write_trec_run(heldout_path(name, stage), lists[stage], tag=name)
+            write_trec_run(path, lists[stage], tag=name)
     judged = {q for q in lists["bm25"] if q in qrels}
     assert len(judged) == 53, f"{name}: {len(judged)} validation queries, not 53"
     return lists
@@ -425,7 +426,9 @@ def final(name: str) -> dict[str, Any]:
     selection = json.loads((RECORDS / f"selection-{SELECTION}.json").read_text())
     validation = next((row for row in selection["rows"] if row["name"] == name), None)
     if validation is None:
-        raise SystemExit(f"first_stages.py final: {name} is not in selection-dl21.json: run `select {name}` first")
+        raise SystemExit(
+            f"first_stages.py final: {name} is not in selection-{SELECTION}.json: run `select {name}` first"
+        )
     alphas = {stage: validation[stage]["alpha"] for stage in VALIDATION}
     train = final_command(name, alphas)
     folder = f"checkpoints/fs-{name}-final"
@@ -483,6 +486,13 @@ def final(name: str) -> dict[str, Any]:
     return record
 
 
+def record_name(value: str) -> str:
+    """``--record``: a file-name part (letters, digits, ``.``, ``_``, ``-``)."""
+    if not re.fullmatch(r"[\w.-]+", value):
+        raise argparse.ArgumentTypeError(f"{value!r}: letters, digits, '.', '_' and '-' only")
+    return value
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -492,7 +502,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--against", action="append", default=[], choices=sorted(VARIANTS), help="also compare each variant with it"
     )
     sub.choices["select"].add_argument(
-        "--record", default=SELECTION, help="write selection-RECORD.{json,md} (final reads the default's)"
+        "--record",
+        default=SELECTION,
+        type=record_name,
+        help="write selection-RECORD.{json,md} (final reads the default's)",
     )
     sub.add_parser("final", help="refit the chosen variant, test it once on DL19").add_argument(
         "name", choices=sorted(VARIANTS)
