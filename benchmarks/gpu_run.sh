@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The one prepared call on a lent GPU machine (the `device` tool runs it in a copy of the checkout, with $OUT):
+# the GPU suite's serving stage first, then the CUDA-graph tests, then the suite's other stages in what is left of
+# a deadline (seconds, default 500), each folder packed as one .tar.xz under $OUT. Wheels: benchmarks/gpu_wheels.sh.
+#   bash benchmarks/gpu_run.sh [deadline_s]
+set -o pipefail
+deadline=${1:-500}
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .gpu/whl/*.whl \
+  || exit 3
+export PYTHONPATH=$PWD/.gpu/stubs:/tmp/site:$PWD HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 PYTHONUNBUFFERED=1
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv; lscpu | grep -E 'Model name|^CPU\(s\)'
+  python3 -c 'import torch, transformers, sentence_transformers as s; print(torch.__version__, transformers.__version__, s.__version__)'
+} 2>&1 | tee "$OUT/env.txt"
+pack() { (cd "$OUT" && tar -cJf "$1.tar.xz" --exclude=serve-student "$1" && rm -rf "$1"); }
+timeout $((deadline - SECONDS - 20)) python3 -m benchmarks.gpu_suite --only serve --out "$OUT/serve" 2>&1 \
+  | tee "$OUT/serve.log" | grep -v '^\s*$' | tail -40
+pack serve
+timeout 90 python3 -m pytest -q -p no:cacheprovider tests/distill/serving/test_cuda_graphs.py 2>&1 | tail -5 \
+  | tee "$OUT/cuda-graphs-tests.txt"
+left=$((deadline - SECONDS - 15))
+if [ "$left" -gt 60 ]; then
+  timeout "$left" python3 -m benchmarks.gpu_suite --only '[teacher,train,rerank]' --out "$OUT/stages" 2>&1 \
+    | tee "$OUT/stages.log" | tail -30
+  pack stages
+fi
+echo "gpu_run: $SECONDS s"
