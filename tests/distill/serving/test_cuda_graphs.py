@@ -125,13 +125,13 @@ def test_unpad_and_cuda_graphs_are_the_defaults_on_cuda_only() -> None:
 def test_cuda_graphs_are_refused_off_cuda_and_without_unpad(
     spread_bert: Path, sample_file: Path, tmp_path: Path, capsys
 ) -> None:
-    cpu = Reranker.load(spread_bert, backend="torch")
+    cpu = Reranker.load(spread_bert, backend="torch", device="cpu")
     assert (cpu.settings["unpad"], cpu.settings["cuda_graphs"]) == (False, False) and cpu.scorer.graphs is None
     with pytest.raises(InputError, match="CUDA graphs run on a CUDA device, not 'cpu'"):
-        Reranker.load(spread_bert, backend="torch", unpad=True, cuda_graphs=True)
+        Reranker.load(spread_bert, backend="torch", device="cpu", unpad=True, cuda_graphs=True)
     with pytest.raises(ValueError, match="CUDA graphs run on a CUDA device"):
         CudaGraphs(cpu.scorer.packed, torch.device("cpu"), 512, 0)
-    args = ["rerank", "--model", str(spread_bert), "--backend", "torch", "--input", str(sample_file)]
+    args = ["rerank", "--model", str(spread_bert), "--backend", "torch", "--device", "cpu", "--input", str(sample_file)]
     assert main([*args, "--output", str(tmp_path / "graphs.trec"), "--cuda_graphs"]) == 2
     assert "CUDA graphs run on a CUDA device" in capsys.readouterr().err
 
