@@ -285,7 +285,7 @@ def server_command(name: str, model: str, backend: str, extra: Sequence[str] = (
     """The command of server ``name`` (:data:`SERVERS`, or ``streams-N``: batched on N OpenVINO streams) on a free
     loopback port."""
     if name == PEER:
-        return [sys.executable, "-m", "benchmarks.load", "serve-peer", "--model", model, "--port", "0"]
+        return [sys.executable, "-m", "benchmarks.load", "serve-peer", "--model", model, "--port", "0", *extra]
     command = [sys.executable, "-m", "distill", "serve", "--model", model, "--backend", backend, "--port", "0"]
     if name == "one-at-a-time":
         command += ["--batching", "false"]
@@ -294,6 +294,12 @@ def server_command(name: str, model: str, backend: str, extra: Sequence[str] = (
     elif name != "batched":
         raise ValueError(f"unknown server {name!r}: one of {SERVERS} or streams-N")
     return command + list(extra)
+
+
+def peer_args(serve_args: Sequence[str]) -> tuple[str, ...]:
+    """The peer's options from the student servers' ``serve_args``: the same ``--device`` (default ``auto``)."""
+    args = list(serve_args)
+    return tuple(args[args.index("--device") : args.index("--device") + 2]) if "--device" in args else ()
 
 
 def start(name: str, command: list[str], timeout: float = 300) -> Server:
@@ -399,18 +405,20 @@ def run_cell(
     return figures
 
 
-def serve_peer(model: str, host: str, port: int) -> None:
-    """``CrossEncoder.predict`` (:class:`~distill.bench.peers.CrossEncoderLoop`) behind ``distill serve``'s app, on
-    uvicorn as ``distill serve`` runs it (draining on SIGTERM)."""
+def serve_peer(model: str, host: str, port: int, device: str = "auto") -> None:
+    """``CrossEncoder.predict`` (:class:`~distill.bench.peers.CrossEncoderLoop`) on ``device`` (``auto``: the GPU
+    where there is one, as ``distill serve``) behind ``distill serve``'s app, on uvicorn as ``distill serve`` runs it
+    (draining on SIGTERM)."""
     import uvicorn
 
     from distill.bench.peers import CrossEncoderLoop
+    from distill.core.devices import resolve_device
     from distill.serving.http_api import ServedModel, create_app
     from distill.serving.server import bind, drain_server
 
     sock = bind(host, port)
     try:
-        app = create_app(ServedModel(model, CrossEncoderLoop.load(model)))
+        app = create_app(ServedModel(model, CrossEncoderLoop.load(model, str(resolve_device(device)))))
         print(f"benchmarks.load serve-peer: listening on http://{host}:{sock.getsockname()[1]}", file=sys.stderr)
         config = uvicorn.Config(app, lifespan="on", access_log=False, log_level="warning")
         drain_server(config, app.state.serving).run(sockets=[sock])
@@ -520,7 +528,7 @@ def measure(plan: Plan, calls: Sequence[tuple[str, list[str]]], log: Any = None)
     entries: dict[str, dict[str, Any]] = {}
     references: dict[str, dict[tuple[int, int], np.ndarray]] = {}
     try:
-        extra = {name: () if name == PEER else plan.serve_args for name in plan.servers}
+        extra = {name: peer_args(plan.serve_args) if name == PEER else plan.serve_args for name in plan.servers}
         servers.update(start_all({n: server_command(n, plan.model, plan.backend, extra[n]) for n in plan.servers}))
         for name, server in servers.items():
             info = httpx.get(f"{server.url}/info", timeout=30).json()
@@ -728,9 +736,10 @@ def main(argv: list[str] | None = None) -> int:
     peer.add_argument("--model", required=True)
     peer.add_argument("--host", default="127.0.0.1")
     peer.add_argument("--port", type=int, default=8080)
+    peer.add_argument("--device", default="auto", help="the peer's device (auto: the GPU where there is one)")
     args = parser.parse_args(argv)
     if args.command == "serve-peer":
-        serve_peer(args.model, args.host, args.port)
+        serve_peer(args.model, args.host, args.port, args.device)
         return 0
     plan = Plan(
         args.model,

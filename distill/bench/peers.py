@@ -184,6 +184,7 @@ class CrossEncoderLoop:
         return {
             "backend": self.backend,
             "dtype": str(self.encoder.model.dtype).removeprefix("torch."),
+            "device": str(self.encoder.device),
             "batch_size": ST_BATCH_SIZE,
             "max_length": self.max_length,
         }

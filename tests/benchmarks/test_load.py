@@ -78,6 +78,15 @@ def test_a_streams_server_is_distill_serve_batched_on_openvino_streams() -> None
         server_command("streams", "m", "openvino")
 
 
+def test_the_peer_runs_on_the_student_servers_device() -> None:
+    from benchmarks.load import peer_args, server_command
+
+    assert peer_args(["--dtype", "float16", "--device", "cuda:1", "--batch_wait_ms", "2"]) == ("--device", "cuda:1")
+    assert peer_args(["--dtype", "float16"]) == ()  # serve-peer's own default: auto, as distill serve's
+    command = server_command(PEER, "m", "torch", peer_args(["--device", "cuda:1"]))
+    assert command[2:4] == ["benchmarks.load", "serve-peer"] and command[-2:] == ["--device", "cuda:1"]
+
+
 def test_malformed_requests_are_the_kinds_named() -> None:
     requests = robustness_requests([("q", ["a"] * 10)], 1000, 0.01)
     bad = [r for r in requests if r.key is None]
@@ -99,7 +108,13 @@ def test_the_peer_serves_with_a_tokenizer_of_its_own(exported: Path, calls) -> N
     query, passages = calls[0]
     reference = Reranker.load(exported, backend="torch", interpolation=False).score(query, passages[:10])
     assert model.predict(query, passages[:10]).tolist() == pytest.approx(reference, abs=1e-4)
-    assert model.settings == {"backend": PEER, "dtype": "float32", "batch_size": 100, "max_length": 512}
+    assert model.settings == {
+        "backend": PEER,
+        "dtype": "float32",
+        "device": "cpu",
+        "batch_size": 100,
+        "max_length": 512,
+    }
 
 
 def cell(documents: int, concurrency: int, qps: float, p50: float = 1.0, p99: float = 1.2) -> dict:
@@ -167,6 +182,7 @@ def test_a_run_starts_each_server_and_writes_its_results(exported: Path, calls, 
     assert servers["batched"]["info"]["backend"] == servers["one-at-a-time"]["info"]["backend"] == "onnx-fp32"
     assert servers["one-at-a-time"]["info"]["options"]["batching"] is False
     assert servers[PEER]["info"]["backend"] == PEER and all(s["exit_status"] == 0 for s in servers.values())
+    assert servers[PEER]["info"]["settings"]["device"] == "cpu"  # auto, on a machine with no GPU
     robust = servers["batched"]["robustness"]
     assert robust["requests"] == robust["answered"] == 100 and robust["wrong"] == 0 and robust["malformed"] == 5
     assert robust["alive_after"] and robust["health_after"] == 200
