@@ -7,13 +7,17 @@ longest ``L``, is padded up to a :class:`Shape` (:func:`static_shape`, :func:`pa
 
 - tokens: ``N`` rounded up to the next of a geometric series from :data:`MIN_TOKENS`, :data:`TOKEN_STEPS` steps an
   octave, each a multiple of :data:`TOKEN_MULTIPLE` (at most about 19% more tokens);
-- width: ``L`` rounded up to a multiple of :data:`WIDTH_MULTIPLE`, at most the model's longest sequence (the
-  variable-length kernel's longest sequence; the rows of the re-padded attention where that kernel does not run);
+- width: where the variable-length kernel runs (fp16 or bf16 on CUDA), the model's longest sequence, always: the
+  width is only that kernel's bound on a pair's length there. Elsewhere (the re-padded attention, whose rows are the
+  width) ``L`` rounded up to a multiple of :data:`WIDTH_MULTIPLE`, at most the model's longest sequence;
 - pairs: ``B`` and the dummy pairs that hold the extra tokens (pad ids, type 0, each at most ``width`` long),
-  rounded up to a power of two from :data:`MIN_PAIRS`; the slots beyond are empty pairs.
+  rounded up to a power of two, at least :func:`fewest_slots` of the token bucket; the slots beyond are empty pairs.
 
-The dummy and empty pairs' scores are dropped. The bucketing and the padding are numpy and run anywhere (a CPU scores
-a padded batch eagerly, as the tests do); :class:`CudaGraphs` captures and replays on CUDA only.
+The dummy and empty pairs' scores are dropped. With the width fixed, a token budget's shapes are few enough to
+capture them all before the first request (:func:`warm_shapes`, :meth:`CudaGraphs.warm_up`), so that no request waits
+on a capture; batching joins requests into batches of many sizes, and each new shape captured on a request's path
+cost that request three eager calls and the capture. The bucketing and the padding are numpy and run anywhere (a
+CPU scores a padded batch eagerly, as the tests do); :class:`CudaGraphs` captures and replays on CUDA only.
 """
 
 from __future__ import annotations
@@ -39,6 +43,12 @@ WIDTH_MULTIPLE = 64
 """The longest pair is rounded up to a multiple of this."""
 MIN_PAIRS = 8
 """The fewest pair slots (then 16, 32, ...)."""
+PAIR_TOKENS = 64
+"""A token bucket of ``N`` tokens has at least ``N / PAIR_TOKENS`` pair slots (:func:`fewest_slots`): every batch
+whose pairs average at least this many tokens takes its bucket's fewest."""
+WARM_SLOTS = 4
+"""The pair slots warmed per token bucket (:func:`warm_shapes`): the fewest and 2, 4 and 8 times as many, which hold
+batches whose pairs average at least ``PAIR_TOKENS / 8`` tokens. Shorter pairs' shapes are captured on first use."""
 WARMUP_CALLS = 3
 """Eager calls on a side stream before a shape's capture (as PyTorch's CUDA graph docs do): lazy initialisation,
 cuBLAS workspaces and any ``torch.compile`` happen there, not in the graph."""
@@ -65,9 +75,16 @@ def token_bucket(tokens: int) -> int:
     return size
 
 
-def static_shape(lengths: np.ndarray, longest: int) -> Shape:
+def fewest_slots(tokens: int) -> int:
+    """The fewest pair slots of a token bucket of ``tokens``: a power of two, at least :data:`MIN_PAIRS` and
+    ``tokens / PAIR_TOKENS``."""
+    return max(MIN_PAIRS, 1 << (-(-tokens // PAIR_TOKENS) - 1).bit_length())
+
+
+def static_shape(lengths: np.ndarray, longest: int, fixed_width: bool = False) -> Shape:
     """The :class:`Shape` a batch of pairs of ``lengths`` ``[B]`` tokens is padded to, for a model whose longest
-    sequence is ``longest`` tokens.
+    sequence is ``longest`` tokens; with ``fixed_width`` (the variable-length kernel), every shape's width is
+    ``longest``.
 
     Raises:
         ValueError: a pair is longer than ``longest``, or there is none.
@@ -76,10 +93,19 @@ def static_shape(lengths: np.ndarray, longest: int) -> Shape:
     if not len(lengths) or lengths.max() > longest:
         raise ValueError(f"a static shape holds 1 or more pairs of at most {longest} tokens, not {lengths.tolist()}")
     total = int(lengths.sum())
-    width = min(round_up(int(lengths.max()), WIDTH_MULTIPLE), longest)
+    width = longest if fixed_width else min(round_up(int(lengths.max()), WIDTH_MULTIPLE), longest)
     tokens = token_bucket(total)
     dummies = -(-(tokens - total) // width)
-    return Shape(tokens, max(MIN_PAIRS, 1 << (len(lengths) + dummies - 1).bit_length()), width)
+    return Shape(tokens, max(fewest_slots(tokens), 1 << (len(lengths) + dummies - 1).bit_length()), width)
+
+
+def warm_shapes(max_tokens: int, longest: int) -> list[Shape]:
+    """The fixed-width shapes (width ``longest``) that :meth:`CudaGraphs.warm_up` captures for batches of at most
+    ``max_tokens`` tokens: each token bucket up to ``max_tokens``'s with :data:`WARM_SLOTS` pair slot counts."""
+    buckets = [MIN_TOKENS]
+    while buckets[-1] < token_bucket(max_tokens):
+        buckets.append(token_bucket(buckets[-1] + 1))
+    return [Shape(tokens, fewest_slots(tokens) << k, longest) for tokens in buckets for k in range(WARM_SLOTS)]
 
 
 def pad_to(packed: Packed, shape: Shape, pad_id: int) -> Packed:
@@ -119,15 +145,20 @@ class CudaGraphs:
         encoder: the packed model, on ``device``.
         longest: the model's longest sequence in tokens (its position embeddings).
         pad_id: the dummy pairs' token id.
+        fixed_width: every shape's width is ``longest`` (where the encoder's attention is the variable-length
+            kernel), and :meth:`warm_up` captures a budget's shapes ahead.
     """
 
-    def __init__(self, encoder: PackedEncoder, device: torch.device, longest: int, pad_id: int) -> None:
+    def __init__(
+        self, encoder: PackedEncoder, device: torch.device, longest: int, pad_id: int, fixed_width: bool = False
+    ) -> None:
         if device.type != "cuda":
             raise ValueError(f"CUDA graphs run on a CUDA device, not {device}")
         self.encoder = encoder
         self.device = device
         self.longest = longest
         self.pad_id = pad_id
+        self.fixed_width = fixed_width
         self.graphs: dict[Shape, _Graph] = {}
         self.pool: tuple[int, int] | None = None
         self.lock = threading.Lock()
@@ -135,7 +166,7 @@ class CudaGraphs:
     def __call__(self, packed: Packed) -> np.ndarray:
         """``[pairs]`` float32 scores of ``packed``'s pairs. The capture records the kernels chosen in the calling
         context: call it in the one the eager forward runs in (inference mode, attention kernels, matmul precision)."""
-        shape = static_shape(packed.lengths, self.longest)
+        shape = static_shape(packed.lengths, self.longest, self.fixed_width)
         padded = pad_to(packed, shape, self.pad_id)
         tokens, cu_seqlens, _ = packed_inputs(padded.input_ids, padded.token_type_ids, padded.lengths, shape.width)
         with self.lock:
@@ -147,6 +178,23 @@ class CudaGraphs:
                 graph.cu_seqlens.copy_(cu_seqlens.pin_memory(), non_blocking=True)
             graph.graph.replay()
             return graph.scores[: len(packed.lengths)].cpu().numpy()
+
+    def warm_up(self, max_tokens: int) -> int:
+        """Capture each of :func:`warm_shapes` for batches of at most ``max_tokens`` tokens not captured yet (with the
+        width fixed; else none: the widths would multiply the shapes), on dummy pairs; how many. Call it in the
+        context the calls run in, as :meth:`__call__`."""
+        if not self.fixed_width:
+            return 0
+        empty = Packed(*np.zeros((3, 0), np.int64))
+        captured = 0
+        for shape in warm_shapes(max_tokens, self.longest):
+            filled = pad_to(empty, shape, self.pad_id)
+            tokens, cu_seqlens, _ = packed_inputs(filled.input_ids, filled.token_type_ids, filled.lengths, shape.width)
+            with self.lock:
+                if shape not in self.graphs:
+                    self.graphs[shape] = self._capture(tokens, cu_seqlens, shape.width)
+                    captured += 1
+        return captured
 
     def _capture(self, tokens: torch.Tensor, cu_seqlens: torch.Tensor, width: int) -> _Graph:
         """The graph of one forward over static copies of ``tokens`` and ``cu_seqlens`` (which hold this batch)."""

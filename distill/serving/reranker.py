@@ -166,15 +166,18 @@ class Reranker:
 
     def warm_up(self) -> int:
         """Score one batch of each width a request can bring (powers of two up to ``max_length`` tokens a pair, each
-        batch filling the token budget), so that the runtime's first-call costs (OpenVINO's and CUDA's per-shape
-        plans, allocator growth) are paid before the first request; how many batches ran."""
+        batch filling the token budget), then let the scorer capture the CUDA graphs of the budget's batch shapes
+        where it replays them (:meth:`TorchScorer.warm_up <distill.serving.scorers.TorchScorer.warm_up>`), so that
+        the runtime's first-call costs (OpenVINO's and CUDA's per-shape plans, graph captures, allocator growth) are
+        paid before the first request; how many batch shapes ran."""
         widths = sorted({min(2**k, self.max_length) for k in range(4, self.max_length.bit_length() + 1)})
         for width in widths:
             pairs = max(1, self.max_batch_tokens // width)
             words = " ".join(["warm"] * width)  # at least width tokens: the pair is cut to max_length
             self._student_scores("warm up", [words] * pairs)
         self.truncated = 0
-        return len(widths)
+        captures = getattr(self.scorer, "warm_up", None)
+        return len(widths) + (captures(self.max_batch_tokens) if captures else 0)
 
     @property
     def settings(self) -> dict[str, object]:

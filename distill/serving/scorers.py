@@ -138,7 +138,7 @@ class TorchScorer:
         import torch
 
         import distill.model.segment_cosine  # noqa: F401  (registers the segment-cosine head)
-        from distill.model.unpadding import PackedEncoder, unpaddable
+        from distill.model.unpadding import PackedEncoder, unpaddable, varlen_kernel
         from distill.serving.cuda_graphs import CudaGraphs
 
         if dtype not in (None, *TORCH_DTYPES):
@@ -161,7 +161,13 @@ class TorchScorer:
             (self.packed or self.model).compile()
         config = self.model.config
         self.graphs = (
-            CudaGraphs(self.packed, self.device, config.max_position_embeddings, config.pad_token_id or 0)
+            CudaGraphs(
+                self.packed,
+                self.device,
+                config.max_position_embeddings,
+                config.pad_token_id or 0,
+                fixed_width=varlen_kernel(next(self.model.parameters())) is not None,
+            )
             if options.cuda_graphs
             else None
         )
@@ -178,7 +184,9 @@ class TorchScorer:
             attention = f"{attention} ({kernel_name(self.model)})"
         return {"dtype": self.dtype, "device": str(self.device), "attention": attention, **asdict(self.options)}
 
-    def __call__(self, batch: Batch | Packed) -> np.ndarray:
+    @contextmanager
+    def _computing(self) -> Iterator[None]:
+        """The context every forward runs in: inference mode, the matmul precision and the attention backends."""
         import torch
 
         with (
@@ -186,6 +194,21 @@ class TorchScorer:
             fp32_matmul_precision(self.options.tf32),
             attention_backends(self.device, self.options.cudnn_attention),
         ):
+            yield
+
+    def warm_up(self, max_tokens: int) -> int:
+        """Capture the CUDA graphs of the shapes a batch of at most ``max_tokens`` tokens takes
+        (:meth:`CudaGraphs.warm_up <distill.serving.cuda_graphs.CudaGraphs.warm_up>`); how many (none without
+        graphs)."""
+        if self.graphs is None:
+            return 0
+        with self._computing():
+            return self.graphs.warm_up(max_tokens)
+
+    def __call__(self, batch: Batch | Packed) -> np.ndarray:
+        import torch
+
+        with self._computing():
             if self.packed is None:
                 inputs = {k: torch.from_numpy(v).to(self.device) for k, v in batch.items() if k in self.input_names}
                 return self.model(**inputs).logits[:, 0].float().cpu().numpy()

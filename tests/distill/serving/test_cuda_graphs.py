@@ -14,13 +14,13 @@ import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from distill.cli import main
-from distill.core.devices import RERANKER_LEVERS
+from distill.core.devices import RERANKER_LEVERS, STUDENT_BATCH_TOKENS
 from distill.core.schema import InputError
 from distill.export.parity import SCORE_BOUNDS
 from distill.model.segment_cosine import BertForSegmentCosine, BertSegmentCosineConfig
 from distill.model.unpadding import PackedEncoder, packed_inputs
 from distill.serving import cuda_graphs
-from distill.serving.cuda_graphs import CudaGraphs, Shape, pad_to, static_shape, token_bucket
+from distill.serving.cuda_graphs import CudaGraphs, Shape, pad_to, static_shape, token_bucket, warm_shapes
 from distill.serving.encoding import Packed, encode_pairs
 from distill.serving.reranker import Reranker
 from distill.serving.scorers import TorchOptions, changed_levers
@@ -66,13 +66,36 @@ def test_a_batch_is_padded_to_its_static_shape_with_dummy_then_empty_pairs() -> 
         pad_to(packed, Shape(128, 8, 128), 0)
 
 
+def test_with_the_width_fixed_every_batch_of_the_budget_takes_a_shape_warmed_ahead() -> None:
+    """Where the variable-length kernel runs, the width is the model's longest sequence and the shapes of a budget's
+    batches are few: each token bucket with 4 pair slot counts, which hold every batch whose pairs average at least
+    8 tokens. Random batches of the GPU's default budget, of 1 pair to 4,096."""
+    budget, longest = STUDENT_BATCH_TOKENS["cuda"], 512
+    warmed = warm_shapes(budget, longest)
+    assert len(warmed) == len(set(warmed)) == 25 * cuda_graphs.WARM_SLOTS and {s.width for s in warmed} == {longest}
+    assert sorted({s.tokens for s in warmed}) == sorted({token_bucket(n) for n in range(1, budget + 1)})
+    assert static_shape(np.array([100, 37, 5]), longest, fixed_width=True) == Shape(512, 8, 512)
+    rng = np.random.default_rng(0)
+    floor = cuda_graphs.PAIR_TOKENS // 2 ** (cuda_graphs.WARM_SLOTS - 1)
+    for _ in range(3000):
+        pairs = int(rng.integers(1, budget // floor + 1))
+        total = int(rng.integers(pairs * floor, min(budget, pairs * longest) + 1))
+        lengths = np.full(pairs, total // pairs)
+        lengths[: total % pairs] += 1
+        assert static_shape(lengths, longest, fixed_width=True) in warmed, (pairs, total)
+    shorter = static_shape(np.full(600, 5), longest, fixed_width=True)  # 5 tokens a pair: captured on first use
+    assert shorter not in warmed and shorter.pairs == 1024
+
+
+@pytest.mark.parametrize("fixed_width", [False, True])
 @pytest.mark.parametrize("head", ["cls", "segment-cosine"])
 def test_a_bucketed_batch_scores_as_the_unbucketed_one_and_its_dummies_are_dropped(
-    spread_bert: Path, tiny_bert: Path, call, head: str
+    spread_bert: Path, tiny_bert: Path, call, head: str, fixed_width: bool
 ) -> None:
     """The packed encoder on a batch padded to its static shape gives, for the real pairs, the unbucketed batch's
     scores and the padded model's; the dummy and empty pairs are extra scores, after them. Batches of several sizes
-    (several shapes), on the CPU, eager: what a CUDA graph replays."""
+    (several shapes), with the width bucketed or fixed at the longest sequence, on the CPU, eager: what a CUDA graph
+    replays."""
     query, passages = call
     tokenizer = AutoTokenizer.from_pretrained(spread_bert)
     if head == "cls":
@@ -88,7 +111,7 @@ def test_a_bucketed_batch_scores_as_the_unbucketed_one_and_its_dummies_are_dropp
             padded = model(**{k: torch.from_numpy(v) for k, v in encoded.batch(tokenizer).items()}).logits[:, 0]
             packed = encoded.pack()
             unbucketed = packed_model(*packed_inputs(packed.input_ids, packed.token_type_ids, packed.lengths))
-            shape = static_shape(packed.lengths, model.config.max_position_embeddings)
+            shape = static_shape(packed.lengths, model.config.max_position_embeddings, fixed_width)
             filled = pad_to(packed, shape, tokenizer.pad_token_id)
             bucketed = packed_model(
                 *packed_inputs(filled.input_ids, filled.token_type_ids, filled.lengths, shape.width)
@@ -158,3 +181,19 @@ def test_cuda_graphs_replay_the_eager_unpadded_scores(spread_bert: Path, call, d
     np.testing.assert_allclose(first, eager.score(query, passages), rtol=0, atol=bound * scale)
     np.testing.assert_allclose(few, eager.score(query, passages[:7]), rtol=0, atol=bound * scale)
     np.testing.assert_allclose(first, padded.score(query, passages), rtol=0, atol=bound * scale)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs are captured on a GPU")
+def test_after_the_warm_up_no_request_waits_on_a_capture(spread_bert: Path, call) -> None:
+    """In fp16 (the variable-length kernel) the server's warm-up captures every shape of its budget, so that
+    requests of any size after it only replay."""
+    query, passages = call
+    reranker = Reranker.load(spread_bert, backend="torch", device="cuda", dtype="float16", max_batch_tokens=8192)
+    graphs = reranker.scorer.graphs
+    assert graphs.fixed_width and not graphs.graphs
+    warmed = warm_shapes(8192, graphs.longest)
+    assert reranker.warm_up() >= len(warmed) and set(warmed) <= set(graphs.graphs)
+    captured = len(graphs.graphs)
+    for count in (1, 3, 10, 17, 64, 100):
+        reranker.score(query, passages[:count])
+    assert len(graphs.graphs) == captured
