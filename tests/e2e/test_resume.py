@@ -19,6 +19,7 @@ import torch
 import yaml
 
 from students.checkpointing import EXIT_PREEMPTED
+from tests.conftest import built_once
 from tests.distill.stages.test_train import _subprocess_env, write_config
 
 pytestmark = pytest.mark.slow
@@ -118,16 +119,23 @@ def assert_metrics_logged_once(run: Path, reference: Path, kills: int) -> None:
 
 
 def reference_run(root: Path, tiny_bert: Path, teacher_dataset: Path, devices: int) -> tuple[Path, Path]:
-    """An uninterrupted run: its config and its folder."""
-    config = resumable_config(root, tiny_bert, teacher_dataset, devices)
-    done = subprocess.run(command(config, "reference"), env=_subprocess_env(), capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return config, root / "runs" / "reference"
+    """An uninterrupted run on ``devices`` ranks, in ``root`` (a new folder), built once a run by the first
+    pytest-xdist worker to ask (:func:`tests.conftest.built_once`): its config and its folder. A test writes its own
+    runs beside it, each under a run name of its own."""
+
+    def build(out: Path) -> None:
+        out.mkdir()
+        config = resumable_config(out, tiny_bert, teacher_dataset, devices)
+        done = subprocess.run(command(config, "reference"), env=_subprocess_env(), capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-3000:]
+
+    built_once(root, build)
+    return root / "train.yaml", root / "runs" / "reference"
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory, tiny_bert: Path, teacher_dataset: Path) -> tuple[Path, Path]:
-    return reference_run(tmp_path_factory.mktemp("reference"), tiny_bert, teacher_dataset, devices=1)
+def reference(run_folder: Path, tiny_bert: Path, teacher_dataset: Path) -> tuple[Path, Path]:
+    return reference_run(run_folder / "reference", tiny_bert, teacher_dataset, devices=1)
 
 
 def interrupt_and_resume(config: Path, run: Path, signals: list[signal.Signals], epoch_steps: int, seed: int) -> str:
