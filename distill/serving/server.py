@@ -7,9 +7,10 @@ the model. On SIGTERM (or Ctrl-C) the server drains: new requests get 503, those
 signal stops it at once. A client that stalls holds nothing for long: a request's head and then its body must come
 within ``--request_read_timeout`` (:func:`timed_h11`, and the app's gate).
 
-The server tokenises on one thread, while the backend runs a batch on every core: it sets
+On a CPU the server tokenises on one thread, while the backend runs a batch on every core: it sets
 ``TOKENIZERS_PARALLELISM=false`` (unless it is set already), so that the Rust tokenizer's own threads do not take
-cores from the backend's (the docs' serving results page compares both settings).
+cores from the backend's (the docs' serving results page compares both settings). Where every model it serves scores
+on a GPU, the host's cores are free, and the tokenizer keeps its parallel default (:func:`tokenizer_parallelism`).
 """
 
 from __future__ import annotations
@@ -233,6 +234,12 @@ def drain_server(config: Any, state: ServingState) -> Any:
     return DrainingServer(config)
 
 
+def tokenizer_parallelism(devices: list[str]) -> str:
+    """``TOKENIZERS_PARALLELISM`` for models scoring on ``devices`` (torch device names; a backend that reports none
+    runs on the CPU): ``true`` where every one is a GPU, else ``false``."""
+    return "true" if devices and all(device.startswith("cuda") for device in devices) else "false"
+
+
 def serve(config: ServeConfig) -> None:
     """Load the student, then serve it until SIGTERM or Ctrl-C (see the module's docstring)."""
     from distill.core.run_folder import student_folder
@@ -240,7 +247,6 @@ def serve(config: ServeConfig) -> None:
     from distill.serving.http_api import ServedModel, create_app
     from distill.serving.reranker import Reranker
 
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # read by the tokenizer on each call (see above)
     exported = config.backend != "torch"
     folders = [
         (name, student_folder(where, exported=exported, revision=config.revision)) for name, where in config.models
@@ -248,12 +254,16 @@ def serve(config: ServeConfig) -> None:
     fusions = [Fusion.of(folder, config.interpolation, config.first_stage) for _, folder in folders]
     sock = bind(config.host, config.port, listen=False)  # a bad address fails before a model loads
     try:
-        models = []
-        for (name, folder), fusion in zip(folders, fusions, strict=True):
-            reranker = Reranker.load(folder, config.serving(), interpolation=False, first_stage=None)
-            batches = reranker.warm_up()
-            log.info("%s: warmed up on %d batch shapes", folder, batches)
-            models.append(ServedModel(folder, reranker, fusion, name))
+        models = [
+            ServedModel(
+                folder, Reranker.load(folder, config.serving(), interpolation=False, first_stage=None), fusion, name
+            )
+            for (name, folder), fusion in zip(folders, fusions, strict=True)
+        ]
+        devices = [str(model.reranker.settings.get("device", "cpu")) for model in models]
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", tokenizer_parallelism(devices))  # read on each call
+        for model in models:
+            log.info("%s: warmed up on %d batch shapes", model.folder, model.reranker.warm_up())
         app = create_app(models, config.options)
         sock.listen(2048)  # only now: no connection waits on a model still loading or a runtime's first calls
         host, port = sock.getsockname()[:2]

@@ -16,7 +16,7 @@ from distill.core.schema import InputError
 from distill.serving.http_api import ServedModel, create_app
 from distill.serving.options import HttpOptions
 from distill.serving.reranker import Reranker
-from distill.serving.server import ServeConfig
+from distill.serving.server import ServeConfig, tokenizer_parallelism
 from tests.distill.serving.test_http_api import running, serve_process
 from tests.distill.serving.test_http_gate import address, post_head, read_answer
 
@@ -222,6 +222,14 @@ def test_warm_up_runs_each_width_and_changes_nothing(tiny_bert: Path, call) -> N
     ran = reranker.warm_up()
     assert ran == len({min(2**k, reranker.max_length) for k in range(4, reranker.max_length.bit_length() + 1)})
     assert reranker.score(query, passages[:10]) == before and reranker.truncated == 0
+
+
+def test_the_tokenizer_runs_in_parallel_only_where_every_model_scores_on_a_gpu(tiny: Reranker) -> None:
+    """On a CPU the backend takes every core, so the server tokenises on one thread; on a GPU the host's cores are
+    the tokenizer's."""
+    assert tokenizer_parallelism([str(tiny.settings["device"])]) == "false"  # the torch backend here, on the CPU
+    assert tokenizer_parallelism(["cuda:0"]) == tokenizer_parallelism(["cuda", "cuda:1"]) == "true"
+    assert tokenizer_parallelism(["cuda:0", "cpu"]) == tokenizer_parallelism([]) == "false"
 
 
 def test_the_servers_socket_refuses_connections_until_it_listens() -> None:
