@@ -679,6 +679,7 @@ def run(plan: Plan, out: Path, command: str, calls: Sequence[tuple[str, list[str
 
     from benchmarks.results_pages import serve_tables
     from distill.bench.measure import environment
+    from distill.serving.server import tokenizer_parallelism
 
     measured = measure(plan, calls)
     info = measured["servers"].get("batched", next(iter(measured["servers"].values())))["info"]
@@ -687,8 +688,10 @@ def run(plan: Plan, out: Path, command: str, calls: Sequence[tuple[str, list[str
     env = environment(torch.device(info["settings"].get("device", "cpu")), dtype)
     env["cores"] = os.cpu_count()
     env["affinity"] = sorted(os.sched_getaffinity(0))
-    # the servers' tokenizer threads: distill serve sets false unless the environment it inherits says otherwise
-    env["tokenizers_parallelism"] = os.environ.get("TOKENIZERS_PARALLELISM", "false")
+    # the servers' tokenizer threads: distill serve's choice for its device unless the environment it inherits sets it
+    env["tokenizers_parallelism"] = os.environ.get(
+        "TOKENIZERS_PARALLELISM", tokenizer_parallelism([str(info["settings"].get("device", "cpu"))])
+    )
     result = {
         "what": "distill serve under a closed-loop HTTP load on loopback: throughput and latency per request size "
         "and concurrency, batched, one request at a time and the CrossEncoder.predict peer, and a robustness cell",
