@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The one prepared call on a lent GPU machine (the `device` tool runs it in a copy of the checkout, with $OUT):
 # the GPU suite's serving stage first, then the CUDA-graph tests, then the suite's other stages in what is left of
-# a deadline (seconds, default 500), each folder packed as one .tar.xz under $OUT. Wheels: benchmarks/gpu_wheels.sh.
+# a deadline (seconds, default 500), each folder packed as one .tar.xz under $OUT. Before the call, here:
+# `bash benchmarks/gpu_wheels.sh` (the wheels and stubs, carried as .gpu) and `bash benchmarks/gpu_tree.sh out` (the
+# working tree under the tool's 64 MiB); after it, `bash benchmarks/gpu_tree.sh back`.
 #   bash benchmarks/gpu_run.sh [deadline_s]
 set -o pipefail
 deadline=${1:-500}
