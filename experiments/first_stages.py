@@ -117,6 +117,7 @@ VARIANTS: dict[str, tuple[list[str], bool]] = {
     "hybrid-apart-adr_mse": ([*HYBRID, *APART, "--model.loss", "adr_mse"], True),
     "hybrid-apart-lr1e-4": ([*HYBRID, *APART, "--model.lr", "1.0e-4"], True),
     "hybrid-apart-e3": ([*HYBRID, *APART, "--trainer.max_epochs", "3"], True),
+    "hybrid-apart-q0.5": ([*HYBRID, *APART, "--data.train_queries", "0.5"], True),
     "hybrid-apart-dl22s": ([*HYBRID, *APART, *every_list("smollm2", "minilm")], True),
     "mpnet-student-dl22s": ([*MPNET_HYBRID, *MPNET_STUDENT, *every_list("smollm2", "mpnet")], True),
     "hybrid-fs0.5": (

@@ -158,12 +158,13 @@ class Collator:
         return batch
 
 
-def split_queries(qids: list[str], val_queries: int | float, seed: int) -> set[str]:
-    """The held-out queries: a seeded random ``val_queries`` share (float < 1) or count (int) of ``qids``."""
+def split_queries(qids: list[str], val_queries: int | float, seed: int, option: str = "val_queries") -> set[str]:
+    """A seeded random ``val_queries`` share (float < 1) or count (int) of ``qids``: the held-out queries (or, as
+    ``option`` names it, the training queries kept)."""
     distinct = sorted(set(qids))
     count = round(len(distinct) * val_queries) if isinstance(val_queries, float) else int(val_queries)
     if not 0 < count <= len(distinct):
-        raise InputError(f"val_queries={val_queries}: cannot hold out that many of {len(distinct)} queries")
+        raise InputError(f"{option}={val_queries}: cannot pick that many of {len(distinct)} queries")
     return set(np.random.default_rng(seed).permutation(distinct)[:count].tolist())
 
 
@@ -284,6 +285,8 @@ class StudentDataModule(LightningDataModule):
         val_fold: the held-out fold, 0 to ``val_folds - 1``.
         train_depth: train on each query's first N candidates by first-stage rank only (None: all); validation
             always keeps every candidate.
+        train_queries: train on a seeded share (0.5) or count (40) of the queries not held out (None: all), the
+            held-out queries unchanged: a learning curve in the number of training queries.
         first_stages: the first stages whose candidates the teacher data holds, each validated on its own lists:
             name -> its candidate files, as the teacher datasets' ``teacher.json`` ``input`` names them
             (``{bm25: [data/trec-dl21/bm25_top100.json], splade: [data/trec-dl21/splade_top100.json]}``). With qrels,
@@ -328,6 +331,7 @@ class StudentDataModule(LightningDataModule):
         val_folds: int | None = None,
         val_fold: int = 0,
         train_depth: int | None = None,
+        train_queries: int | float | None = None,
         first_stages: dict[str, list[str]] | None = None,
         alpha_from: dict[str, str | float] | None = None,
         target_scaling: ScalingKind = "none",
@@ -429,6 +433,10 @@ class StudentDataModule(LightningDataModule):
             is_train = ~in_val & (table.first_stage_rank <= h.train_depth).to_numpy()
         else:
             is_train = ~in_val
+        if h.train_queries is not None:
+            rest = table.qid[~in_val].unique().tolist()
+            kept = split_queries(rest, h.train_queries, h.seed + 1, "data.train_queries")
+            is_train &= table.qid.isin(kept).to_numpy()
         labels = table["label"].to_numpy(dtype=np.float64)
         self.scaling = TargetScaling.fit(h.target_scaling, labels[is_train])
         queries = table[QUERY].to_numpy()

@@ -511,3 +511,17 @@ def test_unpadded_training_steps_read_the_host_only_when_they_log(
     counter = CountHostReads(monkeypatch)
     fit(module, dm, 6, counter, logger=CSVLogger(tmp_path), log_every_n_steps=3)
     assert [n for step, n in enumerate(counter.per_step) if step not in (2, 5)] == [0, 0, 0, 0]
+
+
+def test_train_queries_keeps_a_seeded_share_of_the_training_queries(teacher_dataset: Path, tiny_bert: Path) -> None:
+    """A learning curve's point: fewer training queries, the same held-out ones, the same pick every time."""
+    full = data_module(teacher_dataset, tiny_bert)
+    rest = set(full.train.qid)
+    assert len(rest) >= 2
+    for size in (1, 1 / len(rest)):
+        fewer = data_module(teacher_dataset, tiny_bert, train_queries=size)
+        assert set(fewer.val.qid) == set(full.val.qid) and len(set(fewer.train.qid)) == 1
+        assert set(fewer.train.qid) <= rest and len(fewer.train) < len(full.train)
+        assert set(data_module(teacher_dataset, tiny_bert, train_queries=size).train.qid) == set(fewer.train.qid)
+    with pytest.raises(InputError, match=rf"data.train_queries={len(rest) + 1}: cannot pick that many of {len(rest)}"):
+        data_module(teacher_dataset, tiny_bert, train_queries=len(rest) + 1)
