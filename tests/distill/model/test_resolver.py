@@ -201,6 +201,19 @@ def test_device_map_auto_loads_a_teacher(tiny_llama: Path) -> None:
 
 
 @pytest.mark.slow
+def gguf_files_loaded(monkeypatch: pytest.MonkeyPatch, loader: type) -> list[str | None]:
+    """The ``gguf_file`` of each ``loader.from_pretrained`` call from now on (None: a folder's load), as they come."""
+    plain = loader.from_pretrained
+    loads: list[str | None] = []
+
+    def counted(location: str, *args, **kwargs):
+        loads.append(kwargs.get("gguf_file"))
+        return plain(location, *args, **kwargs)
+
+    monkeypatch.setattr(loader, "from_pretrained", counted)
+    return loads
+
+
 def write_tiny_gguf(path: Path, seed: int = 0, vocab: int = 64, hidden: int = 16, layers: int = 2) -> Path:
     """A llama GGUF file of random float32 weights (``vocab`` tokens, ``layers`` blocks of width ``hidden``), written
     with gguf's own writer: a GGUF model that loads in a second."""
@@ -253,14 +266,7 @@ def test_a_gguf_model_is_converted_once_per_dtype_and_again_when_its_file_change
     (tmp_path / "model").mkdir()
     gguf = write_tiny_gguf(tmp_path / "model" / "tiny.gguf")
     source = resolve_model(str(gguf))
-    plain = AutoModelForCausalLM.from_pretrained
-    loads: list[str | None] = []
-
-    def counted(location: str, *args, **kwargs):
-        loads.append(kwargs.get("gguf_file"))
-        return plain(location, *args, **kwargs)
-
-    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", counted)
+    loads = gguf_files_loaded(monkeypatch, AutoModelForCausalLM)
     converted = load_pretrained(source, AutoModelForCausalLM, dtype=torch.float32)
     saved = load_pretrained(source, AutoModelForCausalLM, dtype=torch.float32)
     assert loads == ["tiny.gguf", None]  # converted once; the second load reads the saved folder
@@ -292,13 +298,7 @@ def test_a_gguf_tokenizer_is_converted_once_and_again_when_its_file_changes(
     shutil.copyfile(Path(packaged.location) / gguf.name, gguf)  # a copy whose modification time the test may change
     source = resolve_model(str(gguf))
     plain = AutoTokenizer.from_pretrained
-    conversions: list[str | None] = []
-
-    def counted(location: str, *args, **kwargs):
-        conversions.append(kwargs.get("gguf_file"))
-        return plain(location, *args, **kwargs)
-
-    monkeypatch.setattr(AutoTokenizer, "from_pretrained", counted)
+    conversions = gguf_files_loaded(monkeypatch, AutoTokenizer)
     first = load_pretrained(source, AutoTokenizer)
     second = load_pretrained(source, AutoTokenizer, padding_side="left")
     assert conversions == [gguf.name, None, None]  # converted once; each load reads the saved folder
