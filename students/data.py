@@ -158,13 +158,13 @@ class Collator:
         return batch
 
 
-def split_queries(qids: list[str], val_queries: int | float, seed: int, option: str = "val_queries") -> set[str]:
-    """A seeded random ``val_queries`` share (float < 1) or count (int) of ``qids``: the held-out queries (or, as
-    ``option`` names it, the training queries kept)."""
+def split_queries(qids: list[str], size: int | float, seed: int, option: str = "val_queries") -> set[str]:
+    """A seeded random ``size`` share (float < 1) or count (int) of the distinct ``qids``: the held-out queries, or
+    the training queries kept (``option``, the option ``size`` comes from, names it in the error)."""
     distinct = sorted(set(qids))
-    count = round(len(distinct) * val_queries) if isinstance(val_queries, float) else int(val_queries)
+    count = round(len(distinct) * size) if isinstance(size, float) else int(size)
     if not 0 < count <= len(distinct):
-        raise InputError(f"{option}={val_queries}: cannot pick that many of {len(distinct)} queries")
+        raise InputError(f"{option}={size}: cannot pick that many of {len(distinct)} queries")
     return set(np.random.default_rng(seed).permutation(distinct)[:count].tolist())
 
 
@@ -351,6 +351,8 @@ class StudentDataModule(LightningDataModule):
         for key, value in {**sizes, "bucket_window": bucket_window}.items():
             if value is not None and value < 1:
                 raise InputError(f"data.{key}: must be positive, got {value}")
+        if train_queries is not None and train_queries <= 0:
+            raise InputError(f"data.train_queries: must be positive, got {train_queries}")
         check_first_stages(first_stages, alpha_from)
         if val_folds is not None and not (val_folds >= 2 and 0 <= val_fold < val_folds):
             raise InputError(f"data.val_fold: {val_fold} of val_folds={val_folds}: need 2+ folds, 0 <= fold < folds")

@@ -525,3 +525,5 @@ def test_train_queries_keeps_a_seeded_share_of_the_training_queries(teacher_data
         assert set(data_module(teacher_dataset, tiny_bert, train_queries=size).train.qid) == set(fewer.train.qid)
     with pytest.raises(InputError, match=rf"data.train_queries={len(rest) + 1}: cannot pick that many of {len(rest)}"):
         data_module(teacher_dataset, tiny_bert, train_queries=len(rest) + 1)
+    with pytest.raises(InputError, match=r"data.train_queries: must be positive, got 0"):
+        StudentDataModule([str(teacher_dataset)], train_queries=0)  # before anything is read
