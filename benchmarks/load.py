@@ -742,7 +742,13 @@ def main(argv: list[str] | None = None) -> int:
     peer.add_argument("--device", default="auto", help="the peer's device (auto: the GPU where there is one)")
     args = parser.parse_args(argv)
     if args.command == "serve-peer":
-        serve_peer(args.model, args.host, args.port, args.device)
+        from distill.core.schema import UserError
+
+        try:
+            serve_peer(args.model, args.host, args.port, args.device)
+        except UserError as e:  # a bad --device or --model: one line, as distill serve says it
+            print(f"python -m benchmarks.load serve-peer: error: {e}", file=sys.stderr)
+            return 2
         return 0
     plan = Plan(
         args.model,

@@ -87,6 +87,14 @@ def test_the_peer_runs_on_the_student_servers_device() -> None:
     assert command[2:4] == ["benchmarks.load", "serve-peer"] and command[-2:] == ["--device", "cuda:1"]
 
 
+def test_a_peer_on_a_device_that_is_no_device_is_one_line(exported: Path, capsys) -> None:
+    from benchmarks.load import main
+
+    assert main(["serve-peer", "--model", str(exported), "--port", "0", "--device", "gpu0"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("python -m benchmarks.load serve-peer: error: device 'gpu0': ") and "\n" not in err
+
+
 def test_malformed_requests_are_the_kinds_named() -> None:
     requests = robustness_requests([("q", ["a"] * 10)], 1000, 0.01)
     bad = [r for r in requests if r.key is None]
