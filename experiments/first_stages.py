@@ -179,11 +179,7 @@ LABELS = {
     LABEL_REFERENCE: TEACHERS[LABEL_REFERENCE],
     "mpnet + 0.5 SmolLM2 cis_q": {"mpnet/similarity": 1.0, "smollm2/cis_q": 0.5},
     "mpnet + 0.5 Gemma cis_q": {"mpnet/similarity": 1.0, "gemma3/cis_q": 0.5},
-    "mpnet + 0.5 Gemma cis_q + 0.25 first stage": {
-        "mpnet/similarity": 1.0,
-        "gemma3/cis_q": 0.5,
-        "smollm2/first_stage": 0.25,
-    },
+    "hybrid label, all-mpnet-base-v2 and Gemma": TEACHERS["hybrid label, all-mpnet-base-v2 and Gemma"],
     "mpnet + 0.5 each cis_q + 0.25 first stage": {
         "mpnet/similarity": 1.0,
         "gemma3/cis_q": 0.5,
@@ -303,6 +299,11 @@ def difference(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
         "p": round(paired_t_test(x, y), 4),
         "queries": len(x),
     }
+
+
+def interval_cell(d: dict[str, Any]) -> str:
+    """A :func:`difference` as a table cell: ``+1.23 [-0.45, +2.91]``."""
+    return f"{d['difference']:+.2f} [{d['interval'][0]:+.2f}, {d['interval'][1]:+.2f}]"
 
 
 def mean(values: dict[str, float]) -> float:
@@ -439,7 +440,7 @@ def select(names: list[str], against: Sequence[str] = (), record_name: str = SEL
             r, d = row[stage], row[stage]["student_vs_reference"]
             cells += [
                 f"{r['student']:.2f}",
-                f"{d['difference']:+.2f} [{d['interval'][0]:+.2f}, {d['interval'][1]:+.2f}]",
+                interval_cell(d),
                 f"{r['fused']:.2f} ({r['alpha']:g})",
             ]
         lines.append("| " + " | ".join(cells) + " |")
@@ -461,7 +462,7 @@ def select(names: list[str], against: Sequence[str] = (), record_name: str = SEL
             cells = [f"`{row['name']}`"]
             for stage in VALIDATION:
                 d = row["student_vs"][baseline][stage]
-                cells.append(f"{d['difference']:+.2f} [{d['interval'][0]:+.2f}, {d['interval'][1]:+.2f}]")
+                cells.append(interval_cell(d))
             lines.append("| " + " | ".join(cells) + " |")
     (RECORDS / f"selection-{record_name}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
@@ -523,7 +524,7 @@ def labels() -> dict[str, Any]:
             cells.append(f"{row[stage]['ndcg']:.2f}")
             for key in ("vs_reference", "vs_first_stage"):
                 d = row[stage][key]
-                cells.append(f"{d['difference']:+.2f} [{d['interval'][0]:+.2f}, {d['interval'][1]:+.2f}]")
+                cells.append(interval_cell(d))
         lines.append("| " + " | ".join(cells) + " |")
     lines.append(
         f"| first stage | {record['first_stage']['bm25']:.2f} | | | {record['first_stage']['splade']:.2f} | | |"

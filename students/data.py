@@ -158,7 +158,7 @@ class Collator:
         return batch
 
 
-def split_queries(qids: list[str], size: int | float, seed: int, option: str = "val_queries") -> set[str]:
+def split_queries(qids: list[str], size: int | float, seed: int, option: str = "data.val_queries") -> set[str]:
     """A seeded random ``size`` share (float < 1) or count (int) of the distinct ``qids``: the held-out queries, or
     the training queries kept (``option``, the option ``size`` comes from, names it in the error)."""
     distinct = sorted(set(qids))
