@@ -19,21 +19,18 @@ import teachers.causal_lm
 from distill.core.schema import Passage
 from distill.data.loaders import load_candidates
 from teachers import SCORES, CausalLMTeacher
-from tests.conftest import DL19, DL19_QRELS
+from tests.conftest import DL19, DL19_QRELS, built_once
 from tests.teachers.test_teacher import naive_logprob
 
 pytestmark = pytest.mark.slow
 PER_SIDE = 4
 
 
-@pytest.fixture(scope="module")
-def loaded(tmp_path_factory: pytest.TempPathFactory) -> tuple[CausalLMTeacher, str, Path]:
-    """SmolLM2 loaded once, as the command line loads it (the hub's progress bars off), into a cache of its own (so
-    that this load converts the GGUF file, as a first load does); what the load wrote to ``sys.stderr``, where tqdm
-    draws its bars; and that cache."""
+def quiet_load(cache: Path) -> tuple[CausalLMTeacher, str]:
+    """SmolLM2 loaded as the command line loads it (the hub's progress bars off) with ``cache`` as the cache, and what
+    the load wrote to ``sys.stderr``, where tqdm draws its bars."""
     from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars, enable_progress_bars
 
-    cache = tmp_path_factory.mktemp("smollm2-cache")
     was_disabled = are_progress_bars_disabled()
     disable_progress_bars()
     try:
@@ -43,7 +40,25 @@ def loaded(tmp_path_factory: pytest.TempPathFactory) -> tuple[CausalLMTeacher, s
     finally:
         if not was_disabled:
             enable_progress_bars()
-    return teacher, err.getvalue(), cache
+    return teacher, err.getvalue()
+
+
+@pytest.fixture(scope="module")
+def loaded(run_folder: Path) -> tuple[CausalLMTeacher, str, Path]:
+    """SmolLM2 from a cache of the run's own; the first load, by the first worker to ask, converts the GGUF file into
+    it, as a first load does (what that load wrote to ``sys.stderr`` is kept beside it), and the others load what it
+    converted; the teacher, the first load's ``sys.stderr`` and the cache."""
+    cache, first = run_folder / "smollm2-cache", run_folder / "smollm2-first-load.stderr"
+    teachers = []
+
+    def convert(folder: Path) -> None:
+        teacher, err = quiet_load(folder)
+        first.write_text(err)
+        teachers.append(teacher)
+
+    built_once(cache, convert)
+    teacher = teachers[0] if teachers else quiet_load(cache)[0]
+    return teacher, first.read_text(), cache
 
 
 @pytest.fixture(scope="module")
@@ -114,5 +129,5 @@ def test_the_packaged_gguf_loads_without_its_conversion_bar_where_bars_are_off(
     turns them off), transformers' GGUF conversion draws none either."""
     teacher, err, cache = loaded
     assert teacher.describe()["start_token"] == "<|im_start|>"
-    assert len(list((cache / "converted").glob("*/model.safetensors"))) == 1  # this load converted the GGUF file
+    assert len(list((cache / "converted").glob("*/model.safetensors"))) == 1  # the first load converted the GGUF file
     assert "de-quantizing GGUF tensors" not in err

@@ -68,6 +68,11 @@ def teacher_nodes(command: list[str], root: Path) -> list[subprocess.Popen]:
     ]
 
 
+PEER_GRACE_S = 5
+"""How long a node whose peer was killed is given to stop on its own before it is killed too, as a scheduler ends
+a job's surviving nodes."""
+
+
 def wait_all(nodes: list[subprocess.Popen], timeout: float = 300) -> list[int]:
     return [node.wait(timeout=timeout) for node in nodes]
 
@@ -110,7 +115,7 @@ def test_a_node_killed_mid_run_then_both_relaunched_gives_the_same_dataset(tiny_
         time.sleep(0.002)
     kill_node(nodes[1])
     try:  # the other node loses its peer: it stops on its own, or the scheduler ends it
-        nodes[0].wait(timeout=20)
+        nodes[0].wait(timeout=PEER_GRACE_S)
     except subprocess.TimeoutExpired:
         kill_node(nodes[0])
     assert not out.exists(), "the run finished before a node was killed"
@@ -235,7 +240,7 @@ def test_a_node_killed_then_both_resumed_from_last_ends_with_the_one_node_weight
         time.sleep(0.02)
     kill_node(nodes[1])
     try:
-        nodes[0].wait(timeout=30)
+        nodes[0].wait(timeout=PEER_GRACE_S)
     except subprocess.TimeoutExpired:
         kill_node(nodes[0])
     assert not (root / "runs" / run_name / "hf").exists(), "the run finished before a node was killed"
