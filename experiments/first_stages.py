@@ -470,6 +470,14 @@ def select(names: list[str], against: Sequence[str] = (), record_name: str = SEL
     return record
 
 
+def write_record(name: str, record: dict[str, Any], lines: list[str]) -> None:
+    """``RECORDS/<name>.json``, the record, and ``RECORDS/<name>.md``, its page (``lines``), which is printed too."""
+    RECORDS.mkdir(parents=True, exist_ok=True)
+    (RECORDS / f"{name}.json").write_text(json.dumps(record, indent=2) + "\n")
+    (RECORDS / f"{name}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
 def labels() -> dict[str, Any]:
     """Each label of :data:`LABELS` on all 53 judged DL21 queries of each first stage's lists, against
     :data:`LABEL_REFERENCE` and the first stage, query by query: ``labels-dl21.{json,md}``."""
@@ -508,8 +516,6 @@ def labels() -> dict[str, Any]:
         "first_stage": {stage: mean(first[stage]) for stage in VALIDATION},
         "rows": rows,
     }
-    RECORDS.mkdir(parents=True, exist_ok=True)
-    (RECORDS / "labels-dl21.json").write_text(json.dumps(record, indent=2) + "\n")
     lines = [
         f"`{record['command']}`: nDCG@10 of each candidate label (per-query z-scores of the DL21 teacher runs, "
         f"weighted and summed) on all 53 judged DL21 queries. Δ: its mean difference with `{LABEL_REFERENCE}` "
@@ -530,8 +536,7 @@ def labels() -> dict[str, Any]:
     lines.append(
         f"| first stage | {record['first_stage']['bm25']:.2f} | | | {record['first_stage']['splade']:.2f} | | |"
     )
-    (RECORDS / "labels-dl21.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_record("labels-dl21", record, lines)
     return record
 
 
@@ -567,8 +572,6 @@ def backbone() -> dict[str, Any]:
         "split": "all 43 judged DL19 queries, each first stage's top 100",
         "rows": rows,
     }
-    RECORDS.mkdir(parents=True, exist_ok=True)
-    (RECORDS / "backbone-dl19.json").write_text(json.dumps(record, indent=2) + "\n")
     lines = [
         f"`{record['command']}`: nDCG@10 on the 43 judged DL19 queries of `{record['backbone']}` as it starts "
         f"(its own similarity, untrained; `{BACKBONE_RUNS}`), against the first stage with its 95% paired-bootstrap "
@@ -581,8 +584,7 @@ def backbone() -> dict[str, Any]:
         cells = [stage, f"{row['first_stage']:.2f}", f"{row['backbone']:.2f}"]
         cells += [interval_cell(row["backbone_vs_first_stage"]), f"{row['student']:.2f}"]
         lines.append("| " + " | ".join(cells) + " |")
-    (RECORDS / "backbone-dl19.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_record("backbone-dl19", record, lines)
     return record
 
 
