@@ -367,6 +367,14 @@ def label_run(stage: str, weights: dict[str, float]) -> dict[str, dict[str, floa
     return total
 
 
+def write_record(name: str, record: dict[str, Any], lines: list[str]) -> None:
+    """``RECORDS/<name>.json``, the record, and ``RECORDS/<name>.md``, its page (``lines``), which is printed too."""
+    RECORDS.mkdir(parents=True, exist_ok=True)
+    (RECORDS / f"{name}.json").write_text(json.dumps(record, indent=2) + "\n")
+    (RECORDS / f"{name}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
 def select(names: list[str], against: Sequence[str] = (), record_name: str = SELECTION) -> dict[str, Any]:
     """Pool each variant's held-out DL21 scores, choose α per first stage on them, compare with :data:`REFERENCE`,
     with the final student of ``final.json`` and with each variant of ``against``: ``selection-<record_name>.{json,md}``
@@ -425,8 +433,6 @@ def select(names: list[str], against: Sequence[str] = (), record_name: str = SEL
             for label, weights in TEACHERS.items()
         },
     }
-    RECORDS.mkdir(parents=True, exist_ok=True)
-    (RECORDS / f"selection-{record_name}.json").write_text(json.dumps(record, indent=2) + "\n")
     lines = [
         f"`{record['command']}`: nDCG@10 on all 53 judged DL21 queries, each scored by a student that did not train "
         f"on it. Δ: the student's mean difference with `{REFERENCE}` (BM25's candidates alone), with its 95% "
@@ -465,17 +471,8 @@ def select(names: list[str], against: Sequence[str] = (), record_name: str = SEL
                 d = row["student_vs"][baseline][stage]
                 cells.append(interval_cell(d))
             lines.append("| " + " | ".join(cells) + " |")
-    (RECORDS / f"selection-{record_name}.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_record(f"selection-{record_name}", record, lines)
     return record
-
-
-def write_record(name: str, record: dict[str, Any], lines: list[str]) -> None:
-    """``RECORDS/<name>.json``, the record, and ``RECORDS/<name>.md``, its page (``lines``), which is printed too."""
-    RECORDS.mkdir(parents=True, exist_ok=True)
-    (RECORDS / f"{name}.json").write_text(json.dumps(record, indent=2) + "\n")
-    (RECORDS / f"{name}.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
 
 
 def labels() -> dict[str, Any]:
