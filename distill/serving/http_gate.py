@@ -196,6 +196,10 @@ class _Exchange:
         left = self.deadline - asyncio.get_running_loop().time()
         try:
             message = await asyncio.wait_for(self._receive(), max(left, 0.0))
+            if self.gate.state.cutting:
+                # The cut's cancellation came with this message: asyncio.wait_for (before Python 3.12) then returns
+                # the message and drops the cancellation, and the route would wait for the rest of a stalled body.
+                raise asyncio.CancelledError
         except asyncio.TimeoutError:
             timeout = self.gate.read_timeout
             came = f"{self.received} of {self.length or 'unknown'} bytes came"

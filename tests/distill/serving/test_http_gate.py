@@ -15,6 +15,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -302,3 +303,59 @@ def test_the_drain_deadline_cuts_a_stalled_request_with_a_503(tiny_bert: Path, t
         503,
         {"error": "the server is shutting down: its drain deadline passed", "error_type": "unhealthy"},
     )
+
+
+async def _cut_at(turns: int) -> list[dict] | None:
+    """A rerank request whose client sent the first 10 bytes of its body (already in the server's buffer, as they
+    are once it has read them) and then stalls, cut by the drain's deadline after ``turns`` turns of the event loop;
+    the ASGI messages the client got, or None where the request was not yet open at the cut. Fails if the request
+    has not ended 2 s after the cut."""
+    from distill.serving.http_gate import Gate, Metrics, ServingState
+
+    async def body_reader(scope: dict, receive: Any, send: Any) -> None:  # a route that reads the whole body first
+        while (await receive()).get("more_body", False):
+            pass
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"scored"})
+
+    stalled = asyncio.Event()
+    chunks = iter([{"type": "http.request", "body": b'{"query": ', "more_body": True}])
+
+    async def client() -> dict:
+        if (chunk := next(chunks, None)) is not None:
+            return chunk
+        await stalled.wait()  # never set: the rest of the body never comes
+        raise AssertionError("unreachable")
+
+    sent: list[dict] = []
+
+    async def sink(message: dict) -> None:
+        sent.append(message)
+
+    state = ServingState(HttpOptions(request_read_timeout=600))
+    gate = Gate(body_reader, state, Metrics())
+    headers = [(b"content-type", b"application/json"), (b"content-length", b"40")]
+    scope = {"type": "http", "method": "POST", "path": "/rerank", "headers": headers, "client": ("127.0.0.1", 9)}
+    request = asyncio.ensure_future(gate(scope, client, sink))
+    for _ in range(turns):
+        await asyncio.sleep(0)
+    if state.cut() == 0:
+        request.cancel()
+        return None
+    done, _ = await asyncio.wait({request}, timeout=2)
+    assert done, f"cut after {turns} turns: the request still waits for its body"
+    return sent
+
+
+def test_the_drain_deadline_cuts_a_request_whatever_it_is_waiting_on() -> None:
+    """The cut reaches the request at every point of its reading of the body, including the turn where the chunk it
+    waits for comes with the cancellation (where ``asyncio.wait_for`` on Python 3.11 returns the chunk and drops the
+    cancellation): each time a 503, and the request ends."""
+    cut = 0
+    for turns in range(12):
+        sent = asyncio.run(_cut_at(turns))
+        if sent is None:
+            continue
+        cut += 1
+        assert [m["status"] for m in sent if m["type"] == "http.response.start"] == [503], (turns, sent)
+    assert cut >= 8
