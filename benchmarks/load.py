@@ -16,7 +16,7 @@ SIGTERM, and writes ``serve.json``, ``serve.md`` and ``serve.png`` into ``--out`
   latency percentiles are over the rest, throughput over the whole cell (first send to last answer);
 - every answer is checked: status 200, one score per document, each equal to ``Reranker.score``'s on the same
   backend and pairs (fp32 within 1e-5, a 16-bit float within the export's fp16 bound, 2e-2; the peer against
-  PyTorch fp32 within the export's bound between fp32 runtimes, 1e-4: :func:`tolerance_of`);
+  PyTorch in its dtype, fp32 within the export's bound between fp32 runtimes, 1e-4: :func:`tolerance_of`);
 - the robustness cell: 10,000 requests to the batched server, 1% of them malformed (bad JSON, an empty query, a
   document that is not a string, ...) at random places, the others of 1 to 10 documents over the three rerank routes:
   every malformed one must get its 4xx, every other one its right scores, and the server must stay up;
@@ -429,31 +429,43 @@ def serve_peer(model: str, host: str, port: int, device: str = "auto") -> None:
 # --- references ----------------------------------------------------------------------------------------------------
 
 
-def tolerance_of(backend: str) -> float:
-    """The |Δscore| a backend's answers may have against ``Reranker.score`` on the same backend: 1e-5 for fp32, the
-    export's fp16 bound for a 16-bit float (bf16, fp16), the ONNX graphs' bound for int8; the peer's (PyTorch fp32 in
-    sentence-transformers' batches, against ``Reranker.score`` on PyTorch fp32) the export's bound between fp32
-    runtimes, 1e-4: its batches pad otherwise, and PyTorch's CPU threads sum in another order under load, which moves
-    scores of about 20 by more than 1e-5."""
+def reference_backend(info: dict[str, Any]) -> str:
+    """The named backend whose ``Reranker.score`` a server's answers are checked against, from its ``/info``: the
+    server's own; the peer's, PyTorch in the peer's dtype (:class:`~distill.bench.peers.CrossEncoderLoop`: fp32 on
+    a CPU, fp16 on a GPU)."""
+    from distill.serving.backends import backend_name
+
+    if info["backend"] != PEER:
+        return info["backend"]
+    return backend_name("torch", info["settings"]["dtype"])
+
+
+def tolerance_of(info: dict[str, Any]) -> float:
+    """The |Δscore| a server's answers may have against :func:`reference_backend`'s ``Reranker.score``, from its
+    ``/info``: 1e-5 for fp32, the export's fp16 bound for a 16-bit float (bf16, fp16), the ONNX graphs' bound for
+    int8; the peer's, in fp32 (sentence-transformers' batches, against ``Reranker.score`` on PyTorch fp32), the
+    export's bound between fp32 runtimes, 1e-4: its batches pad otherwise, and PyTorch's CPU threads sum in another
+    order under load, which moves scores of about 20 by more than 1e-5."""
     from distill.export.parity import SCORE_BOUNDS
     from distill.serving.backends import FP32_BACKENDS
 
-    if backend == PEER:
-        return SCORE_BOUNDS["onnx"]
-    if backend in FP32_BACKENDS:
+    backend = reference_backend(info)
+    if backend.endswith(("fp16", "bf16")):
+        return SCORE_BOUNDS["onnx-fp16"]
+    if backend in FP32_BACKENDS and info["backend"] != PEER:
         return FP32_TOLERANCE
-    return SCORE_BOUNDS["onnx-fp16"] if backend.endswith(("fp16", "bf16")) else SCORE_BOUNDS["onnx"]
+    return SCORE_BOUNDS["onnx"]
 
 
 def reference_scores(
     model: str, backend: str, calls: Sequence[tuple[str, list[str]]], keys: set[tuple[int, int]]
 ) -> dict[tuple[int, int], np.ndarray]:
-    """``Reranker.score`` of each (query index, documents) on ``backend`` (a named backend; the peer's is PyTorch
-    fp32), loaded in this process and dropped after."""
+    """``Reranker.score`` of each (query index, documents) on ``backend`` (a named backend:
+    :func:`reference_backend`), loaded in this process and dropped after."""
     from distill.serving.backends import NAMED_BACKENDS
     from distill.serving.reranker import Reranker
 
-    kind, dtype = NAMED_BACKENDS["torch-fp32" if backend == PEER else backend]
+    kind, dtype = NAMED_BACKENDS[backend]
     reranker = Reranker.load(model, backend=kind, dtype=dtype, interpolation=False)
     scores = {}
     for query_index, documents in sorted(keys):
@@ -541,11 +553,11 @@ def measure(plan: Plan, calls: Sequence[tuple[str, list[str]]], log: Any = None)
             if name == "batched" and plan.robustness > 0:
                 keys |= {(i % len(calls), d) for i in range(len(calls)) for d in range(1, 11)}
             log(f"{name}: {info['backend']} at {server.url}; reference scores of {len(keys)} requests")
-            references[name] = reference_scores(plan.model, info["backend"], calls, keys)
+            references[name] = reference_scores(plan.model, reference_backend(info), calls, keys)
             for documents in plan.documents:
                 asyncio.run(drive(server.url, cell_requests(calls, documents, plan.warmup), 4, plan.timeout))
             command = shlex.join(server.command)
-            entries[name] = {"command": command, "info": info, "tolerance": tolerance_of(info["backend"]), "cells": []}
+            entries[name] = {"command": command, "info": info, "tolerance": tolerance_of(info), "cells": []}
         for index, documents in enumerate(plan.documents):
             for concurrency in sorted({*plan.concurrency, *plan.peer_concurrency}):
                 for name, server in servers.items():

@@ -36,6 +36,7 @@ from benchmarks.load import (
     drive,
     load_average,
     percentile,
+    reference_backend,
     reference_scores,
     run_cell,
     server_command,
@@ -167,9 +168,9 @@ def measure(plan: OverloadPlan, calls: list[tuple[str, list[str]]], log: Any = p
     result: dict[str, Any] = {"load_average_before": load_average(), "command_served": shlex.join(server.command)}
     try:
         info = httpx.get(f"{server.url}/info", timeout=30).json()
-        tolerance = tolerance_of(info["backend"])
+        tolerance = tolerance_of(info)
         keys = {(i, plan.documents) for i in range(len(calls))}
-        references = reference_scores(plan.model, info["backend"], calls, keys)
+        references = reference_scores(plan.model, reference_backend(info), calls, keys)
         log(f"serving {plan.model} on {info['backend']} at {server.url}")
         asyncio.run(drive(server.url, cell_requests(calls, plan.documents, 16), 1, plan.timeout))  # warm-up
         unloaded = run_cell(

@@ -18,6 +18,7 @@ from benchmarks.load import (
     cell_requests,
     dl19_calls,
     drive,
+    reference_backend,
     reference_scores,
     robustness_requests,
     run,
@@ -48,7 +49,7 @@ def test_the_load_generator_counts_and_checks_every_answer(exported: Path, calls
     with running(create_app(ServedModel(exported, reranker))) as url:
         answers, wall = asyncio.run(drive(url, requests, 4, 60))
         assert len(answers) == len(requests) and wall > 0
-        figures = summarise(answers, wall, references, tolerance_of("onnx-fp32"))
+        figures = summarise(answers, wall, references, tolerance_of({"backend": "onnx-fp32"}))
         assert figures["requests"] == figures["answered"] == 72 and figures["wrong"] == 0, figures["wrong_examples"]
         assert 0 <= figures["max_abs_score_diff"] <= 1e-5
         assert {a.status for a in answers if a.request.key is None} <= {400, 413, 422}
@@ -103,7 +104,17 @@ def test_malformed_requests_are_the_kinds_named() -> None:
     valid = [json.loads(r.body) for r in requests if r.key is not None]
     assert {len(v.get("documents", v.get("texts"))) for v in valid} <= set(range(1, 11))
     assert all(v["raw_scores"] for v in valid)
-    assert tolerance_of("openvino-bf16") == 2e-2 and tolerance_of("onnx-fp32") == 1e-5 and tolerance_of(PEER) == 1e-4
+
+
+def test_each_server_is_checked_against_pytorch_in_its_own_dtype() -> None:
+    """The peer runs in fp16 on a GPU: checked against fp32 at fp32's bound, every answer was wrong there."""
+    peer_gpu = {"backend": PEER, "settings": {"dtype": "float16", "device": "cuda:0"}}
+    peer_cpu = {"backend": PEER, "settings": {"dtype": "float32", "device": "cpu"}}
+    assert (reference_backend(peer_gpu), tolerance_of(peer_gpu)) == ("torch-fp16", 2e-2)
+    assert (reference_backend(peer_cpu), tolerance_of(peer_cpu)) == ("torch-fp32", 1e-4)
+    for backend, bound in (("openvino-bf16", 2e-2), ("onnx-fp32", 1e-5), ("torch-fp16", 2e-2), ("onnx-int8", 1e-4)):
+        info = {"backend": backend, "settings": {}}
+        assert (reference_backend(info), tolerance_of(info)) == (backend, bound)
 
 
 def test_the_peer_serves_with_a_tokenizer_of_its_own(exported: Path, calls) -> None:
