@@ -21,8 +21,9 @@ another. Requests queued while a round runs make the next. So:
   batches it (its pairs longest first, :func:`~distill.core.batching.token_budget_batches`), so it gets the same
   scores.
 
-A scorer with several inference streams (OpenVINO's, ``streams``) runs that many of a round's batches at once, on
-as many threads; the round ends when its last batch has.
+A scorer with several inference streams (OpenVINO's, ``streams``) runs that many batches at once, on as many
+threads: each batch starts as soon as a stream is free, and the next round is taken once the last batch of this one
+has started, so that a stream done early takes the next round's first batch instead of waiting for the others.
 
 With ``share`` off (``distill serve --batching false``) a batch holds one request's pairs: requests are scored one at
 a time, in arrival order, each batched as ``Reranker.score`` batches it (the load benchmark's baseline).
@@ -161,6 +162,8 @@ class DynamicBatcher:
         """Held while a batch's scores go to their requests (batches of a round may end at once on streams)."""
         streams = getattr(scorer, "streams", 1)
         self._streams = ThreadPoolExecutor(streams, "rerank-stream") if streams > 1 else None
+        self._free_streams = threading.Semaphore(streams)
+        """Streams not running a batch: a batch takes one before it is handed to :attr:`_streams`."""
         self._worker = threading.Thread(target=self._run, name="rerank-batcher", daemon=True)
         self._worker.start()
 
@@ -203,11 +206,22 @@ class DynamicBatcher:
 
     def _run(self) -> None:
         while (batches := self._next_round()) is not None:
-            if self._streams is None:
-                for parts in batches:
+            for parts in batches:
+                if self._streams is None:
                     self._score(parts)
-            else:
-                list(self._streams.map(self._score, batches))
+                else:
+                    self._free_streams.acquire()
+                    self._streams.submit(self._on_stream, parts)
+
+    def _on_stream(self, parts: list[_Part]) -> None:
+        """:meth:`_score` on a stream's thread, which it frees when done."""
+        try:
+            self._score(parts)
+        except Exception as error:  # the batcher's own fault (the backend's are the requests' errors in _score)
+            for part in parts:
+                self._fail(part.job, error)
+        finally:
+            self._free_streams.release()
 
     def _next_round(self) -> list[list[_Part]] | None:
         """The next round's batches, once its pairs fill :attr:`round_tokens` or the oldest request has waited

@@ -1,5 +1,5 @@
 """OpenVINO's throughput mode: several inference streams, each running a batch of its own; ``distill serve``'s batcher
-runs a round's batches on them at once, and the scores stay those of one stream."""
+runs batches on them at once, each as soon as a stream is free, and the scores stay those of one stream."""
 
 from __future__ import annotations
 
@@ -55,6 +55,53 @@ def test_a_round_runs_its_batches_on_the_streams_at_once(exported: Path, call) -
     assert scorer.calls > 2
     expected = [float(ids.sum()) for ids in np.split(encoded.ids, np.cumsum(encoded.pair_lengths)[:-1])]
     assert len(expected) == 40  # each pair's own ids: a row in another's place is a wrong sum
+    assert scores.tolist() == expected
+
+
+class HeldUntilTheNextRound:
+    """A scorer of two streams whose first batch is held until a batch with ``marker`` among its ids (a request that
+    came after that batch's round was taken) has run: it passes only if a free stream takes the next round's batch
+    while the other still runs this round's."""
+
+    streams = 2
+
+    def __init__(self, marker: int) -> None:
+        self.marker = marker
+        self.started = threading.Event()
+        self.next_round_ran = threading.Event()
+        self.calls = 0
+        self.lock = threading.Lock()
+
+    def __call__(self, batch) -> np.ndarray:
+        ids = batch["input_ids"]
+        with self.lock:
+            first, self.calls = self.calls == 0, self.calls + 1
+        self.started.set()
+        if (ids == self.marker).any():
+            self.next_round_ran.set()
+        if first and not self.next_round_ran.wait(10):
+            raise TimeoutError("the next round waited for this round's last batch")
+        return ids.sum(axis=1).astype(np.float32)
+
+
+def test_a_free_stream_takes_the_next_round_without_waiting_for_the_round(exported: Path, call) -> None:
+    reranker = Reranker.load(exported, backend="onnx", interpolation=False)
+    query, passages = call
+    first = encode_pairs(reranker.tokenizer, [query] * 40, passages[:40], 512)
+    later = encode_pairs(reranker.tokenizer, ["zebra"], passages[40:41], 512)
+    marker = reranker.tokenizer.convert_tokens_to_ids("zebra")
+    assert marker not in first.ids and marker in later.ids
+    scorer = HeldUntilTheNextRound(marker)
+    batcher = DynamicBatcher(scorer, reranker.tokenizer, 2048, max_wait=0.0)  # 40 pairs: several batches a round
+    try:
+        held = batcher.submit(first)
+        assert scorer.started.wait(10)  # the first round is taken: the later request makes the next
+        assert batcher.submit(later).result(10).scores.tolist() == [float(later.ids.sum())]
+        scores = held.result(10).scores
+    finally:
+        batcher.close()
+    assert scorer.calls > 2
+    expected = [float(ids.sum()) for ids in np.split(first.ids, np.cumsum(first.pair_lengths)[:-1])]
     assert scores.tolist() == expected
 
 
