@@ -14,8 +14,11 @@ import pytest
 from benchmarks.load import (
     MALFORMED,
     PEER,
+    Answer,
     Plan,
+    Request,
     cell_requests,
+    check,
     dl19_calls,
     drive,
     reference_backend,
@@ -104,6 +107,21 @@ def test_malformed_requests_are_the_kinds_named() -> None:
     valid = [json.loads(r.body) for r in requests if r.key is not None]
     assert {len(v.get("documents", v.get("texts"))) for v in valid} <= set(range(1, 11))
     assert all(v["raw_scores"] for v in valid)
+
+
+def test_a_score_may_round_as_its_float_does_but_not_change_places() -> None:
+    """bf16 keeps 8 significant bits: a score of 17 may move by 0.03 between batches of other widths, one of 0.5 by
+    at most 0.02 (the bound); two documents' scores swapped are wrong."""
+    request = Request("/v1/rerank", b"", 200, key=(0, 2))
+
+    def answer(scores: list[float]) -> Answer:
+        body = {"results": [{"index": i, "relevance_score": x} for i, x in enumerate(scores)]}
+        return Answer(request, 0.0, 0.1, 200, json.dumps(body).encode(), 0, 1)
+
+    references = {(0, 2): np.array([17.0, 0.5])}
+    assert check(answer([17.03, 0.51]), references, 2e-2) == ("ok", pytest.approx(0.03))
+    assert check(answer([17.0, 0.53]), references, 2e-2)[0] == "|Δscore| 0.03 over 0.02"
+    assert check(answer([0.5, 17.0]), references, 2e-2)[0] == "|Δscore| 16.5 over 0.02"
 
 
 def test_each_server_is_checked_against_pytorch_in_its_own_dtype() -> None:
