@@ -451,8 +451,8 @@ def tolerance_of(info: dict[str, Any]) -> float:
     """The |Δscore| a server's answers may have against :func:`reference_backend`'s ``Reranker.score``, from its
     ``/info``: 1e-5 for fp32, the export's fp16 bound for a 16-bit float (bf16, fp16), the ONNX graphs' bound for
     int8; the peer's, in fp32 (sentence-transformers' batches, against ``Reranker.score`` on PyTorch fp32), the
-    export's bound between fp32 runtimes, 1e-4: its batches pad otherwise, and PyTorch's CPU threads sum in another
-    order under load, which moves scores of about 20 by more than 1e-5."""
+    export's bound between fp32 runtimes, 1e-4, as its batches pad otherwise. :func:`check` scales each by the
+    score's magnitude where that is over 1."""
     from distill.export.parity import SCORE_BOUNDS
     from distill.serving.backends import FP32_BACKENDS
 

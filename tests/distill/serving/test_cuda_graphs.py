@@ -192,7 +192,7 @@ def test_after_the_warm_up_no_request_waits_on_a_capture(spread_bert: Path, call
     graphs = reranker.scorer.graphs
     assert graphs.fixed_width and not graphs.graphs
     warmed = warm_shapes(8192, graphs.longest)
-    reranker.warm_up()  # its batches of each width capture some of the budget's shapes before the rest are
+    reranker.warm_up()  # its batches of each width capture some of these shapes first, so its count is not theirs
     assert set(warmed) <= set(graphs.graphs)
     captured = len(graphs.graphs)
     for count in (1, 3, 10, 17, 64, 100):
