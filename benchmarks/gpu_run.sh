@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The one prepared call on a lent GPU machine (the `device` tool runs it in a copy of the checkout, with $OUT):
 # the GPU suite's serving stage first, then the CUDA-graph tests, then the suite's other stages in what is left of
-# a deadline (seconds, default 500), each folder packed as one .tar.xz under $OUT; with `levers` as the second
-# argument, benchmarks/gpu_serve_levers.sh in place of the other stages. Before the call, here:
+# a deadline (seconds, default 500), each folder packed as one .tar.xz under $OUT; with `levers` or `samples` as the
+# second argument, benchmarks/gpu_serve_levers.sh or benchmarks/gpu_serve_samples.sh in place of the other stages.
+# Before the call, here:
 # `bash benchmarks/gpu_wheels.sh` (the wheels and stubs, carried as .gpu) and `bash benchmarks/gpu_tree.sh out` (the
 # working tree under the tool's 64 MiB); after it, `bash benchmarks/gpu_tree.sh back`.
-#   bash benchmarks/gpu_run.sh [deadline_s] [levers]
+#   bash benchmarks/gpu_run.sh [deadline_s] [levers|samples]
 set -o pipefail
 deadline=${1:-500}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .gpu/whl/*.whl \
@@ -20,12 +21,16 @@ timeout $((deadline - SECONDS - 20)) python3 -m benchmarks.gpu_suite --only serv
 if [ "${2:-}" = levers ]; then
   timeout $((deadline - SECONDS - 60)) bash benchmarks/gpu_serve_levers.sh "$OUT/serve/serve-student" "$OUT/levers" \
     | tee "$OUT/levers.log"
+elif [ "${2:-}" = samples ]; then
+  timeout $((deadline - SECONDS - 60)) bash benchmarks/gpu_serve_samples.sh "$OUT/serve/serve-student" "$OUT/samples" \
+    | tee "$OUT/samples.log"
+  (cd "$OUT" && tar -cJf samples.tar.xz samples && rm -rf samples)
 fi
 pack serve
 timeout 90 python3 -m pytest -q -p no:cacheprovider tests/distill/serving/test_cuda_graphs.py 2>&1 | tail -5 \
   | tee "$OUT/cuda-graphs-tests.txt"
 left=$((deadline - SECONDS - 15))
-if [ "$left" -gt 60 ] && [ "${2:-}" != levers ]; then
+if [ "$left" -gt 60 ] && [ -z "${2:-}" ]; then
   timeout "$left" python3 -m benchmarks.gpu_suite --only '[teacher,train,rerank]' --out "$OUT/stages" 2>&1 \
     | tee "$OUT/stages.log" | tail -30
   pack stages
