@@ -1,9 +1,10 @@
 """The serving load benchmark: ``distill serve`` under a bounded, closed-loop HTTP load on loopback.
 
 ``python -m benchmarks.load run --model checkpoints/quickstart/student/export`` starts the servers side by side,
-each in a process of its own (``--port 0``), drives each in turn with an async ``httpx`` client from this process,
-cell by cell (so that a spell of other load on the machine falls on every server's cell alike), stops them with
-SIGTERM, and writes ``serve.json``, ``serve.md`` and ``serve.png`` into ``--out``:
+each in a process of its own (``--port 0``), drives each in turn from this process with closed-loop clients, each
+on a keep-alive connection of its own (:mod:`benchmarks.keepalive`), cell by cell (so that a spell of other load on
+the machine falls on every server's cell alike), stops them with SIGTERM, and writes ``serve.json``, ``serve.md``
+and ``serve.png`` into ``--out``:
 
 - the servers: ``batched`` (``distill serve``, dynamic batching on), ``one-at-a-time`` (the same with ``--batching
   false``: a request's pairs are batched alone, requests in arrival order), ``streams-N`` where named (batched, a
@@ -53,6 +54,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks import CHECKOUT, RESULTS
+from benchmarks.keepalive import HttpError, KeepAlive
 
 SERVERS = ("batched", "one-at-a-time", "st-crossencoder")
 """The servers a run compares (:func:`server_command`)."""
@@ -191,31 +193,29 @@ def check(answer: Answer, references: dict[tuple[int, int], np.ndarray], toleran
 
 
 async def drive(url: str, requests: Sequence[Request], concurrency: int, timeout: float) -> tuple[list[Answer], float]:
-    """Send ``requests`` from ``concurrency`` closed-loop clients (each sends the next unsent request once its last
-    is answered); every answer, and the wall time from the first send to the last answer (s)."""
-    import httpx
-
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    headers = {"content-type": "application/json"}
+    """Send ``requests`` from ``concurrency`` closed-loop clients, each on a keep-alive connection of its own (each
+    sends the next unsent request once its last is answered); every answer, and the wall time from the first send to
+    the last answer (s)."""
     pending = iter(requests)
     answers: list[Answer] = []
-    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=timeout) as client:
-        start = time.perf_counter()
+    start = time.perf_counter()
 
-        async def run(index: int) -> None:
+    async def run(index: int) -> None:
+        connection = KeepAlive(url, timeout)
+        try:
             for turn, request in enumerate(pending):
                 sent = time.perf_counter()
                 try:
-                    response = await client.post(request.route, content=request.body, headers=headers)
-                    status, body = response.status_code, response.content
-                except httpx.HTTPError as e:  # a lost request: counted, never raised
-                    status, body = 0, f"{type(e).__name__}: {e}".encode()
+                    status, _, body = await connection.post(request.route, request.body)
+                except HttpError as e:  # a lost request: counted, never raised
+                    status, body = 0, str(e).encode()
                 done = time.perf_counter()
                 answers.append(Answer(request, sent - start, done - sent, status, body, index, turn))
+        finally:
+            connection.close()
 
-        await asyncio.gather(*(run(i) for i in range(concurrency)))
-        wall = time.perf_counter() - start
-    return answers, wall
+    await asyncio.gather(*(run(i) for i in range(concurrency)))
+    return answers, time.perf_counter() - start
 
 
 def percentile(values: Sequence[float], q: float) -> float:

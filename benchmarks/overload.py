@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import RESULTS
+from benchmarks.keepalive import HttpError, KeepAlive
 from benchmarks.load import (
     Answer,
     Request,
@@ -76,35 +77,35 @@ class Offered:
 
 
 async def offer(url: str, requests: list[Request], rate: float, timeout: float) -> tuple[list[Offered], float]:
-    """Send ``requests`` open loop, the i-th at ``i / rate`` seconds from the start, each on its own connection
-    slot (no limit on connections); every answer (status 0: timed out or not connected) and the wall time (s)."""
-    import httpx
-
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=256)
-    headers = {"content-type": "application/json"}
+    """Send ``requests`` open loop, the i-th at ``i / rate`` seconds from the start, each on a keep-alive connection
+    that no request is using (a new one where all are: no limit on connections); every answer (status 0: timed out or
+    not connected) and the wall time (s)."""
+    idle: list[KeepAlive] = []
     answers: list[Offered] = []
-    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=timeout) as client:
-        start = time.perf_counter()
+    start = time.perf_counter()
 
-        async def send(index: int, request: Request) -> None:
-            sent = time.perf_counter()
-            try:
-                response = await client.post(request.route, content=request.body, headers=headers)
-                status, body = response.status_code, response.content
-                retry_after = response.headers.get("retry-after")
-            except httpx.HTTPError as e:
-                status, body, retry_after = 0, f"{type(e).__name__}: {e}".encode(), None
-            answer = Answer(request, sent - start, time.perf_counter() - sent, status, body, index, 1)
-            answers.append(Offered(answer, retry_after))
+    async def send(index: int, request: Request) -> None:
+        connection = idle.pop() if idle else KeepAlive(url, timeout)
+        sent = time.perf_counter()
+        try:
+            status, headers, body = await connection.post(request.route, request.body)
+            retry_after = headers.get("retry-after")
+        except HttpError as e:
+            status, body, retry_after = 0, str(e).encode(), None
+        answer = Answer(request, sent - start, time.perf_counter() - sent, status, body, index, 1)
+        answers.append(Offered(answer, retry_after))
+        idle.append(connection)
 
-        tasks = []
-        for index, request in enumerate(requests):
-            delay = start + index / rate - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(send(index, request)))
-        await asyncio.gather(*tasks)
-        wall = time.perf_counter() - start
+    tasks = []
+    for index, request in enumerate(requests):
+        delay = start + index / rate - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(send(index, request)))
+    await asyncio.gather(*tasks)
+    wall = time.perf_counter() - start
+    for connection in idle:
+        connection.close()
     return answers, wall
 
 
