@@ -21,6 +21,12 @@ another. Requests queued while a round runs make the next. So:
   batches it (its pairs longest first, :func:`~distill.core.batching.token_budget_batches`), so it gets the same
   scores.
 
+A scorer that launches a batch on a device without waiting for it (``launch``: the torch scorer on CUDA) has the
+worker keep the device fed: it launches the next batch as soon as fewer than :data:`LAUNCH_DEPTH` are on the device
+(one running, one queued behind it), and another thread waits for each batch, in launch order, and hands its scores
+out. So the host tokenises, packs and launches while the device computes, and a round taken while a batch is on the
+device takes what is queued at once, without waiting for company: the device's own time gathers it.
+
 A scorer with several inference streams (OpenVINO's, ``streams``) runs that many batches at once, on as many
 threads: each batch starts as soon as a stream is free, and the next round is taken once the last batch of this one
 has started, so that a stream done early takes the next round's first batch instead of waiting for the others.
@@ -53,7 +59,7 @@ import numpy as np
 
 from distill.core.batching import token_budget_batches
 from distill.serving.encoding import Encoded, Packed, Padded
-from distill.serving.scorers import Scorer
+from distill.serving.scorers import Launched, Scorer
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +69,11 @@ ROUND_BATCHES = 8
 eight requests of 10 documents to sort together by length (fewer padded tokens a pair, more requests a batch), few
 enough that a request of 100 documents spans rounds and does not hold back the requests behind it. The docs' serving
 results page measures the batches it makes."""
+
+
+LAUNCH_DEPTH = 2
+"""Batches launched on a device and not handed out yet, at most: one that the device runs, and the next, queued
+behind it, so that the device goes from one to the next without waiting for the host."""
 
 
 @dataclass(frozen=True)
@@ -87,7 +98,8 @@ class BatchStats:
     tokens: int
     """The pairs' own tokens."""
     seconds: float
-    """The backend call's wall time."""
+    """The backend's time on the batch: its call's wall time, or, for a batch launched on a device, the device's
+    (between CUDA events)."""
 
 
 @dataclass(eq=False)
@@ -115,6 +127,15 @@ class _Part:
 
     job: _Job
     rows: np.ndarray
+
+
+@dataclass(frozen=True)
+class _InFlight:
+    """A batch launched on the device: its requests' rows, their ``[rows]`` lengths, and the launch."""
+
+    parts: list[_Part]
+    lengths: np.ndarray
+    launched: Launched
 
 
 class DynamicBatcher:
@@ -161,6 +182,12 @@ class DynamicBatcher:
         self._handing = threading.Lock()
         """Held while a batch's scores go to their requests (batches of a round may end at once on streams)."""
         streams = getattr(scorer, "streams", 1)
+        self._launch: Callable[[Padded | Packed], Launched] | None = getattr(scorer, "launch", None)
+        """The scorer's ``launch``: it starts a batch on a device the host need not wait for."""
+        self._finishing = ThreadPoolExecutor(1, "rerank-finish") if self._launch is not None and streams == 1 else None
+        """The thread that waits for each launched batch, in launch order, and hands its scores out."""
+        self._flights = 0
+        """Batches launched and not handed out yet (at most :data:`LAUNCH_DEPTH`)."""
         self._streams = ThreadPoolExecutor(streams, "rerank-stream") if streams > 1 else None
         self._free_streams = threading.Semaphore(streams)
         """Streams not running a batch: a batch takes one before it is handed to :attr:`_streams`."""
@@ -201,17 +228,41 @@ class DynamicBatcher:
             self._closed = True
             self._changed.notify()
         self._worker.join(timeout)
-        if self._streams is not None:
-            self._streams.shutdown()
+        for pool in (self._streams, self._finishing):
+            if pool is not None:
+                pool.shutdown()
 
     def _run(self) -> None:
         while (batches := self._next_round()) is not None:
             for parts in batches:
-                if self._streams is None:
-                    self._score(parts)
-                else:
+                if self._streams is not None:
                     self._free_streams.acquire()
                     self._streams.submit(self._on_stream, parts)
+                elif self._finishing is None:
+                    self._score(parts)
+                else:
+                    self._launch_batch(parts)
+
+    def _launch_batch(self, parts: list[_Part]) -> None:
+        """Launch a batch once fewer than :data:`LAUNCH_DEPTH` are on the device, and have :attr:`_finishing` hand
+        its scores out when the device is done (at once where it is done already: a processor's)."""
+        with self._changed:
+            while self._flights >= LAUNCH_DEPTH:
+                self._changed.wait()
+            self._flights += 1
+        flight = self._start(parts)
+        if flight is None:
+            self._landed()
+        elif flight.launched.ready():
+            self._finish(flight)
+        else:
+            self._finishing.submit(self._finish, flight)
+
+    def _landed(self) -> None:
+        """A launched batch's scores are handed out: one batch fewer on the device."""
+        with self._changed:
+            self._flights -= 1
+            self._changed.notify()
 
     def _on_stream(self, parts: list[_Part]) -> None:
         """:meth:`_score` on a stream's thread, which it frees when done."""
@@ -225,15 +276,18 @@ class DynamicBatcher:
 
     def _next_round(self) -> list[list[_Part]] | None:
         """The next round's batches, once its pairs fill :attr:`round_tokens` or the oldest request has waited
-        ``max_wait``; None once the batcher is closed and its queue empty."""
+        ``max_wait`` (while a launched batch is on the device, and there is room for another, what is queued, at
+        once); None once the batcher is closed and its queue empty."""
         with self._changed:
-            while not self._drop_cancelled():
-                if self._closed:
+            while not (queued := self._drop_cancelled()) or self._flights >= LAUNCH_DEPTH:
+                if self._closed and not queued:
                     return None
                 self._changed.wait()
+            busy = self._flights > 0
             deadline = self._queue[0].enqueued + self.max_wait
             while (
-                not self._closed
+                not busy
+                and not self._closed
                 and (self.arriving is None or self.arriving() > 0)
                 and not self._take()[1]
                 and (left := deadline - time.monotonic()) > 0
@@ -317,16 +371,57 @@ class DynamicBatcher:
         parts = [part for part in parts if not part.job.future.done()]  # failed in an earlier batch, or cancelled
         if not parts:
             return
+        batch, lengths = self._batch_of(parts)
         try:
-            scores, stats = self._run_batch(parts)
+            start = time.perf_counter()
+            scores = self._checked(self.scorer(batch), lengths)
+            seconds = time.perf_counter() - start
         except Exception as error:
-            if len(parts) > 1:
-                log.warning("a batch of %d requests failed (%s): scoring each alone", len(parts), error)
-                for part in parts:
-                    self._score([part])
-                return
-            self._fail(parts[0].job, error)
+            self._recover(parts, error)
             return
+        self._hand_out(parts, scores, self._stats(parts, lengths, seconds))
+
+    def _start(self, parts: list[_Part]) -> _InFlight | None:
+        """Launch a batch on the device (the scorer's ``launch``); None where no request is left in it, or the launch
+        failed (its requests are then scored again alone, as :meth:`_score` does)."""
+        parts = [part for part in parts if not part.job.future.done()]
+        if not parts:
+            return None
+        batch, lengths = self._batch_of(parts)
+        try:
+            return _InFlight(parts, lengths, self._launch(batch))
+        except Exception as error:
+            self._recover(parts, error)
+            return None
+
+    def _finish(self, flight: _InFlight) -> None:
+        """Wait for a launched batch's scores and hand each request its own (the device's error: as :meth:`_score`)."""
+        try:
+            try:
+                scores, seconds = flight.launched.result()
+                scores = self._checked(scores, flight.lengths)
+            except Exception as error:
+                self._recover(flight.parts, error)
+                return
+            self._hand_out(flight.parts, scores, self._stats(flight.parts, flight.lengths, seconds))
+        except Exception as error:  # the batcher's own fault: the requests must not wait for ever
+            for part in flight.parts:
+                self._fail(part.job, error)
+        finally:
+            self._landed()
+
+    def _recover(self, parts: list[_Part], error: Exception) -> None:
+        """After the backend failed on a batch: each request's rows again on their own, or, a request alone, its
+        error."""
+        if len(parts) > 1:
+            log.warning("a batch of %d requests failed (%s): scoring each alone", len(parts), error)
+            for part in parts:
+                self._score([part])
+            return
+        self._fail(parts[0].job, error)
+
+    def _hand_out(self, parts: list[_Part], scores: np.ndarray, stats: BatchStats) -> None:
+        """Give each request of a batch its scores, and answer those whose last batch this was."""
         if self.on_batch is not None:
             self.on_batch(stats)
         bounds = np.cumsum([len(part.rows) for part in parts])[:-1]
@@ -341,28 +436,33 @@ class DynamicBatcher:
                     with suppress(InvalidStateError):  # cancelled while its last batch ran
                         job.future.set_result(Scored(job.scores, job.started - job.enqueued))
 
-    def _run_batch(self, parts: list[_Part]) -> tuple[np.ndarray, BatchStats]:
-        """The backend's ``[rows]`` scores of the parts' rows, back to back: padded to one width, or packed for a
-        scorer that ``takes_packed`` (as :meth:`Reranker.score <distill.serving.reranker.Reranker.score>` gives
-        them)."""
+    def _batch_of(self, parts: list[_Part]) -> tuple[Padded | Packed, np.ndarray]:
+        """The parts' rows back to back as the backend takes them: padded to one width, or packed for a scorer that
+        ``takes_packed`` (as :meth:`Reranker.score <distill.serving.reranker.Reranker.score>` gives them); and their
+        ``[rows]`` lengths."""
         lengths = np.concatenate([part.job.encoded.pair_lengths[part.rows] for part in parts])
-        width = int(lengths.max())
-        batch: Padded | Packed
         if getattr(self.scorer, "takes_packed", False):
             packs = [part.job.encoded.pack(part.rows) for part in parts]
             ids = np.concatenate([p.input_ids for p in packs])
-            batch = Packed(ids, np.concatenate([p.token_type_ids for p in packs]), lengths)
-        else:
-            padded = [part.job.encoded.batch(self.tokenizer, part.rows, width) for part in parts]
-            batch = Padded(lengths, padded[0].left)
-            for name in padded[0]:
-                batch[name] = np.concatenate([p[name] for p in padded])
-        start = time.perf_counter()
-        scores = np.asarray(self.scorer(batch), dtype=np.float32)
-        seconds = time.perf_counter() - start
+            return Packed(ids, np.concatenate([p.token_type_ids for p in packs]), lengths), lengths
+        width = int(lengths.max())
+        padded = [part.job.encoded.batch(self.tokenizer, part.rows, width) for part in parts]
+        batch = Padded(lengths, padded[0].left)
+        for name in padded[0]:
+            batch[name] = np.concatenate([p[name] for p in padded])
+        return batch, lengths
+
+    @staticmethod
+    def _checked(scores: Any, lengths: np.ndarray) -> np.ndarray:
+        """The backend's scores as ``[rows]`` float32, or an error where there is not one a row."""
+        scores = np.asarray(scores, dtype=np.float32)
         if scores.shape != (len(lengths),):
             raise RuntimeError(f"the backend returned scores of shape {scores.shape} for {len(lengths)} pairs")
-        return scores, BatchStats(len(lengths), len(parts), len(lengths) * width, int(lengths.sum()), seconds)
+        return scores
+
+    @staticmethod
+    def _stats(parts: list[_Part], lengths: np.ndarray, seconds: float) -> BatchStats:
+        return BatchStats(len(lengths), len(parts), len(lengths) * int(lengths.max()), int(lengths.sum()), seconds)
 
     def _fail(self, job: _Job, error: Exception) -> None:
         """Give ``job`` the backend's error and drop its rows still queued."""

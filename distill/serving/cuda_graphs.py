@@ -138,8 +138,9 @@ class CudaGraphs:
     :class:`Shape`, each captured on the first batch of its shape (after :data:`WARMUP_CALLS` eager calls on a side
     stream).
 
-    The graphs share one memory pool: they never run at once, and each one's scores are copied to the host before
-    the next replay. One call at a time replays (a lock), as the static buffers are shared by every caller.
+    The graphs share one memory pool: they run one after another on the stream, and each one's scores are copied
+    to the host (queued on the stream) before the next replay. One call at a time queues its copies and replay (a
+    lock), as the static buffers are shared by every caller.
 
     Args:
         encoder: the packed model, on ``device``.
@@ -163,9 +164,12 @@ class CudaGraphs:
         self.pool: tuple[int, int] | None = None
         self.lock = threading.Lock()
 
-    def __call__(self, packed: Packed) -> np.ndarray:
-        """``[pairs]`` float32 scores of ``packed``'s pairs. The capture records the kernels chosen in the calling
-        context: call it in the one the eager forward runs in (inference mode, attention kernels, matmul precision)."""
+    def launch(self, packed: Packed) -> torch.Tensor:
+        """Queue the replay for ``packed``'s pairs on the current stream, and the copy of their ``[pairs]`` scores
+        into pinned host memory, which this returns: it holds them once the stream has run that far (an event
+        recorded after this call, or a synchronisation). The next replay of the same graph overwrites its buffers only
+        after, as the stream orders it. The capture records the kernels chosen in the calling context: call it in the
+        one the eager forward runs in (inference mode, attention kernels, matmul precision)."""
         shape = static_shape(packed.lengths, self.longest, self.fixed_width)
         padded = pad_to(packed, shape, self.pad_id)
         tokens, cu_seqlens, _ = packed_inputs(padded.input_ids, padded.token_type_ids, padded.lengths, shape.width)
@@ -177,7 +181,7 @@ class CudaGraphs:
                 graph.tokens.copy_(tokens.pin_memory(), non_blocking=True)
                 graph.cu_seqlens.copy_(cu_seqlens.pin_memory(), non_blocking=True)
             graph.graph.replay()
-            return graph.scores[: len(packed.lengths)].cpu().numpy()
+            return graph.scores[: len(packed.lengths)].to("cpu", non_blocking=True)
 
     def warm_up(self, max_tokens: int) -> int:
         """Capture each of :func:`warm_shapes` for batches of at most ``max_tokens`` tokens not captured yet (with the

@@ -1,13 +1,16 @@
 """Scorers: a student folder's PyTorch weights, ONNX graphs or TorchScript file, as one callable each.
 
-A scorer maps a padded :data:`~distill.serving.encoding.Batch` to the ``[batch]`` float32 scores.
+A scorer maps a padded :data:`~distill.serving.encoding.Batch` to the ``[batch]`` float32 scores. One that runs on
+a device the host does not wait for (the torch scorer on CUDA) also starts a batch without waiting for it
+(``launch``: a :class:`Launched`), so that its caller prepares the next batch while the device computes this one.
 torch and onnxruntime are imported by the scorer that needs them, not by this module.
 """
 
 from __future__ import annotations
 
 import queue
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -44,6 +47,28 @@ class Scorer(Protocol):
     def __call__(self, batch: Batch) -> np.ndarray:
         """float32 scores ``[batch]`` of int64 arrays ``[batch, sequence]``."""
         ...
+
+
+class Launched:
+    """A batch a scorer has started: :meth:`result` waits for its scores; :meth:`ready` says, without waiting,
+    whether they are there.
+
+    Args:
+        wait: blocks until the device is done; ``([rows] float32 scores, the device's seconds on the batch)``.
+        ready: whether ``wait`` would return at once.
+    """
+
+    def __init__(self, wait: Callable[[], tuple[np.ndarray, float]], ready: Callable[[], bool]) -> None:
+        self._wait, self.ready = wait, ready
+
+    @classmethod
+    def done(cls, scores: np.ndarray, seconds: float) -> Launched:
+        """A batch scored before its launch returned (on a processor)."""
+        return cls(lambda: (scores, seconds), lambda: True)
+
+    def result(self) -> tuple[np.ndarray, float]:
+        """``([rows] float32 scores, seconds)``, once the device is done; the device's error, if it failed."""
+        return self._wait()
 
 
 def require_file(folder: Path, *names: str) -> Path:
@@ -206,22 +231,47 @@ class TorchScorer:
             return self.graphs.warm_up(max_tokens)
 
     def __call__(self, batch: Batch | Packed) -> np.ndarray:
+        return self.launch(batch).result()[0]
+
+    def launch(self, batch: Batch | Packed) -> Launched:
+        """Start scoring ``batch``: on CUDA the work, and the copy of its scores to pinned host memory, is queued on
+        the device and the host is free until :meth:`Launched.result` (whose seconds are the device's, between two
+        CUDA events); on a processor it is done before this returns."""
         import torch
 
+        started = time.perf_counter()
+        on_cuda = self.device.type == "cuda"
         with self._computing():
+            if on_cuda:
+                begin = torch.cuda.Event(enable_timing=True)
+                begin.record()
             if self.packed is None:
                 inputs = {k: torch.from_numpy(v).to(self.device) for k, v in batch.items() if k in self.input_names}
-                return self.model(**inputs).logits[:, 0].float().cpu().numpy()
-            return self._packed(batch if isinstance(batch, Packed) else Packed.of_padded(batch))
+                scores = self.model(**inputs).logits[:, 0].float()
+            else:
+                scores = self._packed(batch if isinstance(batch, Packed) else Packed.of_padded(batch))
+        if not on_cuda:
+            return Launched.done(scores.numpy(), time.perf_counter() - started)
+        if scores.is_cuda:  # a graph's scores are on the host already (CudaGraphs.launch)
+            scores = scores.to("cpu", non_blocking=True)  # pinned by PyTorch's caching host allocator
+        end = torch.cuda.Event(enable_timing=True)
+        end.record()
 
-    def _packed(self, packed: Packed) -> np.ndarray:
-        """The unpadded encoder's scores of ``packed``: from a CUDA graph, or eager."""
+        def wait() -> tuple[np.ndarray, float]:
+            end.synchronize()
+            return scores.numpy().astype(np.float32), begin.elapsed_time(end) / 1e3
+
+        return Launched(wait, end.query)
+
+    def _packed(self, packed: Packed) -> Any:
+        """The unpadded encoder's ``[rows]`` scores of ``packed``, a tensor: from a CUDA graph (on the host, being
+        copied there), or eager (on the device)."""
         from distill.model.unpadding import packed_inputs, to_device
 
         if self.graphs is not None:
-            return self.graphs(packed)
+            return self.graphs.launch(packed)
         tokens, cu_seqlens, width = packed_inputs(packed.input_ids, packed.token_type_ids, packed.lengths)
-        return self.packed(to_device(tokens, self.device), to_device(cu_seqlens, self.device), width).cpu().numpy()
+        return self.packed(to_device(tokens, self.device), to_device(cu_seqlens, self.device), width).float()
 
 
 def changed_levers(options: TorchOptions, device: str | Any) -> list[str]:

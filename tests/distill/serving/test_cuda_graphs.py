@@ -198,3 +198,26 @@ def test_after_the_warm_up_no_request_waits_on_a_capture(spread_bert: Path, call
     for count in (1, 3, 10, 17, 64, 100):
         reranker.score(query, passages[:count])
     assert len(graphs.graphs) == captured
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="batches are launched ahead on a GPU")
+@pytest.mark.parametrize("graphs", [True, False])
+def test_batches_launched_ahead_on_cuda_keep_their_own_scores(spread_bert: Path, call, graphs: bool) -> None:
+    """Three batches launched before any is waited for, with graphs two of one static shape (one graph's buffers,
+    replayed twice in a row): each gets the scores it gets alone, and the device's seconds."""
+    query, passages = call
+    reranker = Reranker.load(spread_bert, backend="torch", device="cuda", dtype="float16", cuda_graphs=graphs)
+    encoded = encode_pairs(reranker.tokenizer, [query] * 30, passages[:30], 256)
+    batches = [encoded.pack(np.arange(i, i + 10)) for i in (0, 10, 20)]
+    if graphs:
+        shapes = [
+            static_shape(b.lengths, reranker.scorer.graphs.longest, reranker.scorer.graphs.fixed_width) for b in batches
+        ]
+        assert len(set(shapes)) < 3
+    alone = [reranker.scorer(batch) for batch in batches]
+    launched = [reranker.scorer.launch(batch) for batch in batches]
+    results = [each.result() for each in launched]
+    assert all(each.ready() for each in launched)
+    for (scores, seconds), expected in zip(results, alone, strict=True):
+        np.testing.assert_array_equal(scores, expected)
+        assert scores.dtype == np.float32 and 0 < seconds < 10

@@ -1,0 +1,127 @@
+"""A scorer that launches batches on a device the host does not wait for (the torch scorer on CUDA): the batcher
+keeps one batch ahead, launching the next before it waits for the one on the device, and hands every batch's scores
+out even when no request follows. Here the device is a thread that runs a real scorer's batches in launch order, as
+a CUDA stream runs its kernels; tests/distill/serving/test_cuda_graphs.py launches on a GPU."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from distill.serving.batcher import BatchStats, DynamicBatcher
+from distill.serving.encoding import Packed, encode_pairs
+from distill.serving.reranker import Reranker
+from distill.serving.scorers import Launched
+
+TOLERANCE = 1e-5
+
+
+class OnAStream:
+    """A real scorer's batches run in launch order on a thread of their own (the stream); ``launch`` returns at once.
+    The stream holds every batch until :attr:`release` is set; a batch holding the token ``poison`` fails there."""
+
+    def __init__(self, scorer, poison: int | None = None) -> None:
+        self.scorer, self.input_names, self.poison = scorer, scorer.input_names, poison
+        self.stream = ThreadPoolExecutor(1, "stream")
+        self.release = threading.Event()
+        self.launches = 0
+
+    def __call__(self, batch):
+        return self.launch(batch).result()[0]
+
+    def launch(self, batch) -> Launched:
+        self.launches += 1
+
+        def run() -> tuple[np.ndarray, float]:
+            self.release.wait(30)
+            if self.poison is not None and (batch["input_ids"] == self.poison).any():
+                raise RuntimeError("poisoned batch")
+            start = time.perf_counter()
+            return self.scorer(batch), time.perf_counter() - start
+
+        future = self.stream.submit(run)
+        return Launched(future.result, future.done)
+
+
+@pytest.fixture(scope="module")
+def reference(exported: Path) -> Reranker:
+    return Reranker.load(exported, backend="onnx", interpolation=False)
+
+
+def _wait_until(condition, seconds: float = 10.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return condition()
+
+
+def test_the_batcher_launches_the_next_batch_before_it_waits_for_the_one_on_the_device(
+    reference: Reranker, call
+) -> None:
+    """While a batch is on the device, the next is launched, and only one: the batcher then waits for the first.
+    Requests queued meanwhile are taken without waiting for company (one is always arriving here, and the window is
+    a minute), and the last batch's scores come out with no request after it."""
+    query, passages = call
+    encoded = [encode_pairs(reference.tokenizer, [query] * 4, passages[i : i + 4], 512) for i in (0, 4, 8)]
+    budget = int(encoded[0].pair_lengths.max()) * 2  # two pairs a batch
+    arriving, stats = [0], []
+    scorer = OnAStream(reference.scorer)
+    batcher = DynamicBatcher(
+        scorer, reference.tokenizer, budget, 60.0, on_batch=stats.append, arriving=lambda: arriving[0]
+    )
+    try:
+        first = batcher.submit(encoded[0])  # nothing arriving: launched at once, two batches
+        assert _wait_until(lambda: scorer.launches == 2)
+        arriving[0] = 1
+        later = [batcher.submit(e) for e in encoded[1:]]
+        time.sleep(0.3)
+        assert scorer.launches == 2  # one batch ahead, no more: the batcher waits for the first
+        scorer.release.set()
+        results = [future.result(10) for future in (first, *later)]  # not a minute's wait for company
+    finally:
+        batcher.close(10)
+    assert scorer.launches == len(stats) and sum(s.pairs for s in stats) == 12
+    assert all(isinstance(s, BatchStats) and s.seconds > 0 for s in stats)
+    for i, result in zip((0, 4, 8), results, strict=True):
+        assert result.scores.tolist() == pytest.approx(reference.score(query, passages[i : i + 4]), abs=TOLERANCE)
+
+
+def test_a_batch_that_fails_on_the_device_fails_only_its_failing_request(reference: Reranker, call) -> None:
+    query, passages = call
+    poison = reference.tokenizer.convert_tokens_to_ids("poison")
+    scorer = OnAStream(reference.scorer, poison)
+    batcher = DynamicBatcher(scorer, reference.tokenizer, 2**16, max_wait=0.0)
+    texts = [passages[:3], ["poison", *passages[3:5]], passages[5:8]]
+    encoded = [encode_pairs(reference.tokenizer, [query] * len(t), t, 512) for t in texts]
+    try:
+        first = batcher.submit(encoded[0])
+        assert _wait_until(lambda: scorer.launches == 1)
+        bad, good = batcher.submit(encoded[1]), batcher.submit(encoded[2])  # one batch, launched behind the first
+        assert _wait_until(lambda: scorer.launches == 2)
+        scorer.release.set()
+        with pytest.raises(RuntimeError, match="poisoned batch"):
+            bad.result(10)
+        for future, text in ((first, texts[0]), (good, texts[2])):
+            assert future.result(10).scores.tolist() == pytest.approx(reference.score(query, text), abs=TOLERANCE)
+    finally:
+        batcher.close(10)
+
+
+def test_the_torch_scorer_on_a_processor_launches_a_batch_already_scored(tiny_bert: Path, call) -> None:
+    query, passages = call
+    for unpad in (False, True):
+        reranker = Reranker.load(tiny_bert, backend="torch", unpad=unpad, interpolation=False)
+        encoded = encode_pairs(reranker.tokenizer, [query] * 5, passages[:5], 512)
+        batch = encoded.pack() if unpad else encoded.batch(reranker.tokenizer)
+        assert isinstance(batch, Packed) == unpad
+        launched = reranker.scorer.launch(batch)
+        assert launched.ready()
+        scores, seconds = launched.result()
+        assert scores.dtype == np.float32 and seconds > 0
+        np.testing.assert_array_equal(scores, reranker.scorer(batch))
+        assert scores.tolist() == pytest.approx(reranker.score(query, passages[:5]), abs=TOLERANCE)
