@@ -63,7 +63,7 @@ from distill.core.schema import InputError
 from distill.serving.auto import quality_gate
 from distill.serving.batcher import DynamicBatcher, PredictLoop, WholeRequests
 from distill.serving.calibration import ScoreCalibration, normalised, read_calibration
-from distill.serving.encoding import Encoded, encode_pairs
+from distill.serving.encoding import Encoded, encode_pairs, token_count
 from distill.serving.fusion import Fusion
 from distill.serving.http_gate import Gate, Metrics, ServingState, api_key, error_response
 from distill.serving.http_schemas import (
@@ -224,7 +224,7 @@ class RerankService:
         limit."""
         truncate, max_tokens_per_doc = cut.truncate, cut.max_tokens_per_doc
         tokenizer, model_limit = self.reranker.tokenizer, self.reranker.max_length
-        query_tokens = len(tokenizer(query, add_special_tokens=False)["input_ids"])
+        query_tokens = token_count(tokenizer, query)
         room = model_limit - self.special - query_tokens
         if room < 1 and not truncate:
             raise RequestError(

@@ -8,7 +8,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from distill.data.loaders import load_candidates
-from distill.serving.encoding import Packed, encode_pairs, pad_batch
+from distill.serving.encoding import Packed, encode_pairs, pad_batch, token_count
 from tests.conftest import DL19
 
 
@@ -46,6 +46,14 @@ def test_slow_tokenizers_take_the_python_path(tokenizer, monkeypatch: pytest.Mon
     fast = encode_pairs(tokenizer, queries, passages, 40)
     monkeypatch.setattr(type(tokenizer), "is_fast", property(lambda self: False))
     assert encode_pairs(tokenizer, queries, passages, 40) == fast
+
+
+def test_a_token_count_is_the_tokenizers_own(tokenizer, monkeypatch: pytest.MonkeyPatch) -> None:
+    texts = ["", "rhino", "What is the daily life of a Rhodes scholar like?", "horn " * 600, "naïve café, 42 × 7"]
+    counts = [len(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in texts]
+    assert [token_count(tokenizer, t) for t in texts] == counts and counts[3] == 600
+    monkeypatch.setattr(type(tokenizer), "is_fast", property(lambda self: False))
+    assert [token_count(tokenizer, t) for t in texts] == counts
 
 
 @pytest.mark.parametrize("side", ["right", "left"])
