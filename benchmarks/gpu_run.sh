@@ -2,7 +2,8 @@
 # The one prepared call on a lent GPU machine (the `device` tool runs it in a copy of the checkout, with $OUT):
 # the GPU suite's serving stage first, then the CUDA-graph tests, then the suite's other stages in what is left of
 # a deadline (seconds, default 500), each folder packed as one .tar.xz under $OUT; with `levers` or `samples` as the
-# second argument, benchmarks/gpu_serve_levers.sh or benchmarks/gpu_serve_samples.sh in place of the other stages.
+# second argument, benchmarks/gpu_serve_levers.sh or benchmarks/gpu_serve_samples.sh (and the levers, if 240 s are
+# left) in place of the other stages.
 # Before the call, here:
 # `bash benchmarks/gpu_wheels.sh` (the wheels and stubs, carried as .gpu) and `bash benchmarks/gpu_tree.sh out` (the
 # working tree under the tool's 64 MiB); after it, `bash benchmarks/gpu_tree.sh back`.
@@ -25,6 +26,10 @@ elif [ "${2:-}" = samples ]; then
   timeout $((deadline - SECONDS - 60)) bash benchmarks/gpu_serve_samples.sh "$OUT/serve/serve-student" "$OUT/samples" \
     | tee "$OUT/samples.log"
   (cd "$OUT" && tar -cJf samples.tar.xz samples && rm -rf samples)
+  if [ $((deadline - SECONDS)) -gt 240 ]; then
+    timeout $((deadline - SECONDS - 100)) bash benchmarks/gpu_serve_levers.sh "$OUT/serve/serve-student" \
+      "$OUT/levers" | tee "$OUT/levers.log"
+  fi
 fi
 pack serve
 timeout 90 python3 -m pytest -q -p no:cacheprovider tests/distill/serving/test_cuda_graphs.py 2>&1 | tail -5 \
