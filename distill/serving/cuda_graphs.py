@@ -164,16 +164,20 @@ class CudaGraphs:
         self.pool: tuple[int, int] | None = None
         self.lock = threading.Lock()
 
-    def launch(self, packed: Packed) -> torch.Tensor:
+    def launch(self, packed: Packed, begin: torch.cuda.Event | None = None) -> torch.Tensor:
         """Queue the replay for ``packed``'s pairs on the current stream, and the copy of their ``[pairs]`` scores
         into pinned host memory, which this returns: it holds them once the stream has run that far (an event
-        recorded after this call, or a synchronisation). The next replay of the same graph overwrites its buffers only
-        after, as the stream orders it. The capture records the kernels chosen in the calling context: call it in the
-        one the eager forward runs in (inference mode, attention kernels, matmul precision)."""
+        recorded after this call, or a synchronisation). ``begin`` is recorded on the stream before the batch's
+        copies to the device (its padding and bucketing, on the host, done). The next replay of the same graph
+        overwrites its buffers only after, as the stream orders it. The capture records the kernels chosen in the
+        calling context: call it in the one the eager forward runs in (inference mode, attention kernels, matmul
+        precision)."""
         shape = static_shape(packed.lengths, self.longest, self.fixed_width)
         padded = pad_to(packed, shape, self.pad_id)
         tokens, cu_seqlens, _ = packed_inputs(padded.input_ids, padded.token_type_ids, padded.lengths, shape.width)
         with self.lock:
+            if begin is not None:
+                begin.record()
             graph = self.graphs.get(shape)
             if graph is None:
                 graph = self.graphs[shape] = self._capture(tokens, cu_seqlens, shape.width)

@@ -235,21 +235,22 @@ class TorchScorer:
 
     def launch(self, batch: Batch | Packed) -> Launched:
         """Start scoring ``batch``: on CUDA the work, and the copy of its scores to pinned host memory, is queued on
-        the device and the host is free until :meth:`Launched.result` (whose seconds are the device's, between two
-        CUDA events); on a processor it is done before this returns."""
+        the device and the host is free until :meth:`Launched.result` (whose seconds are the device's: between a
+        CUDA event recorded once the batch's host-side preparation is done, before its first copy to the device, and
+        one after the copy of its scores); on a processor it is done before this returns."""
         import torch
 
         started = time.perf_counter()
         on_cuda = self.device.type == "cuda"
+        begin = torch.cuda.Event(enable_timing=True) if on_cuda else None
         with self._computing():
-            if on_cuda:
-                begin = torch.cuda.Event(enable_timing=True)
-                begin.record()
             if self.packed is None:
+                if begin is not None:
+                    begin.record()
                 inputs = {k: torch.from_numpy(v).to(self.device) for k, v in batch.items() if k in self.input_names}
                 scores = self.model(**inputs).logits[:, 0].float()
             else:
-                scores = self._packed(batch if isinstance(batch, Packed) else Packed.of_padded(batch))
+                scores = self._packed(batch if isinstance(batch, Packed) else Packed.of_padded(batch), begin)
         if not on_cuda:
             return Launched.done(scores.numpy(), time.perf_counter() - started)
         if scores.is_cuda:  # a graph's scores are on the host already (CudaGraphs.launch)
@@ -263,14 +264,17 @@ class TorchScorer:
 
         return Launched(wait, end.query)
 
-    def _packed(self, packed: Packed) -> Any:
+    def _packed(self, packed: Packed, begin: Any = None) -> Any:
         """The unpadded encoder's ``[rows]`` scores of ``packed``, a tensor: from a CUDA graph (on the host, being
-        copied there), or eager (on the device)."""
+        copied there), or eager (on the device); ``begin`` (a CUDA event) is recorded before the first copy to the
+        device."""
         from distill.model.unpadding import packed_inputs, to_device
 
         if self.graphs is not None:
-            return self.graphs.launch(packed)
+            return self.graphs.launch(packed, begin)
         tokens, cu_seqlens, width = packed_inputs(packed.input_ids, packed.token_type_ids, packed.lengths)
+        if begin is not None:
+            begin.record()
         return self.packed(to_device(tokens, self.device), to_device(cu_seqlens, self.device), width).float()
 
 
