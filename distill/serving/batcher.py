@@ -371,8 +371,8 @@ class DynamicBatcher:
         parts = [part for part in parts if not part.job.future.done()]  # failed in an earlier batch, or cancelled
         if not parts:
             return
-        batch, lengths = self._batch_of(parts)
         try:
+            batch, lengths = self._batch_of(parts)
             start = time.perf_counter()
             scores = self._checked(self.scorer(batch), lengths)
             seconds = time.perf_counter() - start
@@ -387,8 +387,8 @@ class DynamicBatcher:
         parts = [part for part in parts if not part.job.future.done()]
         if not parts:
             return None
-        batch, lengths = self._batch_of(parts)
         try:
+            batch, lengths = self._batch_of(parts)
             return _InFlight(parts, lengths, self._launch(batch))
         except Exception as error:
             self._recover(parts, error)

@@ -5,6 +5,7 @@ a CUDA stream runs its kernels; tests/distill/serving/test_cuda_graphs.py launch
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -125,3 +126,22 @@ def test_the_torch_scorer_on_a_processor_launches_a_batch_already_scored(tiny_be
         assert scores.dtype == np.float32 and seconds > 0
         np.testing.assert_array_equal(scores, reranker.scorer(batch))
         assert scores.tolist() == pytest.approx(reranker.score(query, passages[:5]), abs=TOLERANCE)
+
+
+def test_a_batch_that_cannot_be_built_fails_its_request_and_the_batcher_goes_on(reference: Reranker, call) -> None:
+    """Pair lengths past the end of the request's ids: building its batch fails, on either path (launched or
+    called), and that request gets the error; the batcher scores the next request."""
+    query, passages = call
+    good = encode_pairs(reference.tokenizer, [query] * 3, passages[:3], 512)
+    broken = dataclasses.replace(good, pair_lengths=good.pair_lengths + 10_000)
+    launching = OnAStream(reference.scorer)
+    launching.release.set()
+    for scorer in (launching, reference.scorer):
+        batcher = DynamicBatcher(scorer, reference.tokenizer, 2**16, max_wait=0.0)
+        try:
+            with pytest.raises(IndexError):
+                batcher.submit(broken).result(10)
+            scores = batcher.submit(good).result(10).scores
+        finally:
+            batcher.close(10)
+        assert scores.tolist() == pytest.approx(reference.score(query, passages[:3]), abs=TOLERANCE)
