@@ -24,22 +24,32 @@ TOLERANCE = 1e-5
 
 class OnAStream:
     """A real scorer's batches run in launch order on a thread of their own (the stream); ``launch`` returns at once.
-    The stream holds every batch until :attr:`release` is set; a batch holding the token ``poison`` fails there."""
+    The stream runs only as many batches as :meth:`let` has allowed; a batch holding the token ``poison`` fails
+    there."""
 
     def __init__(self, scorer, poison: int | None = None) -> None:
         self.scorer, self.input_names, self.poison = scorer, scorer.input_names, poison
         self.stream = ThreadPoolExecutor(1, "stream")
-        self.release = threading.Event()
+        self.allowed = threading.Condition()
+        self.runs = 0
         self.launches = 0
+
+    def let(self, batches: int = 1_000_000) -> None:
+        """Let the stream run ``batches`` more (by default, all)."""
+        with self.allowed:
+            self.runs += batches
+            self.allowed.notify_all()
 
     def __call__(self, batch):
         return self.launch(batch).result()[0]
 
     def launch(self, batch) -> Launched:
+        index = self.launches
         self.launches += 1
 
         def run() -> tuple[np.ndarray, float]:
-            self.release.wait(30)
+            with self.allowed:
+                self.allowed.wait_for(lambda: index < self.runs, 30)
             if self.poison is not None and (batch["input_ids"] == self.poison).any():
                 raise RuntimeError("poisoned batch")
             start = time.perf_counter()
@@ -65,8 +75,9 @@ def test_the_batcher_launches_the_next_batch_before_it_waits_for_the_one_on_the_
     reference: Reranker, call
 ) -> None:
     """While a batch is on the device, the next is launched, and only one: the batcher then waits for the first.
-    Requests queued meanwhile are taken without waiting for company (one is always arriving here, and the window is
-    a minute), and the last batch's scores come out with no request after it."""
+    Once the first is done, the requests queued meanwhile are taken while the second is still on the device, without
+    waiting for company (one is always arriving here, and the window is a minute); the last batch's scores come out
+    with no request after it."""
     query, passages = call
     encoded = [encode_pairs(reference.tokenizer, [query] * 4, passages[i : i + 4], 512) for i in (0, 4, 8)]
     budget = int(encoded[0].pair_lengths.max()) * 2  # two pairs a batch
@@ -82,8 +93,12 @@ def test_the_batcher_launches_the_next_batch_before_it_waits_for_the_one_on_the_
         later = [batcher.submit(e) for e in encoded[1:]]
         time.sleep(0.3)
         assert scorer.launches == 2  # one batch ahead, no more: the batcher waits for the first
-        scorer.release.set()
-        results = [future.result(10) for future in (first, *later)]  # not a minute's wait for company
+        scorer.let(1)  # the first batch ends; the second stays on the device
+        assert _wait_until(lambda: scorer.launches == 3)  # not a minute's wait for company
+        time.sleep(0.3)
+        assert scorer.launches == 3
+        scorer.let()
+        results = [future.result(10) for future in (first, *later)]
     finally:
         batcher.close(10)
     assert scorer.launches == len(stats) and sum(s.pairs for s in stats) == 12
@@ -104,7 +119,7 @@ def test_a_batch_that_fails_on_the_device_fails_only_its_failing_request(referen
         assert _wait_until(lambda: scorer.launches == 1)
         bad, good = batcher.submit(encoded[1]), batcher.submit(encoded[2])  # one batch, launched behind the first
         assert _wait_until(lambda: scorer.launches == 2)
-        scorer.release.set()
+        scorer.let()
         with pytest.raises(RuntimeError, match="poisoned batch"):
             bad.result(10)
         for future, text in ((first, texts[0]), (good, texts[2])):
@@ -135,7 +150,7 @@ def test_a_batch_that_cannot_be_built_fails_its_request_and_the_batcher_goes_on(
     good = encode_pairs(reference.tokenizer, [query] * 3, passages[:3], 512)
     broken = dataclasses.replace(good, pair_lengths=good.pair_lengths + 10_000)
     launching = OnAStream(reference.scorer)
-    launching.release.set()
+    launching.let()
     for scorer in (launching, reference.scorer):
         batcher = DynamicBatcher(scorer, reference.tokenizer, 2**16, max_wait=0.0)
         try:
