@@ -2,9 +2,9 @@
 
 A closed-loop client of :func:`benchmarks.load.drive` sends its next request only once its last is answered, so it
 needs one connection, never a pool. A general client's pool looks at every connection it holds on each request
-(httpx asks the socket of each whether it is readable), which at 32 clients cost the load generator more processor
-time a request than the server's own Python work and came back as latency; this one does nothing per request but
-write it and read its answer.
+(httpx asks the socket of each whether it is readable), work that grows with the number of clients and that the
+load benchmark would count as the server's latency; this one does nothing per request but write it and read its
+answer.
 
 It speaks the HTTP/1.1 that ``distill serve`` answers: a POST with a ``Content-Length`` body, an answer with a
 ``Content-Length`` or a chunked body; an answer that says ``Connection: close`` (or a connection the server has
