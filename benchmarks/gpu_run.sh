@@ -22,6 +22,7 @@ timeout $((deadline - SECONDS - 20)) python3 -m benchmarks.gpu_suite --only serv
 if [ "${2:-}" = levers ]; then
   timeout $((deadline - SECONDS - 60)) bash benchmarks/gpu_serve_levers.sh "$OUT/serve/serve-student" "$OUT/levers" \
     | tee "$OUT/levers.log"
+  (cd "$OUT" && tar -cJf levers.tar.xz levers && rm -rf levers)
 elif [ "${2:-}" = samples ]; then
   timeout $((deadline - SECONDS - 60)) bash benchmarks/gpu_serve_samples.sh "$OUT/serve/serve-student" "$OUT/samples" \
     | tee "$OUT/samples.log"
@@ -29,6 +30,7 @@ elif [ "${2:-}" = samples ]; then
   if [ $((deadline - SECONDS)) -gt 240 ]; then
     timeout $((deadline - SECONDS - 100)) bash benchmarks/gpu_serve_levers.sh "$OUT/serve/serve-student" \
       "$OUT/levers" | tee "$OUT/levers.log"
+    (cd "$OUT" && tar -cJf levers.tar.xz levers && rm -rf levers)
   fi
 fi
 pack serve

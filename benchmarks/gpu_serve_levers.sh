@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Serving levers on a lent GPU, beside the GPU suite's serving stage: `python -m benchmarks.load` at 10 documents a
 # request, concurrency 8 and 32, batched and one at a time (512 requests a cell), on the stage's student (bert-large,
-# random weights, fp16), once per lever: the defaults; the interpreter's thread switch interval at 0.5 ms in the
-# servers (how soon the batcher thread gets the GIL back from the event loop and the tokenising threads when its
-# GPU call returns; CPython's default is 5 ms); `--max_wait_ms 0` (a round never waits for requests on their way).
+# random weights, fp16), once per lever: the defaults; `--gather_while_busy true` (a round taken while a batch is on
+# the device waits for the requests being tokenised until the device is about to be free); `--max_wait_ms 0` (a
+# round never waits for requests on their way); the interpreter's thread switch interval at 0.5 ms in the servers
+# (how soon the batcher thread gets the GIL back from the event loop and the tokenising threads; CPython's default is
+# 5 ms).
 # Each lever's serve.json, serve.md and serve.png go into OUT/<lever>, its log into OUT/<lever>.log.
 #   bash benchmarks/gpu_serve_levers.sh STUDENT OUT
 set -uo pipefail
@@ -20,5 +22,6 @@ levers() {
   echo "$name: exit $?"; grep -E 'docs c=' "$out/$name.log"
 }
 levers defaults "" ""
-levers switch-0.5ms 0.0005 ""
+levers gather-while-busy "" "--gather_while_busy true"
 levers max-wait-0 "" "--max_wait_ms 0"
+levers switch-0.5ms 0.0005 ""

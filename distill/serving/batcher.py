@@ -153,6 +153,10 @@ class DynamicBatcher:
         arriving: how many requests are on their way to :meth:`submit` (the server's, being tokenised); a round that
             is not full waits for company only while it is positive (and at most ``max_wait``). None: a round always
             waits ``max_wait``. Whoever counts them calls :meth:`wake` when the count falls.
+        gather_while_busy: with a scorer that launches, a round taken while a batch is on the device waits for the
+            requests on their way (``arriving``) until the device is about to be free (the device's recent seconds a
+            token times the tokens launched, less the host's recent time to launch), instead of taking what is
+            queued at once: fewer, larger batches, the device still fed.
     """
 
     def __init__(
@@ -165,6 +169,7 @@ class DynamicBatcher:
         share: bool = True,
         round_tokens: int | None = None,
         arriving: Callable[[], int] | None = None,
+        gather_while_busy: bool = False,
     ) -> None:
         if max_batch_tokens < 1 or max_wait < 0:
             raise ValueError(f"max_batch_tokens must be positive and max_wait >= 0, got {max_batch_tokens}, {max_wait}")
@@ -176,6 +181,7 @@ class DynamicBatcher:
         self.share = share
         self.round_tokens = round_tokens or ROUND_BATCHES * max_batch_tokens
         self.arriving = arriving
+        self.gather_while_busy = gather_while_busy
         self._queue: deque[_Job] = deque()
         self._changed = threading.Condition()
         self._closed = False
@@ -188,6 +194,13 @@ class DynamicBatcher:
         """The thread that waits for each launched batch, in launch order, and hands its scores out."""
         self._flights = 0
         """Batches launched and not handed out yet (at most :data:`LAUNCH_DEPTH`)."""
+        self._device_free_at = 0.0
+        """When the device should be done with the batches launched so far (``time.monotonic()``), estimated from
+        :attr:`_seconds_per_token`."""
+        self._seconds_per_token: float | None = None
+        """The device's recent seconds a token (the pairs' own), a moving average over the launched batches."""
+        self._launch_seconds: float | None = None
+        """The host's recent seconds to build and launch a batch, a moving average."""
         self._streams = ThreadPoolExecutor(streams, "rerank-stream") if streams > 1 else None
         self._free_streams = threading.Semaphore(streams)
         """Streams not running a batch: a batch takes one before it is handed to :attr:`_streams`."""
@@ -250,7 +263,14 @@ class DynamicBatcher:
             while self._flights >= LAUNCH_DEPTH:
                 self._changed.wait()
             self._flights += 1
+        started = time.monotonic()
         flight = self._start(parts)
+        now = time.monotonic()
+        with self._changed:
+            self._launch_seconds = _average(self._launch_seconds, now - started)
+            if flight is not None and self._seconds_per_token is not None:
+                tokens = int(flight.lengths.sum())
+                self._device_free_at = max(now, self._device_free_at) + tokens * self._seconds_per_token
         if flight is None:
             self._landed()
         elif flight.launched.ready():
@@ -284,6 +304,8 @@ class DynamicBatcher:
                     return None
                 self._changed.wait()
             busy = self._flights > 0
+            if busy and self.gather_while_busy and self._seconds_per_token is not None:
+                self._gather_while_busy()
             deadline = self._queue[0].enqueued + self.max_wait
             while (
                 not busy
@@ -302,6 +324,19 @@ class DynamicBatcher:
             while self._queue and self._queue[0].cursor == len(self._queue[0].order):
                 self._queue.popleft()
         return self._batches(taken) if taken else []
+
+    def _gather_while_busy(self) -> None:
+        """Wait, while a batch is on the device, for the requests on their way, until the round is full or the device
+        is about to be free (:attr:`_device_free_at` less twice the host's time to launch). Called with
+        :attr:`_changed` held."""
+        while (
+            self._flights > 0
+            and not self._closed
+            and (self.arriving is None or self.arriving() > 0)
+            and not self._take()[1]
+            and (left := self._device_free_at - 2 * (self._launch_seconds or 0.0) - time.monotonic()) > 0
+        ):
+            self._changed.wait(left)
 
     def _drop_cancelled(self) -> bool:
         """Drop the queued requests that are done before their last row is taken (cancelled: their client has gone);
@@ -404,6 +439,8 @@ class DynamicBatcher:
                 self._recover(flight.parts, error)
                 return
             self._hand_out(flight.parts, scores, self._stats(flight.parts, flight.lengths, seconds))
+            with self._changed:
+                self._seconds_per_token = _average(self._seconds_per_token, seconds / int(flight.lengths.sum()))
         except Exception as error:  # the batcher's own fault: the requests must not wait for ever
             for part in flight.parts:
                 self._fail(part.job, error)
@@ -472,6 +509,11 @@ class DynamicBatcher:
                 self._queue.remove(job)
         with suppress(InvalidStateError):  # cancelled meanwhile
             job.future.set_exception(error)
+
+
+def _average(mean: float | None, value: float, weight: float = 0.2) -> float:
+    """A moving average: ``value`` weighs ``weight`` against the mean so far (None: the first value)."""
+    return value if mean is None else (1 - weight) * mean + weight * value
 
 
 class WholeRequests(Protocol):

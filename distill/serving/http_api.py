@@ -164,6 +164,7 @@ class RerankService:
                 metrics.observe_batch,
                 share=options.batching,
                 arriving=lambda: self.arriving,
+                gather_while_busy=options.gather_while_busy,
             )
         else:
             self.batcher = PredictLoop(reranker, metrics.observe_batch)

@@ -118,6 +118,10 @@ class HttpOptions:
     batching: bool = True
     """Concurrent requests share batches; ``false``: one request at a time, in arrival order (each batched as
     ``Reranker.score`` batches it), the load benchmark's baseline."""
+    gather_while_busy: bool = False
+    """On a GPU (the torch backend on CUDA), a round taken while a batch is on the device waits for the requests
+    being tokenised until the device is about to be free, instead of taking what is queued at once: fewer, larger
+    batches. A lever to measure (``benchmarks/gpu_serve_levers.sh``), off by default."""
     request_read_timeout: float = 10.0
     """Seconds a client has to send a request's head (from its connection or its first byte) and then its body (from
     the head): a body not complete in time gets a 408 and the connection is closed, a head not complete in time the

@@ -25,14 +25,17 @@ TOLERANCE = 1e-5
 class OnAStream:
     """A real scorer's batches run in launch order on a thread of their own (the stream); ``launch`` returns at once.
     The stream runs only as many batches as :meth:`let` has allowed; a batch holding the token ``poison`` fails
-    there."""
+    there; with ``per_token`` a batch takes that many seconds a token (the pairs' own), which it reports as its
+    device time."""
 
-    def __init__(self, scorer, poison: int | None = None) -> None:
-        self.scorer, self.input_names, self.poison = scorer, scorer.input_names, poison
+    def __init__(self, scorer, poison: int | None = None, per_token: float | None = None) -> None:
+        self.scorer, self.input_names, self.poison, self.per_token = scorer, scorer.input_names, poison, per_token
         self.stream = ThreadPoolExecutor(1, "stream")
         self.allowed = threading.Condition()
         self.runs = 0
         self.launches = 0
+        self.launched_at: list[float] = []
+        self.ended_at: dict[int, float] = {}
 
     def let(self, batches: int = 1_000_000) -> None:
         """Let the stream run ``batches`` more (by default, all)."""
@@ -46,6 +49,7 @@ class OnAStream:
     def launch(self, batch) -> Launched:
         index = self.launches
         self.launches += 1
+        self.launched_at.append(time.monotonic())
 
         def run() -> tuple[np.ndarray, float]:
             with self.allowed:
@@ -53,7 +57,13 @@ class OnAStream:
             if self.poison is not None and (batch["input_ids"] == self.poison).any():
                 raise RuntimeError("poisoned batch")
             start = time.perf_counter()
-            return self.scorer(batch), time.perf_counter() - start
+            scores = self.scorer(batch)
+            if self.per_token is None:
+                return scores, time.perf_counter() - start
+            seconds = self.per_token * int(batch.lengths.sum())
+            time.sleep(seconds)
+            self.ended_at[index] = time.monotonic()
+            return scores, seconds
 
         future = self.stream.submit(run)
         return Launched(future.result, future.done)
@@ -160,3 +170,42 @@ def test_a_batch_that_cannot_be_built_fails_its_request_and_the_batcher_goes_on(
         finally:
             batcher.close(10)
         assert scores.tolist() == pytest.approx(reference.score(query, passages[:3]), abs=TOLERANCE)
+
+
+@pytest.mark.parametrize("gather", [True, False])
+def test_gathering_while_busy_waits_for_requests_on_their_way_until_the_device_is_nearly_free(
+    reference: Reranker, call, gather: bool
+) -> None:
+    """``gather_while_busy``: a request queued while a long batch is on the device waits for the one being
+    tokenised, and the two share the next batch, launched before the device is free; without it, the first is
+    launched at once, alone."""
+    from distill.serving.server import ServeConfig
+
+    assert ServeConfig(model="m", gather_while_busy=gather).options.gather_while_busy is gather  # distill serve's flag
+    query, passages = call
+    tokenizer = reference.tokenizer
+    arriving, stats = [0], []
+    scorer = OnAStream(reference.scorer, per_token=3e-4)
+    scorer.let()
+    batcher = DynamicBatcher(
+        scorer, tokenizer, 2**16, 0.0, on_batch=stats.append, arriving=lambda: arriving[0], gather_while_busy=gather
+    )
+    try:
+        batcher.submit(encode_pairs(tokenizer, [query] * 2, passages[:2], 512)).result(10)  # the device's time a token
+        long = batcher.submit(encode_pairs(tokenizer, [query] * 40, passages[:40], 512))  # about 1.5 s on the device
+        assert _wait_until(lambda: scorer.launches == 2)
+        arriving[0] = 1
+        first = batcher.submit(encode_pairs(tokenizer, [query] * 2, passages[40:42], 512))
+        time.sleep(0.3)
+        assert scorer.launches == (2 if gather else 3)
+        second = batcher.submit(encode_pairs(tokenizer, [query] * 2, passages[42:44], 512))
+        arriving[0] = 0
+        batcher.wake()
+        results = [future.result(10) for future in (long, first, second)]
+    finally:
+        batcher.close(10)
+    assert [s.requests for s in stats] == ([1, 1, 2] if gather else [1, 1, 1, 1]) and stats[1].pairs == 40
+    assert scorer.launched_at[2] < scorer.ended_at[1]  # the next batch was launched while the long one ran
+    for result, (start, stop) in zip(results, ((0, 40), (40, 42), (42, 44)), strict=True):
+        expected = reference.score(query, passages[start:stop])
+        assert result.scores.tolist() == pytest.approx(expected, abs=TOLERANCE)
