@@ -279,9 +279,12 @@ class DynamicBatcher:
             self._finishing.submit(self._finish, flight)
 
     def _landed(self) -> None:
-        """A launched batch's scores are handed out: one batch fewer on the device."""
+        """A launched batch's scores are handed out: one batch fewer on the device (none: it is free now, whatever
+        the estimate said)."""
         with self._changed:
             self._flights -= 1
+            if not self._flights:
+                self._device_free_at = time.monotonic()
             self._changed.notify()
 
     def _on_stream(self, parts: list[_Part]) -> None:
