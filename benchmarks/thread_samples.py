@@ -9,7 +9,9 @@ every few seconds and at exit. A thread that waits for the GIL shows the frame i
 a thread is, not what the processor runs; the sampler takes the GIL for each sample, so it slows the process a little.
 
 The summary counts, by default, only the buckets in which some thread was in a frame of ``http_api.py`` (a server
-handling requests), so that a server's start-up and idle time between the load benchmark's cells stay out of it.
+handling requests), so that a server's start-up and idle time between the load benchmark's cells stay out of it;
+``--marker`` names another file (``http11.py``: an httpx client sending requests), ``--everything`` counts every
+bucket.
 
     CIS_THREAD_SAMPLES=out/samples PYTHONPATH=benchmarks/thread_sampling:$PYTHONPATH python -m benchmarks.load run ...
     python -m benchmarks.thread_samples out/samples [--thread rerank-batcher] [--within batcher.py] [--top 15]
@@ -33,7 +35,7 @@ BUCKET = 0.1
 """Seconds of one bucket of counts."""
 WRITE_EVERY = 5.0
 """Seconds between two writes of the counts."""
-SERVING = "http_api.py:"
+SERVING = "http_api.py"
 """A frame of this file in some thread marks a bucket in which a server was handling requests."""
 
 
@@ -91,21 +93,34 @@ def _key(stack: str, within: str | None) -> str:
     return ";".join(frames[-3:])
 
 
-def summary(folder: Path, thread: str | None, top: int, within: str | None = None, everything: bool = False) -> str:
+def summary(
+    folder: Path,
+    thread: str | None,
+    top: int,
+    within: str | None = None,
+    everything: bool = False,
+    marker: str = SERVING,
+) -> str:
     """Per process and thread: its samples, and the ``top`` stacks it was seen in most, each as its last three frames
     (or, with ``within`` a file name, three frames from its innermost frame in that file); only in the buckets in
-    which the process was serving (:data:`SERVING`) unless ``everything``."""
+    which some thread was in a frame of ``marker`` (by default :data:`SERVING`) unless ``everything``.
+
+    Raises:
+        FileNotFoundError: ``folder`` holds no samples.
+    """
+    paths = sorted(folder.glob("*.json"))
+    if not paths:
+        raise FileNotFoundError(f"{folder}: no samples (<pid>.json): was CIS_THREAD_SAMPLES set to it?")
     lines = []
-    for path in sorted(folder.glob("*.json")):
+    for path in paths:
         record = json.loads(path.read_text())
-        serving = {bucket for bucket, _, stack, _ in record["counts"] if SERVING in stack}
+        serving = {bucket for bucket, _, stack, _ in record["counts"] if f"{marker}:" in stack}
         rows = [row for row in record["counts"] if everything or row[0] in serving]
         window = record["seconds"] if everything else len(serving) * record["bucket"]
         command = " ".join(record["argv"])[:100]
         lines.append(f"# {path.name}: {command}")
-        lines.append(
-            f"  {window:.1f} s {'in all' if everything else 'serving'}, a sample every {record['interval'] * 1e3:g} ms"
-        )
+        counted = "in all" if everything else f"in {marker}"
+        lines.append(f"  {window:.1f} s {counted}, a sample every {record['interval'] * 1e3:g} ms")
         threads: dict[str, Counter[str]] = {}
         for _, name, stack, count in rows:
             if thread is None or name.startswith(thread):
@@ -124,9 +139,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--thread", help="only the threads whose name starts with this")
     parser.add_argument("--top", type=int, default=12, help="stacks shown per thread")
     parser.add_argument("--within", help="show stacks from their innermost frame in this file (batcher.py)")
-    parser.add_argument("--everything", action="store_true", help="count every bucket, not only those serving")
+    parser.add_argument("--everything", action="store_true", help="count every bucket, not only the marker's")
+    parser.add_argument("--marker", default=SERVING, help="count the buckets with a frame of this file in a thread")
     args = parser.parse_args(argv)
-    print(summary(args.folder, args.thread, args.top, args.within, args.everything))
+    try:
+        print(summary(args.folder, args.thread, args.top, args.within, args.everything, args.marker))
+    except FileNotFoundError as e:
+        sys.exit(f"thread_samples: {e}")
 
 
 if __name__ == "__main__":
