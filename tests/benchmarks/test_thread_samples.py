@@ -9,8 +9,10 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from benchmarks import CHECKOUT
-from benchmarks.thread_samples import summary
+from benchmarks.thread_samples import main, summary
 
 CHILD = textwrap.dedent(
     """
@@ -55,4 +57,11 @@ def test_the_sampler_counts_each_named_thread_where_it_is(tmp_path: Path) -> Non
 
     text = summary(folder, thread="spinner", top=3, everything=True)
     assert "## spinner:" in text and "spin_in_a_loop" in text and "MainThread" not in text
-    assert "0.0 s serving" in summary(folder, thread=None, top=3)  # no frame of http_api.py: no serving window
+    assert "0.0 s in http_api.py" in summary(folder, thread=None, top=3)  # no frame of http_api.py: no window
+    marked = summary(folder, thread="spinner", top=3, marker="<string>")  # the child's own code marks every bucket
+    assert "0.0 s" not in marked and "spin_in_a_loop" in marked
+
+    with pytest.raises(FileNotFoundError, match="no samples"):
+        summary(tmp_path, thread=None, top=3)
+    with pytest.raises(SystemExit, match="no samples"):
+        main([str(tmp_path)])
