@@ -17,20 +17,20 @@ export PYTHONPATH=$PWD/.gpu/stubs:/tmp/site:$PWD HF_HUB_OFFLINE=1 TRANSFORMERS_O
   python3 -c 'import torch, transformers, sentence_transformers as s; print(torch.__version__, transformers.__version__, s.__version__)'
 } 2>&1 | tee "$OUT/env.txt"
 pack() { (cd "$OUT" && tar -cJf "$1.tar.xz" --exclude=serve-student "$1" && rm -rf "$1"); }
+levers() {  # the serving levers within $1 seconds, packed
+  timeout "$1" bash benchmarks/gpu_serve_levers.sh "$OUT/serve/serve-student" "$OUT/levers" | tee "$OUT/levers.log"
+  pack levers
+}
 timeout $((deadline - SECONDS - 20)) python3 -m benchmarks.gpu_suite --only serve --out "$OUT/serve" 2>&1 \
   | tee "$OUT/serve.log" | grep -v '^\s*$' | tail -40
 if [ "${2:-}" = levers ]; then
-  timeout $((deadline - SECONDS - 60)) bash benchmarks/gpu_serve_levers.sh "$OUT/serve/serve-student" "$OUT/levers" \
-    | tee "$OUT/levers.log"
-  (cd "$OUT" && tar -cJf levers.tar.xz levers && rm -rf levers)
+  levers $((deadline - SECONDS - 60))
 elif [ "${2:-}" = samples ]; then
   timeout $((deadline - SECONDS - 60)) bash benchmarks/gpu_serve_samples.sh "$OUT/serve/serve-student" "$OUT/samples" \
     | tee "$OUT/samples.log"
-  (cd "$OUT" && tar -cJf samples.tar.xz samples && rm -rf samples)
+  pack samples
   if [ $((deadline - SECONDS)) -gt 240 ]; then
-    timeout $((deadline - SECONDS - 100)) bash benchmarks/gpu_serve_levers.sh "$OUT/serve/serve-student" \
-      "$OUT/levers" | tee "$OUT/levers.log"
-    (cd "$OUT" && tar -cJf levers.tar.xz levers && rm -rf levers)
+    levers $((deadline - SECONDS - 100))
   fi
 fi
 pack serve
