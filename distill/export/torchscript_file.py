@@ -25,9 +25,11 @@ def export_torchscript(model: torch.nn.Module, example: dict[str, torch.Tensor],
     A trace records the operations of one input, so ``example`` must have batch >= 2 and padding (an
     attention mask with zeros). Its TracerWarnings (shape-dependent branches treated as constants) are
     silenced: the parity check at several batch sizes and lengths (:mod:`distill.export.parity`) is what
-    proves the file valid for any batch and any length up to the max.
+    proves the file valid for any batch and any length up to the max. So are the deprecation warnings of the
+    model's own properties, which the tracer reads, every one, while it looks for exported methods.
     """
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", torch.jit.TracerWarning)
+        warnings.filterwarnings("ignore", message=r"`\w+` is deprecated", category=FutureWarning)
         traced = torch.jit.trace(Scores(model).eval(), tuple(example.values()), check_trace=False)
     traced.save(str(path))
