@@ -136,8 +136,16 @@ VARIANTS: dict[str, tuple[list[str], bool]] = {
         [*HYBRID, "--data.label", "z(minilm.similarity) + 0.5*z(smollm2.cis_q) + 0.5*z(first_stage)"],
         True,
     ),
+    **{
+        f"mpnet-student-wise{share}": ([*MPNET_HYBRID, *MPNET_STUDENT, "--model.initial_weight_share", share], True)
+        for share in ("0.25", "0.5", "0.75")
+    },
 }
 """Variant name -> (its arguments after :data:`BASE`, whether it trains in :data:`FOLDS` runs over DL21)."""
+
+SHARE = "--model.initial_weight_share"
+"""The option of WiSE-FT's blend (:mod:`students.initial_weights`), applied as the best checkpoint becomes the
+run's Hugging Face folder: a variant that differs from a trained one only by it is that run's folder, blended."""
 REFERENCE = "bm25"
 """What every variant is compared with: the last round's settings, on BM25's candidates alone."""
 
@@ -242,13 +250,59 @@ def trained(run_name: str) -> bool:
     return (ROOT / "checkpoints" / run_name / "hf" / "config.json").is_file()
 
 
+def blended_from(name: str) -> tuple[str, float] | None:
+    """(the variant whose runs ``name``'s blend, the share) if ``name`` differs from another variant only by
+    :data:`SHARE`; else None."""
+    args, folded = VARIANTS[name]
+    if SHARE not in args:
+        return None
+    at = args.index(SHARE)
+    rest = args[:at] + args[at + 2 :]
+    base = next((other for other, entry in VARIANTS.items() if entry == (rest, folded)), None)
+    return (base, float(args[at + 1])) if base else None
+
+
+def blend_run(source: str, run_name: str, share: float) -> None:
+    """``checkpoints/<run_name>/hf``: ``checkpoints/<source>/hf`` (the best checkpoint of the run without the blend,
+    and the same in every other way) with ``share`` of its initial weights, as :data:`SHARE` writes it."""
+    import shutil
+
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from distill.core.student_card import StudentCard
+    from students.hf_folder import initial_state
+    from students.initial_weights import blend_with_initial
+    from students.model import save_student
+
+    print(f"+ blend checkpoints/{source}/hf with {share} of its initial weights -> checkpoints/{run_name}/hf")
+    folder = ROOT / "checkpoints" / source / "hf"
+    model = AutoModelForSequenceClassification.from_pretrained(folder)
+    card = StudentCard.read(folder)
+    hparams = argparse.Namespace(
+        backbone=card.backbone, random_init=False, dropout=None, head="segment_cosine",
+        segment_layers=model.config.segment_layers,
+    )  # fmt: skip
+    model.load_state_dict(blend_with_initial(model.state_dict(), initial_state(hparams), share))
+    card.initial_weight_share = share
+    out = ROOT / "checkpoints" / run_name
+    shutil.rmtree(out, ignore_errors=True)
+    save_student(model, AutoTokenizer.from_pretrained(folder), out / "hf", card)
+
+
 def train(names: list[str]) -> None:
     for name in names:
-        for run_name in runs(name):
+        blend = blended_from(name)
+        for k, run_name in enumerate(runs(name)):
             if trained(run_name):
                 print(f"{run_name}: trained")
                 continue
-            run(train_command(name, run_name))
+            if blend:
+                source = runs(blend[0])[k]
+                if not trained(source):
+                    run(train_command(blend[0], source))
+                blend_run(source, run_name, blend[1])
+            else:
+                run(train_command(name, run_name))
 
 
 def first_stage_scores(candidates: str) -> dict[str, dict[str, float]]:

@@ -14,7 +14,8 @@ from pytorch_lightning.callbacks import ModelCheckpoint
 
 from distill.core.student_card import DEFAULT_FIRST_STAGE, StudentCard
 from distill.data.label_table import teacher_identities
-from students.model import save_student
+from students.initial_weights import blend_with_initial
+from students.model import build_student, save_student
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,9 @@ class ExportBestToHF(Callback):
         model.load_state_dict(
             {k[len(prefix) :]: v for k, v in checkpoint["state_dict"].items() if k.startswith(prefix)}
         )
+        share = pl_module.hparams.get("initial_weight_share", 0.0)
+        if share:
+            model.load_state_dict(blend_with_initial(model.state_dict(), initial_state(pl_module.hparams), share))
         validation = checkpoint.get("validation") or {}
         data = trainer.datamodule
         card = StudentCard(
@@ -76,10 +80,19 @@ class ExportBestToHF(Callback):
             interpolation=card_interpolation(validation, data),
             interpolate=self.interpolate,
             teachers=teacher_identities(data.teachers),
+            initial_weight_share=share,
             extra={"validation": validation},
         )
         save_student(model, data.tokenizer, self.dirpath, card)
         log.info("exported %s to %s", best, self.dirpath)
+
+
+def initial_state(hparams: Any) -> dict[str, torch.Tensor]:
+    """The weights the student of a :class:`~students.module.CrossEncoderModule`'s ``hparams`` started from."""
+    model, _ = build_student(
+        hparams.backbone, hparams.random_init, hparams.dropout, hparams.head, hparams.segment_layers
+    )
+    return model.state_dict()
 
 
 def card_interpolation(validation: dict[str, float], data: Any) -> dict[str, dict[str, Any]] | None:

@@ -15,6 +15,7 @@ from scipy.stats import pearsonr, spearmanr
 
 from distill.model.unpadding import Unpadder, device_packing
 from students.compilation import compile_blocks
+from students.initial_weights import check_initial_weight_share
 from students.losses import build_loss
 from students.masks import build_masks_ahead
 from students.model import build_student
@@ -50,6 +51,10 @@ class CrossEncoderModule(LightningModule):
         unpad: run the encoder's layers on each batch's real tokens only, attention kept within each pair
             (:mod:`distill.model.unpadding`; BERT backbones): no FLOP goes to padding. It applies no dropout to the
             attention probabilities (the hidden states' dropout stays), so it changes the regularisation: opt-in.
+        initial_weight_share: the share of the initial (backbone) weights in the saved student, whose weights are
+            ``(1 − s) · trained + s · initial`` (WiSE-FT, :mod:`students.initial_weights`); 0: the trained weights.
+            The segment-cosine head only, which starts as a ranker. Checkpoints and validation are the trained
+            weights'; the blend is applied when the best checkpoint becomes the Hugging Face folder.
 
     On a GPU, training runs with PyTorch's cuDNN attention backend off (it plans every new batch shape on the
     host), AdamW fused, and no host synchronisation in a step except, every ``trainer.log_every_n_steps`` steps,
@@ -73,9 +78,11 @@ class CrossEncoderModule(LightningModule):
         warmup_ratio: float = 0.1,
         compile: bool = False,
         unpad: bool = False,
+        initial_weight_share: float = 0.0,
     ) -> None:
         super().__init__()
         check_lr_scaling(lr_scaling, lr_reference_tokens, batch_tokens)
+        check_initial_weight_share(initial_weight_share, head, random_init)
         self.save_hyperparameters()
         self.loss_fn = build_loss(loss, temperature)
         self.model: torch.nn.Module | None = None

@@ -56,6 +56,8 @@ class StudentCard:
     """The named teachers the label uses: name -> its folders, each ``{"path": ..., "teacher": ...}`` with the
     teacher identity of the folder's ``teacher.json``; empty for one unnamed teacher (and in cards written
     before teachers had names)."""
+    initial_weight_share: float = 0.0
+    """The share of the backbone's initial weights blended into the trained ones (WiSE-FT); 0: as trained."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Anything else worth keeping (validation metrics at the best checkpoint, ...)."""
 

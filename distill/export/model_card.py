@@ -119,6 +119,8 @@ def _training(student: dict[str, Any], teacher_data: dict[str, Any]) -> str:
             rows.append(("teacher data", f"`{shown_path(path)}`: scores {', '.join(metadata['scores'])} of {inputs}"))
     if student.get("checkpoint"):
         rows.append(("checkpoint", f"`{student['checkpoint']}`, best by `{student.get('monitor')}`"))
+    if share := student.get("initial_weight_share"):
+        rows.append(("weights", f"{1 - share:g} × trained + {share:g} × the backbone's initial weights (WiSE-FT)"))
     table = "\n".join(f"| {name} | {value} |" for name, value in rows)
     return f"## Training\n\n| | |\n|---|---|\n{table}"
 

@@ -145,3 +145,42 @@ def test_the_backbone_is_set_against_each_dl19_first_stage_beside_the_final_stud
         assert row["backbone_vs_first_stage"]["difference"] == 0 and row["backbone_vs_first_stage"]["queries"] == 43
         assert row["student"] == final["dl19"][stage]["student"]
     assert "| splade | 73.08 | 73.08 | +0.00 [+0.00, +0.00] |" in (tmp_path / "backbone-dl19.md").read_text()
+
+
+def test_a_blend_variant_is_its_base_runs_blended_as_the_training_option_blends(
+    selection, tiny_mpnet, tmp_path, monkeypatch
+) -> None:
+    """A variant that differs from a trained one only by ``--model.initial_weight_share`` is that variant's fold
+    folders blended with their initial weights, the card keeping the held-out queries; its recorded train command is
+    the base's with the option, which writes the same folder."""
+    import torch
+    from transformers import AutoModelForSequenceClassification
+
+    from distill.core.student_card import StudentCard
+    from students.model import build_student, save_student
+
+    for share in ("0.25", "0.5", "0.75"):
+        name = f"mpnet-student-wise{share}"
+        assert selection.blended_from(name) == ("mpnet-student", float(share))
+        command = selection.train_command(name, f"fs-{name}-f1")
+        assert command == [*selection.train_command("mpnet-student", f"fs-{name}-f1")[:-4], selection.SHARE, share,
+                           *command[-4:]]  # fmt: skip
+    assert selection.blended_from("mpnet-student") is None
+
+    monkeypatch.setattr(selection, "ROOT", tmp_path)
+    initial, tokenizer = build_student(str(tiny_mpnet), head="segment_cosine", segment_layers=2)
+    trained, _ = build_student(str(tiny_mpnet), head="segment_cosine", segment_layers=2)
+    with torch.no_grad():
+        for weight in trained.parameters():
+            weight.add_(1.0)
+    card = StudentCard(str(tiny_mpnet), "cis", "mse", [], {"kind": "none"}, 64, ["q1", "q2"])
+    save_student(trained, tokenizer, tmp_path / "checkpoints" / "fs-x-f0" / "hf", card)
+
+    selection.blend_run("fs-x-f0", "fs-y-f0", 0.25)
+    blended = AutoModelForSequenceClassification.from_pretrained(tmp_path / "checkpoints" / "fs-y-f0" / "hf")
+    start, end = initial.state_dict(), trained.state_dict()
+    for name, weight in blended.state_dict().items():
+        if weight.is_floating_point():
+            torch.testing.assert_close(weight, 0.75 * end[name] + 0.25 * start[name])
+    blended_card = StudentCard.read(tmp_path / "checkpoints" / "fs-y-f0" / "hf")
+    assert blended_card.val_queries == ["q1", "q2"] and blended_card.initial_weight_share == 0.25

@@ -332,3 +332,33 @@ def test_an_mpnet_backbone_trains_with_the_segment_cosine_head(
     backbone = AutoModel.from_pretrained(tiny_mpnet, add_pooling_layer=False)
     trained = student.mpnet.state_dict()
     assert any(not torch.equal(trained[name], weight) for name, weight in backbone.state_dict().items())
+
+
+def test_the_saved_student_blends_its_trained_weights_with_its_initial_ones(
+    tmp_path: Path, tiny_mpnet: Path, teacher_dataset: Path, capsys
+) -> None:
+    """With ``model.initial_weight_share`` s, the Hugging Face folder holds ``(1 − s) · best checkpoint + s · the
+    backbone`` in every encoder weight, the head's too, and the card and model card say so."""
+    from transformers import AutoModel, AutoModelForSequenceClassification
+
+    path = write_config(tmp_path, tiny_mpnet, teacher_dataset, max_epochs=1)
+    argv = ["train", "--config", str(path), "--model.head", "segment_cosine", "--model.segment_layers", "2"]
+    assert main([*argv, "--model.initial_weight_share", "0.25"]) == 0
+    run = tmp_path / "runs" / "tiny"
+    student = AutoModelForSequenceClassification.from_pretrained(run / "hf")
+    best = torch.load(run / "checkpoints" / "best.ckpt", map_location="cpu", weights_only=False)["state_dict"]
+    backbone = AutoModel.from_pretrained(tiny_mpnet, add_pooling_layer=False).state_dict()
+    saved = student.state_dict()
+    moved = 0
+    for name, start in backbone.items():
+        trained = best[f"model.mpnet.{name}"]
+        if start.is_floating_point():
+            torch.testing.assert_close(saved[f"mpnet.{name}"], 0.75 * trained + 0.25 * start)
+            moved += not torch.equal(trained, start)
+    assert moved  # training moved weights, so the blend is not the trained weights nor the initial ones
+    torch.testing.assert_close(saved["scale"], 0.75 * best["model.scale"] + 0.25 * torch.tensor(20.0))
+    assert student.config.cis_distill["initial_weight_share"] == 0.25
+
+    capsys.readouterr()
+    assert main([*argv[:3], "--model.initial_weight_share", "0.5"]) == 2  # the cls head: it starts at random
+    assert "model.initial_weight_share: needs the segment_cosine head" in capsys.readouterr().err
