@@ -416,7 +416,9 @@ def final_rows(final: dict[str, Any], links: Links) -> list[list[str]]:
 def first_stages_section(links: Links) -> list[str]:
     """The students trained on BM25's and SPLADE++'s candidates: their selection on all of DL21 and the final
     student's DL19 test per first stage (``experiments/first_stages.py``)."""
-    selection, final = load("quality/selection-dl21.json"), load(FINAL)
+    final = load(FINAL)
+    selection_file = final.get("selection", "quality/selection-dl21.json")
+    selection = load(selection_file)
     rows = []
     for row in selection["rows"]:
         cells = [f"`{row['name']}`"]
@@ -463,7 +465,7 @@ def first_stages_section(links: Links) -> list[str]:
     return [
         "## Students for the first stages users rerank",
         "",
-        f"`{selection['command']}` ({links('quality/selection-dl21.json')}): nDCG@10 on {selection['split']}. Δ is "
+        f"`{selection['command']}` ({links(selection_file)}): nDCG@10 on {selection['split']}. Δ is "
         f"a student's mean difference with `{selection['reference']}` (BM25's candidates alone) with its 95% paired-"
         "bootstrap interval; fused: with the first stage, by the α chosen on the same pooled lists.",
         "",

@@ -646,20 +646,19 @@ def final_command(name: str, alphas: dict[str, float]) -> list[str]:
     return [*BASE, *VARIANTS[name][0], *FINAL_DATA, *alpha_from, "--run_name", f"fs-{name}-final"]
 
 
-def final(name: str) -> dict[str, Any]:
-    """Refit ``name`` (chosen in ``selection-dl21.json``), export it, rerank DL19's three first stages' top-100 with
-    it, and fuse each run with its first stage by the card's α: ``final.json``."""
+def final(name: str, record_name: str = SELECTION) -> dict[str, Any]:
+    """Refit ``name`` (chosen in ``selection-<record_name>.json``), export it, rerank DL19's three first stages'
+    top-100 with it, and fuse each run with its first stage by the card's α: ``final.json``."""
     from distill.data.loaders import load_qrels
     from distill.eval.metrics import evaluate_per_query
     from distill.eval.significance import paired_t_test
     from distill.eval.trec_runs import read_trec_run
 
-    selection = json.loads((RECORDS / f"selection-{SELECTION}.json").read_text())
+    selection_file = f"selection-{record_name}.json"
+    selection = json.loads((RECORDS / selection_file).read_text())
     validation = next((row for row in selection["rows"] if row["name"] == name), None)
     if validation is None:
-        raise SystemExit(
-            f"first_stages.py final: {name} is not in selection-{SELECTION}.json: run `select {name}` first"
-        )
+        raise SystemExit(f"first_stages.py final: {name} is not in {selection_file}: run `select {name}` first")
     alphas = {stage: validation[stage]["alpha"] for stage in VALIDATION}
     train = final_command(name, alphas)
     folder = f"checkpoints/fs-{name}-final"
@@ -707,7 +706,11 @@ def final(name: str) -> dict[str, Any]:
         "student": name,
         "backbone": card["backbone"],
         "validation_queries": 53,
-        "command": f"python experiments/first_stages.py final {name}",
+        "command": shell(
+            ["python", "experiments/first_stages.py", "final", name]
+            + (["--record", record_name] if record_name != SELECTION else [])
+        ),
+        "selection": f"quality/{selection_file}",
         "commands": commands,
         "dl21_validation": {stage: validation[stage] for stage in VALIDATION},
         "dl19": dl19,
@@ -736,12 +739,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--record",
         default=SELECTION,
         type=record_name,
-        help="write selection-RECORD.{json,md} (final reads the default's)",
+        help="write selection-RECORD.{json,md} (final --record reads it)",
     )
     sub.add_parser("labels", help="weigh the candidate labels on DL21")
     sub.add_parser("backbone", help="the final student's backbone, untrained, on DL19")
     sub.add_parser("final", help="refit the chosen variant, test it once on DL19").add_argument(
         "name", choices=sorted(VARIANTS)
+    )
+    sub.choices["final"].add_argument(
+        "--record", default=SELECTION, type=record_name, help="the selection-RECORD.json that chose the variant"
     )
     args = parser.parse_args(argv)
     if args.command == "train":
@@ -753,7 +759,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     elif args.command == "backbone":
         backbone()
     else:
-        final(args.name)
+        final(args.name, args.record)
     return 0
 
 

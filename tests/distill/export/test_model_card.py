@@ -119,6 +119,14 @@ def test_a_full_card_names_its_teacher_data_and_figures_without_absolute_paths()
     assert len(snippets) == 4
     for snippet in snippets:
         compile(snippet, "snippet", "exec")  # each usage snippet is valid Python
+    assert "| weights |" not in card  # trained weights, as they are
+
+
+def test_a_blended_student_says_how_much_of_its_backbone_it_kept() -> None:
+    card = json.loads(json.dumps(FULL_CARD))
+    card["student"]["initial_weight_share"] = 0.25
+    rendered = render_model_card(card, "someone/minilm-cis", "apache-2.0")
+    assert "| weights | 0.75 × trained + 0.25 × the backbone's initial weights (WiSE-FT) |" in rendered
 
 
 def test_the_precisions_table_shows_the_gates_interval_verdict_and_rule() -> None:
