@@ -140,6 +140,13 @@ VARIANTS: dict[str, tuple[list[str], bool]] = {
         f"mpnet-student-wise{share}": ([*MPNET_HYBRID, *MPNET_STUDENT, "--model.initial_weight_share", share], True)
         for share in ("0.25", "0.5", "0.75")
     },
+    **{
+        f"mpnet-student-dl22s-wise{share}": (
+            [*MPNET_HYBRID, *MPNET_STUDENT, *every_list("smollm2", "mpnet"), "--model.initial_weight_share", share],
+            True,
+        )
+        for share in ("0.5", "0.75")
+    },
 }
 """Variant name -> (its arguments after :data:`BASE`, whether it trains in :data:`FOLDS` runs over DL21)."""
 
@@ -270,19 +277,15 @@ def blend_run(source: str, run_name: str, share: float) -> None:
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     from distill.core.student_card import StudentCard
-    from students.hf_folder import initial_state
     from students.initial_weights import blend_with_initial
-    from students.model import save_student
+    from students.model import build_student, save_student
 
     print(f"+ blend checkpoints/{source}/hf with {share} of its initial weights -> checkpoints/{run_name}/hf")
     folder = ROOT / "checkpoints" / source / "hf"
     model = AutoModelForSequenceClassification.from_pretrained(folder)
     card = StudentCard.read(folder)
-    hparams = argparse.Namespace(
-        backbone=card.backbone, random_init=False, dropout=None, head="segment_cosine",
-        segment_layers=model.config.segment_layers,
-    )  # fmt: skip
-    model.load_state_dict(blend_with_initial(model.state_dict(), initial_state(hparams), share))
+    initial, _ = build_student(card.backbone, head="segment_cosine", segment_layers=model.config.segment_layers)
+    model.load_state_dict(blend_with_initial(model.state_dict(), initial.state_dict(), share))
     card.initial_weight_share = share
     out = ROOT / "checkpoints" / run_name
     shutil.rmtree(out, ignore_errors=True)

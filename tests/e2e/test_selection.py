@@ -159,13 +159,15 @@ def test_a_blend_variant_is_its_base_runs_blended_as_the_training_option_blends(
     from distill.core.student_card import StudentCard
     from students.model import build_student, save_student
 
-    for share in ("0.25", "0.5", "0.75"):
-        name = f"mpnet-student-wise{share}"
-        assert selection.blended_from(name) == ("mpnet-student", float(share))
+    blends = [("mpnet-student", share) for share in ("0.25", "0.5", "0.75")]
+    blends += [("mpnet-student-dl22s", share) for share in ("0.5", "0.75")]
+    for base, share in blends:
+        name = f"{base}-wise{share}"
+        assert selection.blended_from(name) == (base, float(share))
         command = selection.train_command(name, f"fs-{name}-f1")
-        assert command == [*selection.train_command("mpnet-student", f"fs-{name}-f1")[:-4], selection.SHARE, share,
+        assert command == [*selection.train_command(base, f"fs-{name}-f1")[:-4], selection.SHARE, share,
                            *command[-4:]]  # fmt: skip
-    assert selection.blended_from("mpnet-student") is None
+        assert selection.blended_from(base) is None
 
     monkeypatch.setattr(selection, "ROOT", tmp_path)
     initial, tokenizer = build_student(str(tiny_mpnet), head="segment_cosine", segment_layers=2)
