@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from distill.cli import quiet_third_parties
 from distill.core.project_files import PROJECT as ROOT
 
 CONFIG = "configs/train/minilm-first-stages.yaml"
@@ -753,6 +754,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--record", default=SELECTION, type=record_name, help="the selection-RECORD.json that chose the variant"
     )
     args = parser.parse_args(argv)
+    quiet_third_parties()
     if args.command == "train":
         train(args.names)
     elif args.command == "select":
