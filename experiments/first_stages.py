@@ -112,6 +112,18 @@ def every_list(*teachers: str) -> list[str]:
     return ["--data.teacher_data", f"{{{data}}}", "--data.first_stages", f"{{bm25: [{bm25}], splade: [{splade}]}}"]
 
 
+MPNET_STUDENT_DL22S = [*MPNET_HYBRID, *MPNET_STUDENT, *every_list("smollm2", "mpnet")]
+"""The MPNet student trained on every BM25 and SPLADE++ list of DL21 and DL22."""
+SHARE = "--model.initial_weight_share"
+"""The option of WiSE-FT's blend (:mod:`students.initial_weights`), applied as the best checkpoint becomes the
+run's Hugging Face folder: a variant that differs from a trained one only by it is that run's folder, blended."""
+
+
+def blends(name: str, args: list[str], shares: Sequence[str]) -> dict[str, tuple[list[str], bool]]:
+    """The folded variant ``name`` (``args``) blended at each of ``shares``: ``<name>-wise<share>``."""
+    return {f"{name}-wise{share}": ([*args, SHARE, share], True) for share in shares}
+
+
 VARIANTS: dict[str, tuple[list[str], bool]] = {
     "bm25": (BM25_ONLY, False),
     "quickstart-ens3": (ENS3, False),
@@ -132,28 +144,16 @@ VARIANTS: dict[str, tuple[list[str], bool]] = {
     "hybrid-apart-q0.5": ([*HYBRID, *APART, "--data.train_queries", "0.5"], True),
     "hybrid-apart-dl22s": ([*HYBRID, *APART, *every_list("smollm2", "minilm")], True),
     "mpnet-gemma-student": ([*MPNET_GEMMA, *MPNET_STUDENT], True),
-    "mpnet-student-dl22s": ([*MPNET_HYBRID, *MPNET_STUDENT, *every_list("smollm2", "mpnet")], True),
+    "mpnet-student-dl22s": (MPNET_STUDENT_DL22S, True),
     "hybrid-fs0.5": (
         [*HYBRID, "--data.label", "z(minilm.similarity) + 0.5*z(smollm2.cis_q) + 0.5*z(first_stage)"],
         True,
     ),
-    **{
-        f"mpnet-student-wise{share}": ([*MPNET_HYBRID, *MPNET_STUDENT, "--model.initial_weight_share", share], True)
-        for share in ("0.25", "0.5", "0.75")
-    },
-    **{
-        f"mpnet-student-dl22s-wise{share}": (
-            [*MPNET_HYBRID, *MPNET_STUDENT, *every_list("smollm2", "mpnet"), "--model.initial_weight_share", share],
-            True,
-        )
-        for share in ("0.5", "0.75")
-    },
+    **blends("mpnet-student", [*MPNET_HYBRID, *MPNET_STUDENT], ("0.25", "0.5", "0.75")),
+    **blends("mpnet-student-dl22s", MPNET_STUDENT_DL22S, ("0.5", "0.75")),
 }
 """Variant name -> (its arguments after :data:`BASE`, whether it trains in :data:`FOLDS` runs over DL21)."""
 
-SHARE = "--model.initial_weight_share"
-"""The option of WiSE-FT's blend (:mod:`students.initial_weights`), applied as the best checkpoint becomes the
-run's Hugging Face folder: a variant that differs from a trained one only by it is that run's folder, blended."""
 REFERENCE = "bm25"
 """What every variant is compared with: the last round's settings, on BM25's candidates alone."""
 
