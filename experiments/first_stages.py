@@ -14,7 +14,8 @@ The final student refits the chosen variant on every DL21 and DL22 list with the
 DL19 is the test year: the final student alone is reranked on it, once, on its BM25, TAS-B and SPLADE++ top-100
 (TAS-B takes SPLADE++'s α).
 
-    python experiments/first_stages.py train NAME [NAME ...]   # -> checkpoints/fs-NAME[-fK] (skips finished runs)
+    python experiments/first_stages.py train NAME [NAME ...] [--fold K]
+        # -> checkpoints/fs-NAME[-fK] (skips finished runs), each run's held-out scores: quality/heldout/NAME/
     python experiments/first_stages.py select NAME [NAME ...] [--against NAME] [--record dl21]
         # -> quality/selection-RECORD.{json,md}, and each variant's pooled runs: quality/heldout/NAME/dl21-*.trec
     python experiments/first_stages.py final NAME              # -> checkpoints/fs-NAME-final, quality/final.json
@@ -145,6 +146,7 @@ VARIANTS: dict[str, tuple[list[str], bool]] = {
     "hybrid-apart-dl22s": ([*HYBRID, *APART, *every_list("smollm2", "minilm")], True),
     "mpnet-gemma-student": ([*MPNET_GEMMA, *MPNET_STUDENT], True),
     "mpnet-student-dl22s": (MPNET_STUDENT_DL22S, True),
+    "mpnet-student-dl22s-d40": ([*MPNET_STUDENT_DL22S, "--data.train_depth", "40"], True),
     "hybrid-fs0.5": (
         [*HYBRID, "--data.label", "z(minilm.similarity) + 0.5*z(smollm2.cis_q) + 0.5*z(first_stage)"],
         True,
@@ -293,20 +295,29 @@ def blend_run(source: str, run_name: str, share: float) -> None:
     save_student(model, AutoTokenizer.from_pretrained(folder), out / "hf", card)
 
 
-def train(names: list[str]) -> None:
+def train(names: list[str], fold: int | None = None) -> None:
+    """Train each variant's runs (only fold ``fold`` when given), skipping finished ones, and commit each run's
+    held-out DL21 scores (:func:`held_out`) as it is trained, so that a variant's folds may train in different
+    checkouts: a checkpoint stays on the machine that trained it."""
     for name in names:
         blend = blended_from(name)
-        for k, run_name in enumerate(runs(name)):
+        folds = runs(name)
+        if fold is not None and not VARIANTS[name][1]:
+            raise SystemExit(f"first_stages.py train --fold: {name} trains in one run, not in folds")
+        for k, run_name in enumerate(folds):
+            if fold is not None and k != fold:
+                continue
             if trained(run_name):
                 print(f"{run_name}: trained")
-                continue
-            if blend:
+            elif blend:
                 source = runs(blend[0])[k]
                 if not trained(source):
                     run(train_command(blend[0], source))
                 blend_run(source, run_name, blend[1])
             else:
                 run(train_command(name, run_name))
+            if not all(heldout_path(name, stage).is_file() for stage in VALIDATION):
+                held_out(name, run_name)
 
 
 def first_stage_scores(candidates: str) -> dict[str, dict[str, float]]:
@@ -374,35 +385,61 @@ def heldout_path(name: str, stage: str) -> Path:
     return RECORDS / "heldout" / name / f"dl21-{stage}.trec"
 
 
+def fold_path(name: str, run_name: str, stage: str) -> Path:
+    """The committed held-out run of one of ``name``'s runs on the DL21 ``stage`` lists, until the variant's pooled
+    run (:func:`heldout_path`) replaces it."""
+    return RECORDS / "heldout" / name / f"{run_name}-dl21-{stage}.trec"
+
+
+def rerank_command(run_name: str, stage: str) -> list[str]:
+    """``distill rerank`` of run ``run_name``'s held-out DL21 queries on the ``stage`` lists, the student alone."""
+    model = f"checkpoints/{run_name}"
+    output = f"{model}/dl21-{stage}.trec"
+    command = ["distill", "rerank", "--model", model, "--backend", "torch", "--input", VALIDATION[stage]]
+    return [*command, "--held_out", model, "--interpolation", "false", "--output", output]
+
+
+def held_out(name: str, run_name: str) -> dict[str, dict[str, dict[str, float]]]:
+    """first stage -> run ``run_name``'s scores of the DL21 queries it held out: its committed run
+    (:func:`fold_path`), else reranked from its checkpoint and committed."""
+    from distill.eval.trec_runs import read_trec_run, write_trec_run
+
+    lists = {}
+    for stage in VALIDATION:
+        path = fold_path(name, run_name, stage)
+        if not path.is_file():
+            if not trained(run_name):
+                raise SystemExit(f"first_stages.py: checkpoints/{run_name}/hf is missing: run `train {name}`")
+            command = rerank_command(run_name, stage)
+            if not (ROOT / command[-1]).is_file():
+                run(command)
+            write_trec_run(path, read_trec_run(ROOT / command[-1]), tag=name)
+        lists[stage] = read_trec_run(path)
+    return lists
+
+
 def pooled(name: str, qrels: Any, commands: list[str]) -> dict[str, dict[str, dict[str, float]]]:
     """first stage -> the variant's student run over the 53 DL21 queries, each query scored by the run that held it
     out (its train and rerank commands appended to ``commands``). The pooled runs are committed
-    (:func:`heldout_path`), so that a clean clone selects without the checkpoints; a variant without them is reranked
-    from its fold checkpoints and its pooled runs written."""
+    (:func:`heldout_path`), so that a clean clone selects without the checkpoints; a variant without them pools its
+    runs' held-out scores (:func:`held_out`), writes its pooled runs and removes the runs' own."""
     from distill.eval.trec_runs import read_trec_run, write_trec_run
 
     lists: dict[str, dict[str, dict[str, float]]] = {stage: {} for stage in VALIDATION}
     committed = all(heldout_path(name, stage).is_file() for stage in VALIDATION)
     for run_name in runs(name):
-        if not committed and not trained(run_name):
-            raise SystemExit(f"first_stages.py select: checkpoints/{run_name}/hf is missing: run `train {name}`")
         commands.append(shell(train_command(name, run_name)))
-        model = f"checkpoints/{run_name}"
-        for stage, candidates in VALIDATION.items():
-            output = f"{model}/dl21-{stage}.trec"
-            command = ["distill", "rerank", "--model", model, "--backend", "torch", "--input", candidates]
-            command += ["--held_out", model, "--interpolation", "false", "--output", output]
-            commands.append(shell(command))
-            if not committed:
-                if not (ROOT / output).is_file():
-                    run(command)
-                lists[stage].update(read_trec_run(ROOT / output))
+        commands.extend(shell(rerank_command(run_name, stage)) for stage in VALIDATION)
+        if not committed:
+            for stage, scores in held_out(name, run_name).items():
+                lists[stage].update(scores)
     for stage in VALIDATION:
-        path = heldout_path(name, stage)
         if committed:
-            lists[stage] = read_trec_run(path)
+            lists[stage] = read_trec_run(heldout_path(name, stage))
         else:
-            write_trec_run(path, lists[stage], tag=name)
+            write_trec_run(heldout_path(name, stage), lists[stage], tag=name)
+            for run_name in runs(name):
+                fold_path(name, run_name, stage).unlink()
     judged = {q for q in lists["bm25"] if q in qrels}
     assert len(judged) == 53, f"{name}: {len(judged)} validation queries, not 53"
     return lists
@@ -736,6 +773,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     for command, what in (("train", "train variants (skips finished runs)"), ("select", "compare on DL21")):
         sub.add_parser(command, help=what).add_argument("names", nargs="+", choices=sorted(VARIANTS))
+    sub.choices["train"].add_argument(
+        "--fold", type=int, choices=range(FOLDS), help="train this fold's run only (a folded variant)"
+    )
     sub.choices["select"].add_argument(
         "--against", action="append", default=[], choices=sorted(VARIANTS), help="also compare each variant with it"
     )
@@ -756,7 +796,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     quiet_third_parties()
     if args.command == "train":
-        train(args.names)
+        train(args.names, args.fold)
     elif args.command == "select":
         select(args.names, args.against, args.record)
     elif args.command == "labels":

@@ -96,6 +96,55 @@ def test_a_variant_with_committed_held_out_runs_selects_without_its_checkpoints(
     assert "--data.val_fold 1" in commands[3] and "--held_out checkpoints/fs-hybrid-apart-f1" in commands[5]
 
 
+def test_each_fold_commits_its_held_out_runs_as_it_trains_and_the_pool_replaces_them(
+    selection, tmp_path, monkeypatch
+) -> None:
+    """``train --fold K`` trains that fold's run alone and commits its held-out scores at once, so that the other
+    fold may train in another checkout (no checkpoint there); ``select`` then pools the committed fold runs."""
+    from distill.data.loaders import load_qrels
+    from distill.eval.trec_runs import read_trec_run, write_trec_run
+
+    monkeypatch.setattr(selection, "RECORDS", tmp_path / "records")
+    monkeypatch.setattr(selection, "ROOT", tmp_path)
+    qrels = load_qrels(REPO / selection.VALIDATION_QRELS)
+    folds = {run_name: sorted(qrels)[k::2] for k, run_name in enumerate(selection.runs("hybrid-apart"))}
+    launched: list[list[str]] = []
+
+    def run(command: list[str]) -> None:  # what each launched command leaves behind, without training
+        launched.append(command)
+        run_name = command[command.index("--run_name") + 1] if "--run_name" in command else None
+        if command[1] == "train":
+            (tmp_path / "checkpoints" / run_name / "hf").mkdir(parents=True)
+            (tmp_path / "checkpoints" / run_name / "hf" / "config.json").write_text("{}")
+        else:
+            queries = folds[command[command.index("--held_out") + 1].split("/")[1]]
+            scores = {q: {f"{command[command.index('--input') + 1]}-d{k}": float(k) for k in range(3)} for q in queries}
+            write_trec_run(tmp_path / command[-1], scores, tag="x")
+
+    monkeypatch.setattr(selection, "run", run)
+    with pytest.raises(SystemExit, match="bm25 trains in one run, not in folds"):
+        selection.train(["bm25"], fold=1)
+    selection.train(["hybrid-apart"], fold=1)
+    assert [c[1] for c in launched] == ["train", "rerank", "rerank"]
+    assert launched[0][-1] == "fs-hybrid-apart-f1" and not selection.trained("fs-hybrid-apart-f0")
+    f1 = {stage: selection.fold_path("hybrid-apart", "fs-hybrid-apart-f1", stage) for stage in selection.VALIDATION}
+    assert sorted(read_trec_run(f1["splade"])) == folds["fs-hybrid-apart-f1"]
+    with pytest.raises(SystemExit, match="checkpoints/fs-hybrid-apart-f0/hf is missing"):
+        selection.pooled("hybrid-apart", qrels, [])
+
+    import shutil
+
+    shutil.rmtree(tmp_path / "checkpoints")  # fold 1's checkpoint is gone: the next checkout trains fold 0
+    selection.train(["hybrid-apart"], fold=0)
+    assert [c[-1] for c in launched if c[1] == "train"] == ["fs-hybrid-apart-f1", "fs-hybrid-apart-f0"]
+    lists = selection.pooled("hybrid-apart", qrels, [])
+    assert sorted(lists["bm25"]) == sorted(qrels) and len(lists["splade"]) == 53
+    assert lists == {stage: read_trec_run(selection.heldout_path("hybrid-apart", stage)) for stage in lists}
+    assert not any(path.exists() for path in f1.values())  # the pooled runs replace the folds' own
+    selection.train(["hybrid-apart"], fold=0)  # trained and pooled: nothing runs again
+    assert len(launched) == 6
+
+
 def test_each_candidate_label_is_weighed_against_the_reference_label_and_the_first_stage(
     selection, tmp_path, monkeypatch
 ) -> None:
