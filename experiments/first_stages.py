@@ -301,10 +301,9 @@ def train(names: list[str], fold: int | None = None) -> None:
     checkouts: a checkpoint stays on the machine that trained it."""
     for name in names:
         blend = blended_from(name)
-        folds = runs(name)
         if fold is not None and not VARIANTS[name][1]:
             raise SystemExit(f"first_stages.py train --fold: {name} trains in one run, not in folds")
-        for k, run_name in enumerate(folds):
+        for k, run_name in enumerate(runs(name)):
             if fold is not None and k != fold:
                 continue
             if trained(run_name):

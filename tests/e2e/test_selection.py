@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 
 import numpy as np
 import pytest
@@ -131,8 +132,6 @@ def test_each_fold_commits_its_held_out_runs_as_it_trains_and_the_pool_replaces_
     assert sorted(read_trec_run(f1["splade"])) == folds["fs-hybrid-apart-f1"]
     with pytest.raises(SystemExit, match="checkpoints/fs-hybrid-apart-f0/hf is missing"):
         selection.pooled("hybrid-apart", qrels, [])
-
-    import shutil
 
     shutil.rmtree(tmp_path / "checkpoints")  # fold 1's checkpoint is gone: the next checkout trains fold 0
     selection.train(["hybrid-apart"], fold=0)
