@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import DL19
-from tests.distill.stages.test_teach import _cli, one_process_rows, rows
+from tests.distill.stages.test_teach import _cli, one_process_rows, rows, saved
 
 REPO = Path(__file__).resolve().parents[2]
 NODES = 2
@@ -110,7 +110,7 @@ def test_a_node_killed_mid_run_then_both_relaunched_gives_the_same_dataset(tiny_
     out, cache = tmp_path / "out", tmp_path / "c2"
     nodes = teacher_nodes(_cli(tiny_llama, sample_file, out, cache), tmp_path)
     deadline = time.monotonic() + 120
-    while not list(out.with_name("out.partial").rglob("chunks/*.parquet")) and time.monotonic() < deadline:
+    while not saved(out.with_name("out.partial"), "chunks/*.parquet") and time.monotonic() < deadline:
         assert all(node.poll() is None for node in nodes), "a node ended before it was killed"
         time.sleep(0.002)
     kill_node(nodes[1])
