@@ -115,6 +115,14 @@ def every_list(*teachers: str) -> list[str]:
 
 MPNET_STUDENT_DL22S = [*MPNET_HYBRID, *MPNET_STUDENT, *every_list("smollm2", "mpnet")]
 """The MPNet student trained on every BM25 and SPLADE++ list of DL21 and DL22."""
+MPNET_LABEL = "z(mpnet.similarity) + 0.5*z(smollm2.cis_q)"
+"""The MPNet hybrid label's teacher terms (``configs/train/mpnet-hybrid.yaml``), without its first stage."""
+SPLADE_FS1 = [
+    "--data.label",
+    f'{{bm25: "{MPNET_LABEL} + 0.25*z(first_stage)", splade: "{MPNET_LABEL} + z(first_stage)"}}',
+]
+"""A label per first stage: BM25's lists keep the MPNet hybrid label, SPLADE++'s weigh their first stage at 1, the
+label of ``labels-dl21.md`` best on DL21's SPLADE++ lists (and far below on BM25's, where it stays at 0.25)."""
 SHARE = "--model.initial_weight_share"
 """The option of WiSE-FT's blend (:mod:`students.initial_weights`), applied as the best checkpoint becomes the
 run's Hugging Face folder: a variant that differs from a trained one only by it is that run's folder, blended."""
@@ -147,6 +155,7 @@ VARIANTS: dict[str, tuple[list[str], bool]] = {
     "mpnet-gemma-student": ([*MPNET_GEMMA, *MPNET_STUDENT], True),
     "mpnet-student-dl22s": (MPNET_STUDENT_DL22S, True),
     "mpnet-student-dl22s-d40": ([*MPNET_STUDENT_DL22S, "--data.train_depth", "40"], True),
+    "mpnet-student-dl22s-splade-fs1": ([*MPNET_STUDENT_DL22S, *SPLADE_FS1], True),
     "hybrid-fs0.5": (
         [*HYBRID, "--data.label", "z(minilm.similarity) + 0.5*z(smollm2.cis_q) + 0.5*z(first_stage)"],
         True,

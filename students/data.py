@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import logging
-import os
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,7 +17,15 @@ from torch.utils.data import DataLoader, Dataset
 from distill.core.batching import round_up
 from distill.core.devices import TRAIN_PAD_MULTIPLE, DeviceType, device_type
 from distill.core.schema import InputError, Qrels
-from distill.data.label_table import ID_COLUMNS, QUERY, SOURCE, SOURCE_ROW, LabelTable, load_label_table
+from distill.data.label_table import (
+    ID_COLUMNS,
+    QUERY,
+    SOURCE,
+    SOURCE_ROW,
+    LabelTable,
+    first_stage_folders,
+    load_label_table,
+)
 from distill.data.loaders import load_qrels
 from distill.data.teacher_data import TeacherDataset
 from distill.model.unpadding import lengths_packing
@@ -201,38 +208,6 @@ def check_first_stages(first_stages: dict[str, list[str]] | None, alpha_from: di
             )
 
 
-def _same_file(a: str, b: str) -> bool:
-    """Whether two paths, as given, name the same file."""
-    return os.path.normpath(a) == os.path.normpath(b) or Path(a).resolve() == Path(b).resolve()
-
-
-def first_stage_folders(first_stages: dict[str, list[str]], inputs: dict[str, list[str]]) -> dict[str, list[str]]:
-    """Each first stage's teacher datasets: those made from its candidate files (``inputs``: folder -> its candidate
-    files, as its ``teacher.json`` names them).
-
-    Raises:
-        InputError: ``data.first_stages: ...``: a first stage that no teacher dataset was made from, or a teacher
-            dataset made from the candidates of two first stages.
-    """
-    folders: dict[str, list[str]] = {name: [] for name in first_stages}
-    for folder, files in inputs.items():
-        names = [name for name, given in first_stages.items() if any(_same_file(f, g) for f in files for g in given)]
-        if len(names) > 1:
-            raise InputError(
-                f"data.first_stages: {folder} holds the candidates of {' and '.join(names)}: validating each on its "
-                "own lists needs a teacher dataset for each"
-            )
-        if names:
-            folders[names[0]].append(folder)
-    for name, found in folders.items():
-        if not found:
-            raise InputError(
-                f"data.first_stages: {name}: no teacher dataset of data.teacher_data was made from "
-                f"{', '.join(first_stages[name])}"
-            )
-    return folders
-
-
 def first_stage_lists(
     folders: dict[str, list[str]], inputs: dict[str, list[str]], val: Split, held_out: set[str], qrels: Qrels
 ) -> dict[str, FirstStageList]:
@@ -273,7 +248,9 @@ class StudentDataModule(LightningDataModule):
             ``{gemma: [dl21-gemma3, dl22-gemma3], smollm2: [dl21-smollm2, dl22-smollm2]}``).
         label: what to learn: a teacher score column (``cis``, ``upr``, ``cis_q``, ...; ``gemma.cis`` for a named
             teacher), a hybrid label (``cis_q+0.5*first_stage``) or a sum of per-query z-scores
-            (``z(gemma.cis) + z(smollm2.cis_q) + 0.25*z(first_stage)``); see :mod:`distill.data.labels`.
+            (``z(gemma.cis) + z(smollm2.cis_q) + 0.25*z(first_stage)``); see :mod:`distill.data.labels`. Or a label
+            per first stage of ``first_stages``, each list learning its own first stage's
+            (``{bm25: "z(cis_q) + 0.25*z(first_stage)", splade: "z(cis_q) + z(first_stage)"}``).
         backbone: the student's backbone, for its tokenizer (linked from the model's).
         qrels: TREC qrels of the validation queries, for nDCG; without them only correlations are reported.
         val_queries: held-out queries, a share (0.2) or a count (8).
@@ -323,7 +300,7 @@ class StudentDataModule(LightningDataModule):
     def __init__(
         self,
         teacher_data: list[str] | dict[str, list[str]],
-        label: str = "cis",
+        label: str | dict[str, str] = "cis",
         backbone: str = "bert-large-uncased",
         qrels: str | None = None,
         val_queries: int | float = 0.2,
@@ -387,7 +364,7 @@ class StudentDataModule(LightningDataModule):
 
     def _labelled(self) -> LabelTable:
         h = self.hparams
-        labelled = load_label_table(h.teacher_data, h.label)
+        labelled = load_label_table(h.teacher_data, h.label, first_stages=h.first_stages)
         if labelled.table.empty:
             raise InputError(f"{h.teacher_data}: no pairs")
         return labelled
@@ -414,7 +391,7 @@ class StudentDataModule(LightningDataModule):
             return
         h = self.hparams
         labelled = self._labelled()
-        table, self.teachers, self.members = labelled.table, labelled.teachers, labelled.expression.members
+        table, self.teachers, self.members = labelled.table, labelled.teachers, labelled.labels.members
         inputs, stage_folders = self._first_stage_folders(labelled)
         store = self._store(labelled)
         qrels = load_qrels(Path(h.qrels)) if h.qrels else {}

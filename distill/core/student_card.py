@@ -25,9 +25,10 @@ class StudentCard:
 
     backbone: str
     """The encoder it was initialised from."""
-    label: str
+    label: str | dict[str, str]
     """The label it learned, as given: a teacher score, a hybrid or a sum of z-scores
-    (``z(gemma.cis) + z(smollm2.cis_q) + 0.25*z(first_stage)``; see :mod:`distill.data.labels`)."""
+    (``z(gemma.cis) + z(smollm2.cis_q) + 0.25*z(first_stage)``; see :mod:`distill.data.labels`), or first stage ->
+    the label its lists learned."""
     loss: str
     teacher_data: list[str]
     """The teacher datasets it learned from (every folder of every teacher the label uses)."""

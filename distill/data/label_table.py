@@ -6,7 +6,8 @@ the same pairs). A candidate list is one query's candidates in one input (the fo
 two first stages' lists (BM25's and SPLADE's) is a row of each, with that list's first-stage score, and every
 per-query operation (standardising a term, grouping a within-query loss) acts on each list on its own. Folders of
 the same candidate files hold each (qid, docid) once, the first kept. The label is a
-:class:`~distill.data.labels.LabelExpression` over them; a named teacher the label does not use is not read.
+:class:`~distill.data.labels.LabelExpression` over them, or one per first stage (:class:`~distill.data.labels.Labels`:
+each list learns its first stage's); a named teacher the label does not use is not read.
 
 The table holds ids and scores only, never the texts: its strings are Arrow-backed (a few bytes a pair, not a
 Python object each), and each row names where its texts are (``source``, ``source_row``: a row of one of
@@ -17,14 +18,17 @@ datasets' memory-mapped Arrow files until they are tokenised (:mod:`students.tok
 from __future__ import annotations
 
 import logging
+import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from distill.core.schema import InputError
-from distill.data.labels import FIRST_STAGE, FIRST_STAGE_COLUMN, LabelExpression
+from distill.data.labels import FIRST_STAGE, FIRST_STAGE_COLUMN, Labels, LabelSpec
 from distill.data.teacher_data import TeacherDataset
 
 log = logging.getLogger(__name__)
@@ -53,7 +57,7 @@ class LabelTable:
     ``first_stage_rank``, ``first_stage_score`` (the first named teacher's), ``candidates`` (:data:`CANDIDATES`),
     each term's column (``cis``; ``gemma.cis`` for a named teacher), ``label``, ``query`` (the candidate list as a
     number, :data:`QUERY`), and ``source``, ``source_row``: where the pair's texts are."""
-    expression: LabelExpression
+    labels: Labels
     teachers: dict[str, list[str]]
     """The named teachers the label uses: name -> folders; empty for one unnamed teacher."""
     sources: list[str]
@@ -63,7 +67,7 @@ class LabelTable:
     @property
     def members(self) -> dict[str, np.ndarray]:
         """Each term of a sum of two or more: its name (``gemma.cis``, ``first_stage``) -> its raw scores ``[n]``."""
-        return {name: self.table[column].to_numpy(dtype=np.float64) for name, column in self.expression.members.items()}
+        return {name: self.table[column].to_numpy(dtype=np.float64) for name, column in self.labels.members.items()}
 
 
 def named_teachers(teacher_data: TeacherData, key: str) -> dict[str, list[str]] | None:
@@ -87,20 +91,28 @@ def named_teachers(teacher_data: TeacherData, key: str) -> dict[str, list[str]] 
 
 
 def load_label_table(
-    teacher_data: TeacherData, label: str, data_key: str = "data.teacher_data", label_key: str = "data.label"
+    teacher_data: TeacherData,
+    label: LabelSpec,
+    data_key: str = "data.teacher_data",
+    label_key: str = "data.label",
+    first_stages: Mapping[str, list[str]] | None = None,
 ) -> LabelTable:
     """Read the teacher data, join named teachers on (qid, docid) and compute ``label`` for each pair.
 
-    ``data_key`` and ``label_key`` are the option names the errors give.
+    ``label`` is one expression, or first stage -> expression for the first stages of ``first_stages`` (name -> its
+    candidate files, :func:`first_stage_folders`): each list then learns its own first stage's. ``data_key`` and
+    ``label_key`` are the option names the errors give.
 
     Raises:
         InputError: a malformed label or teacher name; a folder that is no teacher dataset, lacks a column or has
-            NaN/inf values in one; named teachers that do not hold the same pairs.
+            NaN/inf values in one; named teachers that do not hold the same pairs; with a label per first stage, a
+            teacher dataset of no first stage.
     """
     named = named_teachers(teacher_data, data_key)
-    expression = LabelExpression.parse(label, list(named or ()), label_key)
+    stages = list(first_stages) if first_stages is not None else None
+    labels = Labels.parse(label, list(named or ()), label_key, stages)
     scores: dict[str | None, list[str]] = {}
-    for term in expression.terms:
+    for term in labels.terms:
         if term.score != FIRST_STAGE or term.teacher is not None:
             scores.setdefault(term.teacher, []).append(term.score)
     if named is None:
@@ -108,18 +120,70 @@ def load_label_table(
         table = _union(list(teacher_data), scores.get(None, []), None, lists)
         used: dict[str, list[str]] = {}
     else:
-        wanted = expression.teachers or list(named)[:1]
+        wanted = labels.teachers or list(named)[:1]
         used = {name: folders for name, folders in named.items() if name in wanted}
         if unused := [name for name in named if name not in used]:
             log.warning("%s: teacher(s) %s not used by %s %r: not read", data_key, ", ".join(unused), label_key, label)
         lists = {}
         tables = {name: _union(folders, scores.get(name, []), name, lists) for name, folders in used.items()}
         table = _join(tables, used, data_key)
-    columns = {term.column: table[term.column].to_numpy(dtype=np.float64) for term in expression.terms}
+    sources = list(next(iter(used.values())) if used else teacher_data)
+    columns = {term.column: table[term.column].to_numpy(dtype=np.float64) for term in labels.terms}
     table[QUERY] = query_codes(table.qid, table[CANDIDATES])
-    table["label"] = expression.values(columns, table[QUERY].to_numpy())
-    sources = next(iter(used.values())) if used else list(teacher_data)
-    return LabelTable(table, expression, used, list(sources))
+    row_stages = None
+    if None not in labels.by_stage:
+        of_source = _stage_of_each(sources, first_stages, label_key)
+        row_stages = np.asarray(of_source, dtype=object)[table[SOURCE].to_numpy()]
+    table["label"] = labels.values(columns, table[QUERY].to_numpy(), row_stages)
+    return LabelTable(table, labels, used, sources)
+
+
+def _same_file(a: str, b: str) -> bool:
+    """Whether two paths, as given, name the same file."""
+    return os.path.normpath(a) == os.path.normpath(b) or Path(a).resolve() == Path(b).resolve()
+
+
+def first_stage_folders(first_stages: Mapping[str, list[str]], inputs: dict[str, list[str]]) -> dict[str, list[str]]:
+    """Each first stage's teacher datasets: those made from its candidate files (``inputs``: folder -> its candidate
+    files, as its ``teacher.json`` names them).
+
+    Raises:
+        InputError: ``data.first_stages: ...``: a first stage that no teacher dataset was made from, or a teacher
+            dataset made from the candidates of two first stages.
+    """
+    folders: dict[str, list[str]] = {name: [] for name in first_stages}
+    for folder, files in inputs.items():
+        names = [name for name, given in first_stages.items() if any(_same_file(f, g) for f in files for g in given)]
+        if len(names) > 1:
+            raise InputError(
+                f"data.first_stages: {folder} holds the candidates of {' and '.join(names)}: validating each on its "
+                "own lists needs a teacher dataset for each"
+            )
+        if names:
+            folders[names[0]].append(folder)
+    for name, found in folders.items():
+        if not found:
+            raise InputError(
+                f"data.first_stages: {name}: no teacher dataset of data.teacher_data was made from "
+                f"{', '.join(first_stages[name])}"
+            )
+    return folders
+
+
+def _stage_of_each(sources: list[str], first_stages: Mapping[str, list[str]], key: str) -> list[str]:
+    """The first stage of each folder of ``sources``, for a label per first stage.
+
+    Raises:
+        InputError: ``<key>: ...``: a folder made from no first stage's candidate files.
+    """
+    inputs = {folder: TeacherDataset.open(folder).metadata.input for folder in sources}
+    stage = {folder: name for name, folders in first_stage_folders(first_stages, inputs).items() for folder in folders}
+    if orphans := [folder for folder in sources if folder not in stage]:
+        raise InputError(
+            f"{key}: {orphans[0]} was made from {', '.join(inputs[orphans[0]])}, the candidates of no first stage of "
+            "data.first_stages: a label per first stage needs each list's"
+        )
+    return [stage[folder] for folder in sources]
 
 
 def query_codes(qids: Any, candidates: Any) -> np.ndarray:

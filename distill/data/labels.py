@@ -111,6 +111,86 @@ class LabelExpression:
         return text
 
 
+LabelSpec = str | Mapping[str, str]
+"""A label as given (``data.label``): one expression for every candidate list, or first stage -> its expression."""
+
+
+@dataclass(frozen=True)
+class Labels:
+    """What each candidate list learns: one :class:`LabelExpression` for every list (``by_stage`` keyed None), or
+    one per first stage (keyed by its name), so that each first stage's lists weigh the first stage as its own
+    score deserves (``{bm25: "z(cis_q) + 0.25*z(first_stage)", splade: "z(cis_q) + z(first_stage)"}``)."""
+
+    by_stage: Mapping[str | None, LabelExpression]
+
+    @classmethod
+    def parse(
+        cls, label: LabelSpec, teachers: Sequence[str] = (), key: str = "label", stages: Sequence[str] | None = None
+    ) -> Labels:
+        """Parse ``label``: a string, or a mapping with an expression for each of ``stages`` (the first stages'
+        names; None when none are named).
+
+        Raises:
+            InputError: one line naming ``key`` (``key.<stage>`` for a stage's expression): a malformed expression,
+                a mapping without ``stages``, a first stage without a label or a label for no first stage.
+        """
+        if isinstance(label, str):
+            return cls({None: LabelExpression.parse(label, teachers, key)})
+        if not isinstance(label, Mapping) or not label:
+            raise InputError(f"{key}: expected an expression or first stage -> expression, got {label!r}")
+        if stages is None:
+            raise InputError(f"{key}: a label per first stage ({', '.join(map(str, label))}) needs data.first_stages")
+        if unknown := [name for name in label if name not in stages]:
+            raise InputError(f"{key}: {unknown[0]!r} is not a first stage of data.first_stages ({', '.join(stages)})")
+        if missing := [name for name in stages if name not in label]:
+            raise InputError(f"{key}: no label for the first stage {missing[0]!r}")
+        by_stage = {}
+        for name in stages:
+            if not isinstance(label[name], str):
+                raise InputError(f"{key}.{name}: expected an expression, got {label[name]!r}")
+            by_stage[name] = LabelExpression.parse(label[name], teachers, f"{key}.{name}")
+        return cls(by_stage)
+
+    @property
+    def terms(self) -> tuple[Term, ...]:
+        """Every expression's terms, each name once (its first use kept), in order of first use."""
+        first: dict[str, Term] = {}
+        for expression in self.by_stage.values():
+            for term in expression.terms:
+                first.setdefault(term.name, term)
+        return tuple(first.values())
+
+    @property
+    def teachers(self) -> list[str]:
+        """The named teachers any expression uses, in order of first use."""
+        return list(dict.fromkeys(t for e in self.by_stage.values() for t in e.teachers))
+
+    @property
+    def members(self) -> dict[str, str]:
+        """Each term's name -> its column when the labels use two or more scores (else empty: the label is its one
+        score)."""
+        terms = self.terms
+        return {t.name: t.column for t in terms} if len(terms) > 1 else {}
+
+    def values(
+        self, columns: Mapping[str, np.ndarray], qids: Sequence[str], stages: np.ndarray | None = None
+    ) -> np.ndarray:
+        """The label of each pair, ``[n]`` float64, from ``columns`` (each term's column -> ``[n]``); ``stages``
+        ``[n]``: each pair's first stage, with a label per first stage (unused with one label)."""
+        if None in self.by_stage:
+            return self.by_stage[None].values(columns, qids)
+        qids, out = np.asarray(qids), np.empty(len(qids), dtype=np.float64)
+        for name, expression in self.by_stage.items():
+            rows = stages == name
+            out[rows] = expression.values({c: np.asarray(v)[rows] for c, v in columns.items()}, qids[rows])
+        return out
+
+    def __str__(self) -> str:
+        if None in self.by_stage:
+            return str(self.by_stage[None])
+        return ", ".join(f"{name}: {expression}" for name, expression in self.by_stage.items())
+
+
 class _Parser:
     """``expression := ['-'] term (('+' | '-') term)*``; ``term := [number '*'] (z '(' ref ')' | ref)``;
     ``ref := name ['.' name]``. A bare ref (no ``z``) is a label on its own, or the legacy hybrid's two terms."""

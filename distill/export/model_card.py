@@ -100,12 +100,19 @@ def _set_name(path: str) -> str:
     return given.name if not given.suffix else given.parent.name or given.stem
 
 
+def _label(label: str | dict[str, str]) -> str:
+    """The card's label: one expression, or each first stage's on its own."""
+    if isinstance(label, str):
+        return f"`{label}`"
+    return "; ".join(f"{stage}'s lists: `{expression}`" for stage, expression in label.items())
+
+
 def _training(student: dict[str, Any], teacher_data: dict[str, Any]) -> str:
     if not student:
         return "## Training\n\nThis student has no cis-distill card: what it was trained on is not recorded."
     rows = [
         ("teacher", "; ".join(sorted({_teacher(m) for m in teacher_data.values()})) or "not recorded"),
-        ("label (teacher score learnt)", f"`{student['label']}`"),
+        ("label (teacher score learnt)", _label(student["label"])),
         ("loss", f"`{student['loss']}`"),
         ("target scaling", f"`{(student.get('target_scaling') or {}).get('kind', 'none')}`"),
         ("backbone", f"`{_backbone(student['backbone'])}`"),

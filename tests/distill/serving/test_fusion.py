@@ -30,6 +30,8 @@ ALPHAS = {
 QUERY = "what is a rhino"
 PASSAGES = ["Rhinos are large herbivores.", "A flea is small.", "Horns grow.", "The market fell today."]
 FIRST_STAGE = [3.0, 1.0, 2.0, 0.5]
+PER_STAGE = {"bm25": "z(cis) + 0.25*z(first_stage)", "splade": "z(cis) + z(first_stage)"}
+"""A label per first stage: SPLADE's lists weigh their first stage as much as the teacher, BM25's a quarter."""
 
 
 def with_card(folder: Path, tmp_path: Path, **card) -> Path:
@@ -170,6 +172,57 @@ def test_a_pair_of_two_first_stages_lists_trains_in_each_and_validates_once(
     assert not set(data.train.qid) & set(data.val.qid)
 
 
+def test_each_first_stages_lists_learn_their_own_label(two_first_stages) -> None:
+    from distill.data.label_table import load_label_table
+    from distill.data.labels import per_query_z
+
+    bm25, splade = two_first_stages
+    stages = {"bm25": ["lists/bm25.json"], "splade": ["./lists/splade.json"]}
+    table = load_label_table([str(bm25), str(splade)], PER_STAGE, first_stages=stages).table
+    for source, weight in ((0, 0.25), (1, 1.0)):
+        rows = table[table.source == source]
+        z = {c: per_query_z(rows[c].to_numpy(), rows.qid.to_numpy()) for c in ("cis", "first_stage_score")}
+        np.testing.assert_allclose(rows.label.to_numpy(), z["cis"] + weight * z["first_stage_score"])
+    same = load_label_table([str(bm25), str(splade)], {"bm25": "cis", "splade": "cis"}, first_stages=stages).table
+    np.testing.assert_array_equal(same.label, load_label_table([str(bm25), str(splade)], "cis").table.label)
+
+
+@pytest.mark.parametrize(
+    ("label", "first_stages", "error"),
+    [
+        (PER_STAGE, None, r"data.label: a label per first stage \(bm25, splade\) needs data.first_stages"),
+        (
+            {"bm25": "cis"},
+            {"bm25": ["lists/bm25.json"], "splade": ["lists/splade.json"]},
+            r"data.label: no label for the first stage 'splade'",
+        ),
+        (
+            {**PER_STAGE, "tasb": "cis"},
+            {"bm25": ["lists/bm25.json"], "splade": ["lists/splade.json"]},
+            r"data.label: 'tasb' is not a first stage of data.first_stages \(bm25, splade\)",
+        ),
+        (
+            {"bm25": "cis", "splade": "z(cis) +"},
+            {"bm25": ["lists/bm25.json"], "splade": ["lists/splade.json"]},
+            r"data.label.splade: expected a score",
+        ),
+        (
+            {"bm25": "cis"},
+            {"bm25": ["lists/bm25.json"]},
+            r"data.label: .*splade was made from lists/splade.json, the candidates of no first stage",
+        ),
+    ],
+    ids=["no first stages", "a first stage unlabelled", "a label for no first stage", "a bad expression", "orphan"],
+)
+def test_a_label_per_first_stage_that_does_not_match_the_first_stages_is_refused(
+    two_first_stages, label: dict[str, str], first_stages: dict[str, list[str]] | None, error: str
+) -> None:
+    from distill.data.label_table import load_label_table
+
+    with pytest.raises(InputError, match=error):
+        load_label_table([str(folder) for folder in two_first_stages], label, first_stages=first_stages)
+
+
 def test_first_stages_that_match_no_teacher_data_or_rules_that_name_none_are_refused(
     two_first_stages, tiny_bert: Path, tmp_path: Path
 ) -> None:
@@ -207,10 +260,12 @@ def test_train_writes_each_first_stages_alpha_in_the_card(two_first_stages, tiny
         val_queries=2,
         first_stages={"bm25": ["lists/bm25.json"], "splade": ["lists/splade.json"]},
         alpha_from={"tasb": "splade"},
+        label=PER_STAGE,
     )
     path.write_text(yaml.safe_dump(config))
     assert main(["train", "--config", str(path)]) == 0
     card = StudentCard.read(tmp_path / "runs" / "tiny" / "hf")
+    assert card.label == PER_STAGE
     validation = card.extra["validation"]
     assert set(card.interpolation) == {"bm25", "splade", "tasb"}
     for name in ("bm25", "splade"):
@@ -225,6 +280,7 @@ def test_train_writes_each_first_stages_alpha_in_the_card(two_first_stages, tiny
     assert f"| tasb | {splade_alpha:.2f} | no validation lists: the α of splade |" in shown
     first = validation["first_stage_nDCG@10/splade"]
     assert f"| nDCG@10 of the first stage, on splade's lists | {first:.2f} |" in shown
+    assert "bm25's lists: `z(cis) + 0.25*z(first_stage)`; splade's lists: `z(cis) + z(first_stage)`" in shown
 
 
 def test_reranker_and_rerank_fuse_with_the_named_first_stages_alpha(
