@@ -181,10 +181,10 @@ TEST = {
 TEST_ALPHA = {"bm25": "bm25", "tasb": "splade", "splade": "splade"}
 """Each DL19 first stage -> the validation first stage whose α it takes (TAS-B has no DL21 list)."""
 TEST_QRELS = "data/trec-dl19/qrels.txt"
-FINAL_DATA = ["--data.val_folds", "null", "--data.val_queries", "2", "--data.first_stages", "null"]
+FINAL_DATA = ["--data.val_folds", "null", "--data.val_queries", "2"]
 """The refit: every list of the variant's teacher data, no fold held out. Lightning validates at the epoch's end,
-so 2 DL21 queries stay out (the smallest split; with one epoch the validation chooses nothing, and α comes from the
-folds)."""
+so 2 DL21 queries stay out (the smallest split; with one epoch the validation chooses nothing, and each first
+stage's α is declared as the folds chose it)."""
 TEACHERS = {
     "SmolLM2 cis_q": {"smollm2/cis_q": 1.0},
     "all-MiniLM-L6-v2 similarity": {"minilm/similarity": 1.0},

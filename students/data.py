@@ -198,9 +198,11 @@ def check_first_stages(first_stages: dict[str, list[str]] | None, alpha_from: di
             raise InputError(f"data.first_stages: {name}: expected a list of candidate files, got {files!r}")
     known = list(first_stages or [DEFAULT_FIRST_STAGE])
     for name, rule in (alpha_from or {}).items():
-        if name in known:
-            raise InputError(f"data.alpha_from: {name} has validation lists: its alpha is chosen on them")
         number = isinstance(rule, (int, float)) and not isinstance(rule, bool)
+        if name in known and not number:
+            raise InputError(
+                f"data.alpha_from: {name} has validation lists: its alpha is chosen on them, or declared as a number"
+            )
         if not (rule in known if isinstance(rule, str) else number and 0 <= rule <= 1):
             raise InputError(
                 f"data.alpha_from: {name}: {rule!r} is neither a first stage with validation lists "
@@ -272,7 +274,8 @@ class StudentDataModule(LightningDataModule):
             :data:`~distill.core.student_card.DEFAULT_FIRST_STAGE`, validated on the validation split as read.
         alpha_from: first stages without validation lists, each with the rule that gives its α: the name of a first
             stage of ``first_stages`` whose α it takes, or a number (``{tasb: splade}``); recorded as such in the
-            card.
+            card. A number also declares the α of a first stage with validation lists, in place of the one chosen on
+            them (a refit that takes the α its folds chose: ``{bm25: 0.8, splade: 0.55, tasb: 0.55}``).
         target_scaling: ``none``, ``global`` or ``per_query`` standardisation of the teacher scores.
         batch_size: pairs per training batch (pointwise), or ``group_size`` x queries per batch; unused with
             ``max_batch_tokens``.

@@ -99,8 +99,9 @@ def card_interpolation(validation: dict[str, float], data: Any) -> dict[str, dic
     """The card's ``interpolation``: each first stage's α from the best checkpoint's ``validation`` figures, with the
     candidate files and the number of judged queries it was chosen on (the data module's ``first_stages``, or
     :data:`~distill.core.student_card.DEFAULT_FIRST_STAGE` for the validation split as a whole), then the α of each
-    first stage of ``data.alpha_from``, by its rule. A first stage whose lists held no judged validation query
-    gets no α, nor does a rule that names it; None: no α at all (no qrels)."""
+    first stage of ``data.alpha_from``, by its rule: a number declares it (in place of one chosen on the first stage's
+    lists), a name takes that first stage's. A first stage whose lists held no judged validation query gets no α,
+    nor does a rule that names it; None: no α at all (no qrels)."""
     lists = data.first_stage_lists
     if lists:
         chosen = {
@@ -119,12 +120,14 @@ def card_interpolation(validation: dict[str, float], data: Any) -> dict[str, dic
         }
     else:
         chosen = {}
-    for name, rule in (data.hparams.get("alpha_from") or {}).items():
+    rules = data.hparams.get("alpha_from") or {}
+    for name, rule in rules.items():  # numbers first, so that a rule takes a declared α
+        if not isinstance(rule, str):
+            chosen[name] = {"alpha": float(rule), "declared": True}
+    for name, rule in rules.items():
         if isinstance(rule, str):
             if rule in chosen:
                 chosen[name] = {"alpha": chosen[rule]["alpha"], "taken_from": rule}
             else:
                 log.warning("data.alpha_from: %s takes the alpha of %s, which has none (no judged queries)", name, rule)
-        else:
-            chosen[name] = {"alpha": float(rule), "declared": True}
     return {name: {**entry, "alpha": float(entry["alpha"])} for name, entry in chosen.items()} or None

@@ -193,7 +193,7 @@ def _fusion(student: dict[str, Any]) -> str | None:
         if entry.get("taken_from"):
             how = f"no validation lists: the α of {entry['taken_from']}"
         elif entry.get("declared"):
-            how = "no validation lists: declared in the training config"
+            how = "declared in the training config"
         elif entry.get("chosen_on"):
             files = ", ".join(f"`{shown_path(f)}`" for f in entry["chosen_on"].split(", "))
             how = f"the best nDCG@10 on the lists of {entry.get('queries', '?')} judged validation queries: {files}"

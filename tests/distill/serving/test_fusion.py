@@ -232,8 +232,8 @@ def test_first_stages_that_match_no_teacher_data_or_rules_that_name_none_are_ref
     common = {"backbone": str(tiny_bert), "qrels": str(DL19_QRELS), "val_queries": 2}
     with pytest.raises(InputError, match=r"data.alpha_from: tasb: 'colbert' is neither a first stage .*\(bm25\)"):
         StudentDataModule([str(bm25)], first_stages={"bm25": ["lists/bm25.json"]}, alpha_from={"tasb": "colbert"})
-    with pytest.raises(InputError, match=r"data\.alpha_from: bm25 has validation lists"):
-        StudentDataModule([str(bm25)], first_stages={"bm25": ["lists/bm25.json"]}, alpha_from={"bm25": 0.5})
+    with pytest.raises(InputError, match=r"data\.alpha_from: bm25 has validation lists: .* or declared as a number"):
+        StudentDataModule([str(bm25)], first_stages={"bm25": ["lists/bm25.json"]}, alpha_from={"bm25": "tasb"})
     data = StudentDataModule(
         [str(bm25), str(splade)],
         first_stages={"bm25": ["lists/bm25.json"], "tasb": ["lists/tasb.json"]},
@@ -259,7 +259,7 @@ def test_train_writes_each_first_stages_alpha_in_the_card(two_first_stages, tiny
         teacher_data=[str(bm25), str(splade)],
         val_queries=2,
         first_stages={"bm25": ["lists/bm25.json"], "splade": ["lists/splade.json"]},
-        alpha_from={"tasb": "splade"},
+        alpha_from={"tasb": "bm25", "bm25": 0.5},
         label=PER_STAGE,
     )
     path.write_text(yaml.safe_dump(config))
@@ -268,16 +268,18 @@ def test_train_writes_each_first_stages_alpha_in_the_card(two_first_stages, tiny
     assert card.label == PER_STAGE
     validation = card.extra["validation"]
     assert set(card.interpolation) == {"bm25", "splade", "tasb"}
-    for name in ("bm25", "splade"):
-        entry = card.interpolation[name]
-        assert entry == {"alpha": validation[f"interp_alpha/{name}"], "chosen_on": f"lists/{name}.json", "queries": 2}
-    assert card.interpolation["tasb"] == {"alpha": card.interpolation["splade"]["alpha"], "taken_from": "splade"}
+    entry = card.interpolation["splade"]
+    assert entry == {"alpha": validation["interp_alpha/splade"], "chosen_on": "lists/splade.json", "queries": 2}
+    assert "interp_alpha/bm25" in validation  # chosen on its lists, and the declared number takes its place
+    assert card.interpolation["bm25"] == {"alpha": 0.5, "declared": True}
+    assert card.interpolation["tasb"] == {"alpha": 0.5, "taken_from": "bm25"}
 
     shown = render_model_card({"model_type": "bert", "max_length": 128, "student": card.to_dict()}, "m", "mit")
     assert "## Fusion with the first stage" in shown
     splade_alpha = card.interpolation["splade"]["alpha"]
     assert f"| splade | {splade_alpha:.2f} | the best nDCG@10 on the lists of 2 judged validation queries" in shown
-    assert f"| tasb | {splade_alpha:.2f} | no validation lists: the α of splade |" in shown
+    assert "| bm25 | 0.50 | declared in the training config |" in shown
+    assert "| tasb | 0.50 | no validation lists: the α of bm25 |" in shown
     first = validation["first_stage_nDCG@10/splade"]
     assert f"| nDCG@10 of the first stage, on splade's lists | {first:.2f} |" in shown
     assert "bm25's lists: `z(cis) + 0.25*z(first_stage)`; splade's lists: `z(cis) + z(first_stage)`" in shown
