@@ -156,6 +156,7 @@ VARIANTS: dict[str, tuple[list[str], bool]] = {
     "mpnet-student-dl22s": (MPNET_STUDENT_DL22S, True),
     "mpnet-student-dl22s-d40": ([*MPNET_STUDENT_DL22S, "--data.train_depth", "40"], True),
     "mpnet-student-dl22s-splade-fs1": ([*MPNET_STUDENT_DL22S, *SPLADE_FS1], True),
+    "mpnet-student-dl22s-lr6e-5": ([*MPNET_STUDENT_DL22S, "--model.lr", "6.0e-5"], True),
     "hybrid-fs0.5": (
         [*HYBRID, "--data.label", "z(minilm.similarity) + 0.5*z(smollm2.cis_q) + 0.5*z(first_stage)"],
         True,
