@@ -132,8 +132,9 @@ def load_label_table(
     table[QUERY] = query_codes(table.qid, table[CANDIDATES])
     row_stages = None
     if None not in labels.by_stage:
-        of_source = _stage_of_each(sources, first_stages, label_key)
-        row_stages = np.asarray(of_source, dtype=object)[table[SOURCE].to_numpy()]
+        order = list(labels.by_stage)
+        of_source = [order.index(name) for name in _stage_of_each(sources, first_stages, label_key)]
+        row_stages = np.asarray(of_source, dtype=np.int32)[table[SOURCE].to_numpy()]
     table["label"] = labels.values(columns, table[QUERY].to_numpy(), row_stages)
     return LabelTable(table, labels, used, sources)
 
@@ -181,7 +182,7 @@ def _stage_of_each(sources: list[str], first_stages: Mapping[str, list[str]], ke
     if orphans := [folder for folder in sources if folder not in stage]:
         raise InputError(
             f"{key}: {orphans[0]} was made from {', '.join(inputs[orphans[0]])}, the candidates of no first stage of "
-            "data.first_stages: a label per first stage needs each list's"
+            "data.first_stages: with a label per first stage, each teacher dataset must be of one"
         )
     return [stage[folder] for folder in sources]
 

@@ -176,12 +176,13 @@ class Labels:
         self, columns: Mapping[str, np.ndarray], qids: Sequence[str], stages: np.ndarray | None = None
     ) -> np.ndarray:
         """The label of each pair, ``[n]`` float64, from ``columns`` (each term's column -> ``[n]``); ``stages``
-        ``[n]``: each pair's first stage, with a label per first stage (unused with one label)."""
+        ``[n]`` int: each pair's first stage, its index in ``by_stage``, with a label per first stage (unused with
+        one label)."""
         if None in self.by_stage:
             return self.by_stage[None].values(columns, qids)
         qids, out = np.asarray(qids), np.empty(len(qids), dtype=np.float64)
-        for name, expression in self.by_stage.items():
-            rows = stages == name
+        for index, expression in enumerate(self.by_stage.values()):
+            rows = stages == index
             out[rows] = expression.values({c: np.asarray(v)[rows] for c, v in columns.items()}, qids[rows])
         return out
 
