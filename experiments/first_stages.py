@@ -710,14 +710,17 @@ def joint() -> dict[str, Any]:
     import shutil
 
     import yaml
+    from transformers import AutoConfig
 
     from distill.data.loaders import load_qrels
     from distill.eval.metrics import evaluate_per_query
     from distill.eval.trec_runs import read_trec_run
+    from distill.model.resolver import load_pretrained, resolve_model
     from students.model import build_student, save_student
 
     qrels = load_qrels(ROOT / VALIDATION_QRELS)
     max_length = yaml.safe_load((ROOT / CONFIG).read_text())["data"]["max_length"]
+    backbone_layers = load_pretrained(resolve_model(JOINT_BACKBONE), AutoConfig).num_hidden_layers
     apart = evaluate_per_query(read_trec_run(ROOT / JOINT_REFERENCE), qrels, [METRIC])[METRIC]
     rows = [{"joint_layers": 0, "nDCG@10": mean(apart), "run": JOINT_REFERENCE}]
     commands = []
@@ -727,14 +730,14 @@ def joint() -> dict[str, Any]:
         command = ["distill", "rerank", "--model", folder, "--backend", "torch", "--input", VALIDATION["bm25"]]
         command += ["--max_length", str(max_length), "--interpolation", "false", "--output", output]
         commands.append(shell(command))
-        model, tokenizer = build_student(JOINT_BACKBONE, head="segment_cosine", segment_layers=layers)
         if not (ROOT / output).is_file():
             print(f"+ save the untrained student, segment_layers {layers}, to {folder}/hf")
+            model, tokenizer = build_student(JOINT_BACKBONE, head="segment_cosine", segment_layers=layers)
             shutil.rmtree(ROOT / folder, ignore_errors=True)
             save_student(model, tokenizer, ROOT / folder / "hf", None)
             run(command)
         own = evaluate_per_query(read_trec_run(ROOT / output), qrels, [METRIC])[METRIC]
-        row = {"joint_layers": model.config.num_hidden_layers - layers, "nDCG@10": mean(own)}
+        row = {"joint_layers": backbone_layers - layers, "nDCG@10": mean(own)}
         rows.append(row | {"vs_every_layer_apart": difference(own, apart), "run": output})
     record = {
         "command": "python experiments/first_stages.py joint",
