@@ -116,6 +116,14 @@ def every_list(*teachers: str) -> list[str]:
 
 MPNET_STUDENT_DL22S = [*MPNET_HYBRID, *MPNET_STUDENT, *every_list("smollm2", "mpnet")]
 """The MPNet student trained on every BM25 and SPLADE++ list of DL21 and DL22."""
+MPNET_GEMMA_DL22S = [
+    *MPNET_HYBRID,
+    *MPNET_STUDENT,
+    *every_list("gemma3", "mpnet"),
+    *["--data.label", "z(mpnet.similarity) + 0.5*z(gemma3.cis_q) + 0.25*z(first_stage)"],
+]
+"""The MPNet student trained on every list, taught :data:`MPNET_GEMMA`'s label (Gemma-3-270m's cis_q in place of
+SmolLM2's): the label of ``labels-dl21.md`` above the chosen one on both first stages' lists."""
 MPNET_LABEL = "z(mpnet.similarity) + 0.5*z(smollm2.cis_q)"
 """The MPNet hybrid label's teacher terms (``configs/train/mpnet-hybrid.yaml``), without its first stage."""
 SPLADE_FS1 = [
@@ -162,6 +170,7 @@ VARIANTS: dict[str, tuple[list[str], bool]] = {
     "mpnet-student-dl22s-splade-fs1": ([*MPNET_STUDENT_DL22S, *SPLADE_FS1], True),
     "mpnet-student-dl22s-lr6e-5": ([*MPNET_STUDENT_DL22S, "--model.lr", "6.0e-5"], True),
     "mpnet-student-dl22s-joint1": ([*MPNET_STUDENT_DL22S, *JOINT1], True),
+    "mpnet-gemma-student-dl22s": (MPNET_GEMMA_DL22S, True),
     "hybrid-fs0.5": (
         [*HYBRID, "--data.label", "z(minilm.similarity) + 0.5*z(smollm2.cis_q) + 0.5*z(first_stage)"],
         True,
