@@ -413,9 +413,50 @@ def final_rows(final: dict[str, Any], links: Links) -> list[list[str]]:
     return rows
 
 
+def _delta(d: dict[str, Any]) -> str:
+    """A mean difference with its 95% interval: ``+0.45 [-0.21, +1.23]``."""
+    return f"{d['difference']:+.2f} [{d['interval'][0]:+.2f}, {d['interval'][1]:+.2f}]"
+
+
+def levers_section(final: dict[str, Any], links: Links) -> list[str]:
+    """Every later selection that compared variants with the final student (``select ... --against`` it): a row a
+    variant, its difference with the final student on each first stage's held-out DL21 lists and its fused nDCG@10."""
+    student = final["student"]
+    rows = []
+    for path in sorted((RESULTS / "quality").glob("selection-*.json")):
+        name = f"quality/{path.name}"
+        record = load(name)
+        if name == final.get("selection") or student not in record["against"]:
+            continue
+        for row in record["rows"]:
+            if row["name"] in (student, record["reference"]):
+                continue
+            cells = [f"`{row['name']}`"]
+            cells += [_delta(row["student_vs"][student][stage]) for stage in ("bm25", "splade")]
+            cells += [f"{_f(row[stage]['fused'])} ({row[stage]['alpha']:g})" for stage in ("bm25", "splade")]
+            rows.append([*cells, links(name)])
+    if not rows:
+        return []
+    fused = [f"{_f(v['fused'])} ({v['alpha']:g})" for v in (final["dl21_validation"][s] for s in ("bm25", "splade"))]
+    return [
+        "## Levers tried against the final student",
+        "",
+        f"Each variant below was trained on the same folds and compared with `{student}` on the same held-out DL21 "
+        "lists: the mean difference of the student alone with its 95% paired-bootstrap interval over the queries, "
+        f"and the variant fused with the first stage by the α chosen on those lists (`{student}`: {fused[0]} and "
+        f"{fused[1]}). Its record holds the command.",
+        "",
+        _table(
+            ["variant", "BM25 list Δ [95%]", "SPLADE++ list Δ [95%]", "fused BM25 (α)", "fused SPLADE++ (α)", "record"],
+            rows,
+        ),
+        "",
+    ]
+
+
 def first_stages_section(links: Links) -> list[str]:
-    """The students trained on BM25's and SPLADE++'s candidates: their selection on all of DL21 and the final
-    student's DL19 test per first stage (``experiments/first_stages.py``)."""
+    """The students trained on BM25's and SPLADE++'s candidates: their selection on all of DL21, the levers tried
+    since and the final student's DL19 test per first stage (``experiments/first_stages.py``)."""
     final = load(FINAL)
     selection_file = final.get("selection", "quality/selection-dl21.json")
     selection = load(selection_file)
@@ -423,12 +464,8 @@ def first_stages_section(links: Links) -> list[str]:
     for row in selection["rows"]:
         cells = [f"`{row['name']}`"]
         for stage in ("bm25", "splade"):
-            r, d = row[stage], row[stage]["student_vs_reference"]
-            cells += [
-                _f(r["student"]),
-                f"{d['difference']:+.2f} [{d['interval'][0]:+.2f}, {d['interval'][1]:+.2f}]",
-                f"{_f(r['fused'])} ({r['alpha']:g})",
-            ]
+            r = row[stage]
+            cells += [_f(r["student"]), _delta(r["student_vs_reference"]), f"{_f(r['fused'])} ({r['alpha']:g})"]
         rows.append(cells)
     for label, ndcg in selection["teachers"].items():
         rows.append([f"teacher: {label}", _f(ndcg["bm25"]), "", "", _f(ndcg["splade"]), "", ""])
@@ -437,11 +474,7 @@ def first_stages_section(links: Links) -> list[str]:
     for baseline in selection["against"]:
         what = "the final student when this selection ran" if baseline == incumbent else "a baseline"
         against = [
-            [f"`{row['name']}`"]
-            + [
-                f"{d['difference']:+.2f} [{d['interval'][0]:+.2f}, {d['interval'][1]:+.2f}]"
-                for d in (row["student_vs"][baseline][stage] for stage in ("bm25", "splade"))
-            ]
+            [f"`{row['name']}`", *(_delta(row["student_vs"][baseline][stage]) for stage in ("bm25", "splade"))]
             for row in selection["rows"]
         ]
         comparisons += [
@@ -477,6 +510,7 @@ def first_stages_section(links: Links) -> list[str]:
         "",
         _table(["first stage", "first stage", "student alone", "fused", "α"], test),
         "",
+        *levers_section(final, links),
     ]
 
 

@@ -97,3 +97,31 @@ def test_a_recorded_command_of_a_moved_benchmark_names_todays() -> None:
     assert results_pages.now("python -m distill.bench.scale") == " (now `python -m benchmarks.scale`)"
     assert results_pages.now("distill bench --student s") == ""  # the package's own benchmark did not move
     assert results_pages.now("python -m benchmarks.scale --sizes '[10]'") == ""
+
+
+def test_a_selection_against_the_final_student_is_a_row_of_the_levers_table(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A committed ``select ... --against <final student>`` record lands in the students page's levers table, its
+    figures read from the file; a record that compares with another student does not."""
+    results = tmp_path / "results"
+    shutil.copytree(results_pages.RESULTS, results)
+    final = json.loads((results / results_pages.FINAL).read_text())
+    quality = results / "quality"
+    record = json.loads((quality / "selection-dl21-lr6e-5.json").read_text())
+    row = next(r for r in record["rows"] if r["name"] == "mpnet-student-dl22s-lr6e-5")
+    row["name"] = "a-new-lever"
+    row["student_vs"][final["student"]]["splade"].update(difference=4.321, interval=[1.5, 7.25])
+    row["splade"].update(fused=77.777, alpha=0.35)
+    (quality / "selection-dl21-new-lever.json").write_text(json.dumps(record))
+    record["against"] = ["some-other-student"]
+    row["name"] = "not-against-the-final"
+    (quality / "selection-dl21-other.json").write_text(json.dumps(record))
+    monkeypatch.setattr(results_pages, "RESULTS", results)
+    page = results_pages.pages()["students.md"]
+    levers = page.split("## Levers tried against the final student", 1)[1].split("\n## ", 1)[0]
+    line = next(line for line in levers.splitlines() if line.startswith("| `a-new-lever`"))
+    assert "+4.32 [+1.50, +7.25]" in line and "77.78 (0.35)" in line
+    assert "files/quality/selection-dl21-new-lever.json" in line
+    assert "not-against-the-final" not in page
+    assert "| `mpnet-student-dl22s-lr6e-5` |" in levers
