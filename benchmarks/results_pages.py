@@ -617,7 +617,7 @@ TEACHER_FINDINGS = """## What the tables show
 """
 """What the teachers' tables show, in words (no figure: the tables hold them)."""
 
-STUDENT_FINDINGS = """## What the tables show
+STUDENT_FINDINGS = """## What the earlier round showed
 
 - **The head decides it.** The paper's [CLS] head starts at random, and a few thousand pairs of CPU training
   leave it near chance on validation; the segment-cosine head starts from the backbone's own similarity and
@@ -628,9 +628,9 @@ STUDENT_FINDINGS = """## What the tables show
   term in its label, beats BM25 on DL19 and beats its own teacher, on validation and on DL19.
 - **Ensembles teach best.** The student of the three-teacher label is the best on validation and agrees with its
   label most; a higher listwise-KL temperature lowered that agreement, more training raised it.
-- **Only behind BM25.** The students lift BM25's list, but rank TAS-B's and SPLADE's lists far worse than those
-  lists arrived; interpolation only halves the damage. A student can only be as useful as its teacher is
-  against the candidates' first stage.
+- **Only behind BM25.** Trained on BM25's candidates alone, the students lift BM25's list, but rank TAS-B's and
+  SPLADE's lists far worse than those lists arrived; interpolation only halves the damage. The students of the
+  sections above, trained on SPLADE++'s candidates too, are what came of it.
 - With 16 validation queries, students close to each other are within noise; nothing is chosen on DL19.
 
 """
@@ -763,13 +763,19 @@ def page_students(links: Links) -> str:
         "# Results: students",
         "",
         _generated(),
-        "all-MiniLM-L6-v2 students (22M parameters) trained on CPU from the teachers' labels of TREC DL21 and DL22",
-        "(BM25 top-100). Every choice is made on one seeded split of 16 judged DL21 queries; DL19 is the test, run",
-        "once for each chosen variant. `python experiments/quality.py` holds every variant as a command (see",
-        "[Train](../stages/train.md)).",
+        "Students trained on CPU from the teachers' labels, newest first (see [Train](../stages/train.md)):",
         "",
-        STUDENT_FINDINGS,
+        "- **The current round** (the first two sections): students for the first stages users rerank, trained on",
+        "  BM25's and SPLADE++'s candidates of TREC DL21 and DL22 and chosen on all 53 judged DL21 queries, each",
+        "  scored by a student that did not train on it; DL19 is the test, run once, and chooses nothing.",
+        "  `python experiments/first_stages.py` holds every variant as a command.",
+        "- **The earlier round** (from *What the earlier round showed* on): all-MiniLM-L6-v2 students (22M",
+        "  parameters) trained on BM25's candidates of DL21 and DL22 alone and chosen on one seeded split of 16 judged",
+        "  DL21 queries. `python experiments/quality.py` holds every variant as a command.",
+        "- **The first students**, trained on DL19's own queries before DL19 became the test year.",
+        "",
         *first_stages_section(links),
+        STUDENT_FINDINGS,
         "## Validation: 16 DL21 queries",
         "",
         f"From {links('quality-dl21-val.json')} (each variant's command is in the file, and in",
