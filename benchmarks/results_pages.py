@@ -229,10 +229,11 @@ def environment(env: dict[str, Any]) -> str:
 # --- GPU suite ------------------------------------------------------------------------------------------------------
 
 GPU_RUNS = {"gpu-h100.md": "gpu-suite-h100", "gpu-h200.md": "gpu-suite-h200"}
-"""Results page -> the GPU suite's run folder: the H100's with every stage's default flags (the headline's), and the
-H200's first run, before those defaults (its teacher figures with the levers given as flags)."""
-GPU = GPU_RUNS["gpu-h100.md"]
-"""The GPU run the headline reads."""
+"""Results page -> the GPU suite's run folder: the H100's with every stage's default flags, and the H200's first run,
+before those defaults (its teacher figures with the levers given as flags), whose page lists the H200's later runs."""
+GPU = "gpu-suite-h200/2026-11-28-fa670fa/suite/stages"
+"""The GPU run the headline reads: the newest of every stage at its default flags (its record's ``README.md`` is one
+folder up, and the H200 page shows it with the later runs)."""
 GPU_LEVERS = "gpu-suite-h200"
 """The run with the teacher's extra runs (``teacher-levers*.json``: the levers given as flags, before they were the
 defaults)."""
@@ -957,6 +958,37 @@ def page_latency_cpu(links: Links) -> str:
     return "\n".join(parts)
 
 
+def later_gpu_runs(links: Links, folder: str) -> list[str]:
+    """The dated records in ``folder`` (``<date>-<commit>/README.md``), each by its title, and the headline's run
+    (:data:`GPU`) where it is one of them: every figure against its target."""
+    records = [
+        p
+        for p in result_files()
+        if p.startswith(f"{folder}/")
+        and p.count("/") == 2
+        and p.endswith("/README.md")
+        and p.split("/")[1][:4].isdigit()
+    ]
+    if not records:
+        return []
+    parts = ["## Later runs", ""]
+    for record in records:
+        title = (RESULTS / record).read_text().splitlines()[0].lstrip("# ")
+        parts.append(f"- {links(record, title)}")
+    parts.append("")
+    if GPU.startswith(f"{folder}/"):
+        summary = load(f"{GPU}/summary.json")
+        parts += [
+            f"### Every stage at its default flags ({links(f'{GPU}/summary.json')})",
+            "",
+            f"`{summary['command']}`: the run the README's headline reads.",
+            "",
+            gpu_summary_table(summary),
+            "",
+        ]
+    return parts
+
+
 def page_gpu(links: Links, folder: str) -> str:
     """The GPU suite's run in ``folder``: every figure against its target, the teacher's extra runs, reranking, and
     the profiles."""
@@ -989,6 +1021,7 @@ def page_gpu(links: Links, folder: str) -> str:
             "",
         ]
     parts += _bench_section(links, f"{folder}/bench/bench.json", "Reranking: bert-large, 100 candidates")
+    parts += later_gpu_runs(links, folder)
     profiles = [p for p in result_files() if p.startswith(f"{folder}/profile/") and p.endswith(".txt")]
     parts += [
         "## Profiles",

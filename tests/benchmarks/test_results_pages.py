@@ -125,3 +125,25 @@ def test_a_selection_against_the_final_student_is_a_row_of_the_levers_table(
     assert "files/quality/selection-dl21-new-lever.json" in line
     assert "not-against-the-final" not in page
     assert "| `mpnet-student-dl22s-lr6e-5` |" in levers
+
+
+def test_the_h200_page_lists_its_later_runs_and_the_headlines_figures(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each dated record of the H200 folder is listed by its README's title; the headline's run (a newer one) is
+    shown whole there, and its MFU in the README block follows its summary file."""
+    results = tmp_path / "results"
+    shutil.copytree(results_pages.RESULTS, results)
+    record = results / "gpu-suite-h200" / "2099-01-01-abcdef0"
+    record.mkdir()
+    (record / "README.md").write_text("# A later run, for the test\n\ntext\n")
+    path = results / results_pages.GPU / "summary.json"
+    data = json.loads(path.read_text())
+    next(f for f in data["figures"] if f["figure"] == "mfu")["value"] = 0.4321
+    path.write_text(json.dumps(data))
+    monkeypatch.setattr(results_pages, "RESULTS", results)
+    page = results_pages.pages()["gpu-h200.md"]
+    later = page.split("## Later runs", 1)[1]
+    assert "[A later run, for the test](files/gpu-suite-h200/2099-01-01-abcdef0/README.md)" in later
+    assert "| train | `mfu` | 43.2% |" in later
+    assert "43.2%, " in results_pages.headline(results_pages.Links(""))
