@@ -971,7 +971,12 @@ def later_gpu_runs(links: Links, folder: str) -> list[str]:
     ]
     if not records:
         return []
-    parts = ["## Later runs", ""]
+    parts = [
+        "## Later runs",
+        "",
+        "Later calls on this device, each record's README with its machine, commands and commit:",
+        "",
+    ]
     for record in records:
         title = (RESULTS / record).read_text().splitlines()[0].lstrip("# ")
         parts.append(f"- {links(record, title)}")
@@ -1021,7 +1026,6 @@ def page_gpu(links: Links, folder: str) -> str:
             "",
         ]
     parts += _bench_section(links, f"{folder}/bench/bench.json", "Reranking: bert-large, 100 candidates")
-    parts += later_gpu_runs(links, folder)
     profiles = [p for p in result_files() if p.startswith(f"{folder}/profile/") and p.endswith(".txt")]
     parts += [
         "## Profiles",
@@ -1029,6 +1033,7 @@ def page_gpu(links: Links, folder: str) -> str:
         "`--profile`: each stage again, short, under `torch.profiler`: " + ", ".join(links(p) for p in profiles) + ".",
         "",
     ]
+    parts += later_gpu_runs(links, folder)
     return "\n".join(parts)
 
 
