@@ -135,6 +135,9 @@ label of ``labels-dl21.md`` best on DL21's SPLADE++ lists (and far below on BM25
 JOINT1 = ["--model.segment_layers", "11"]
 """The MPNet student's last layer attends across query and passage: a cross-encoder's attention over the bi-encoder
 it starts as. Of the joint layers ``joint`` weighs untrained, one moves its start least (``joint-dl21.md``)."""
+SEED1 = ["--seed_everything", "1"]
+"""The same run with other random draws for dropout: the folds, the batches and the start stay (``data.seed``'s and
+the backbone's), so two runs of one setting show how far training noise alone moves a student."""
 SHARE = "--model.initial_weight_share"
 """The option of WiSE-FT's blend (:mod:`students.initial_weights`), applied as the best checkpoint becomes the
 run's Hugging Face folder: a variant that differs from a trained one only by it is that run's folder, blended."""
@@ -170,6 +173,7 @@ VARIANTS: dict[str, tuple[list[str], bool]] = {
     "mpnet-student-dl22s-splade-fs1": ([*MPNET_STUDENT_DL22S, *SPLADE_FS1], True),
     "mpnet-student-dl22s-lr6e-5": ([*MPNET_STUDENT_DL22S, "--model.lr", "6.0e-5"], True),
     "mpnet-student-dl22s-joint1": ([*MPNET_STUDENT_DL22S, *JOINT1], True),
+    "mpnet-student-dl22s-seed1": ([*MPNET_STUDENT_DL22S, *SEED1], True),
     "mpnet-gemma-student-dl22s": (MPNET_GEMMA_DL22S, True),
     "hybrid-fs0.5": (
         [*HYBRID, "--data.label", "z(minilm.similarity) + 0.5*z(smollm2.cis_q) + 0.5*z(first_stage)"],
