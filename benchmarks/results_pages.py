@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shlex
 import sys
 from collections.abc import Callable, Iterable
 from functools import partial
@@ -419,39 +420,103 @@ def _delta(d: dict[str, Any]) -> str:
     return f"{d['difference']:+.2f} [{d['interval'][0]:+.2f}, {d['interval'][1]:+.2f}]"
 
 
+RUN_OPTIONS = ("--run_name", "--data.val_fold")
+"""A training command's options that name the run or its fold, not what it trains: no lever changes them."""
+
+
+def train_options(row: dict[str, Any]) -> dict[str, tuple[str, ...]]:
+    """The options of a selection row's first ``distill train`` command: option -> its value, the last one given as
+    the command line parser takes it (every ``--config`` in order, as they compose), without :data:`RUN_OPTIONS`."""
+    command = next(c for c in row["commands"] if c.startswith("distill train"))
+    options: dict[str, tuple[str, ...]] = {}
+    key = None
+    for word in shlex.split(command)[2:]:
+        if word.startswith("--"):
+            key, _, value = word.partition("=")
+            options[key] = options.get(key, ()) if key == "--config" else ()
+            if value:
+                options[key] += (value,)
+        elif key is not None:
+            options[key] += (word,)
+    return {k: v for k, v in options.items() if k not in RUN_OPTIONS}
+
+
+def changed_options(variant: dict[str, Any], base: dict[str, Any]) -> dict[str, str]:
+    """The options whose values differ between two rows' training commands: option -> how a table shows the change
+    (``--option value``, the option alone when its value is long, ``without --option`` when only ``base`` has it)."""
+    ours, theirs = train_options(variant), train_options(base)
+    changes = {}
+    for key in sorted(ours.keys() | theirs.keys()):
+        if ours.get(key) == theirs.get(key):
+            continue
+        value = " ".join(ours.get(key, ()))
+        changes[key] = f"without `{key}`" if key not in ours else f"`{key} {value}`" if len(value) <= 24 else f"`{key}`"
+    return changes
+
+
+NOISE = {"--seed_everything"}
+"""A variant that changes only these options is the same setting with other random draws: its difference is
+training noise."""
+
+
 def levers_section(final: dict[str, Any], links: Links) -> list[str]:
     """Every later selection that compared variants with the final student (``select ... --against`` it): a row a
-    variant, its difference with the final student on each first stage's held-out DL21 lists and its fused nDCG@10."""
+    variant, what its training command changes, its difference with the final student on each first stage's
+    held-out DL21 lists and its fused nDCG@10. A variant that changes only :data:`NOISE` is named as training
+    noise, the yardstick for the others."""
     student = final["student"]
-    rows = []
+    rows, noise = [], []
     for path in sorted((RESULTS / "quality").glob("selection-*.json")):
         name = f"quality/{path.name}"
         record = load(name)
         if name == final.get("selection") or student not in record["against"]:
             continue
+        base = next(row for row in record["rows"] if row["name"] == student)
         for row in record["rows"]:
             if row["name"] in (student, record["reference"]):
                 continue
-            cells = [f"`{row['name']}`"]
+            changes = changed_options(row, base)
+            if changes.keys() <= NOISE:
+                noise.append(f"`{row['name']}`")
+            cells = [f"`{row['name']}`", ", ".join(changes.values())]
             cells += [_delta(row["student_vs"][student][stage]) for stage in ("bm25", "splade")]
             cells += [f"{_f(row[stage]['fused'])} ({row[stage]['alpha']:g})" for stage in ("bm25", "splade")]
             rows.append([*cells, links(name)])
     if not rows:
         return []
     fused = [f"{_f(v['fused'])} ({v['alpha']:g})" for v in (final["dl21_validation"][s] for s in ("bm25", "splade"))]
+    yardstick = (
+        [
+            f"{' and '.join(noise)} changes only the random draws: the same setting trained again, so its Δ is "
+            "training noise alone. A lever whose Δ is no larger is not told apart from the final student by these "
+            "lists.",
+            "",
+        ]
+        if noise
+        else []
+    )
     return [
         "## Levers tried against the final student",
         "",
         f"Each variant below was trained on the same folds and compared with `{student}` on the same held-out DL21 "
-        "lists: the mean difference of the student alone with its 95% paired-bootstrap interval over the queries, "
-        f"and the variant fused with the first stage by the α chosen on those lists (`{student}`: {fused[0]} and "
-        f"{fused[1]}). Its record holds the command.",
+        "lists: what its training command changes, the mean difference of the student alone with its 95% "
+        "paired-bootstrap interval over the queries, and the variant fused with the first stage by the α chosen on "
+        f"those lists (`{student}`: {fused[0]} and {fused[1]}). Its record holds the commands.",
         "",
         _table(
-            ["variant", "BM25 list Δ [95%]", "SPLADE++ list Δ [95%]", "fused BM25 (α)", "fused SPLADE++ (α)", "record"],
+            [
+                "variant",
+                "changes",
+                "BM25 list Δ [95%]",
+                "SPLADE++ list Δ [95%]",
+                "fused BM25 (α)",
+                "fused SPLADE++ (α)",
+                "record",
+            ],
             rows,
         ),
         "",
+        *yardstick,
     ]
 
 

@@ -114,6 +114,10 @@ def test_a_selection_against_the_final_student_is_a_row_of_the_levers_table(
     row["student_vs"][final["student"]]["splade"].update(difference=4.321, interval=[1.5, 7.25])
     row["splade"].update(fused=77.777, alpha=0.35)
     (quality / "selection-dl21-new-lever.json").write_text(json.dumps(record))
+    row["name"] = "a-reseeded-student"
+    base = next(r for r in record["rows"] if r["name"] == final["student"])
+    row["commands"] = [c + " --seed_everything 7" if c.startswith("distill train") else c for c in base["commands"]]
+    (quality / "selection-dl21-reseeded.json").write_text(json.dumps(record))
     record["against"] = ["some-other-student"]
     row["name"] = "not-against-the-final"
     (quality / "selection-dl21-other.json").write_text(json.dumps(record))
@@ -121,10 +125,34 @@ def test_a_selection_against_the_final_student_is_a_row_of_the_levers_table(
     page = results_pages.pages()["students.md"]
     levers = page.split("## Levers tried against the final student", 1)[1].split("\n## ", 1)[0]
     line = next(line for line in levers.splitlines() if line.startswith("| `a-new-lever`"))
-    assert "+4.32 [+1.50, +7.25]" in line and "77.78 (0.35)" in line
+    assert "| `--model.lr 6.0e-5` |" in line and "+4.32 [+1.50, +7.25]" in line and "77.78 (0.35)" in line
     assert "files/quality/selection-dl21-new-lever.json" in line
     assert "not-against-the-final" not in page
     assert "| `mpnet-student-dl22s-lr6e-5` |" in levers
+    reseeded = next(line for line in levers.splitlines() if line.startswith("| `a-reseeded-student`"))
+    assert "| `--seed_everything 7` |" in reseeded
+    noise = [line for line in levers.splitlines() if "training noise alone" in line]
+    assert len(noise) == 1 and noise[0].startswith("`a-reseeded-student` changes only the random draws")
+
+
+def test_a_levers_change_is_read_from_the_training_commands() -> None:
+    """The changes column compares the options as the command line parser takes them: the last of a repeated option,
+    every ``--config`` in order, the run's name and fold aside."""
+    base = {"commands": ["distill train --config a.yaml --model.lr 1e-4 --data.val_fold 0 --run_name x-f0"]}
+    variant = {
+        "commands": [
+            "distill rerank --model m",
+            "distill train --config a.yaml --config b.yaml --model.lr 1e-4 --model.lr=3e-5 --run_name y-f1 "
+            f"--data.label '{'z(a) + ' * 10}z(b)'",
+        ]
+    }
+    assert results_pages.changed_options(variant, base) == {
+        "--config": "`--config a.yaml b.yaml`",
+        "--data.label": "`--data.label`",
+        "--model.lr": "`--model.lr 3e-5`",
+    }
+    assert results_pages.changed_options(base, variant)["--data.label"] == "without `--data.label`"
+    assert results_pages.changed_options(base, base) == {}
 
 
 def test_the_h200_page_lists_its_later_runs_and_the_headlines_figures(
