@@ -18,6 +18,8 @@ DL19 is the test year: the final student alone is reranked on it, once, on its B
         # -> checkpoints/fs-NAME[-fK] (skips finished runs), each run's held-out scores: quality/heldout/NAME/
     python experiments/first_stages.py select NAME [NAME ...] [--against NAME] [--record dl21]
         # -> quality/selection-RECORD.{json,md}, and each variant's pooled runs: quality/heldout/NAME/dl21-*.trec
+    python experiments/first_stages.py seeds NAME [NAME ...] --against NAME --record RECORD
+        # -> quality/seeds-RECORD.{json,md}: settings compared over their seeds (NAME and NAME-seedN)
     python experiments/first_stages.py final NAME              # -> checkpoints/fs-NAME-final, quality/final.json
     python experiments/first_stages.py labels                  # -> quality/labels-dl21.{json,md}, no training
     python experiments/first_stages.py backbone                # -> quality/backbone-dl19.{json,md}, no training
@@ -175,6 +177,7 @@ VARIANTS: dict[str, tuple[list[str], bool]] = {
     "mpnet-student-dl22s-joint1": ([*MPNET_STUDENT_DL22S, *JOINT1], True),
     "mpnet-student-dl22s-seed1": ([*MPNET_STUDENT_DL22S, *SEED1], True),
     "mpnet-gemma-student-dl22s": (MPNET_GEMMA_DL22S, True),
+    "mpnet-gemma-student-dl22s-seed1": ([*MPNET_GEMMA_DL22S, *SEED1], True),
     "hybrid-fs0.5": (
         [*HYBRID, "--data.label", "z(minilm.similarity) + 0.5*z(smollm2.cis_q) + 0.5*z(first_stage)"],
         True,
@@ -597,6 +600,82 @@ def select(names: list[str], against: Sequence[str] = (), record_name: str = SEL
     return record
 
 
+def seed_runs(name: str) -> list[str]:
+    """``name`` and its variants that differ from it only by :data:`SEED1`-style seeds (``<name>-seed<N>``)."""
+    return [name, *sorted(v for v in VARIANTS if re.fullmatch(rf"{re.escape(name)}-seed\d+", v))]
+
+
+def seeds(names: list[str], against: str, record_name: str) -> dict[str, Any]:
+    """Compare settings over their seeds: each setting's per-query nDCG@10 on the held-out DL21 lists averaged over
+    its :func:`seed_runs` (the student alone, and fused with the first stage by the α each run chose on its lists),
+    and each setting against ``against`` with the paired-bootstrap interval over the queries of those means:
+    ``seeds-<record_name>.{json,md}``."""
+    from distill.data.loaders import load_qrels
+    from distill.eval.metrics import evaluate_per_query
+
+    qrels = load_qrels(ROOT / VALIDATION_QRELS)
+    first = {stage: first_stage_scores(candidates) for stage, candidates in VALIDATION.items()}
+    per_query: dict[tuple[str, str, str], dict[str, float]] = {}
+    rows = []
+    for name in dict.fromkeys([*names, against]):
+        members = seed_runs(name)
+        if len(members) < 2:
+            raise SystemExit(f"first_stages.py seeds: {name} has no {name}-seed<N> variant to average with")
+        row: dict[str, Any] = {"name": name, "seeds": members, "commands": []}
+        runs_of = {member: pooled(member, qrels, row["commands"]) for member in members}
+        for stage in VALIDATION:
+            alphas = [choose(runs_of[m][stage], first[stage], qrels) for m in members]
+            alone = [evaluate_per_query(runs_of[m][stage], qrels, [METRIC])[METRIC] for m in members]
+            fused = [
+                evaluate_per_query(fuse(runs_of[m][stage], first[stage], alpha), qrels, [METRIC])[METRIC]
+                for m, alpha in zip(members, alphas, strict=True)
+            ]
+            for kind, values in (("student", alone), ("fused", fused)):
+                per_query[name, stage, kind] = {q: float(np.mean([v[q] for v in values])) for q in values[0]}
+            row[stage] = {
+                "student": mean(per_query[name, stage, "student"]),
+                "student_per_seed": [mean(v) for v in alone],
+                "fused": mean(per_query[name, stage, "fused"]),
+                "fused_per_seed": [mean(v) for v in fused],
+                "alphas": alphas,
+            }
+        rows.append(row)
+    for row in rows:
+        for stage in VALIDATION:
+            for kind in ("student", "fused"):
+                ours, theirs = per_query[row["name"], stage, kind], per_query[against, stage, kind]
+                row[stage][f"{kind}_vs"] = difference(ours, theirs)
+    record = {
+        "command": f"python experiments/first_stages.py seeds {' '.join(names)} --against {against} "
+        f"--record {record_name}",
+        "against": against,
+        "split": "all 53 judged DL21 queries (their BM25 and SPLADE++ top-100), each scored by a student that did not "
+        "train on it; a query's nDCG@10 averaged over a setting's seeds",
+        "rows": rows,
+    }
+    lines = [
+        f"`{record['command']}`: nDCG@10 on all 53 judged DL21 queries, each scored by a student that did not train "
+        f"on it, a query's figure averaged over each setting's seeds (the student alone, and fused with the first "
+        f"stage by the α each run chose). Δ: the mean difference of those averages with `{against}`'s, with its 95% "
+        "paired-bootstrap interval over the queries.",
+        "",
+        "| setting | seeds | BM25 list | Δ [95%] | fused | Δ [95%] | SPLADE++ list | Δ [95%] | fused | Δ [95%] |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        cells = [f"`{row['name']}`", str(len(row["seeds"]))]
+        for stage in VALIDATION:
+            r = row[stage]
+            per_seed = ", ".join(f"{v:.2f}" for v in r["student_per_seed"])
+            fused_per_seed = ", ".join(f"{v:.2f}" for v in r["fused_per_seed"])
+            cells += [f"{r['student']:.2f} ({per_seed})", interval_cell(r["student_vs"])]
+            cells += [f"{r['fused']:.2f} ({fused_per_seed})", interval_cell(r["fused_vs"])]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "In brackets: each seed's own figure, in the order of the record's `seeds`."]
+    write_record(f"seeds-{record_name}", record, lines)
+    return record
+
+
 def labels() -> dict[str, Any]:
     """Each label of :data:`LABELS` on all 53 judged DL21 queries of each first stage's lists, against
     :data:`LABEL_REFERENCE` and the first stage, query by query: ``labels-dl21.{json,md}``."""
@@ -880,6 +959,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         type=record_name,
         help="write selection-RECORD.{json,md} (final --record reads it)",
     )
+    seeded = sub.add_parser("seeds", help="compare settings on DL21, each averaged over its seeds")
+    seeded.add_argument("names", nargs="+", choices=sorted(VARIANTS))
+    seeded.add_argument("--against", required=True, choices=sorted(VARIANTS), help="compare each setting with it")
+    seeded.add_argument("--record", required=True, type=record_name, help="write seeds-RECORD.{json,md}")
     sub.add_parser("labels", help="weigh the candidate labels on DL21")
     sub.add_parser("backbone", help="the final student's backbone, untrained, on DL19")
     sub.add_parser("joint", help="the MPNet student untrained, its last layers joint, on DL21")
@@ -895,6 +978,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         train(args.names, args.fold)
     elif args.command == "select":
         select(args.names, args.against, args.record)
+    elif args.command == "seeds":
+        seeds(args.names, args.against, args.record)
     elif args.command == "labels":
         labels()
     elif args.command == "backbone":
