@@ -487,9 +487,9 @@ def levers_section(final: dict[str, Any], links: Links) -> list[str]:
     fused = [f"{_f(v['fused'])} ({v['alpha']:g})" for v in (final["dl21_validation"][s] for s in ("bm25", "splade"))]
     yardstick = (
         [
-            f"{' and '.join(noise)} changes only the random draws: the same setting trained again, so its Δ is "
-            "training noise alone. A lever whose Δ is no larger is not told apart from the final student by these "
-            "lists.",
+            f"{' and '.join(noise)} {'changes' if len(noise) == 1 else 'change'} only the random draws: the same "
+            "setting trained again, so the Δ is training noise alone. A lever whose Δ is no larger is not told apart "
+            "from the final student by these lists.",
             "",
         ]
         if noise
@@ -518,6 +518,45 @@ def levers_section(final: dict[str, Any], links: Links) -> list[str]:
         "",
         *yardstick,
     ]
+
+
+def seeds_section(links: Links) -> list[str]:
+    """Every comparison of settings over their seeds (``first_stages.py seeds``, ``quality/seeds-*.json``): a row a
+    setting, its held-out DL21 nDCG@10 averaged over its seeds, alone and fused, and its difference with the record's
+    baseline."""
+    tables = []
+    for path in sorted((RESULTS / "quality").glob("seeds-*.json")):
+        name = f"quality/{path.name}"
+        record = load(name)
+        rows = []
+        for row in record["rows"]:
+            cells = [f"`{row['name']}`", str(len(row["seeds"]))]
+            for stage in ("bm25", "splade"):
+                r = row[stage]
+                cells += [_f(r["student"]), _delta(r["student_vs"]), _f(r["fused"]), _delta(r["fused_vs"])]
+            rows.append(cells)
+        tables += [
+            f"`{record['command']}` ({links(name)}): nDCG@10 on {record['split']}; Δ against `{record['against']}`'s "
+            "seeds with its 95% paired-bootstrap interval.",
+            "",
+            _table(
+                [
+                    "setting",
+                    "seeds",
+                    "BM25 list",
+                    "Δ [95%]",
+                    "fused",
+                    "Δ [95%]",
+                    "SPLADE++ list",
+                    "Δ [95%]",
+                    "fused",
+                    "Δ [95%]",
+                ],
+                rows,
+            ),
+            "",
+        ]
+    return ["## Settings compared over seeds", "", *tables] if tables else []
 
 
 def first_stages_section(links: Links) -> list[str]:
@@ -577,6 +616,7 @@ def first_stages_section(links: Links) -> list[str]:
         _table(["first stage", "first stage", "student alone", "fused", "α"], test),
         "",
         *levers_section(final, links),
+        *seeds_section(links),
     ]
 
 

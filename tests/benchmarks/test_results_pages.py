@@ -132,7 +132,39 @@ def test_a_selection_against_the_final_student_is_a_row_of_the_levers_table(
     reseeded = next(line for line in levers.splitlines() if line.startswith("| `a-reseeded-student`"))
     assert "| `--seed_everything 7` |" in reseeded
     noise = [line for line in levers.splitlines() if "training noise alone" in line]
-    assert len(noise) == 1 and noise[0].startswith("`a-reseeded-student` changes only the random draws")
+    assert len(noise) == 1 and "`a-reseeded-student`" in noise[0] and "`mpnet-student-dl22s-lr6e-5`" not in noise[0]
+
+
+def test_a_comparison_over_seeds_is_a_table_of_the_students_page(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A committed ``first_stages.py seeds`` record gets a table on the students page, each figure read from it."""
+    results = tmp_path / "results"
+    shutil.copytree(results_pages.RESULTS, results)
+
+    def stage(student: float, fused: float, delta: float) -> dict[str, object]:
+        d = {"difference": delta, "interval": [delta - 1, delta + 1], "p": 0.5, "queries": 53}
+        return {"student": student, "fused": fused, "student_vs": d, "fused_vs": d}
+
+    record = {
+        "command": "python experiments/first_stages.py seeds a --against b --record t",
+        "against": "b",
+        "split": "some queries",
+        "rows": [
+            {"name": "a", "seeds": ["a", "a-seed1"], "bm25": stage(61.234, 62.5, 1.5), "splade": stage(66, 71, -0.25)},
+            {"name": "b", "seeds": ["b", "b-seed1", "b-seed2"], "bm25": stage(60, 61, 0), "splade": stage(65, 70, 0)},
+        ],
+    }
+    (results / "quality" / "seeds-dl21-t.json").write_text(json.dumps(record))
+    monkeypatch.setattr(results_pages, "RESULTS", results)
+    page = results_pages.pages()["students.md"]
+    seeds = page.split("## Settings compared over seeds", 1)[1].split("\n## ", 1)[0]
+    assert "files/quality/seeds-dl21-t.json" in seeds and "Δ against `b`'s seeds" in seeds
+    assert (
+        "| `a` | 2 | 61.23 | +1.50 [+0.50, +2.50] | 62.50 | +1.50 [+0.50, +2.50] | 66.00 | -0.25 [-1.25, +0.75] |"
+        in seeds
+    )
+    assert "| `b` | 3 | 60.00 |" in seeds
 
 
 def test_a_levers_change_is_read_from_the_training_commands() -> None:

@@ -268,3 +268,42 @@ def test_the_untrained_student_is_weighed_by_its_joint_layers_against_every_laye
     assert "--max_length 192" in record["commands"][0]
     page = (tmp_path / "records" / "joint-dl21.md").read_text()
     assert f"| 1 | {one_joint['nDCG@10']:.2f} |" in page
+
+
+def test_settings_are_compared_over_their_seeds_query_by_query(selection, tmp_path, monkeypatch) -> None:
+    """A setting's figure is each query's nDCG@10 averaged over its seeds (``NAME`` and ``NAME-seedN``); its
+    difference with the baseline is over those per-query means; a setting without a seed variant is refused."""
+    from distill.data.loaders import load_qrels
+    from distill.eval.metrics import evaluate_per_query
+    from distill.eval.trec_runs import write_trec_run
+
+    monkeypatch.setattr(selection, "RECORDS", tmp_path)
+    variants = {name: ([], True) for name in ("good", "good-seed1", "bad", "bad-seed1", "alone")}
+    monkeypatch.setattr(selection, "VARIANTS", variants)
+    qrels = load_qrels(REPO / selection.VALIDATION_QRELS)
+    first = {stage: selection.first_stage_scores(candidates) for stage, candidates in selection.VALIDATION.items()}
+    by_grade = {
+        stage: {q: {d: qrels[q].get(d, 0) + 1e-3 * k for k, d in enumerate(docs)} for q, docs in run.items()}
+        for stage, run in first.items()
+    }
+    reversed_ = {
+        stage: {q: {d: -v for d, v in docs.items()} for q, docs in run.items()} for stage, run in by_grade.items()
+    }
+    for name, runs in (("good", by_grade), ("good-seed1", reversed_), ("bad", reversed_), ("bad-seed1", reversed_)):
+        for stage, run in runs.items():
+            write_trec_run(selection.heldout_path(name, stage), run, tag=name)
+    with pytest.raises(SystemExit, match="alone has no alone-seed<N> variant"):
+        selection.seeds(["alone"], "bad", "x")
+    record = selection.seeds(["good"], "bad", "test")
+    assert record == json.loads((tmp_path / "seeds-test.json").read_text())
+    good, bad = record["rows"]
+    assert good["seeds"] == ["good", "good-seed1"] and bad["name"] == "bad"
+    for stage in selection.VALIDATION:
+        ideal = evaluate_per_query(by_grade[stage], qrels, ["nDCG@10"])["nDCG@10"]
+        worst = evaluate_per_query(reversed_[stage], qrels, ["nDCG@10"])["nDCG@10"]
+        assert good[stage]["student_per_seed"] == [selection.mean(ideal), selection.mean(worst)]
+        half = {q: (ideal[q] + worst[q]) / 2 for q in ideal}
+        assert good[stage]["student"] == selection.mean(half)
+        assert good[stage]["student_vs"] == selection.difference(half, worst)
+        assert good[stage]["student_vs"]["difference"] > 0 and bad[stage]["student_vs"]["difference"] == 0
+    assert "| `good` | 2 |" in (tmp_path / "seeds-test.md").read_text()
