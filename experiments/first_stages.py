@@ -385,6 +385,16 @@ def choose(student: dict, first: dict, qrels: Any) -> float:
     return choose_alpha(mine, theirs, qids, docids, qrels)[0]
 
 
+def scored(run: dict, first: dict, qrels: Any) -> tuple[float, dict[str, float], dict[str, float]]:
+    """A student's pooled run on one first stage's lists: (α chosen on them, its nDCG@10 per query alone, fused by
+    that α)."""
+    from distill.eval.metrics import evaluate_per_query
+
+    alpha = choose(run, first, qrels)
+    alone = evaluate_per_query(run, qrels, [METRIC])[METRIC]
+    return alpha, alone, evaluate_per_query(fuse(run, first, alpha), qrels, [METRIC])[METRIC]
+
+
 def difference(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
     """Mean of a − b over the shared queries with its 95% paired-bootstrap interval and the paired t-test's p."""
     from distill.eval.significance import paired_t_test
@@ -520,9 +530,7 @@ def select(names: list[str], against: Sequence[str] = (), record_name: str = SEL
         lists = pooled(name, qrels, commands)
         row: dict[str, Any] = {"name": name, "runs": runs(name), "commands": commands}
         for stage in VALIDATION:
-            alpha = choose(lists[stage], first[stage], qrels)
-            student = evaluate_per_query(lists[stage], qrels, [METRIC])[METRIC]
-            fused = evaluate_per_query(fuse(lists[stage], first[stage], alpha), qrels, [METRIC])[METRIC]
+            alpha, student, fused = scored(lists[stage], first[stage], qrels)
             students[name, stage] = student
             row[stage] = {
                 "first_stage": mean(first_ndcg[stage]),
@@ -611,7 +619,6 @@ def seeds(names: list[str], against: str, record_name: str) -> dict[str, Any]:
     and each setting against ``against`` with the paired-bootstrap interval over the queries of those means:
     ``seeds-<record_name>.{json,md}``."""
     from distill.data.loaders import load_qrels
-    from distill.eval.metrics import evaluate_per_query
 
     qrels = load_qrels(ROOT / VALIDATION_QRELS)
     first = {stage: first_stage_scores(candidates) for stage, candidates in VALIDATION.items()}
@@ -624,12 +631,8 @@ def seeds(names: list[str], against: str, record_name: str) -> dict[str, Any]:
         row: dict[str, Any] = {"name": name, "seeds": members, "commands": []}
         runs_of = {member: pooled(member, qrels, row["commands"]) for member in members}
         for stage in VALIDATION:
-            alphas = [choose(runs_of[m][stage], first[stage], qrels) for m in members]
-            alone = [evaluate_per_query(runs_of[m][stage], qrels, [METRIC])[METRIC] for m in members]
-            fused = [
-                evaluate_per_query(fuse(runs_of[m][stage], first[stage], alpha), qrels, [METRIC])[METRIC]
-                for m, alpha in zip(members, alphas, strict=True)
-            ]
+            each = [scored(runs_of[m][stage], first[stage], qrels) for m in members]
+            alphas, alone, fused = ([e[k] for e in each] for k in range(3))
             for kind, values in (("student", alone), ("fused", fused)):
                 per_query[name, stage, kind] = {q: float(np.mean([v[q] for v in values])) for q in values[0]}
             row[stage] = {
