@@ -329,7 +329,8 @@ def blend_run(source: str, run_name: str, share: float) -> None:
 def train(names: list[str], fold: int | None = None) -> None:
     """Train each variant's runs (only fold ``fold`` when given), skipping finished ones, and commit each run's
     held-out DL21 scores (:func:`held_out`) as it is trained, so that a variant's folds may train in different
-    checkouts: a checkpoint stays on the machine that trained it."""
+    checkouts: a checkpoint stays on the machine that trained it, its best weights only (``hf/``); its Lightning
+    checkpoints are removed once its held-out scores are written."""
     for name in names:
         blend = blended_from(name)
         if fold is not None and not VARIANTS[name][1]:
@@ -348,6 +349,8 @@ def train(names: list[str], fold: int | None = None) -> None:
                 run(train_command(name, run_name))
             if not all(heldout_path(name, stage).is_file() for stage in VALIDATION):
                 held_out(name, run_name)
+            for checkpoint in (ROOT / "checkpoints" / run_name / "checkpoints").glob("*.ckpt"):
+                checkpoint.unlink()  # the optimiser's state too (2.5 GB a run for MPNet); its best weights are in hf/
 
 
 def first_stage_scores(candidates: str) -> dict[str, dict[str, float]]:
