@@ -20,6 +20,8 @@ DL19 is the test year: the final student alone is reranked on it, once, on its B
         # -> quality/selection-RECORD.{json,md}, and each variant's pooled runs: quality/heldout/NAME/dl21-*.trec
     python experiments/first_stages.py seeds NAME [NAME ...] --against NAME --record RECORD
         # -> quality/seeds-RECORD.{json,md}: settings compared over their seeds (NAME and NAME-seedN)
+    python experiments/first_stages.py depth NAME --record RECORD
+        # -> quality/depth-RECORD.{json,md}: each first stage's top k reranked, k of DEPTHS
     python experiments/first_stages.py final NAME              # -> checkpoints/fs-NAME-final, quality/final.json
     python experiments/first_stages.py labels                  # -> quality/labels-dl21.{json,md}, no training
     python experiments/first_stages.py backbone                # -> quality/backbone-dl19.{json,md}, no training
@@ -682,6 +684,74 @@ def seeds(names: list[str], against: str, record_name: str) -> dict[str, Any]:
     return record
 
 
+DEPTHS = (10, 20, 30, 50, 100)
+"""The rerank depths :func:`depth` weighs: the student reorders a first stage's top k (fused by an α chosen on those
+k), and the rest of the 100 keep the first stage's order below them, out of every top 10."""
+
+
+def top(scores: dict[str, dict[str, float]], first: dict[str, dict[str, float]], k: int) -> dict:
+    """``scores`` (qid -> docid -> score) of each query's ``k`` best candidates by the first stage's ``first``."""
+    return {q: {d: scores[q][d] for d in sorted(first[q], key=lambda d: -first[q][d])[:k]} for q in scores}
+
+
+def depth(name: str, record_name: str) -> dict[str, Any]:
+    """How deep to rerank each first stage's lists: the setting ``name`` (averaged over its :func:`seed_runs`)
+    reordering only the top k of :data:`DEPTHS`, on the held-out DL21 lists, each depth against the whole 100 with
+    the paired-bootstrap interval over the queries: ``depth-<record_name>.{json,md}``."""
+    from distill.data.loaders import load_qrels
+
+    qrels = load_qrels(ROOT / VALIDATION_QRELS)
+    first = {stage: first_stage_scores(candidates) for stage, candidates in VALIDATION.items()}
+    members, commands = seed_runs(name), []
+    runs_of = {member: pooled(member, qrels, commands) for member in members}
+    per_query: dict[tuple[str, int, str], dict[str, float]] = {}
+    rows = []
+    for stage in VALIDATION:
+        for k in DEPTHS:
+            each = [
+                scored(top(runs_of[m][stage], first[stage], k), top(first[stage], first[stage], k), qrels)
+                for m in members
+            ]
+            alphas, alone, fused = ([e[i] for e in each] for i in range(3))
+            for kind, values in (("student", alone), ("fused", fused)):
+                per_query[stage, k, kind] = {q: float(np.mean([v[q] for v in values])) for q in values[0]}
+            rows.append({"first_stage": stage, "depth": k, "alphas": alphas})
+    for row in rows:
+        for kind in ("student", "fused"):
+            ours = per_query[row["first_stage"], row["depth"], kind]
+            row[kind] = mean(ours)
+            row[f"{kind}_vs_100"] = difference(ours, per_query[row["first_stage"], DEPTHS[-1], kind])
+    record = {
+        "command": f"python experiments/first_stages.py depth {name} --record {record_name}",
+        "setting": name,
+        "seeds": members,
+        "split": "all 53 judged DL21 queries (their BM25 and SPLADE++ top-100), each scored by a student that did not "
+        "train on it; a query's nDCG@10 averaged over the setting's seeds",
+        "commands": commands,
+        "rows": rows,
+    }
+    lines = [
+        f"`{record['command']}`: `{name}` ({len(members)} seeds) reordering only the first stage's top k of its 100 "
+        "candidates, the rest below in the first stage's order; nDCG@10 on all 53 judged DL21 queries, each scored by "
+        "a student that did not train on it, averaged over the seeds. Fused: by an α chosen on the same top k. "
+        "Δ: against reordering all 100, with its 95% paired-bootstrap interval over the queries. With k < 100 the "
+        "first stage chooses which candidates the student may lift, so the student alone is a fusion too.",
+        "",
+        "| first stage | k | student alone | Δ vs 100 [95%] | fused | Δ vs 100 [95%] | α per seed |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        cells = [row["first_stage"], str(row["depth"]), f"{row['student']:.2f}", interval_cell(row["student_vs_100"])]
+        cells += [
+            f"{row['fused']:.2f}",
+            interval_cell(row["fused_vs_100"]),
+            ", ".join(f"{a:.2f}" for a in row["alphas"]),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    write_record(f"depth-{record_name}", record, lines)
+    return record
+
+
 def labels() -> dict[str, Any]:
     """Each label of :data:`LABELS` on all 53 judged DL21 queries of each first stage's lists, against
     :data:`LABEL_REFERENCE` and the first stage, query by query: ``labels-dl21.{json,md}``."""
@@ -969,6 +1039,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     seeded.add_argument("names", nargs="+", choices=sorted(VARIANTS))
     seeded.add_argument("--against", required=True, choices=sorted(VARIANTS), help="compare each setting with it")
     seeded.add_argument("--record", required=True, type=record_name, help="write seeds-RECORD.{json,md}")
+    deep = sub.add_parser("depth", help="rerank each first stage's top k only, on DL21")
+    deep.add_argument("name", choices=sorted(VARIANTS))
+    deep.add_argument("--record", required=True, type=record_name, help="write depth-RECORD.{json,md}")
     sub.add_parser("labels", help="weigh the candidate labels on DL21")
     sub.add_parser("backbone", help="the final student's backbone, untrained, on DL19")
     sub.add_parser("joint", help="the MPNet student untrained, its last layers joint, on DL21")
@@ -986,6 +1059,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         select(args.names, args.against, args.record)
     elif args.command == "seeds":
         seeds(args.names, args.against, args.record)
+    elif args.command == "depth":
+        depth(args.name, args.record)
     elif args.command == "labels":
         labels()
     elif args.command == "backbone":
