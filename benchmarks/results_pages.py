@@ -559,6 +559,36 @@ def seeds_section(links: Links) -> list[str]:
     return ["## Settings compared over seeds", "", *tables] if tables else []
 
 
+def depth_section(links: Links) -> list[str]:
+    """Every rerank-depth record (``first_stages.py depth``, ``quality/depth-*.json``): a row a first stage and depth
+    k, the setting reordering only the first stage's top k, alone and fused, against reordering all 100."""
+    tables = []
+    for path in sorted((RESULTS / "quality").glob("depth-*.json")):
+        name = f"quality/{path.name}"
+        record = load(name)
+        rows = [
+            [
+                FIRST_STAGE_NAMES.get(row["first_stage"], row["first_stage"]),
+                str(row["depth"]),
+                _f(row["student"]),
+                _delta(row["student_vs_100"]),
+                _f(row["fused"]),
+                _delta(row["fused_vs_100"]),
+            ]
+            for row in record["rows"]
+        ]
+        tables += [
+            f"`{record['command']}` ({links(name)}): `{record['setting']}` ({len(record['seeds'])} seeds) reordering "
+            f"only the first stage's top k, the rest below in its order; nDCG@10 on {record['split']}. Δ: against "
+            "all 100, with its 95% paired-bootstrap interval. Below 100, the first stage chooses what the student may "
+            "lift, so the student alone is a fusion too.",
+            "",
+            _table(["first stage", "k", "student alone", "Δ [95%]", "fused", "Δ [95%]"], rows),
+            "",
+        ]
+    return ["## Rerank depth", "", *tables] if tables else []
+
+
 def first_stages_section(links: Links) -> list[str]:
     """The students trained on BM25's and SPLADE++'s candidates: their selection on all of DL21, the levers tried
     since and the final student's DL19 test per first stage (``experiments/first_stages.py``)."""
@@ -617,6 +647,7 @@ def first_stages_section(links: Links) -> list[str]:
         "",
         *levers_section(final, links),
         *seeds_section(links),
+        *depth_section(links),
     ]
 
 

@@ -167,6 +167,38 @@ def test_a_comparison_over_seeds_is_a_table_of_the_students_page(
     assert "| `b` | 3 | 60.00 |" in seeds
 
 
+def test_a_rerank_depth_record_is_a_table_of_the_students_page(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A committed ``first_stages.py depth`` record gets a table on the students page, each figure read from it."""
+    results = tmp_path / "results"
+    shutil.copytree(results_pages.RESULTS, results)
+
+    def row(stage: str, k: int, student: float, delta: float) -> dict[str, object]:
+        d = {"difference": delta, "interval": [delta - 1, delta + 1], "p": 0.5, "queries": 53}
+        return {
+            "first_stage": stage,
+            "depth": k,
+            "student": student,
+            "fused": student + 2,
+            "student_vs_100": d,
+            "fused_vs_100": d,
+        }
+
+    record = {
+        "command": "python experiments/first_stages.py depth a --record t",
+        "setting": "a",
+        "seeds": ["a", "a-seed1"],
+        "split": "some queries",
+        "rows": [row("splade", 20, 69.416, 3.5), row("splade", 100, 65.5, 0)],
+    }
+    (results / "quality" / "depth-t.json").write_text(json.dumps(record))
+    monkeypatch.setattr(results_pages, "RESULTS", results)
+    page = results_pages.pages()["students.md"]
+    depth = page.split("## Rerank depth", 1)[1].split("\n## ", 1)[0]
+    assert "files/quality/depth-t.json" in depth and "`a` (2 seeds)" in depth
+    assert "| SPLADE++ | 20 | 69.42 | +3.50 [+2.50, +4.50] | 71.42 | +3.50 [+2.50, +4.50] |" in depth
+    assert "| SPLADE++ | 100 | 65.50 | +0.00 [-1.00, +1.00] |" in depth
+
+
 def test_a_levers_change_is_read_from_the_training_commands() -> None:
     """The changes column compares the options as the command line parser takes them: the last of a repeated option,
     every ``--config`` in order, the run's name and fold aside."""

@@ -307,3 +307,37 @@ def test_settings_are_compared_over_their_seeds_query_by_query(selection, tmp_pa
         assert good[stage]["student_vs"] == selection.difference(half, worst)
         assert good[stage]["student_vs"]["difference"] > 0 and bad[stage]["student_vs"]["difference"] == 0
     assert "| `good` | 2 |" in (tmp_path / "seeds-test.md").read_text()
+
+
+def test_each_depth_reorders_only_the_first_stages_top_k(selection, tmp_path, monkeypatch) -> None:
+    """At depth k the student reorders the first stage's k best candidates and nothing below them: a student that
+    ranks by the judged grade scores, alone, the ideal nDCG@10 of those k, which grows with k up to its figure on
+    all 100; each depth is set against all 100 query by query."""
+    from distill.data.loaders import load_qrels
+    from distill.eval.metrics import evaluate_per_query
+    from distill.eval.trec_runs import write_trec_run
+
+    monkeypatch.setattr(selection, "RECORDS", tmp_path)
+    monkeypatch.setattr(selection, "VARIANTS", {"good": ([], True)})
+    qrels = load_qrels(REPO / selection.VALIDATION_QRELS)
+    first = {stage: selection.first_stage_scores(candidates) for stage, candidates in selection.VALIDATION.items()}
+    by_grade = {
+        stage: {q: {d: qrels[q].get(d, 0) + 1e-3 * k for k, d in enumerate(docs)} for q, docs in run.items()}
+        for stage, run in first.items()
+    }
+    for stage, run in by_grade.items():
+        write_trec_run(selection.heldout_path("good", stage), run, tag="good")
+    record = selection.depth("good", "test")
+    assert record == json.loads((tmp_path / "depth-test.json").read_text()) and record["seeds"] == ["good"]
+    rows = {(row["first_stage"], row["depth"]): row for row in record["rows"]}
+    assert set(rows) == {(stage, k) for stage in selection.VALIDATION for k in selection.DEPTHS}
+    for stage, run in by_grade.items():
+        best_ten = {q: sorted(first[stage][q], key=lambda d: -first[stage][q][d])[:10] for q in run}
+        ideal_ten = evaluate_per_query({q: {d: run[q][d] for d in best_ten[q]} for q in run}, qrels, ["nDCG@10"])
+        ideal = evaluate_per_query(run, qrels, ["nDCG@10"])["nDCG@10"]
+        assert rows[stage, 10]["student"] == selection.mean(ideal_ten["nDCG@10"]) < selection.mean(ideal)
+        assert rows[stage, 10]["student_vs_100"] == selection.difference(ideal_ten["nDCG@10"], ideal)
+        figures = [rows[stage, k]["student"] for k in selection.DEPTHS]
+        assert figures == sorted(figures) and figures[-1] == selection.mean(ideal)
+        assert rows[stage, 100]["fused_vs_100"]["difference"] == 0
+    assert "| splade | 20 |" in (tmp_path / "depth-test.md").read_text()
