@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from distill.core.output_files import NO_SPACE, is_stdout
 from distill.core.schema import UserError
 
 
@@ -198,8 +199,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         message = _without_hint(_without_prefix(str(e), prog), COMMANDS[name])
         print(f"{prog}: error: {message}", file=sys.stderr)
         return 2
+    except OSError as e:
+        if e.errno not in NO_SPACE:
+            raise
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"{prog}: error: {where}{e.strerror}: free some space and run it again", file=sys.stderr)
+        return 1
     if report is not None:
-        print(report.format())
+        # a run written to standard output (--output /dev/stdout) is not followed there by the summary
+        print(report.format(), file=sys.stderr if is_stdout(getattr(report, "output", None)) else sys.stdout)
     return 0
 
 

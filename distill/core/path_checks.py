@@ -13,6 +13,7 @@ import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
+from distill.core.output_files import written_in_place
 from distill.core.schema import InputError, MissingFileError
 
 
@@ -91,8 +92,9 @@ def _not_an_input(
 
 
 def output_file(path: str | Path, command: str, key: str, inputs: Iterable[tuple[str, str | Path | None]] = ()) -> Path:
-    """``path``, a file to write: not a folder, its folder can be made and written in, none of ``inputs``
-    (``(option, path)`` pairs: every path the command reads, which it would overwrite) and inside none of them.
+    """``path``, a file to write: not a folder, its folder can be made and written in (unless it is a device or a
+    pipe, written in place: :func:`distill.core.output_files.written_in_place`), none of ``inputs`` (``(option,
+    path)`` pairs: every path the command reads, which it would overwrite) and inside none of them.
 
     Raises:
         InputError: naming the option, the path and what is wrong.
@@ -101,7 +103,8 @@ def output_file(path: str | Path, command: str, key: str, inputs: Iterable[tuple
     if path.is_dir():
         raise InputError(f"{_named(command, key, path)}: is a folder; give a file name")
     _not_an_input(path, command, key, inputs)
-    _writable_parent(path, command, key)
+    if not written_in_place(path):  # a link is followed: the file is written beside what it points to
+        _writable_parent(path.resolve() if path.is_symlink() else path, command, key)
     if path.exists() and not os.access(path, os.W_OK):
         raise InputError(f"{_named(command, key, path)}: not writable (permission denied)")
     return path

@@ -15,13 +15,13 @@ A teacher dataset folder holds
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from distill.core.files import read_json_object
+from distill.core.output_files import open_whole
 from distill.core.schema import InputError, MissingFileError
 from distill.eval.trec_runs import write_trec_runs
 
@@ -240,6 +240,5 @@ def migrate(folder: str | Path) -> bool:
 
 
 def _write_text_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text)
-    tmp.replace(path)
+    with open_whole(path) as f:
+        f.write(text)

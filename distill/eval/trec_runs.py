@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 from collections.abc import Iterable, Sequence
+from contextlib import ExitStack
 from pathlib import Path
 
+from distill.core.output_files import open_whole
 from distill.core.schema import InputError
 
 Run = dict[str, dict[str, float]]
@@ -22,7 +23,7 @@ def run_from_columns(qids: Sequence[str], docids: Sequence[str], scores: Sequenc
 
 
 def write_trec_run(path: str | Path, run: Run, tag: str) -> None:
-    """Write ``run`` ranked by score (ties by docid), atomically."""
+    """Write ``run`` ranked by score (ties by docid), whole (:func:`distill.core.output_files.open_whole`)."""
     queries = ((qid, list(scores), [list(scores.values())]) for qid, scores in run.items())
     write_trec_runs({tag: Path(path)}, queries)
 
@@ -30,23 +31,15 @@ def write_trec_run(path: str | Path, run: Run, tag: str) -> None:
 def write_trec_runs(paths: dict[str, Path], queries: Iterable[tuple[str, list[str], list[list[float]]]]) -> None:
     """Write one run per tag of ``paths`` (tag -> file), a query at a time: ``queries`` gives each query's id, its
     docids and, for each tag in order, their scores. Each query is ranked by score (ties by docid); each file is
-    written atomically."""
-    tmps = {tag: path.with_name(f".{path.name}.tmp{os.getpid()}") for tag, path in paths.items()}
-    for path in paths.values():
-        path.parent.mkdir(parents=True, exist_ok=True)
-    files = {tag: tmp.open("w") for tag, tmp in tmps.items()}
-    try:
+    written whole (:func:`distill.core.output_files.open_whole`)."""
+    with ExitStack() as stack:
+        files = {tag: stack.enter_context(open_whole(path)) for tag, path in paths.items()}
         for qid, docids, columns in queries:
             for (tag, f), scores in zip(files.items(), columns, strict=True):
                 ranked = sorted(zip(docids, map(float, scores), strict=True), key=lambda kv: (-kv[1], kv[0]))
                 f.writelines(
                     f"{qid} Q0 {docid} {rank} {score:.6f} {tag}\n" for rank, (docid, score) in enumerate(ranked, 1)
                 )
-    finally:
-        for f in files.values():
-            f.close()
-    for tag, tmp in tmps.items():
-        tmp.replace(paths[tag])
 
 
 def read_trec_run(path: str | Path, on_bad_input: str = "error", skipped: Counter[str] | None = None) -> Run:

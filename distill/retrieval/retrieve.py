@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Literal
 
+from distill.core.output_files import open_whole
 from distill.core.schema import InputError
 from distill.data.loaders._common import BadInput
 from distill.data.loaders.beir import is_beir_dir
@@ -141,7 +141,8 @@ def require_texts(path: Path, kind: str, texts: dict[str, str]) -> dict[str, str
 
 
 def write_rank_llm(path: Path, run: Run, queries: dict[str, str], passages: dict[str, str]) -> None:
-    """Write ``run`` as rank_llm candidates (``[{query, hits: [{qid, docid, content, rank, score}]}]``), atomically.
+    """Write ``run`` as rank_llm candidates (``[{query, hits: [{qid, docid, content, rank, score}]}]``), whole
+    (:func:`distill.core.output_files.open_whole`).
 
     Hits are ranked by score (ties by docid), as :func:`distill.eval.trec_runs.write_trec_run` ranks them.
     """
@@ -153,7 +154,5 @@ def write_rank_llm(path: Path, run: Run, queries: dict[str, str], passages: dict
             for rank, (docid, score) in enumerate(ranked, start=1)
         ]
         entries.append({"query": queries[qid], "hits": hits})
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(entries, ensure_ascii=False))
-    tmp.replace(path)
+    with open_whole(path) as f:
+        f.write(json.dumps(entries, ensure_ascii=False))

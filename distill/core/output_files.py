@@ -1,0 +1,58 @@
+"""Writing a command's output file whole: a reader of its path sees the old file or the new one, never half of one;
+a device or a pipe given as the path (``/dev/null``, ``/dev/stdout``, a named pipe) is written, not replaced."""
+
+from __future__ import annotations
+
+import errno
+import os
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TextIO
+
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+"""The errors of a write that found its disk (or its quota) full."""
+
+
+def written_in_place(path: Path) -> bool:
+    """Whether ``path`` is written where it is: it exists (a symbolic link followed) and is neither a regular file
+    nor a folder (a device, a pipe, a socket), which a rename over it would replace."""
+    return path.exists() and not path.is_file() and not path.is_dir()
+
+
+def is_stdout(path: str | Path | None) -> bool:
+    """Whether ``path`` is this process's standard output (``/dev/stdout``, or the file or pipe it points to)."""
+    if path is None:
+        return False
+    try:
+        mine, theirs = os.fstat(sys.stdout.fileno()), os.stat(path)
+    except (OSError, ValueError, AttributeError):  # no such path; stdout closed or not a real file (captured)
+        return False
+    return (mine.st_dev, mine.st_ino) == (theirs.st_dev, theirs.st_ino)
+
+
+@contextmanager
+def open_whole(path: Path) -> Iterator[TextIO]:
+    """``path`` open for writing text. A regular file (or a new one) is written as a hidden file beside it, renamed
+    over it once the block ends, or removed if the block raises; a symbolic link is followed first, as a shell's
+    ``>`` follows it, so that the file it points to is replaced, not the link. A device or a pipe
+    (:func:`written_in_place`) is opened as it is. An ``OSError`` that names no file (a write that found the disk
+    full) is given ``path``'s name."""
+    in_place = written_in_place(path)
+    final = path.resolve() if path.is_symlink() and not in_place else path
+    target = final if in_place else final.with_name(f".{final.name}.tmp{os.getpid()}")
+    if not in_place:
+        final.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with target.open("w") as f:
+            yield f
+        if not in_place:
+            target.replace(final)
+    except OSError as e:
+        if e.filename in (None, str(target)):
+            e.filename = str(path)
+        raise
+    finally:
+        if not in_place:
+            target.unlink(missing_ok=True)

@@ -1,0 +1,86 @@
+"""Output files written whole: a reader sees the old file or the new one; a link is followed and a device or a pipe
+written in place, never replaced; a full disk is one line naming the output."""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from distill.cli import main
+from distill.core.output_files import open_whole, written_in_place
+
+DISTILL = str(Path(sys.executable).parent / "distill")
+
+
+def test_a_file_is_replaced_whole_and_a_failed_write_keeps_the_old_one(tmp_path: Path) -> None:
+    path = tmp_path / "run.trec"
+    path.write_text("old\n")
+    with pytest.raises(RuntimeError, match="mid-write"), open_whole(path) as f:
+        f.write("half")
+        raise RuntimeError("mid-write")
+    assert path.read_text() == "old\n" and os.listdir(tmp_path) == ["run.trec"]
+    with open_whole(path) as f:
+        f.write("new\n")
+    assert path.read_text() == "new\n" and os.listdir(tmp_path) == ["run.trec"]
+
+
+def test_a_link_is_followed_and_a_pipe_is_written_in_place(tmp_path: Path) -> None:
+    """A link to a file: the file is replaced, the link stays. A named pipe (as ``/dev/stdout`` may be), reached
+    through a link: written through, the link and the pipe stay (a rename over either would replace it)."""
+    target, link, fifo, to_fifo = (tmp_path / name for name in ("real.trec", "link.trec", "fifo", "fifo.trec"))
+    link.symlink_to(target)
+    os.mkfifo(fifo)
+    to_fifo.symlink_to(fifo)
+    with open_whole(link) as f:
+        f.write("x\n")
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # a reader first: opening the pipe to write then waits not
+    try:
+        with open_whole(to_fifo) as f:
+            f.write("y\n")
+        assert os.read(reader, 100) == b"y\n"
+    finally:
+        os.close(reader)
+    assert link.is_symlink() and target.read_text() == "x\n"
+    assert to_fifo.is_symlink() and stat.S_ISFIFO(fifo.stat().st_mode)
+    assert sorted(os.listdir(tmp_path)) == ["fifo", "fifo.trec", "link.trec", "real.trec"]
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full (a device whose writes find no space)")
+def test_a_full_disk_is_one_line_naming_the_output(
+    tmp_path: Path, tiny_bert: Path, sample_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    full = tmp_path / "out" / "run.trec"
+    full.parent.mkdir()
+    full.symlink_to("/dev/full")
+    assert written_in_place(full)  # else a regression would write beside /dev/full and rename over it
+    with pytest.raises(OSError) as raised, open_whole(full) as f:
+        f.write("z" * 100_000)
+    assert (raised.value.errno, raised.value.filename) == (errno.ENOSPC, str(full))
+    args = ["rerank", "--model", str(tiny_bert), "--backend", "torch", "--input", str(sample_file)]
+    assert main([*args, "--output", str(full)]) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert f"distill rerank: error: {full}: No space left on device: free some space and run it again" in err
+    assert full.is_symlink() and stat.S_ISCHR(full.stat().st_mode)
+
+
+def test_a_run_written_to_standard_output_is_followed_there_by_nothing(
+    tmp_path: Path, tiny_bert: Path, sample_file: Path
+) -> None:
+    """An output that is standard output (here a link to ``/dev/stdout``, so that a rename could only replace the
+    link) pipes the run: standard output holds its lines only, the summary goes to stderr."""
+    stdout = tmp_path / "out" / "stdout.trec"
+    stdout.parent.mkdir()
+    stdout.symlink_to("/dev/stdout")
+    command = [DISTILL, "rerank", "--model", str(tiny_bert), "--backend", "torch", "--input", str(sample_file)]
+    done = subprocess.run([*command, "--output", str(stdout)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    lines = [line.split() for line in done.stdout.splitlines()]
+    assert len(lines) == 36 and all(len(line) == 6 and line[1] == "Q0" for line in lines)
+    assert f"wrote {stdout}: 3 queries, 36 pairs, 0 truncated" in done.stderr
+    assert stdout.is_symlink() and os.listdir(stdout.parent) == ["stdout.trec"]
