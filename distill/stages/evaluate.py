@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from distill.core.output_files import open_whole
 from distill.core.schema import InputError, Qrels
 from distill.data.loaders._common import OnBadInput
 from distill.eval.report import EvalReport, evaluate_runs, to_json
@@ -191,8 +192,8 @@ def evaluate(cfg: EvalConfig, command: str | None = None) -> EvalResult:
         record = {"command": command, "qrels": cfg.qrels, "input": cfg.input, **to_json(report)}
         if fidelity is not None:
             record["fidelity"] = fidelity.to_json()
-        Path(cfg.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(cfg.json).write_text(json.dumps(record, indent=2) + "\n")
+        with open_whole(Path(cfg.json)) as f:
+            f.write(json.dumps(record, indent=2) + "\n")
     return EvalResult(report, cfg.per_query, fidelity, dict(skipped))
 
 
