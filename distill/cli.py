@@ -152,17 +152,29 @@ PROJECT_LOGGERS = ("distill", "teachers", "students")
 """The project's loggers: their INFO lines are the stages' progress, which the command line shows."""
 
 
+LIGHTNING_INFO = "pytorch_lightning.utilities.rank_zero"
+"""Lightning's logger of the lines a training shows (devices, the end of ``fit``), and of its adverts."""
+
+
+def no_advert(record: logging.LogRecord) -> bool:
+    """Whether ``record`` is not one of Lightning's "💡 Tip" adverts (for its cloud services), which a run shows
+    otherwise at every start."""
+    return not str(record.msg).startswith("💡 Tip")
+
+
 def quiet_third_parties() -> None:
     """Show the project's progress (INFO) and every warning, and keep the notices a user can do nothing about quiet:
     transformers' INFO-like warnings (``loss_type=None``, gradient-checkpointing notes), its per-model "Loading
-    weights" and GGUF conversion bars, and datasets' "Saving the dataset" bars. Set ``TRANSFORMERS_VERBOSITY``,
-    ``HF_HUB_DISABLE_PROGRESS_BARS`` or ``HF_DATASETS_DISABLE_PROGRESS_BARS`` to see them again."""
+    weights" and GGUF conversion bars, datasets' "Saving the dataset" bars and Lightning's adverts. Set
+    ``TRANSFORMERS_VERBOSITY``, ``HF_HUB_DISABLE_PROGRESS_BARS`` or ``HF_DATASETS_DISABLE_PROGRESS_BARS`` to see the
+    first three again."""
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     for name in PROJECT_LOGGERS:
         logging.getLogger(name).setLevel(logging.INFO)
+    logging.getLogger(LIGHTNING_INFO).addFilter(no_advert)
 
 
 def usage() -> str:

@@ -268,7 +268,7 @@ class LastCheckpoint(Checkpoint):
     def _save(self, trainer: Trainer) -> None:
         start = time.perf_counter()
         with atomic_save(trainer, self.path) as tmp:
-            trainer.save_checkpoint(tmp)
+            trainer.save_checkpoint(tmp, weights_only=False)  # the optimiser's state too: a resume needs it
         seconds = time.perf_counter() - start
         self.saves.append((trainer.global_step, seconds))
         self._saved_step, self._last_save = trainer.global_step, time.monotonic()

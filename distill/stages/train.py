@@ -120,15 +120,17 @@ class DistillCLI(LightningCLI):
                 # offline, wandb's banner and end-of-run history point nowhere a user can go: the run folder's
                 # metrics.csv and wandb/ are named in the summary instead
                 quiet = {"settings": wandb.Settings(silent=True)} if self.config.wandb_mode == "offline" else {}
-                config["logger"].append(
-                    WandbLogger(
-                        project="cis-distill",
-                        name=self.config.run_name,
-                        save_dir=str(self.run_dir),
-                        mode=self.config.wandb_mode,
-                        **quiet,
-                    )
+                self.run_dir.mkdir(parents=True, exist_ok=True)  # wandb looks for its git checkout from there
+                wandb_logger = WandbLogger(
+                    project="cis-distill",
+                    name=self.config.run_name,
+                    save_dir=str(self.run_dir),
+                    mode=self.config.wandb_mode,
+                    **quiet,
                 )
+                # Lightning passes anonymous=None to wandb.init, which wandb warns is a deprecated setting
+                getattr(wandb_logger, "_wandb_init", {}).pop("anonymous", None)
+                config["logger"].append(wandb_logger)
         monitor = "val/nDCG@10" if self.config.data.qrels else "val/spearman"
         layout = RunLayout(self.run_dir)
         # best.ckpt right after each validation, before last.ckpt (callbacks run in this order), so that
