@@ -148,6 +148,9 @@ def missing_extra(error: ModuleNotFoundError, prog: str) -> Exception:
     )
 
 
+INTERRUPTED = 128 + 2
+"""The exit status of a command stopped by Ctrl-C (SIGINT), as a shell gives it."""
+
 PROJECT_LOGGERS = ("distill", "teachers", "students")
 """The project's loggers: their INFO lines are the stages' progress, which the command line shows."""
 
@@ -211,6 +214,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         message = _without_hint(_without_prefix(str(e), prog), COMMANDS[name])
         print(f"{prog}: error: {message}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: what each stage has saved so far stays (a teach goes on from it)
+        print(f"\n{prog}: interrupted", file=sys.stderr)
+        return INTERRUPTED
     except OSError as e:
         if e.errno not in NO_SPACE:
             raise

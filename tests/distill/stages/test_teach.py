@@ -205,6 +205,35 @@ def test_resume_after_kill_9_gives_the_same_dataset(
 
 
 @pytest.mark.slow
+def test_ctrl_c_is_one_line_and_a_rerun_goes_on_to_the_same_dataset(
+    tiny_llama: Path, sample_file: Path, tmp_path: Path, one_process: list[dict]
+) -> None:
+    """SIGINT (Ctrl-C) after the first chunk of pairs is saved: exit status 130 and one line, no traceback; the saved
+    chunks stay, and the same command again ends with the uninterrupted run's rows."""
+    out, cache = tmp_path / "out", tmp_path / "cache"
+    proc = subprocess.Popen(
+        [sys.executable, *_cli(tiny_llama, sample_file, out, cache)],
+        env=_env(),
+        cwd=REPO,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as a terminal's Ctrl-C reaches it
+    )
+    deadline = time.monotonic() + 120
+    while (
+        not saved(tmp_path / "out.partial", "chunks/*.parquet") and proc.poll() is None and time.monotonic() < deadline
+    ):
+        time.sleep(0.002)
+    proc.send_signal(signal.SIGINT)
+    err = proc.communicate()[1]
+    assert not out.exists(), "the run finished before it could be interrupted"
+    assert proc.returncode == 130 and err.splitlines()[-1] == "distill teach: interrupted", err
+    assert "Traceback" not in err and saved(tmp_path / "out.partial", "chunks/*.parquet")
+    subprocess.run([sys.executable, *_cli(tiny_llama, sample_file, out, cache)], check=True, env=_env(), cwd=REPO)
+    assert rows(out) == one_process
+
+
+@pytest.mark.slow
 def test_two_processes_give_the_same_dataset_as_one(
     tiny_llama: Path, sample_file: Path, tmp_path: Path, one_process: list[dict]
 ) -> None:
