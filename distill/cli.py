@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from distill.core.output_files import NO_SPACE, is_stdout
-from distill.core.schema import UserError
+from distill.core.schema import EXIT_INTERRUPTED, UserError
 
 
 @dataclass(frozen=True)
@@ -148,9 +148,6 @@ def missing_extra(error: ModuleNotFoundError, prog: str) -> Exception:
     )
 
 
-INTERRUPTED = 128 + 2
-"""The exit status of a command stopped by Ctrl-C (SIGINT), as a shell gives it."""
-
 PROJECT_LOGGERS = ("distill", "teachers", "students")
 """The project's loggers: their INFO lines are the stages' progress, which the command line shows."""
 
@@ -216,7 +213,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:  # Ctrl-C: what each stage has saved so far stays (a teach goes on from it)
         print(f"\n{prog}: interrupted", file=sys.stderr)
-        return INTERRUPTED
+        return EXIT_INTERRUPTED
     except OSError as e:
         if e.errno not in NO_SPACE:
             raise

@@ -48,6 +48,9 @@ EVERY_MINUTES = 10.0
 EXIT_PREEMPTED = 75
 """Exit status of a run stopped by SIGTERM or SIGUSR1 after writing ``last.ckpt`` (``EX_TEMPFAIL``: try again)."""
 PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+CTRL_C_NOTICE = (
+    "Ctrl-C: saving last.ckpt at the end of this optimiser step, then stopping (Ctrl-C again: stop now, unsaved)"
+)
 RESUME_KEY = "exact_resume"
 """The checkpoint entry of :class:`LastCheckpoint`: sampler position, world size and every rank's RNG states."""
 
@@ -57,6 +60,7 @@ class Preempted(Exception):
 
     def __init__(self, signum: int) -> None:
         super().__init__(f"stopped by {signal.Signals(signum).name}")
+        self.signum = signum
 
 
 # ----------------------------------------------------------------------------- atomic writes
@@ -144,7 +148,9 @@ class LastCheckpoint(Checkpoint):
       AdamW state is 4 GB, seconds to write, against seconds of training between a GPU run's validations;
     - when training ends;
     - on SIGTERM or SIGUSR1 to any rank, received once training has started: at the end of the current
-      optimiser step (or validation), then every rank raises :class:`Preempted` before the next batch.
+      optimiser step (or validation), then every rank raises :class:`Preempted` before the next batch. A first
+      Ctrl-C (SIGINT) does the same (a second stops at once, unsaved), unless the process was started with it
+      ignored.
       Under SLURM, rank 0 first requeues the job on SIGUSR1 (``scontrol requeue``), as Lightning's
       ``SLURMEnvironment`` does. The ranks agree on the signals and on the clock by one small all-reduce an
       optimiser step.
@@ -170,6 +176,8 @@ class LastCheckpoint(Checkpoint):
         self.saves: list[tuple[int, float]] = []
         """(optimiser step, wall seconds) of each save; the seconds include waiting for the slowest rank."""
         self._signals: set[int] = set()
+        self._sigint_before: Any = None  # SIGINT's handler before training, restored at teardown
+        self._told_ctrl_c = False
         self._stop: int | None = None  # the agreed signal, raised as Preempted before the next batch
         self._after_validation = False  # a save came due at a step that a validation follows
         self._flush = False  # flush the loggers before the next batch: a checkpoint was saved before its step's rows
@@ -197,6 +205,8 @@ class LastCheckpoint(Checkpoint):
         if threading.current_thread() is threading.main_thread():
             for signum in PREEMPTION_SIGNALS:
                 signal.signal(signum, self._on_signal)
+            if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:  # a job started with Ctrl-C ignored keeps it so
+                self._sigint_before = signal.signal(signal.SIGINT, self._on_ctrl_c)
         if trainer.received_sigterm:  # by Lightning's handler, before ours
             self._signals.add(signal.SIGTERM)
         if trainer.is_global_zero:  # what saves killed in the middle left, a checkpoint's size each
@@ -220,6 +230,7 @@ class LastCheckpoint(Checkpoint):
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         self._position = (trainer.current_epoch, batch_idx + 1)
+        self._tell_ctrl_c(trainer)  # at once, not at the step's end: a step can take many batches
         if trainer.global_step == self._step_seen:  # gradients still accumulating: no step boundary
             return
         self._step_seen = trainer.global_step
@@ -248,22 +259,42 @@ class LastCheckpoint(Checkpoint):
         if trainer.global_step != self._saved_step:
             self._save(trainer)
 
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if self._sigint_before is not None:  # Ctrl-C interrupts what follows the training (the export) again
+            signal.signal(signal.SIGINT, self._sigint_before)
+            self._sigint_before = None
+
     # -- internals
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         self._signals.add(signum)
 
+    def _tell_ctrl_c(self, trainer: Trainer) -> None:
+        """Say (once, on rank 0) what a Ctrl-C received does: here, since a signal handler must not write."""
+        if signal.SIGINT in self._signals and not self._told_ctrl_c:
+            self._told_ctrl_c = True
+            if trainer.is_global_zero:
+                log.warning(CTRL_C_NOTICE)
+
+    def _on_ctrl_c(self, signum: int, frame: Any) -> None:
+        """The first Ctrl-C asks for a save and a stop, as a preemption signal does; the second stops at once."""
+        if signal.SIGINT in self._signals:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            raise KeyboardInterrupt
+        self._signals.add(signal.SIGINT)
+
     def _poll(self, trainer: Trainer) -> tuple[int | None, bool]:
-        """The preemption signal any rank received (SIGUSR1, which asks for a requeue, before SIGTERM), and
-        whether a timed save is due by any rank's clock."""
+        """The stop signal any rank received (SIGUSR1, which asks for a requeue, before SIGTERM, before Ctrl-C's
+        SIGINT), and whether a timed save is due by any rank's clock."""
+        self._tell_ctrl_c(trainer)
         minutes = (time.monotonic() - self._last_save) / 60
-        votes = [float(s in self._signals) for s in (signal.SIGTERM, signal.SIGUSR1)]
+        votes = [float(s in self._signals) for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)]
         votes.append(float(self.every_minutes is not None and minutes >= self.every_minutes))
         if trainer.world_size > 1:
             votes = trainer.strategy.reduce(torch.tensor(votes, device=trainer.strategy.root_device), reduce_op="sum")
             votes = votes.tolist()
-        term, usr1, clock = (v > 0 for v in votes)
-        return (signal.SIGUSR1 if usr1 else signal.SIGTERM if term else None), clock
+        term, usr1, ctrl_c, clock = (v > 0 for v in votes)
+        return (signal.SIGUSR1 if usr1 else signal.SIGTERM if term else signal.SIGINT if ctrl_c else None), clock
 
     def _save(self, trainer: Trainer) -> None:
         start = time.perf_counter()

@@ -8,6 +8,9 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+EXIT_INTERRUPTED = 128 + 2
+"""The exit status of a command stopped by Ctrl-C (SIGINT), as a shell gives it."""
+
 
 class UserError(Exception):
     """A failure the user can act on: the CLI prints its message on one line (or a short list), no traceback.

@@ -7,13 +7,15 @@ Every run writes to ``<checkpoint_root>/<run_name>/`` (see :class:`~distill.core
 :mod:`students.checkpointing`), ``hf/`` (the best student as a plain Hugging Face folder), ``logs/`` (CSV and
 the resolved config) and ``wandb/`` (offline by default). ``--ckpt_path last`` resumes a run at the batch after
 its newest checkpoint; a run stopped by SIGTERM or SIGUSR1 saves one first and exits with
-:data:`students.checkpointing.EXIT_PREEMPTED` (75).
+:data:`students.checkpointing.EXIT_PREEMPTED` (75), by a first Ctrl-C the same, with
+:data:`distill.core.schema.EXIT_INTERRUPTED` (130).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import signal
 import sys
 import warnings
 from collections.abc import Iterator
@@ -30,7 +32,7 @@ from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
 from distill.core.config import argument_error, read_yaml_file
 from distill.core.run_folder import RunLayout
-from distill.core.schema import InputError
+from distill.core.schema import EXIT_INTERRUPTED, InputError
 from students.checkpointing import (
     EVERY_MINUTES,
     EXIT_PREEMPTED,
@@ -180,7 +182,7 @@ def train(argv: list[str]) -> TrainReport | None:
     Raises:
         InputError: the arguments or config files are wrong (one line naming the key), or the data is bad.
         SystemExit: :data:`~students.checkpointing.EXIT_PREEMPTED`, stopped by SIGTERM or SIGUSR1 once
-            ``last.ckpt`` was saved.
+            ``last.ckpt`` was saved; :data:`~distill.core.schema.EXIT_INTERRUPTED`, stopped so by Ctrl-C.
     """
     cli = build_cli(argv, save_config_kwargs={"overwrite": True})
     checkpoints = RunLayout(cli.run_dir).checkpoints
@@ -189,7 +191,7 @@ def train(argv: list[str]) -> TrainReport | None:
     except Preempted as stop:
         if cli.trainer.is_global_zero:
             log.warning("%s, %s saved: resume with --ckpt_path last", stop, find_last(checkpoints))
-        raise SystemExit(EXIT_PREEMPTED) from None
+        raise SystemExit(EXIT_INTERRUPTED if stop.signum == signal.SIGINT else EXIT_PREEMPTED) from None
     if not cli.trainer.is_global_zero:
         return None
     finish_wandb(cli.trainer)

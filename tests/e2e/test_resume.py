@@ -18,7 +18,8 @@ import pytest
 import torch
 import yaml
 
-from students.checkpointing import EXIT_PREEMPTED
+from distill.core.schema import EXIT_INTERRUPTED
+from students.checkpointing import CTRL_C_NOTICE, EXIT_PREEMPTED
 from tests.conftest import built_once
 from tests.distill.stages.test_train import _subprocess_env, write_config
 
@@ -45,10 +46,16 @@ def command(config: Path, run_name: str) -> list[str]:
 
 
 def start(args: list[str], log: Path) -> subprocess.Popen:
-    """The run in a session of its own (its DDP ranks included), its output appended to ``log``."""
+    """The run in a session of its own (its DDP ranks included), its output appended to ``log``; Ctrl-C's SIGINT
+    reaches it as it reaches a command started from a terminal, even where pytest's worker ignores it."""
     with log.open("a") as out:
         return subprocess.Popen(
-            args, env=_subprocess_env(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            args,
+            env=_subprocess_env(),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
 
 
@@ -146,7 +153,7 @@ def interrupt_and_resume(config: Path, run: Path, signals: list[signal.Signals],
     after the checkpoint of a random step of the first two epochs (of ``epoch_steps`` steps each). The last
     comes at once after the checkpoint of the second epoch's last step, taken after its validation: a run
     resumed from there must know that epoch's best score. SIGKILL kills every process of the run at once, as
-    a lost node does; SIGTERM and SIGUSR1 go to rank 0 only.
+    a lost node does; SIGTERM, SIGUSR1 and SIGINT (Ctrl-C) go to rank 0 only.
     """
     rng = random.Random(seed)
     log = run.parent / f"{run.name}.log"
@@ -163,7 +170,8 @@ def interrupt_and_resume(config: Path, run: Path, signals: list[signal.Signals],
             wait_group(proc)
         else:
             proc.send_signal(signum)
-            assert wait_group(proc) == EXIT_PREEMPTED, log.read_text()[-3000:]
+            expected = EXIT_INTERRUPTED if signum == signal.SIGINT else EXIT_PREEMPTED
+            assert wait_group(proc) == expected, log.read_text()[-3000:]
             assert not (run / "hf").exists()  # no export of a half-trained run
     final = start(args, log)
     assert wait_group(final) == 0, log.read_text()[-3000:]
@@ -182,11 +190,15 @@ def test_kill_9_at_random_moments_then_resume_gives_the_uninterrupted_weights(
     assert_metrics_logged_once(run, reference_dir, kills=2)
 
 
-def test_sigterm_saves_exits_75_and_resumes_exactly(tmp_path: Path, reference: tuple[Path, Path]) -> None:
+def test_sigterm_and_ctrl_c_save_exit_75_and_130_and_resume_exactly(
+    tmp_path: Path, reference: tuple[Path, Path]
+) -> None:
     config, reference_dir = reference
     run = config.parent / "runs" / "preempted"
-    log = interrupt_and_resume(config, run, [signal.SIGTERM, signal.SIGUSR1], epoch_steps=12, seed=7)
-    assert "stopped by SIGTERM" in log and "stopped by SIGUSR1" in log
+    signals = [signal.SIGTERM, signal.SIGINT, signal.SIGUSR1]
+    log = interrupt_and_resume(config, run, signals, epoch_steps=12, seed=7)
+    assert "stopped by SIGTERM" in log and "stopped by SIGUSR1" in log and "stopped by SIGINT" in log
+    assert log.count(CTRL_C_NOTICE) == 1
     assert_same_weights(run, reference_dir)
     assert losses(run) == losses(reference_dir)  # each step's row once, with the uninterrupted run's loss
 
