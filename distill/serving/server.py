@@ -4,7 +4,7 @@ The app is FastAPI's (:mod:`distill.serving.http_api`, which says why FastAPI) o
 on one worker thread fed by the dynamic batcher, so more processes would only split the CPU's cores between copies of
 the model. On SIGTERM (or Ctrl-C) the server drains: new requests get 503, those in flight finish, then it exits
 (exit status 0); at ``--graceful_timeout`` it cuts the requests still open and exits all the same, and a second
-signal stops it at once. A client that stalls holds nothing for long: a request's head and then its body must come
+signal cuts them at once. A client that stalls holds nothing for long: a request's head and then its body must come
 within ``--request_read_timeout`` (:func:`timed_h11`, and the app's gate).
 
 On a CPU the server tokenises on one thread, while the backend runs a batch on every core: it sets
@@ -196,19 +196,21 @@ def uvicorn_config(app: Any, **settings: Any) -> Any:
 def drain_server(config: Any, state: ServingState) -> Any:
     """A uvicorn server that drains on SIGTERM or SIGINT (``state.draining``: the app answers new requests with
     503) and stops once no request is in flight, or once its options' ``graceful_timeout`` has passed: then it cuts
-    the requests still open (:meth:`ServingState.cut`) and stops within :data:`CUT_GRACE`. A second signal stops it
-    at once."""
+    the requests still open (:meth:`ServingState.cut`) and stops within :data:`CUT_GRACE`. A second signal brings
+    that deadline to now; a third, once they are cut, stops it at once."""
     import time
 
     import uvicorn
 
     class DrainingServer(uvicorn.Server):
         deadline = float("inf")
+        hurried = False  # a second signal brought the deadline forward
 
         def handle_exit(self, sig: int, frame: Any) -> None:
-            if state.draining:
-                super().handle_exit(sig, frame)
-                self.force_exit = True
+            if state.draining:  # the drain's deadline, now (not uvicorn's own exit: it ends in tracebacks)
+                self.deadline, self.hurried = min(self.deadline, time.monotonic()), True
+                if state.cutting:  # a third: stop at once
+                    self.should_exit = self.force_exit = True
                 return
             state.draining = True
             self.deadline = time.monotonic() + state.options.graceful_timeout
@@ -224,11 +226,12 @@ def drain_server(config: Any, state: ServingState) -> Any:
                 if state.in_flight == 0 or late >= CUT_GRACE:
                     self.should_exit = True
                 elif late >= 0 and not state.cutting:
-                    log.warning(
-                        "drain deadline: %g s passed (--graceful_timeout); cut %d request(s) in flight",
-                        state.options.graceful_timeout,
-                        state.cut(),
+                    why = (
+                        "a second signal"
+                        if self.hurried
+                        else f"drain deadline: {state.options.graceful_timeout:g} s passed (--graceful_timeout)"
                     )
+                    log.warning("%s; cut %d request(s) in flight", why, state.cut())
             return await super().on_tick(counter)
 
     return DrainingServer(config)

@@ -184,6 +184,32 @@ def test_sigterm_cuts_a_stalled_request_at_the_drain_deadline_and_exits_0(tiny_b
     assert "Traceback" not in log
 
 
+@pytest.mark.slow
+def test_a_second_ctrl_c_stops_a_draining_server_at_once_without_a_traceback(tiny_bert: Path) -> None:
+    """A request stalls in flight, so the drain after a first Ctrl-C waits on it; a second Ctrl-C cuts it at once
+    (long before ``--graceful_timeout``: a 503) and the server stops, exit status 0, a line saying so, no traceback."""
+    command = [sys.executable, "-m", "distill", "serve", "--model", str(tiny_bert), "--backend", "torch"]
+    command += ["--port", "0", "--graceful_timeout", "600", "--request_read_timeout", "600"]
+    with serve_process(command) as (process, url):
+        host, port = address(url)
+        body = json.dumps({"query": "q", "texts": ["a", "b"]}).encode()
+        with socket.create_connection((host, port), timeout=30) as slow:
+            slow.sendall(post_head(host, "/rerank", len(body)) + body[:10])
+            wait_for(lambda: metric(url, "distill_in_flight_requests") == 2)  # it and this GET /metrics
+            process.send_signal(signal.SIGINT)
+            wait_for(lambda: httpx.get(f"{url}/health").status_code == 503)
+            process.send_signal(signal.SIGINT)
+            signalled = time.monotonic()
+            status, error, _ = read_answer(slow)
+            assert process.wait(30) == 0
+            stopped = time.monotonic() - signalled
+        log = process.stderr.read()
+    assert stopped < CUT_GRACE + 3, stopped
+    assert status == 503 and error["error"] == "the server is shutting down: its drain deadline passed"
+    assert "a second signal; cut 1 request(s) in flight" in log
+    assert "Traceback" not in log and "interrupted" not in log
+
+
 def test_a_request_whose_client_has_gone_is_cancelled_before_its_next_batch(tiny_bert: Path, call, caplog) -> None:
     """A client sends a big request and leaves while its first batch runs: its other batches are not scored, and
     the next client's small request runs right after that batch."""
