@@ -130,11 +130,40 @@ def check_keys(cls: type, mapping: dict[str, Any], where: str, prefix: str = "")
             check_keys(nested, value, where, f"{prefix}{key}.")
 
 
+SPHINX_ROLE = re.compile(r":[a-z]+:`(?:([^`<]*?)\s*<[^`>]*>|~[\w.]*?([\w]+)|([^`]*))`")
+"""A Sphinx cross-reference in a docstring: ``:class:`text <target>```, ``:func:`~a.b.c``` or ``:mod:`a.b```."""
+
+
+def plain_text(text: str) -> str:
+    """``text``, a docstring, without its Sphinx markup, as ``--help`` shows it: a cross-reference as its text (the
+    last name of a ``~`` one), a literal without its double backquotes."""
+    text = SPHINX_ROLE.sub(lambda m: next(g for g in m.groups() if g is not None), text)
+    return text.replace("``", "")
+
+
+def help_formatter() -> type:
+    """jsonargparse's help formatter, each option's help, each description and each group's title in
+    :func:`plain_text`: the ``formatter_class`` of every command's parser (LightningCLI's too)."""
+    from jsonargparse import DefaultHelpFormatter
+
+    class PlainHelpFormatter(DefaultHelpFormatter):
+        def _format_text(self, text: str) -> str:
+            return super()._format_text(plain_text(text))
+
+        def _expand_help(self, action: Any) -> str:
+            return plain_text(super()._expand_help(action))
+
+        def start_section(self, heading: str | None) -> None:  # an option group's title
+            super().start_section(heading and plain_text(heading))
+
+    return PlainHelpFormatter
+
+
 def _parser(cls: type, prog: str) -> Any:
     from jsonargparse import ActionConfigFile, ArgumentParser, set_parsing_settings
 
     set_parsing_settings(docstring_parse_attribute_docstrings=True)
-    parser = ArgumentParser(prog=prog, description=cls.__doc__, exit_on_error=False)
+    parser = ArgumentParser(prog=prog, description=cls.__doc__, exit_on_error=False, formatter_class=help_formatter())
     if "config" not in _hints(cls):  # a config whose own option is named config (distill run) has no files
         parser.add_argument("--config", action=ActionConfigFile, help="a YAML file of options; flags override it")
     parser.add_class_arguments(cls, as_group=False)

@@ -30,7 +30,7 @@ from pytorch_lightning.cli import LightningCLI
 from pytorch_lightning.loggers import WandbLogger
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
-from distill.core.config import argument_error, read_yaml_file
+from distill.core.config import argument_error, help_formatter, read_yaml_file
 from distill.core.run_folder import RunLayout
 from distill.core.schema import EXIT_INTERRUPTED, InputError
 from students.checkpointing import (
@@ -219,7 +219,7 @@ def build_cli(argv: list[str], where: str = "", cli: type[DistillCLI] = DistillC
                 args=argv,
                 run=False,
                 seed_everything_default=0,
-                parser_kwargs={"prog": "distill train", "exit_on_error": False},
+                parser_kwargs={"prog": "distill train", "exit_on_error": False, "formatter_class": help_formatter()},
                 **kwargs,
             )
     except ArgumentError as e:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -57,3 +58,20 @@ def test_progress_is_info_and_shown_third_party_info_is_not(monkeypatch: pytest.
     finally:
         for name, level in levels.items():
             logging.getLogger(name).setLevel(level)
+
+
+def test_every_commands_help_is_plain_text(capsys: pytest.CaptureFixture[str]) -> None:
+    """``distill COMMAND --help`` shows the options' docstrings without their Sphinx markup: a cross-reference as its
+    text, a literal without its double backquotes (Lightning's own options' too)."""
+    from distill.cli import COMMANDS, main
+    from distill.core.config import plain_text
+
+    assert plain_text("``auto`` or :class:`~a.b.ServingOptions`, :mod:`distill.serving`, :meth:`pack <a.B.pack>`") == (
+        "auto or ServingOptions, distill.serving, pack"
+    )
+    for name in COMMANDS:
+        with pytest.raises(SystemExit) as done:
+            main([name, "--help"])
+        shown = capsys.readouterr().out
+        assert done.value.code == 0 and "--help" in shown, name
+        assert not re.search(r":[a-z]+:`|``", shown), (name, re.findall(r".*(?::[a-z]+:`|``).*", shown)[:3])
