@@ -298,7 +298,8 @@ def _usage(model_id: str, remote: bool, student: dict[str, Any], max_length: int
     )
     return f"""## Usage
 
-With cis-distill (`pip install cis-distill`), on the fastest backend this machine has:
+With cis-distill (not on a package index: `pip install -e .` in its checkout, or `pip install` the wheel built
+there), on the fastest backend this machine has:
 
 ```python
 {download}from distill import Reranker
