@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from dataclasses import dataclass
@@ -10,13 +11,14 @@ from functools import partial
 from pathlib import Path
 from typing import Literal
 
-from distill.core.output_files import open_whole
+from distill.core.output_files import open_whole, written_in_place
 from distill.core.schema import InputError
 from distill.data.loaders._common import BadInput
 from distill.data.loaders.beir import is_beir_dir
 from distill.data.loaders.trec import check_file, read_corpus, read_queries
 from distill.eval.trec_runs import Run, write_trec_run
 from distill.model.embeddings import DEFAULT_ENCODER, Encoder
+from distill.model.resolver import cache_home
 from distill.retrieval import bm25
 from distill.retrieval.dense import DenseIndex
 from distill.retrieval.index_cache import index_key, load_or_build
@@ -56,9 +58,14 @@ def input_files(corpus: Path, queries: Path | None) -> tuple[Path, Path]:
     return corpus, queries
 
 
-def default_index_dir(output: Path, method: Method) -> Path:
-    """``<output folder>/<output stem>.<method>-index``."""
-    return output.parent / f"{output.stem}.{method}-index"
+def default_index_dir(output: Path, corpus: Path, method: Method) -> Path:
+    """``<output folder>/<output stem>.<method>-index``; for an output written in place (``/dev/stdout``, a pipe:
+    :func:`~distill.core.output_files.written_in_place`), whose folder is no place for it,
+    ``$CIS_DISTILL_CACHE/indexes/<corpus stem>-<its path's digest>.<method>-index``."""
+    if not written_in_place(output):
+        return output.parent / f"{output.stem}.{method}-index"
+    digest = hashlib.sha1(str(corpus.resolve()).encode()).hexdigest()[:12]
+    return cache_home() / "indexes" / f"{corpus.stem}-{digest}.{method}-index"
 
 
 def retrieve(
@@ -102,7 +109,7 @@ def retrieve(
     check_file(queries_path, "queries")
     bad = BadInput("error")
     query_texts = require_texts(queries_path, "query", read_queries(queries_path, bad, repair_mojibake))
-    index_dir = Path(index_dir) if index_dir else default_index_dir(output, method)
+    index_dir = Path(index_dir) if index_dir else default_index_dir(output, corpus_path, method)
 
     if method == "bm25":
         settings = bm25.settings()

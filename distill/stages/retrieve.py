@@ -27,7 +27,8 @@ class RetrieveConfig:
     k: int = DEFAULT_K
     """Passages per query."""
     index: str | None = None
-    """The index folder, reused while corpus and settings match (default: beside the output)."""
+    """The index folder, reused while corpus and settings match (default: beside the output; for an output that is a
+    device or a pipe, such as /dev/stdout, in the cache: $CIS_DISTILL_CACHE/indexes)."""
     format: OutputFormat = "trec"
     """``trec`` (a TREC run) or ``rank_llm`` (self-contained JSON with the texts)."""
     device: str = "cpu"

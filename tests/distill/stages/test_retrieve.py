@@ -4,6 +4,7 @@ candidates it writes, read back with ``distill teach``'s loader."""
 from __future__ import annotations
 
 import json
+import os
 import random
 from pathlib import Path
 
@@ -87,6 +88,24 @@ def test_bm25_ranks_a_passage_first_for_its_own_text(tmp_path: Path, inputs: Pat
         ranked = sorted(result.run[f"q-{docid}"].items(), key=lambda kv: -kv[1])
         assert ranked[0][0] == docid
         assert ranked[0][1] > ranked[1][1]
+
+
+def test_an_output_that_is_a_device_keeps_the_index_in_the_cache(
+    tmp_path: Path, inputs: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The index's default place is beside the output; for an output written in place (here a link to /dev/null, as
+    /dev/stdout is one), whose folder is no place for it, the cache: built there once, then reused."""
+    monkeypatch.setenv("CIS_DISTILL_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "null.trec").symlink_to(os.devnull)
+    first = retrieve(inputs / "corpus.jsonl", inputs / "queries.tsv", out / "null.trec", "bm25", k=5)
+    again = retrieve(inputs / "corpus.jsonl", inputs / "queries.tsv", out / "null.trec", "bm25", k=5)
+    assert first.index_dir == again.index_dir and first.index_dir.parent == tmp_path / "cache" / "indexes"
+    assert first.index_dir.name.startswith("corpus-") and first.index_dir.name.endswith(".bm25-index")
+    assert (first.reused_index, again.reused_index) == (False, True) and os.listdir(out) == ["null.trec"]
+    beside = retrieve(inputs / "corpus.jsonl", inputs / "queries.tsv", out / "run.trec", "bm25", k=5)
+    assert beside.index_dir == out / "run.bm25-index"
 
 
 def test_bm25_run_loads_with_teachs_loader_and_beats_a_shuffle(
