@@ -221,7 +221,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{prog}: error: {where}{e.strerror}: free some space and run it again", file=sys.stderr)
         return 1
     if report is not None:
-        # a run written to standard output (--output /dev/stdout) is not followed there by the summary
+        # what is written to standard output (rerank's --output /dev/stdout, eval's --json) is not followed there by
+        # the summary
         print(report.format(), file=sys.stderr if is_stdout(getattr(report, "output", None)) else sys.stdout)
     return 0
 

@@ -123,6 +123,8 @@ class EvalResult:
     fidelity: Fidelity | None = None
     skipped: dict[str, int] = field(default_factory=dict)
     """Bad lines or records skipped (``on_bad_input: skip``), by reason."""
+    output: str | None = None
+    """The JSON record's file (``--json``), if any."""
 
     def format(self) -> str:
         from distill.eval.report import format_per_query, format_table
@@ -194,7 +196,7 @@ def evaluate(cfg: EvalConfig, command: str | None = None) -> EvalResult:
             record["fidelity"] = fidelity.to_json()
         with open_whole(Path(cfg.json)) as f:
             f.write(json.dumps(record, indent=2) + "\n")
-    return EvalResult(report, cfg.per_query, fidelity, dict(skipped))
+    return EvalResult(report, cfg.per_query, fidelity, dict(skipped), cfg.json)
 
 
 def check_paths(cfg: EvalConfig) -> None:

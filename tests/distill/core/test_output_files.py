@@ -4,6 +4,7 @@ written in place, never replaced; a full disk is one line naming the output."""
 from __future__ import annotations
 
 import errno
+import json
 import os
 import stat
 import subprocess
@@ -14,6 +15,7 @@ import pytest
 
 from distill.cli import main
 from distill.core.output_files import open_whole, written_in_place
+from tests.conftest import REPO
 
 DISTILL = str(Path(sys.executable).parent / "distill")
 
@@ -84,3 +86,16 @@ def test_a_run_written_to_standard_output_is_followed_there_by_nothing(
     assert len(lines) == 36 and all(len(line) == 6 and line[1] == "Q0" for line in lines)
     assert f"wrote {stdout}: 3 queries, 36 pairs, 0 truncated" in done.stderr
     assert stdout.is_symlink() and os.listdir(stdout.parent) == ["stdout.trec"]
+
+
+def test_an_eval_record_written_to_standard_output_is_followed_there_by_nothing(tmp_path: Path) -> None:
+    """``distill eval --json`` to standard output: standard output holds the JSON record only, the table goes to
+    stderr."""
+    stdout = tmp_path / "stdout.json"
+    stdout.symlink_to("/dev/stdout")
+    command = [DISTILL, "eval", "--qrels", str(REPO / "data/trec-dl19/qrels.txt")]
+    command += ["--run", str(REPO / "data/teacher/dl19-bm25-smollm2"), "--json", str(stdout)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    record = json.loads(done.stdout)
+    assert record["metrics"] and "nDCG@10" in done.stderr and stdout.is_symlink()
