@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,6 +20,8 @@ if _WORKERS > 1:
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, len(os.sched_getaffinity(0)) // _WORKERS)))
 
 REPO = Path(__file__).resolve().parents[1]
+DISTILL = str(Path(sys.executable).parent / "distill")
+"""The ``distill`` program of this environment, for tests that run it as a user does."""
 DL19 = REPO / "data" / "trec-dl19" / "bm25_top100.json"
 DL19_QRELS = REPO / "data" / "trec-dl19" / "qrels.txt"
 

@@ -40,7 +40,7 @@ from distill.bench.ndcg import REFERENCE, QualitySet
 from distill.bench.timing import time_method
 from distill.bench.workload import TOKEN_COUNTS, Workload, rerank_workload, token_count_workloads
 from distill.core.devices import MATMUL_SIZE, compute_dtype, resolve_device
-from distill.core.output_files import open_whole
+from distill.core.output_files import write_whole
 from distill.core.path_checks import output_folder
 from distill.core.project_files import CANDIDATES, DL19, QRELS, shipped
 from distill.core.run_folder import RunLayout, student_folder
@@ -260,10 +260,9 @@ def _workloads(config: BenchConfig, data: RerankingData, tokenizer: Any) -> list
 
 
 def _write_json(result: dict[str, Any], out: Path) -> None:
-    """``bench.json``, written whole (:func:`distill.core.output_files.open_whole`); ``complete`` is false until
+    """``bench.json``, written whole (:func:`distill.core.output_files.write_whole`); ``complete`` is false until
     every method has been timed."""
-    with open_whole(out / "bench.json") as f:
-        f.write(json.dumps(result, indent=2) + "\n")
+    write_whole(out / "bench.json", json.dumps(result, indent=2) + "\n")
 
 
 def profile_path(out: Path, method: str, workload: str) -> Path:

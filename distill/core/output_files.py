@@ -56,3 +56,9 @@ def open_whole(path: Path) -> Iterator[TextIO]:
     finally:
         if not in_place:
             target.unlink(missing_ok=True)
+
+
+def write_whole(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through :func:`open_whole`."""
+    with open_whole(path) as f:
+        f.write(text)

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from distill.core.files import read_json_object
-from distill.core.output_files import open_whole
+from distill.core.output_files import write_whole
 from distill.core.schema import InputError, MissingFileError
 from distill.eval.trec_runs import write_trec_runs
 
@@ -69,7 +69,7 @@ class TeacherMetadata:
 
     def write(self, folder: Path) -> None:
         values = {k: v for k, v in asdict(self).items() if k != "reused" or v is not None}
-        _write_text_atomic(folder / METADATA_FILE, json.dumps(values, indent=2, sort_keys=True) + "\n")
+        write_whole(folder / METADATA_FILE, json.dumps(values, indent=2, sort_keys=True) + "\n")
 
 
 class TeacherDataset:
@@ -235,10 +235,5 @@ def migrate(folder: str | Path) -> bool:
     TeacherMetadata(values["score"], values["scores"], inputs, values["fingerprint"]).write(folder)
     info = json.loads((folder / DATASET_INFO).read_text())
     info["description"] = ""
-    _write_text_atomic(folder / DATASET_INFO, json.dumps(info, indent=2) + "\n")
+    write_whole(folder / DATASET_INFO, json.dumps(info, indent=2) + "\n")
     return True
-
-
-def _write_text_atomic(path: Path, text: str) -> None:
-    with open_whole(path) as f:
-        f.write(text)

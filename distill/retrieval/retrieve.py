@@ -11,7 +11,7 @@ from functools import partial
 from pathlib import Path
 from typing import Literal
 
-from distill.core.output_files import open_whole, written_in_place
+from distill.core.output_files import write_whole, written_in_place
 from distill.core.schema import InputError
 from distill.data.loaders._common import BadInput
 from distill.data.loaders.beir import is_beir_dir
@@ -149,7 +149,7 @@ def require_texts(path: Path, kind: str, texts: dict[str, str]) -> dict[str, str
 
 def write_rank_llm(path: Path, run: Run, queries: dict[str, str], passages: dict[str, str]) -> None:
     """Write ``run`` as rank_llm candidates (``[{query, hits: [{qid, docid, content, rank, score}]}]``), whole
-    (:func:`distill.core.output_files.open_whole`).
+    (:func:`distill.core.output_files.write_whole`).
 
     Hits are ranked by score (ties by docid), as :func:`distill.eval.trec_runs.write_trec_run` ranks them.
     """
@@ -161,5 +161,4 @@ def write_rank_llm(path: Path, run: Run, queries: dict[str, str], passages: dict
             for rank, (docid, score) in enumerate(ranked, start=1)
         ]
         entries.append({"query": queries[qid], "hits": hits})
-    with open_whole(path) as f:
-        f.write(json.dumps(entries, ensure_ascii=False))
+    write_whole(path, json.dumps(entries, ensure_ascii=False))

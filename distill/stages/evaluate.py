@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from distill.core.output_files import open_whole
+from distill.core.output_files import write_whole
 from distill.core.schema import InputError, Qrels
 from distill.data.loaders._common import OnBadInput
 from distill.eval.report import EvalReport, evaluate_runs, to_json
@@ -194,8 +194,7 @@ def evaluate(cfg: EvalConfig, command: str | None = None) -> EvalResult:
         record = {"command": command, "qrels": cfg.qrels, "input": cfg.input, **to_json(report)}
         if fidelity is not None:
             record["fidelity"] = fidelity.to_json()
-        with open_whole(Path(cfg.json)) as f:
-            f.write(json.dumps(record, indent=2) + "\n")
+        write_whole(Path(cfg.json), json.dumps(record, indent=2) + "\n")
     return EvalResult(report, cfg.per_query, fidelity, dict(skipped), cfg.json)
 
 

@@ -8,16 +8,13 @@ import json
 import os
 import stat
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from distill.cli import main
 from distill.core.output_files import open_whole, written_in_place
-from tests.conftest import REPO
-
-DISTILL = str(Path(sys.executable).parent / "distill")
+from tests.conftest import DISTILL, REPO
 
 
 def test_a_file_is_replaced_whole_and_a_failed_write_keeps_the_old_one(tmp_path: Path) -> None:

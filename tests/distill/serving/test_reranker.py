@@ -15,12 +15,11 @@ import httpx
 import pytest
 
 from distill.eval.trec_runs import read_trec_run
-from tests.conftest import REPO
+from tests.conftest import DISTILL, REPO
 from tests.distill.serving.test_http_api import serve_process
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 OTHER = "fedcba9876543210fedcba9876543210fedcba98"
-DISTILL = str(Path(sys.executable).parent / "distill")
 
 
 @pytest.fixture(scope="module")
