@@ -162,12 +162,22 @@ def no_advert(record: logging.LogRecord) -> bool:
     return not str(record.msg).startswith("💡 Tip")
 
 
+DEEPSPEED = "DeepSpeed"
+"""DeepSpeed's logger, which writes to standard output."""
+
+
+def no_accelerator_notice(record: logging.LogRecord) -> bool:
+    """Whether ``record`` is not DeepSpeed's notice of the accelerator it detected ("Setting accelerator to CPU. If
+    you have GPU ..."), which accelerate's import of DeepSpeed prints on standard output at every start."""
+    return record.filename != "real_accelerator.py"
+
+
 def quiet_third_parties() -> None:
     """Show the project's progress (INFO) and every warning, and keep the notices a user can do nothing about quiet:
     transformers' INFO-like warnings (``loss_type=None``, gradient-checkpointing notes), its per-model "Loading
-    weights" and GGUF conversion bars, datasets' "Saving the dataset" bars and Lightning's adverts. Set
-    ``TRANSFORMERS_VERBOSITY``, ``HF_HUB_DISABLE_PROGRESS_BARS`` or ``HF_DATASETS_DISABLE_PROGRESS_BARS`` to see the
-    first three again."""
+    weights" and GGUF conversion bars, datasets' "Saving the dataset" bars, Lightning's adverts and DeepSpeed's
+    accelerator notice. Set ``TRANSFORMERS_VERBOSITY``, ``HF_HUB_DISABLE_PROGRESS_BARS`` or
+    ``HF_DATASETS_DISABLE_PROGRESS_BARS`` to see the first three again."""
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
@@ -175,6 +185,7 @@ def quiet_third_parties() -> None:
     for name in PROJECT_LOGGERS:
         logging.getLogger(name).setLevel(logging.INFO)
     logging.getLogger(LIGHTNING_INFO).addFilter(no_advert)
+    logging.getLogger(DEEPSPEED).addFilter(no_accelerator_notice)  # kept: DeepSpeed's import adds a handler, no filter
 
 
 def usage() -> str:

@@ -24,15 +24,30 @@ AutoModelForSequenceClassification.from_pretrained(sys.argv[1])
 """
 
 
-def load_stderr(model: Path, mode: str, **env: str) -> str:
+DEEPSPEED = """
+import sys
+if sys.argv[1] == "quiet":
+    from distill.cli import quiet_third_parties
+    quiet_third_parties()
+import accelerate.utils
+if accelerate.utils.is_deepspeed_available():  # as accelerate's own import of DeepSpeed does
+    from deepspeed.accelerator import get_accelerator
+    print("accelerator", get_accelerator().device_name())
+"""
+
+
+def run_python(script: str, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
     environment = {
         k: v for k, v in os.environ.items() if k not in ("TRANSFORMERS_VERBOSITY", "HF_HUB_DISABLE_PROGRESS_BARS")
     }
-    done = subprocess.run(
-        [sys.executable, "-c", LOAD, str(model), mode],
+    return subprocess.run(
+        [sys.executable, "-c", script, *args],
         capture_output=True, text=True, cwd=REPO, env={**environment, **env}, check=True,
     )  # fmt: skip
-    return done.stderr
+
+
+def load_stderr(model: Path, mode: str, **env: str) -> str:
+    return run_python(LOAD, str(model), mode, **env).stderr
 
 
 @pytest.mark.slow
@@ -40,6 +55,17 @@ def test_loading_a_model_shows_no_weight_loading_bar(tiny_bert: Path) -> None:
     assert "Loading weights" in load_stderr(tiny_bert, "plain")  # what a user saw
     assert "Loading weights" not in load_stderr(tiny_bert, "quiet")
     assert "Loading weights" in load_stderr(tiny_bert, "quiet", HF_HUB_DISABLE_PROGRESS_BARS="0")  # asked for
+
+
+@pytest.mark.slow
+def test_deepspeeds_accelerator_notice_is_not_shown() -> None:
+    """DeepSpeed, imported by accelerate in ``teach`` and by Lightning's DeepSpeed strategy, prints which accelerator
+    it detected on standard output, where a piped run's lines go."""
+    pytest.importorskip("deepspeed")
+    plain, quiet = run_python(DEEPSPEED, "plain"), run_python(DEEPSPEED, "quiet")
+    assert "real_accelerator.py" in plain.stdout  # what a user saw: "Setting accelerator to CPU. If you have GPU ..."
+    assert "accelerator" in quiet.stdout  # DeepSpeed was imported and detected one
+    assert "real_accelerator.py" not in quiet.stdout + quiet.stderr, quiet.stdout + quiet.stderr
 
 
 def test_progress_is_info_and_shown_third_party_info_is_not(monkeypatch: pytest.MonkeyPatch) -> None:
