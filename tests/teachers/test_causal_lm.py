@@ -22,7 +22,6 @@ from teachers.causal_lm import (
     CausalLMScorer,
     ScorerOptions,
     ScoringSequence,
-    attention_backends,
     block_causal_mask,
     row_logprobs,
     sequence_sums,
@@ -238,18 +237,6 @@ def test_the_compiled_head_log_softmax_equals_the_eager_one() -> None:
             eager = row_logprobs(logits, targets, softcap)
             assert eager.dtype == torch.float32
             torch.testing.assert_close(compiled(logits, targets, softcap), eager, rtol=1e-5, atol=1e-4)
-
-
-def test_cudnn_attention_is_off_on_cuda_only_unless_asked() -> None:
-    cudnn = torch.backends.cuda.cudnn_sdp_enabled
-    before = cudnn()
-    with attention_backends(torch.device("cuda"), cudnn=False):
-        assert not cudnn() and torch.backends.cuda.flash_sdp_enabled()
-        assert torch.backends.cuda.mem_efficient_sdp_enabled() and torch.backends.cuda.math_sdp_enabled()
-    assert cudnn() == before
-    for device, allowed in (("cuda", True), ("cpu", False), ("cpu", True)):
-        with attention_backends(torch.device(device), cudnn=allowed):
-            assert cudnn() == before
 
 
 def test_a_sliding_window_model_falls_back_to_its_own_masking_and_refuses_packing() -> None:

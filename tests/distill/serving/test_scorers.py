@@ -16,7 +16,7 @@ import torch
 from distill.bench.methods import Variant, student_method, variant
 from distill.cli import main
 from distill.core.batching import token_budget_batches
-from distill.core.devices import STUDENT_BATCH_TOKENS, attention_backends
+from distill.core.devices import STUDENT_BATCH_TOKENS
 from distill.core.schema import InputError
 from distill.serving import reranker as reranker_module
 from distill.serving.encoding import Batch
@@ -193,16 +193,6 @@ def test_the_torch_backend_loads_sdpa_attention_where_the_model_has_it(
     eager = Reranker.load(student, backend="torch")
     assert eager.settings["attention"] == "eager"
     np.testing.assert_allclose(eager.score(query, passages), sdpa.score(query, passages), **TIGHT)
-
-
-def test_cudnn_attention_is_left_out_on_cuda_unless_asked() -> None:
-    cudnn = torch.backends.cuda.cudnn_sdp_enabled
-    before = cudnn()
-    with attention_backends("cuda:0", cudnn=False):
-        assert not cudnn() and torch.backends.cuda.flash_sdp_enabled()
-    assert cudnn() == before
-    with attention_backends("cpu", cudnn=False), attention_backends("cuda", cudnn=True):
-        assert cudnn() == before
 
 
 def test_compile_compiles_the_model_in_place_and_keeps_its_scores(
