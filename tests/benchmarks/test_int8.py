@@ -27,7 +27,7 @@ def test_each_variant_is_ranked_against_fp32_and_timed(exported: Path, tmp_path:
     assert fp32["spearman_vs_fp32"] == pytest.approx(1.0) and fp32["max_abs_diff"] == 0.0
     for name in ("ort-dynamic", "ort-static-MinMax"):
         r = results[name]
-        assert 0 < r["max_abs_diff"] < 1 and -1 <= r["spearman_vs_fp32"] <= 1, (name, r)  # quantised, yet close
+        assert 0 < r["max_abs_diff"] < 1 and r["spearman_vs_fp32"] > 0.9, (name, r)  # quantised, yet close
         assert r["delta_nDCG@10"] == pytest.approx(r["nDCG@10"] - fp32["nDCG@10"]) and r["p50_ms"] > 0
 
 

@@ -111,7 +111,6 @@ def test_the_bench_times_peers_on_another_student_against_its_own_pytorch(
     assert report.methods(result) == ["student torch-fp32", PEER_REFERENCE, "st-openvino", "st-onnx"]
     quality = result["quality"]
     assert quality["references"] == {"st-openvino": PEER_REFERENCE, "st-onnx": PEER_REFERENCE}
-    assert quality["ndcg10"]["st-onnx"] == pytest.approx(quality["ndcg10"][PEER_REFERENCE])
     rows = {line.split()[0]: line for line in report.summary_table(result).splitlines()[2:]}
     assert rows["st-onnx"].split()[-1] == "+0.00"  # against the peer's own PyTorch, not the student's
     assert all(s.parent.name.startswith("cis-distill-bench-") for s in scratches)  # the run's temporary folder

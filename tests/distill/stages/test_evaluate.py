@@ -133,10 +133,28 @@ def test_cli_eval_with_significance_json_and_per_query(tmp_path, capsys) -> None
     rows = [line.split() for line in printed.splitlines() if line.startswith("dl19-bm25-smollm2/")]
     names = [f"dl19-bm25-smollm2/{n}" for n in ("first_stage", "cis", "cond", "noprompt", "upr")]
     assert [r[0] for r in rows] == names + names[1:]  # the means, then the differences to the first
-    assert rows[0][:5] == ["dl19-bm25-smollm2/first_stage", "43", "54.26", "52.78", "50.58"]
-    assert rows[1][4] == "30.82*"  # cis is significantly worse than BM25 on nDCG@10
-    assert rows[4][4] == "54.39"  # upr's gain is not significant
-    assert rows[8][5:7] == ["+3.80", "p=0.244"]  # upr's nDCG@10 difference to BM25
+    # the same figures from ir_measures and scipy directly: the means, a paired t-test's p and its star
+    from scipy.stats import ttest_rel
+
+    qrels = list(ir_measures.read_trec_qrels(str(DL19_QRELS)))
+    ndcg = [ir_measures.nDCG @ 1, ir_measures.nDCG @ 5, ir_measures.nDCG @ 10]
+
+    def per_query(name: str) -> dict[str, float]:  # nDCG@10 of each query
+        run = list(ir_measures.read_trec_run(str(TEACHER / "runs" / f"{name}.trec")))
+        return {m.query_id: m.value for m in ir_measures.iter_calc([ndcg[2]], qrels, run)}
+
+    first = ir_measures.calc_aggregate(ndcg, qrels, list(ir_measures.read_trec_run(str(bm25))))
+    assert rows[0][:5] == [names[0], "43", *(f"{100 * first[m]:.2f}" for m in ndcg)]
+    base = per_query("first_stage")
+    for row, name in zip(rows[1:5], names[1:], strict=True):
+        scores = per_query(name.split("/")[1])
+        p = ttest_rel([scores[q] for q in base], [base[q] for q in base]).pvalue
+        star = "*" if p < 0.05 else ""
+        mean, difference = np.mean(list(scores.values())), rows[4 + names.index(name)][5:7]
+        assert row[4] == f"{100 * mean:.2f}{star}", (name, p)
+        p_text = "p<0.001" if p < 0.001 else f"p={p:.3f}"
+        assert difference == [f"{100 * (mean - np.mean(list(base.values()))):+.2f}", p_text + star], (name, p)
+    assert rows[1][4].endswith("*") and not rows[4][4].endswith("*")  # cis significantly worse, upr's gain not
     assert "difference to dl19-bm25-smollm2/first_stage" in printed and "per query: dl19-bm25-smollm2/upr" in printed
     record = json.loads(out.read_text())
     assert record["metrics"] == ["nDCG@1", "nDCG@5", "nDCG@10", "RR(rel=2)@10", "R(rel=2)@100"]

@@ -138,7 +138,17 @@ def test_within_query_losses_train(
         "per_query",
     ]
     assert main(args) == 0
-    assert (tmp_path / "runs" / "tiny" / "hf" / "config.json").is_file()
+    from safetensors.torch import load_file
+
+    from distill.core.student_card import StudentCard
+
+    run = tmp_path / "runs" / "tiny"
+    card = StudentCard.read(run / "hf")
+    assert card.loss == loss and card.target_scaling["kind"] == "per_query"
+    losses = [float(r["train/loss"]) for r in metrics(run) if r.get("train/loss")]
+    assert losses and np.isfinite(losses).all()
+    before, after = load_file(tiny_bert / "model.safetensors"), load_file(run / "hf" / "model.safetensors")
+    assert not torch.equal(before["classifier.weight"], after["classifier.weight"])  # it learned
 
 
 def test_bad_teacher_data_is_named(tmp_path: Path, tiny_bert: Path, teacher_dataset: Path, capsys) -> None:
