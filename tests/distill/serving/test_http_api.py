@@ -484,30 +484,20 @@ def test_batching_off_scores_one_request_at_a_time(reference: Reranker, call) ->
         assert result.scores.tolist() == pytest.approx(reference.score(query, same), abs=TOLERANCE)
 
 
-class LengthModel:
-    """A :class:`~distill.serving.batcher.WholeRequests` model: a document's score is its length in characters; it
-    records the requests it scored."""
-
-    backend, backend_reason = "length-model", "a test's"
-
-    def __init__(self, tokenizer) -> None:
-        self.tokenizer, self.max_length = tokenizer, 512
-        self.calls: list[int] = []
-
-    @property
-    def settings(self) -> dict[str, object]:
-        return {"backend": self.backend}
-
-    def predict(self, query: str, documents) -> np.ndarray:
-        self.calls.append(len(documents))
-        return np.array([len(d) for d in documents], dtype=np.float32)
-
-
 def test_a_whole_request_model_is_served_one_request_at_a_time(exported: Path, reference: Reranker) -> None:
-    """A model that scores whole requests (the load benchmark's CrossEncoder.predict peer) behind the same app."""
-    model = LengthModel(reference.tokenizer)
-    documents = [["a", "bbb", "cc"], ["dddd", "e"], ["ff"] * 5]
-    with running(create_app(ServedModel(exported, model))) as url:
+    """A model that scores whole requests (the load benchmark's ``CrossEncoder.predict`` peer) behind the same app:
+    one ``predict`` call per request, its scores the student's."""
+    from distill.bench.peers import CrossEncoderLoop
+
+    calls: list[int] = []
+
+    class Recorded(CrossEncoderLoop):
+        def predict(self, query: str, documents) -> np.ndarray:
+            calls.append(len(documents))
+            return super().predict(query, documents)
+
+    documents = [["fleas jump", "a flea's life cycle lasts a year", "cats"], ["dogs", "e"], ["ff gg"] * 5]
+    with running(create_app(ServedModel(exported, Recorded.load(exported)))) as url:
         with ThreadPoolExecutor(3) as pool:
             answers = list(
                 pool.map(
@@ -518,8 +508,9 @@ def test_a_whole_request_model_is_served_one_request_at_a_time(exported: Path, r
         info = httpx.get(f"{url}/info").json()
         assert metric(url, "distill_batch_requests_sum") == metric(url, "distill_batch_requests_count") == 3
     for docs, answer in zip(documents, answers, strict=True):
-        assert {r["index"]: r["score"] for r in answer.json()} == {i: len(d) for i, d in enumerate(docs)}
-    assert sorted(model.calls) == [2, 3, 5] and info["backend"] == "length-model"
+        scores = [score for _, score in sorted((r["index"], r["score"]) for r in answer.json())]
+        assert scores == pytest.approx(list(reference.score("q", docs)), abs=1e-4)  # torch against onnxruntime
+    assert sorted(calls) == [2, 3, 5] and info["backend"] == CrossEncoderLoop.backend
 
 
 def test_a_kept_alive_connection_is_answered_at_once(server: str) -> None:
