@@ -23,12 +23,16 @@ from distill.serving.server import ServeConfig
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("openvino") is None, reason="OpenVINO is an optional extra")
 
 
+def openvino(exported: Path, streams: int) -> Reranker:
+    return Reranker.load(exported, backend="openvino", dtype="float32", interpolation=False, streams=streams)
+
+
 class TwoAtOnce:
-    """A scorer of two streams whose first two calls each wait for the other: they pass only if they run at once."""
+    """OpenVINO's scorer of two streams, whose first two calls each wait for the other: they pass only if they run at
+    once."""
 
-    streams = 2
-
-    def __init__(self) -> None:
+    def __init__(self, scorer: OpenVinoScorer) -> None:
+        self.scorer, self.streams = scorer, scorer.streams
         self.meet = threading.Barrier(2, timeout=10)
         self.calls = 0
         self.lock = threading.Lock()
@@ -39,33 +43,30 @@ class TwoAtOnce:
             first_two = self.calls <= 2
         if first_two:
             self.meet.wait()  # raises BrokenBarrierError if the other batch does not run meanwhile
-        return batch["input_ids"].sum(axis=1).astype(np.float32)
+        return self.scorer(batch)
 
 
 def test_a_round_runs_its_batches_on_the_streams_at_once(exported: Path, call) -> None:
-    reranker = Reranker.load(exported, backend="onnx", interpolation=False)
+    one, two = openvino(exported, 1), openvino(exported, 2)
     query, passages = call
-    encoded = encode_pairs(reranker.tokenizer, [query] * 40, passages[:40], 512)
-    scorer = TwoAtOnce()
-    batcher = DynamicBatcher(scorer, reranker.tokenizer, 2048, max_wait=0.0)  # 40 pairs: several batches a round
+    encoded = encode_pairs(two.tokenizer, [query] * 40, passages[:40], 512)
+    scorer = TwoAtOnce(two.scorer)
+    batcher = DynamicBatcher(scorer, two.tokenizer, 2048, max_wait=0.0)  # 40 pairs: several batches a round
     try:
         scores = batcher.submit(encoded).result(30).scores
     finally:
         batcher.close()
     assert scorer.calls > 2
-    expected = [float(ids.sum()) for ids in np.split(encoded.ids, np.cumsum(encoded.pair_lengths)[:-1])]
-    assert len(expected) == 40  # each pair's own ids: a row in another's place is a wrong sum
-    assert scores.tolist() == expected
+    np.testing.assert_allclose(scores, one.score(query, passages[:40]), atol=1e-5, rtol=0)  # each pair in its place
 
 
 class HeldUntilTheNextRound:
-    """A scorer of two streams whose first batch is held until a batch with ``marker`` among its ids (a request that
-    came after that batch's round was taken) has run: it passes only if a free stream takes the next round's batch
-    while the other still runs this round's."""
+    """OpenVINO's scorer of two streams, whose first batch is held until a batch with ``marker`` among its ids (a
+    request that came after that batch's round was taken) has run: it passes only if a free stream takes the next
+    round's batch while the other still runs this round's."""
 
-    streams = 2
-
-    def __init__(self, marker: int) -> None:
+    def __init__(self, scorer: OpenVinoScorer, marker: int) -> None:
+        self.scorer, self.streams = scorer, scorer.streams
         self.marker = marker
         self.started = threading.Event()
         self.next_round_ran = threading.Event()
@@ -73,42 +74,40 @@ class HeldUntilTheNextRound:
         self.lock = threading.Lock()
 
     def __call__(self, batch) -> np.ndarray:
-        ids = batch["input_ids"]
         with self.lock:
             first, self.calls = self.calls == 0, self.calls + 1
         self.started.set()
-        if (ids == self.marker).any():
+        if (batch["input_ids"] == self.marker).any():
             self.next_round_ran.set()
         if first and not self.next_round_ran.wait(10):
             raise TimeoutError("the next round waited for this round's last batch")
-        return ids.sum(axis=1).astype(np.float32)
+        return self.scorer(batch)
 
 
 def test_a_free_stream_takes_the_next_round_without_waiting_for_the_round(exported: Path, call) -> None:
-    reranker = Reranker.load(exported, backend="onnx", interpolation=False)
+    one, two = openvino(exported, 1), openvino(exported, 2)
     query, passages = call
-    first = encode_pairs(reranker.tokenizer, [query] * 40, passages[:40], 512)
-    later = encode_pairs(reranker.tokenizer, ["zebra"], passages[40:41], 512)
-    marker = reranker.tokenizer.convert_tokens_to_ids("zebra")
+    first = encode_pairs(two.tokenizer, [query] * 40, passages[:40], 512)
+    later = encode_pairs(two.tokenizer, ["zebra"], passages[40:41], 512)
+    marker = two.tokenizer.convert_tokens_to_ids("zebra")
     assert marker not in first.ids and marker in later.ids
-    scorer = HeldUntilTheNextRound(marker)
-    batcher = DynamicBatcher(scorer, reranker.tokenizer, 2048, max_wait=0.0)  # 40 pairs: several batches a round
+    scorer = HeldUntilTheNextRound(two.scorer, marker)
+    batcher = DynamicBatcher(scorer, two.tokenizer, 2048, max_wait=0.0)  # 40 pairs: several batches a round
     try:
         held = batcher.submit(first)
         assert scorer.started.wait(10)  # the first round is taken: the later request makes the next
-        assert batcher.submit(later).result(10).scores.tolist() == [float(later.ids.sum())]
+        later_scores = batcher.submit(later).result(10).scores
         scores = held.result(10).scores
     finally:
         batcher.close()
     assert scorer.calls > 2
-    expected = [float(ids.sum()) for ids in np.split(first.ids, np.cumsum(first.pair_lengths)[:-1])]
-    assert scores.tolist() == expected
+    np.testing.assert_allclose(later_scores, one.score("zebra", passages[40:41]), atol=1e-5, rtol=0)
+    np.testing.assert_allclose(scores, one.score(query, passages[:40]), atol=1e-5, rtol=0)
 
 
 def test_streams_score_as_one_stream_from_concurrent_calls(exported: Path, call) -> None:
     query, passages = call
-    one = Reranker.load(exported, backend="openvino", dtype="float32", interpolation=False)
-    two = Reranker.load(exported, backend="openvino", dtype="float32", interpolation=False, streams=2)
+    one, two = openvino(exported, 1), openvino(exported, 2)
     assert isinstance(two.scorer, OpenVinoScorer) and two.scorer.streams == 2 and two.settings["streams"] == 2
     assert one.settings["streams"] == 1
     spans = [passages[i : i + 20] for i in range(0, 100, 20)]
