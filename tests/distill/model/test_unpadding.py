@@ -228,6 +228,15 @@ def test_varlen_is_chosen_only_on_cuda_in_half_precision() -> None:
     assert unpadding.varlen_kernel(torch.zeros(1)) is None
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (the GPU suite runs it)")
+def test_varlen_is_chosen_on_cuda_in_half_precision() -> None:
+    """On a GPU, fp16 and bf16 take flash variable-length attention; a silent fallback to SDPA would fail here."""
+    varlen_attn = pytest.importorskip("torch.nn.attention.varlen", reason="torch before 2.9").varlen_attn
+    for dtype in unpadding.VARLEN_DTYPES:
+        assert unpadding.varlen_kernel(torch.zeros(1, dtype=dtype, device="cuda")) is varlen_attn, dtype
+    assert unpadding.varlen_kernel(torch.zeros(1, device="cuda")) is None  # fp32
+
+
 def test_the_reranker_unpads_a_querys_candidates_in_one_gpu_sized_batch(spread_bert: Path, call) -> None:
     query, passages = call
     budget = STUDENT_BATCH_TOKENS["cuda"]  # one batch of 100 pairs padded to the longest: the padding unpad saves
