@@ -162,7 +162,7 @@ def load_pipeline(path: str | Path) -> Pipeline:
         check_train_args(argv, where["train"])
     rerank_input = sections["rerank"].get("input") or teach.input
     rerank_input = [rerank_input] if isinstance(rerank_input, str) else rerank_input
-    qrels = sections["eval"].get("qrels") or teach.qrels
+    qrels = sections["eval"].get("qrels") or teach.qrels or _irds_inputs(teach.input)
     if qrels is None:
         raise InputError(f"{where['eval']}: qrels: missing (set eval.qrels or teach.qrels)")
     # The student's scores are checked for parity on the candidates it will rerank (its quality gate ranks its own
@@ -190,6 +190,14 @@ def load_pipeline(path: str | Path) -> Pipeline:
     return Pipeline(
         top.name, folder, top.eval_queries, teach, train, train_joined, export, bench, rerank, evaluate, rerank_fused
     )
+
+
+def _irds_inputs(inputs: str | list[str]) -> list[str] | None:
+    """The teacher's inputs when every one is an ir_datasets id (their qrels judge the pipeline); else None."""
+    from distill.data.loaders.irds import is_irds
+
+    inputs = [inputs] if isinstance(inputs, str) else list(inputs)
+    return inputs if inputs and all(is_irds(i) for i in inputs) else None
 
 
 def _train_sets_teacher_data(train: dict[str, Any]) -> bool:
@@ -331,12 +339,14 @@ def check_inputs(pipeline: Pipeline) -> None:
     """
     from distill.core.path_checks import input_path, same_path
     from distill.data.loaders.irds import is_irds
+    from distill.data.loaders.qrels import qrels_files
 
     rerank, evaluate = pipeline.rerank, pipeline.eval
     teachers = evaluate.teacher if isinstance(evaluate.teacher, dict) else {"": [evaluate.teacher]}
     checks = [("rerank", "input", path, "any") for path in rerank.input]
     checks += [("rerank", key, getattr(rerank, key), "file") for key in ("queries", "corpus")]
-    checks += [("eval", "qrels", evaluate.qrels, "file"), *(("eval", "run", path, "any") for path in evaluate.run)]
+    checks += [("eval", "qrels", path, "file") for path in qrels_files(evaluate.qrels)]
+    checks += [("eval", "run", path, "any") for path in evaluate.run]
     checks += [("eval", "teacher", path, "any") for paths in teachers.values() for path in paths]
     made = [pipeline.teach.output, rerank.output, *([pipeline.rerank_fused.output] if pipeline.rerank_fused else [])]
     for stage, key, path, kind in checks:

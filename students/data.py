@@ -26,7 +26,7 @@ from distill.data.label_table import (
     first_stage_folders,
     load_label_table,
 )
-from distill.data.loaders import load_qrels
+from distill.data.loaders import read_qrels
 from distill.data.teacher_data import TeacherDataset
 from distill.model.unpadding import lengths_packing
 from students.sampling import (
@@ -254,7 +254,8 @@ class StudentDataModule(LightningDataModule):
             per first stage of ``first_stages``, each list learning its own first stage's
             (``{bm25: "z(cis_q) + 0.25*z(first_stage)", splade: "z(cis_q) + z(first_stage)"}``).
         backbone: the student's backbone, for its tokenizer (linked from the model's).
-        qrels: TREC qrels of the validation queries, for nDCG; without them only correlations are reported.
+        qrels: TREC qrels of the validation queries, for nDCG: a file, an ``irds:`` dataset id or a list of these
+            (:func:`~distill.data.loaders.qrels.read_qrels`); without them only correlations are reported.
         val_queries: held-out queries, a share (0.2) or a count (8).
         val_pool: where the held-out queries are drawn from: ``any`` query, or only the ``judged`` ones (those in
             ``qrels``), so that unjudged training queries (DL22, say) never take a validation slot.
@@ -305,7 +306,7 @@ class StudentDataModule(LightningDataModule):
         teacher_data: list[str] | dict[str, list[str]],
         label: str | dict[str, str] = "cis",
         backbone: str = "bert-large-uncased",
-        qrels: str | None = None,
+        qrels: str | list[str] | None = None,
         val_queries: int | float = 0.2,
         val_pool: Literal["any", "judged"] = "any",
         val_folds: int | None = None,
@@ -397,7 +398,7 @@ class StudentDataModule(LightningDataModule):
         table, self.teachers, self.members = labelled.table, labelled.teachers, labelled.labels.members
         inputs, stage_folders = self._first_stage_folders(labelled)
         store = self._store(labelled)
-        qrels = load_qrels(Path(h.qrels)) if h.qrels else {}
+        qrels = read_qrels(h.qrels) if h.qrels else {}
         pool = table.qid.unique().tolist()
         if h.val_pool == "judged":
             if not qrels:

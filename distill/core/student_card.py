@@ -38,8 +38,9 @@ class StudentCard:
     """The longest (query, passage) pair in tokens in training."""
     val_queries: list[str]
     """The held-out query ids it was validated (and its settings chosen) on."""
-    qrels: str | None = None
-    """The qrels that judged its validation queries (``data.qrels``); None: validated without (or not recorded)."""
+    qrels: str | list[str] | None = None
+    """The qrels that judged its validation queries (``data.qrels``: a file, an ``irds:`` id, or a list of these);
+    None: validated without (or not recorded)."""
     monitor: str | None = None
     """The validation metric that picked the best checkpoint."""
     best_score: float | None = None

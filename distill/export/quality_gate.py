@@ -316,7 +316,7 @@ def _run(folder: Path, backend: str, lists: list[list[Pair]]) -> dict[str, dict[
     return run
 
 
-def validation_set(folder: Path, input: str | None = None, qrels: str | None = None) -> ParitySet:
+def validation_set(folder: Path, input: str | None = None, qrels: str | list[str] | None = None) -> ParitySet:
     """The ranking set of the student in ``folder`` (no score pairs): every candidate of the judged queries of
 
     - ``input`` (with ``qrels``), where given;
@@ -379,17 +379,27 @@ def _teacher_inputs(folder: Path, card: StudentCard) -> list[str]:
     return inputs
 
 
-def _load(input: str, qrels: str | None) -> RerankingData:
+def _load(input: str, qrels: str | list[str] | None) -> RerankingData:
     from distill.data.loaders import load_candidates
     from distill.data.loaders.irds import is_irds
 
+    given = None if qrels is None else [_qrels_path(q) for q in ([qrels] if isinstance(qrels, str) else qrels)]
     if is_irds(input):
-        return load_candidates(input, qrels=qrels)
+        return load_candidates(input, qrels=given)
     path = resolve_path(input)
     if path is None:
         raise MissingFileError(f"{input}: no such candidates file or folder")
     beside = path.parent / QRELS_FILE if path.is_file() else None
-    given = resolve_path(qrels) if qrels else None
-    if qrels and given is None:
-        raise MissingFileError(f"{qrels}: no such qrels file")
     return load_candidates(path, qrels=given or (beside if beside and beside.is_file() else None))
+
+
+def _qrels_path(qrels: str) -> str | Path:
+    """A qrels file named relative to the working or the project's folder, found; an ``irds:`` id, as it is."""
+    from distill.data.loaders.irds import is_irds
+
+    if is_irds(qrels):
+        return qrels
+    path = resolve_path(qrels)
+    if path is None:
+        raise MissingFileError(f"{qrels}: no such qrels file")
+    return path

@@ -22,8 +22,9 @@ class EvalConfig:
     run: list[str] = field(default_factory=list)
     """Run files, or folders holding them (a ``distill teach`` output, a ``runs/`` folder); the first is the
     baseline."""
-    qrels: str | None = None
-    """TREC qrels (overrides the judgements of ``input``)."""
+    qrels: str | list[str] | None = None
+    """TREC qrels, an ``irds:`` dataset id whose qrels ir_datasets reads, or a list of these (the qrels of two TREC
+    years); overrides the judgements of ``input``."""
     input: str | None = None
     """Candidates with judgements (a multi-hop QA file, rank_llm JSON with ``qrels``, ...): their own order is
     evaluated as the first run, and their judgements are the qrels."""
@@ -146,7 +147,7 @@ def evaluate(cfg: EvalConfig, command: str | None = None) -> EvalResult:
     Raises:
         InputError: no runs or qrels, a run with no judged query, an unknown metric, no student at ``held_out``.
     """
-    from distill.data.loaders import load_candidates, load_qrels
+    from distill.data.loaders import load_candidates, read_qrels
     from distill.data.loaders.multihop import is_multihop_file
     from distill.eval.metrics import DEFAULT_METRICS, MULTIHOP_METRICS, default_rel_level, parse_metrics
     from distill.eval.trec_runs import find_run_files, read_trec_run
@@ -169,7 +170,7 @@ def evaluate(cfg: EvalConfig, command: str | None = None) -> EvalResult:
         qrels = data.qrels
         runs[f"{Path(cfg.input).stem}/first_stage"] = data.first_stage_run()
     else:
-        qrels = load_qrels(Path(cfg.qrels))
+        qrels = read_qrels(cfg.qrels)
     multihop = cfg.multihop or bool(cfg.input and is_multihop_file(Path(cfg.input)))
     metrics = cfg.metrics or list(MULTIHOP_METRICS if multihop else DEFAULT_METRICS)
     rel_level = default_rel_level(qrels) if cfg.rel_level is None else cfg.rel_level
@@ -208,11 +209,12 @@ def check_paths(cfg: EvalConfig) -> None:
     from distill.core.path_checks import input_path, output_file
     from distill.core.run_folder import student_folder
     from distill.data.loaders.irds import is_irds
+    from distill.data.loaders.qrels import qrels_files
 
     inputs = [("run", path) for path in cfg.run]
-    if cfg.qrels:
-        input_path(cfg.qrels, "eval", "qrels", "file")
-        inputs.append(("qrels", cfg.qrels))
+    for qrels in qrels_files(cfg.qrels):
+        input_path(qrels, "eval", "qrels", "file")
+        inputs.append(("qrels", qrels))
     if cfg.input and not is_irds(cfg.input):
         input_path(cfg.input, "eval", "input")
         inputs.append(("input", cfg.input))

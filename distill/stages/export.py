@@ -39,9 +39,10 @@ class ExportConfig:
     """Held-out candidates of the quality gate and the int8 nDCG@10 bound, every candidate of every judged query
     (default: the student card's validation queries in its teacher data's inputs; a student without a card: the
     shipped TREC DL21 queries). Never the test set."""
-    validation_qrels: str | None = None
-    """Qrels of the validation candidates (default: the student card's, its training's ``data.qrels``, else the
-    ``qrels.txt`` beside each candidates file, else those the input carries)."""
+    validation_qrels: str | list[str] | None = None
+    """Qrels of the validation candidates: a file, an ``irds:`` id or a list of these (default: the student card's,
+    its training's ``data.qrels``, else the ``qrels.txt`` beside each candidates file, else those the input
+    carries)."""
     license: str = "apache-2.0"
     """The model card's licence (a Hub licence identifier)."""
     push_to_hub: str | None = None
@@ -58,6 +59,7 @@ def export(cfg: ExportConfig) -> ExportReport:
     from distill.core.run_folder import RunLayout, student_folder
     from distill.core.schema import InputError
     from distill.data.loaders import load_candidates
+    from distill.data.loaders.qrels import qrels_files
     from distill.export.exporter import export_student
     from distill.export.parity_set import ParitySet, dl19_parity_set
     from distill.export.quality_gate import validation_set
@@ -67,7 +69,7 @@ def export(cfg: ExportConfig) -> ExportReport:
     model = student_folder(cfg.checkpoint, exported=False)
     check_model_folder(model)  # before any work: a malformed JSON file or truncated weights, named
     inputs = [("checkpoint", model), ("parity_input", cfg.parity_input), ("validation_input", cfg.validation_input)]
-    inputs += [("validation_qrels", cfg.validation_qrels)]
+    inputs += [("validation_qrels", path) for path in qrels_files(cfg.validation_qrels)]
     inputs += [("calibration.inputs", path) for path in cfg.calibration.inputs]
     output = output_folder(cfg.output or RunLayout.of(model).export, "export", "output", inputs, replaced=True)
     if cfg.parity_input:

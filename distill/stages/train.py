@@ -297,6 +297,7 @@ def check_train_paths(config: Any, run_dir: Path, exist: bool = True) -> None:
         InputError: ``train: <key>: <path>: <what is wrong>``.
     """
     from distill.core.path_checks import output_folder
+    from distill.data.loaders.qrels import qrels_files
     from distill.data.teacher_data import TeacherDataset
     from distill.model.resolver import cache_home
 
@@ -306,7 +307,8 @@ def check_train_paths(config: Any, run_dir: Path, exist: bool = True) -> None:
         for folder in folders:
             TeacherDataset.open(folder)
     inputs = [("data.teacher_data", folder) for folder in folders]
-    inputs += [("data.qrels", data.qrels), ("data.cache_dir", data.cache_dir or cache_home() / "student-tokens")]
+    inputs += [("data.qrels", path) for path in qrels_files(data.qrels)]
+    inputs += [("data.cache_dir", data.cache_dir or cache_home() / "student-tokens")]
     if Path(config.model.backbone).expanduser().exists():
         inputs.append(("model.backbone", Path(config.model.backbone).expanduser()))
     output_folder(run_dir, "train", "checkpoint_root/run_name", inputs)

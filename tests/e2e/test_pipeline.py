@@ -16,7 +16,7 @@ from distill.data.loaders import load_candidates
 from distill.eval.trec_runs import read_trec_run
 from distill.pipeline import load_pipeline
 from distill.serving.reranker import Reranker
-from tests.conftest import DL19_QRELS
+from tests.conftest import DL19_QRELS, REPO
 
 
 def write_pipeline(tmp_path: Path, sample_file: Path, tiny_llama: Path, tiny_bert: Path, **bench) -> Path:
@@ -180,3 +180,21 @@ def test_a_pipeline_without_optional_sections_takes_their_defaults(tmp_path: Pat
     assert pipeline.rerank.backend == "auto" and pipeline.rerank.input == [str(sample_file)]
     assert pipeline.eval.qrels == str(DL19_QRELS) and pipeline.eval.held_out == str(tmp_path / "x" / "student")
     assert pipeline.bench.output == str(tmp_path / "x" / "student" / "bench")
+
+
+def test_the_paper_pipeline_learns_its_own_teachers_labels_judged_by_its_inputs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """configs/paper.yaml (Llama-3-8B on DL19 and DL20 from ir_datasets): read and checked without a download; its
+    student learns the pipeline's teacher output, not bert-large.yaml's committed labels, and the inputs' qrels judge
+    its validation and evaluation."""
+    from distill.data.loaders.irds import is_irds
+    from distill.pipeline import check_inputs
+
+    monkeypatch.chdir(REPO)
+    pipeline = load_pipeline("configs/paper.yaml")
+    inputs = pipeline.teach.input
+    assert len(inputs) == 2 and all(is_irds(i) for i in inputs)
+    assert pipeline.teach.qrels is None and pipeline.eval.qrels == inputs == pipeline.train["data"]["qrels"]
+    assert pipeline.train["data"]["teacher_data"] == [str(pipeline.teach.output)]
+    check_inputs(pipeline)

@@ -27,11 +27,11 @@ from distill.data.loaders._common import BadInput, OnBadInput, json_entries
 from distill.data.loaders.beir import is_beir_dir, load_beir
 from distill.data.loaders.irds import DEFAULT_DEPTH, irds_qrels, is_irds, stream_irds
 from distill.data.loaders.multihop import is_multihop, stream_multihop
-from distill.data.loaders.qrels import load_qrels
+from distill.data.loaders.qrels import load_qrels, read_qrels
 from distill.data.loaders.rank_llm import is_rank_llm, stream_rank_llm
 from distill.data.loaders.trec import stream_trec_run
 
-__all__ = ["CandidateStream", "join_streams", "load_candidates", "load_qrels", "open_candidates"]
+__all__ = ["CandidateStream", "join_streams", "load_candidates", "load_qrels", "open_candidates", "read_qrels"]
 
 
 @dataclass
@@ -65,7 +65,7 @@ def open_candidates(
     queries: str | Path | None = None,
     corpus: str | Path | None = None,
     run: str | Path | None = None,
-    qrels: str | Path | None = None,
+    qrels: str | Path | list[str | Path] | None = None,
     on_bad_input: OnBadInput = "error",
     repair_mojibake: bool = True,
     depth: int = DEFAULT_DEPTH,
@@ -77,7 +77,8 @@ def open_candidates(
         queries: for a TREC run, the queries (TSV ``qid<TAB>text`` or JSONL).
         corpus: for a TREC run, the passages (TSV ``docid<TAB>text`` or JSONL).
         run: for a BEIR folder, a TREC run over its corpus; without one, the judged pairs are the candidates.
-        qrels: a TREC qrels file; overrides qrels the source carries itself.
+        qrels: a TREC qrels file, an ``irds:`` id or a list of these (:func:`~.qrels.read_qrels`); overrides qrels
+            the source carries itself.
         on_bad_input: ``"error"`` raises :class:`InputError` at the first bad record;
             ``"skip"`` drops it and counts the reason in ``skipped``.
         repair_mojibake: undo UTF-8-read-as-Latin-1 damage (MS MARCO) in all texts.
@@ -91,7 +92,7 @@ def open_candidates(
     that come with its candidates (multi-hop QA) fill ``qrels`` as they are read.
     """
     bad = BadInput(on_bad_input)
-    override = load_qrels(Path(qrels)) if qrels else None
+    override = read_qrels(qrels) if qrels else None
     if is_irds(path):
         candidates = stream_irds(str(path), depth, bad, repair_mojibake)
         return CandidateStream(str(path), candidates, override or irds_qrels(str(path)), bad.skipped)

@@ -22,3 +22,33 @@ def load_qrels(path: Path) -> Qrels:
             except ValueError:
                 raise InputError(f"{path}:{lineno}: relevance grade {grade!r} is not an integer") from None
     return qrels
+
+
+def read_qrels(source: str | Path | list[str | Path]) -> Qrels:
+    """The judgements of ``source``: a TREC qrels file, an ir_datasets id (``irds:<id>``, whose qrels ir_datasets
+    reads), or a list of these joined (the first to judge a pair wins), such as the qrels of two TREC years.
+
+    Raises:
+        InputError: a malformed line (naming the file and line), an unknown ir_datasets id, or an ir_datasets
+            dataset without qrels.
+    """
+    from distill.core.schema import join_qrels
+    from distill.data.loaders.irds import irds_qrels, is_irds
+
+    parts = []
+    for one in source if isinstance(source, list) else [source]:
+        if not is_irds(one):
+            parts.append(load_qrels(Path(one)))
+        elif not (judged := irds_qrels(str(one))):
+            raise InputError(f"{one}: the ir_datasets dataset has no qrels")
+        else:
+            parts.append(judged)
+    return join_qrels(parts)
+
+
+def qrels_files(source: str | Path | list[str | Path] | None) -> list[str | Path]:
+    """The files that a :func:`read_qrels` source names (its ``irds:`` ids left out), to check before any work."""
+    from distill.data.loaders.irds import is_irds
+
+    sources = [] if source is None else source if isinstance(source, list) else [source]
+    return [one for one in sources if not is_irds(one)]

@@ -174,3 +174,25 @@ def test_unreadable_files_are_named(files: dict[str, Path]):
     name = local_dataset(files)
     with pytest.raises(InputError, match=f"{name}: ir_datasets could not read the dataset's files"):
         load_candidates(name)
+
+
+def test_qrels_from_a_file_an_irds_id_or_a_list_of_them(files: dict[str, Path], tmp_path: Path) -> None:
+    """``read_qrels``: what ``data.qrels``, ``eval --qrels`` and export's ``validation_qrels`` take."""
+    from ir_datasets.formats import TrecScoredDocs, TsvDocs, TsvQueries
+    from ir_datasets.util import LocalDownload
+
+    from distill.data.loaders.qrels import qrels_files, read_qrels
+
+    whole = load_qrels(files["qrels"])
+    assert len(whole) > 1 and read_qrels(local_dataset(files)) == whole == read_qrels(str(files["qrels"]))
+    first = set(sorted(whole)[: len(whole) // 2])  # two "years": the first queries' judgements, the others'
+    lines = files["qrels"].read_text().splitlines(keepends=True)
+    halves = [tmp_path / "a.txt", tmp_path / "b.txt"]
+    halves[0].write_text("".join(line for line in lines if line.split()[0] in first))
+    halves[1].write_text("".join(line for line in lines if line.split()[0] not in first))
+    assert read_qrels([str(halves[0]), local_dataset({**files, "qrels": halves[1]})]) == whole  # joined
+    assert qrels_files([str(halves[0]), "irds:x/y"]) == [str(halves[0])] and qrels_files(None) == []
+    parts = [TsvDocs(LocalDownload(files["docs"])), TsvQueries(LocalDownload(files["queries"])), None]
+    unjudged = register(*parts, TrecScoredDocs(LocalDownload(files["scoreddocs"])))
+    with pytest.raises(InputError, match=re.escape(f"{unjudged}: the ir_datasets dataset has no qrels")):
+        read_qrels(unjudged)
