@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import importlib
 import json
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from distill.serving.hardware import CpuFeatures
 from distill.serving.reranker import Reranker
 from teachers.teacher import CausalLMTeacher
 from tests.conftest import DL19
+from tests.distill.bench.test_peers import importable
 
 
 @pytest.fixture(scope="module")
@@ -110,14 +110,6 @@ def test_matmul_flops_of_a_student(exported: Path, dl19, tokenizer) -> None:
     fp32 = student_method(exported, "onnx-fp32", "cpu", None, 4096).matmul_flops(call)
     int8 = student_method(exported, "onnx-int8", "cpu", None, 4096, threads=1).matmul_flops(call)
     assert set(fp32) == {"float"} and int8["int8"] + int8["float"] == pytest.approx(fp32["float"])
-
-
-def importable(module: str) -> bool:
-    try:
-        importlib.import_module(module)
-    except ImportError:
-        return False
-    return True
 
 
 def test_bench_times_every_method_and_writes_json_csv_png(exported: Path, tiny_llama: Path, tmp_path: Path) -> None:
