@@ -166,8 +166,20 @@ def _parser(cls: type, prog: str) -> Any:
     parser = ArgumentParser(prog=prog, description=cls.__doc__, exit_on_error=False, formatter_class=help_formatter())
     if "config" not in _hints(cls):  # a config whose own option is named config (distill run) has no files
         parser.add_argument("--config", action=ActionConfigFile, help="a YAML file of options; flags override it")
-    parser.add_class_arguments(cls, as_group=False)
+    parser.add_class_arguments(_with_resolved_init(cls), as_group=False)
     return parser
+
+
+def _with_resolved_init(cls: type) -> type:
+    """``cls`` with the annotations of its dataclass ``__init__`` resolved to types.
+
+    A config that inherits fields from a dataclass of another module (``TeachConfig`` from ``InputOptions``) gets an
+    ``__init__`` whose postponed annotations name types imported only there. jsonargparse evaluates them in ``cls``'s
+    module, and where one name fails it validates none of the options: ``--overwrite maybe`` would pass as true."""
+    hints = _hints(cls)
+    init = cls.__init__
+    init.__annotations__ = {name: hints.get(name, hint) for name, hint in init.__annotations__.items()}
+    return cls
 
 
 def _field_of(cls: type, dotted: str) -> Any:

@@ -101,6 +101,13 @@ class TeacherDataset:
         """Whether ``path`` holds a finished teacher dataset."""
         return (Path(path) / DATASET_INFO).is_file() and (Path(path) / METADATA_FILE).is_file()
 
+    @staticmethod
+    def is_teacher_output(path: str | Path) -> bool:
+        """Whether the folder ``path`` holds a teacher dataset, finished or cut short while it was written (the
+        files ``datasets``' ``save_to_disk`` writes first): what ``distill teach --overwrite`` may replace."""
+        path = Path(path)
+        return any(path.glob("data-*.arrow")) or any((path / n).exists() for n in (DATASET_INFO, METADATA_FILE))
+
     @property
     def runs_dir(self) -> Path:
         return self.path / "runs"

@@ -35,7 +35,7 @@ from distill.core.config import options_of
 from distill.core.path_checks import input_path, output_folder
 from distill.core.schema import ExistingOutputError, InputError
 from distill.data.loaders.irds import is_irds
-from distill.data.teacher_data import TeacherDataset, TeacherMetadata
+from distill.data.teacher_data import DATASET_INFO, TeacherDataset, TeacherMetadata
 from distill.model.resolver import cache_home
 from distill.stages.teach_chunks import chunk_batches, chunk_file, write_chunk
 from distill.stages.teach_input import InputOptions, PairRows, Share, candidate_stream, write_pair_rows
@@ -372,8 +372,13 @@ def _check_earlier_results(output: Path, work: Path, known: dict[str, Any], over
     (the fingerprint but the start token's keys); once the teacher has loaded, the whole fingerprint decides.
 
     Raises:
+        ExistingOutputError: ``output`` is a folder of something else than a teacher dataset, even with ``overwrite``.
         ExistingOutputError, InputError: without ``overwrite``, as :func:`_is_complete` and :func:`_prepare_work_dir`.
     """
+    if output.is_dir() and any(output.iterdir()) and not TeacherDataset.is_teacher_output(output):
+        raise ExistingOutputError(  # --overwrite replaces a teacher dataset, never a folder of something else
+            f"{output} exists and is not a teacher dataset (no {DATASET_INFO}): choose another --output"
+        )
     if overwrite:
         return
     if output.exists():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -127,3 +128,24 @@ def test_only_user_errors_become_one_line_messages(monkeypatch: pytest.MonkeyPat
     with pytest.raises(ValueError, match="a bug"):
         main(["migrate", "--paths", "x"])
     assert set(COMMANDS) >= {"teach", "train", "export", "rerank", "eval", "retrieve", "bench", "run", "migrate"}
+
+
+def test_every_commands_options_are_validated() -> None:
+    """jsonargparse accepts anything for a type it cannot resolve (``Unvalidated<...>``): ``TeachConfig``, which
+    inherits ``InputOptions``' fields from another module, took ``--overwrite maybe`` as true and replaced a folder."""
+    import importlib
+
+    from distill.core.config import _parser
+    from distill.stages.teach import TeachConfig
+
+    configs = [
+        getattr(importlib.import_module(command.module), command.config)
+        for command in COMMANDS.values()
+        if command.config
+    ]
+    assert TeachConfig in configs and len(configs) >= 8
+    for cls in configs:
+        hints = {a.dest: str(getattr(a, "_typehint", "")) for a in _parser(cls, "x")._actions}
+        assert not [dest for dest, hint in hints.items() if "Unvalidated" in hint], cls.__name__
+    with pytest.raises(InputError, match=re.escape("--overwrite: expected bool, got 'maybe'")):
+        parse_config(TeachConfig, ["--input", "in.json", "--output", "out", "--overwrite", "maybe"], "distill teach")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -17,7 +18,7 @@ import pytest
 import torch
 
 from distill.cli import main
-from distill.core.schema import InputError
+from distill.core.schema import ExistingOutputError, InputError
 from distill.data.teacher_data import TeacherDataset
 from distill.eval.trec_runs import read_trec_run
 from distill.stages.teach import TeachConfig, teach
@@ -123,6 +124,21 @@ def test_rerun_of_a_complete_output_is_a_no_op(tiny_llama: Path, sample_file: Pa
         run_teach(config(tiny_llama, sample_file, tmp_path, prompt="Question: {query} Answer:"))
     run_teach(config(tiny_llama, sample_file, tmp_path, prompt="Question: {query} Answer:", overwrite=True))
     assert metadata(out).fingerprint["prompt"] == "Question: {query} Answer:"
+
+
+def test_overwrite_replaces_a_teacher_dataset_never_a_folder_of_something_else(
+    tiny_llama: Path, sample_file: Path, tmp_path: Path
+) -> None:
+    mine = tmp_path / "notes"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("a user's work")
+    with pytest.raises(ExistingOutputError, match=re.escape(f"{mine} exists and is not a teacher dataset")):
+        run_teach(config(tiny_llama, sample_file, tmp_path, output=str(mine), overwrite=True))
+    assert [p.name for p in mine.iterdir()] == ["notes.txt"]
+    empty = tmp_path / "empty"
+    empty.mkdir()  # nothing to lose: taken with --overwrite
+    done = run_teach(config(tiny_llama, sample_file, tmp_path, output=str(empty), overwrite=True))
+    assert (done / "teacher.json").is_file()
 
 
 def saved(root: Path, pattern: str) -> list[Path]:
