@@ -115,9 +115,11 @@ class TeachConfig(ScorerOptions, InputOptions):
                 required_terms(self.scores)
             except ValueError as e:
                 raise InputError(f"teach: scores: {e}; or {SIMILARITY} (an embedding model)") from None
-        for name in ("chunk_size", "max_passage_tokens"):
+        for name in ("chunk_size", "max_passage_tokens", "max_queries"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise InputError(f"teach: {name} must be positive, got {getattr(self, name)}")
+        if not self.similarity and "{query}" not in self.prompt:
+            raise InputError(f"teach: prompt must contain '{{query}}', got {self.prompt!r}")
 
     @property
     def similarity(self) -> bool:

@@ -540,3 +540,16 @@ def test_reuse_of_another_teacher_fingerprint_is_refused_in_one_line_before_the_
         "max_passage_tokens is 64 there, 256 here"
     ]
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("option", "expected"),
+    [
+        ({"max_queries": 0}, "teach: max_queries must be positive, got 0"),
+        ({"chunk_size": -1}, "teach: chunk_size must be positive, got -1"),
+        ({"prompt": "no field here"}, "teach: prompt must contain '{query}', got 'no field here'"),
+    ],
+)
+def test_option_values_are_refused_before_anything_loads(option: dict, expected: str) -> None:
+    with pytest.raises(InputError, match=re.escape(expected)):
+        TeachConfig(input=["in.json"], output="out", **option)
