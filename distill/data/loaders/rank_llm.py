@@ -4,8 +4,10 @@ JSON list, or as JSON lines of one ``{query, hits}`` entry each; :func:`stream_r
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from distill.core.schema import Candidates
 from distill.data.loaders._common import BadInput, CandidatesBuilder, clean_text, json_entries, require
@@ -38,19 +40,35 @@ def _add_entry(builder: CandidatesBuilder, entry: object, where: str, bad: BadIn
     hits = require(entry, "hits", where, bad)
     if query is None or hits is None:
         return
+    if not isinstance(hits, list):
+        bad(where, f"hits: expected a list of hits, got {type(hits).__name__}")
+        return
     for j, hit in enumerate(hits):
         hit_where = f"{where} hit [{j}]"
         fields = [require(hit, k, hit_where, bad) for k in ("qid", "docid", "content")]
         if any(f is None for f in fields):
             continue
+        score = _first_stage_score(hit, j, hit_where, bad)
+        if score is None:
+            continue
         qid, docid, content = fields
-        score = hit.get("score")
-        builder.add(
-            hit_where,
-            str(qid),
-            clean_text(str(query), repair),
-            str(docid),
-            clean_text(str(content), repair),
-            # Without first-stage scores, keep the given order: rank r scores -r.
-            float(score) if score is not None else -float(hit.get("rank", j + 1)),
-        )
+        text = clean_text(str(content), repair)
+        builder.add(hit_where, str(qid), clean_text(str(query), repair), str(docid), text, score)
+
+
+def _first_stage_score(hit: dict[str, Any], j: int, where: str, bad: BadInput) -> float | None:
+    """The first-stage score of hit ``j``: its ``score``; without one, the given order (rank r, else position r,
+    scores -r). None after reporting a value that is not a finite number (a string of digits is one)."""
+    for key, sign in (("score", 1.0), ("rank", -1.0)):
+        value = hit.get(key)
+        if value is None:
+            continue
+        try:
+            number = float(value) if isinstance(value, int | float | str) and not isinstance(value, bool) else None
+        except ValueError:
+            number = None
+        if number is None or not math.isfinite(number):
+            bad(where, f"{key} {value!r} is not a finite number")
+            return None
+        return sign * number
+    return -float(j + 1)

@@ -433,7 +433,15 @@ def test_missing_field_names_entry_and_hit(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("bad_hit", "reason"),
-    [(hit("b", content="   ", rank=2), "empty passage text for docid b"), (hit("a", rank=2), "duplicate (qid, docid)")],
+    [
+        (hit("b", content="   ", rank=2), "empty passage text for docid b"),
+        (hit("a", rank=2), "duplicate (qid, docid)"),
+        ({**hit("b", rank=2), "score": "high"}, "score 'high' is not a finite number"),
+        ({**hit("b", rank=2), "score": [1]}, "score [1] is not a finite number"),
+        ({**hit("b", rank=2), "score": float("nan")}, "score nan is not a finite number"),  # JSON's NaN
+        ({**hit("b", rank=2), "score": True}, "score True is not a finite number"),
+        ({**hit("b", rank=2), "score": None, "rank": "first"}, "rank 'first' is not a finite number"),
+    ],
 )
 def test_bad_hit_error_or_skip(tmp_path: Path, bad_hit: dict, reason: str) -> None:
     path = rank_llm_file(tmp_path, [hit("a"), bad_hit, hit("c", rank=3)])
@@ -445,6 +453,14 @@ def test_bad_hit_error_or_skip(tmp_path: Path, bad_hit: dict, reason: str) -> No
     assert data.candidates[0].scores == [9.0, 7.0]
     assert sum(data.skipped.values()) == 1
     assert any(reason in r for r in data.skipped)
+
+
+def test_hits_that_are_not_a_list_and_scores_given_as_text(tmp_path: Path) -> None:
+    path = write(tmp_path / "cands.json", json.dumps([{"query": "a query", "hits": 5}]))
+    with raises(f"{path}: entry [0]: hits: expected a list of hits, got int"):
+        load_candidates(path)
+    path = rank_llm_file(tmp_path, [{**hit("a"), "score": "2.5"}, {**hit("b", rank=2), "score": None}])
+    assert load_candidates(path).candidates[0].scores == [2.5, -2.0]  # a number as text; no score: minus the rank
 
 
 def test_unknown_json_layout(tmp_path: Path) -> None:
