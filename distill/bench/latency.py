@@ -40,6 +40,7 @@ from distill.bench.ndcg import REFERENCE, QualitySet
 from distill.bench.timing import time_method
 from distill.bench.workload import TOKEN_COUNTS, Workload, rerank_workload, token_count_workloads
 from distill.core.devices import MATMUL_SIZE, compute_dtype, resolve_device
+from distill.core.files import read_json_object
 from distill.core.output_files import write_whole
 from distill.core.path_checks import output_folder
 from distill.core.project_files import CANDIDATES, DL19, QRELS, shipped
@@ -129,6 +130,14 @@ class BenchConfig(RuntimeOptions):
     and ``.json`` in the result folder, the time by kernel category (:mod:`distill.bench.profile`). The profiler
     slows the calls it records: a profiled run's timings are no measurements."""
 
+    def __post_init__(self) -> None:
+        RuntimeOptions.__post_init__(self)
+        for name, least in (("warmup", 0), ("repeats", 1), ("rerank_queries", 0)):
+            if getattr(self, name) < least:
+                raise InputError(f"bench: {name} must be at least {least}, got {getattr(self, name)}")
+        if self.max_seconds <= 0:
+            raise InputError(f"bench: max_seconds must be positive, got {self.max_seconds}")
+
 
 @dataclass(frozen=True)
 class BenchReport:
@@ -153,7 +162,10 @@ def bench(config: BenchConfig, command: str | None = None) -> BenchReport:
         path = Path(config.results)
         if not path.is_file():
             raise MissingFileError(f"{path}: no such bench.json")
-        return BenchReport(json.loads(path.read_text()), config.compare)
+        result = read_json_object(path)
+        if missing := [key for key in ("workloads", "cells", "skipped") if key not in result]:
+            raise InputError(f"{path}: not a bench.json (no {', '.join(map(repr, missing))})")
+        return BenchReport(result, config.compare)
     return BenchReport(run_bench(config, command), config.compare)
 
 

@@ -174,6 +174,9 @@ def evaluate(cfg: EvalConfig, command: str | None = None) -> EvalResult:
     multihop = cfg.multihop or bool(cfg.input and is_multihop_file(Path(cfg.input)))
     metrics = cfg.metrics or list(MULTIHOP_METRICS if multihop else DEFAULT_METRICS)
     rel_level = default_rel_level(qrels) if cfg.rel_level is None else cfg.rel_level
+    top = max((grade for judged in qrels.values() for grade in judged.values()), default=0)
+    if not 1 <= rel_level <= max(top, 1):
+        raise InputError(f"eval: rel_level: {rel_level} is not a grade from 1 to the qrels' top grade, {top}")
     try:
         parse_metrics(metrics, rel_level)  # an unknown name fails before the runs are read
     except ValueError as e:

@@ -200,6 +200,20 @@ def test_bench_bad_arguments(exported: Path, capsys) -> None:
     assert "--student is required" in capsys.readouterr().err
     assert main(["bench", "--student", "/nonexistent/run"]) == 2
     assert "no such run or model folder" in capsys.readouterr().err
+    for option, value, expected in (("repeats", "0", "at least 1"), ("warmup", "-1", "at least 0")):
+        assert main(["bench", "--student", str(exported), f"--{option}", value]) == 2  # an IndexError once timing
+        assert f"bench: {option} must be {expected}, got {value}" in capsys.readouterr().err
+
+
+def test_bench_results_that_are_no_bench_json(tmp_path: Path, capsys) -> None:
+    for name, text, expected in (
+        ("cut.json", '{"workloads": [', "cut.json:1:16: malformed JSON"),
+        ("list.json", "[1]", "list.json: expected a JSON object, got list"),
+        ("empty.json", "{}", "empty.json: not a bench.json (no 'workloads', 'cells', 'skipped')"),
+    ):
+        (tmp_path / name).write_text(text)
+        assert main(["bench", "--results", str(tmp_path / name)]) == 2
+        assert expected in capsys.readouterr().err, name
 
 
 def test_a_failing_method_keeps_the_figures_already_taken(exported: Path, tmp_path: Path, capsys) -> None:

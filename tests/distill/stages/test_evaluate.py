@@ -173,6 +173,9 @@ def test_cli_eval_errors_name_the_metric_and_the_run(tmp_path, capsys) -> None:
     bm25 = str(TEACHER / "runs" / "first_stage.trec")
     assert main(["eval", "--qrels", str(DL19_QRELS), "--run", bm25, "--metrics", "nDCG@10", "nDGC@10"]) == 2
     assert "unknown metric 'nDGC@10'" in capsys.readouterr().err
+    for level in ("-3", "0", "4"):  # DL19's grades run from 0 to 3; RR(rel=-3) was 100 and R(rel=-3) 0, exit 0
+        assert main(["eval", "--qrels", str(DL19_QRELS), "--run", bm25, "--rel_level", level]) == 2
+        assert f"rel_level: {level} is not a grade from 1 to the qrels' top grade, 3" in capsys.readouterr().err
     unjudged = tmp_path / "unjudged.trec"
     write_trec_run(unjudged, {"no-such-query": {"d1": 1.0}}, tag="x")
     assert main(["eval", "--qrels", str(DL19_QRELS), "--run", bm25, str(unjudged)]) == 2
