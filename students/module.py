@@ -13,15 +13,33 @@ from pytorch_lightning import LightningModule
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
 from scipy.stats import pearsonr, spearmanr
 
+from distill.core.schema import InputError
 from distill.model.unpadding import Unpadder, device_packing
 from students.compilation import compile_blocks
 from students.initial_weights import check_initial_weight_share
-from students.losses import build_loss
+from students.losses import LOSSES, build_loss
 from students.masks import build_masks_ahead
 from students.model import build_student
 from students.optim import LrScaling, adamw, check_lr_scaling, scaled_lr
 
 log = logging.getLogger(__name__)
+
+
+def check_optimisation(loss: str, lr: float, temperature: float, weight_decay: float, warmup_ratio: float) -> None:
+    """The loss is one of :data:`~students.losses.LOSSES`, and the optimiser's numbers are in range.
+
+    Raises:
+        InputError: ``model.<key>: ...``, before any data loads.
+    """
+    if loss not in LOSSES:
+        raise InputError(f"model.loss: expected one of {sorted(LOSSES)}, got {loss!r}")
+    for key, value in (("lr", lr), ("temperature", temperature)):
+        if not value > 0:
+            raise InputError(f"model.{key}: must be positive, got {value}")
+    if not weight_decay >= 0:
+        raise InputError(f"model.weight_decay: must be 0 or more, got {weight_decay}")
+    if not 0 <= warmup_ratio < 1:
+        raise InputError(f"model.warmup_ratio: must be in [0, 1), got {warmup_ratio}")
 
 
 class CrossEncoderModule(LightningModule):
@@ -81,6 +99,7 @@ class CrossEncoderModule(LightningModule):
         initial_weight_share: float = 0.0,
     ) -> None:
         super().__init__()
+        check_optimisation(loss, lr, temperature, weight_decay, warmup_ratio)
         check_lr_scaling(lr_scaling, lr_reference_tokens, batch_tokens)
         check_initial_weight_share(initial_weight_share, head, random_init)
         self.save_hyperparameters()

@@ -232,6 +232,26 @@ def test_a_misspelt_train_key_is_one_line(tmp_path: Path, tiny_bert: Path, teach
     assert err == "distill train: error: model.lr: expected float, got 'fast'\n"
 
 
+@pytest.mark.parametrize(
+    ("option", "value", "expected"),
+    [
+        ("model.loss", "nosuchloss", "model.loss: expected one of ['adr_mse', "),
+        ("model.lr", "-1", "model.lr: must be positive, got -1.0"),  # a traceback from AdamW, after the data loaded
+        ("model.warmup_ratio", "1.5", "model.warmup_ratio: must be in [0, 1), got 1.5"),
+        ("data.batch_size", "0", "data.batch_size: must be positive, got 0"),  # trained with batches of 1, exit 0
+        ("data.group_size", "-2", "data.group_size: must be positive, got -2"),
+    ],
+)
+def test_an_option_out_of_range_is_one_line_before_the_data_loads(
+    tmp_path: Path, tiny_bert: Path, teacher_dataset: Path, capsys, option: str, value: str, expected: str
+) -> None:
+    config = write_config(tmp_path, tiny_bert, teacher_dataset)
+    assert main(["train", "--config", str(config), f"--{option}", value]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"distill train: error: {expected}") and err.count("\n") == 1, err
+    assert not (tmp_path / "runs" / "tiny" / "logs").exists()
+
+
 def test_full_size_bert_large_config_runs_a_step(tmp_path: Path, teacher_dataset: Path) -> None:
     """bert-large-uncased builds offline from its embedded config (random weights) and trains a step (unvalidated:
     the best checkpoint's save is other tests' concern); its last checkpoint (4 GB with the optimiser's state) is
