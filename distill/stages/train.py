@@ -64,6 +64,13 @@ class DistillCLI(LightningCLI):
         parser.add_argument("--wandb_mode", default="offline", choices=["offline", "online", "disabled"])
         parser.add_argument("--ckpt_path", default=None, help="a checkpoint to resume from, or 'last'")
         parser.add_argument(
+            "--overwrite",
+            type=bool,
+            default=False,
+            help="replace the run folder's earlier run (its checkpoints, hf/, export and logs); without it, a run "
+            "folder that holds one is refused unless --ckpt_path resumes from it",
+        )
+        parser.add_argument(
             "--interpolate",
             type=bool,
             default=False,
@@ -103,6 +110,7 @@ class DistillCLI(LightningCLI):
         check_loss_groups(self.config.model.loss, self.config.data.group_size)
         check_train_paths(self.config, self.run_dir, self.reads_files)
         if self.reads_files:
+            claim_run_folder(self.run_dir, self.config.ckpt_path, self.config.overwrite)
             self.resume_from = resume_checkpoint(self.config.ckpt_path, RunLayout(self.run_dir).checkpoints)
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
@@ -251,6 +259,30 @@ def finish_wandb(trainer: Trainer) -> None:
         import wandb
 
         wandb.finish()
+
+
+def claim_run_folder(run_dir: Path, ckpt_path: str | None, overwrite: bool) -> None:
+    """Take ``run_dir`` for a new run: where it holds an earlier one (a checkpoint or ``hf/``), resume it
+    (``ckpt_path``), replace it (``overwrite``: the global-zero rank removes the folder) or refuse.
+
+    Raises:
+        ExistingOutputError: an earlier run is there, and neither ``ckpt_path`` nor ``overwrite`` is given.
+    """
+    import shutil
+
+    from distill.core.schema import ExistingOutputError
+
+    layout = RunLayout(run_dir)
+    if ckpt_path is not None or not (any(layout.checkpoints.glob("*.ckpt")) or (layout.hf / "config.json").is_file()):
+        return
+    if not overwrite:
+        raise ExistingOutputError(
+            f"{run_dir} holds an earlier training run: resume it with --ckpt_path last, replace it with "
+            "--overwrite true, or choose another --run_name"
+        )
+    if rank_zero_only.rank == 0:
+        log.warning("--overwrite: removing the earlier run in %s", run_dir)
+        shutil.rmtree(run_dir)
 
 
 def resume_checkpoint(given: str | None, checkpoints: Path) -> str | Path | None:

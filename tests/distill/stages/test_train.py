@@ -232,6 +232,27 @@ def test_a_misspelt_train_key_is_one_line(tmp_path: Path, tiny_bert: Path, teach
     assert err == "distill train: error: model.lr: expected float, got 'fast'\n"
 
 
+def test_a_finished_run_is_resumed_or_replaced_when_asked_never_silently(
+    tmp_path: Path, tiny_bert: Path, teacher_dataset: Path, capsys
+) -> None:
+    """A second run under the same run_name with other options replaced the first run's checkpoints and weights,
+    with exit 0."""
+    config = write_config(tmp_path, tiny_bert, teacher_dataset, max_epochs=1)
+    assert main(["train", "--config", str(config)]) == 0
+    run = tmp_path / "runs" / "tiny"
+    before = {p: p.read_bytes() for p in (run / "hf" / "model.safetensors", run / "checkpoints" / "last.ckpt")}
+    capsys.readouterr()
+    assert main(["train", "--config", str(config), "--model.lr", "1e-2"]) == 2
+    assert capsys.readouterr().err == (
+        f"distill train: error: {run} holds an earlier training run: resume it with --ckpt_path last, replace it "
+        "with --overwrite true, or choose another --run_name\n"
+    )
+    assert {p: p.read_bytes() for p in before} == before
+    assert main(["train", "--config", str(config), "--model.lr", "1e-2", "--overwrite", "true"]) == 0
+    assert yaml.safe_load((run / "logs" / "config.yaml").read_text())["model"]["lr"] == 1e-2  # the new run's
+    assert (run / "hf" / "model.safetensors").read_bytes() != before[run / "hf" / "model.safetensors"]
+
+
 @pytest.mark.parametrize(
     ("option", "value", "expected"),
     [
