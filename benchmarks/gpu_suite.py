@@ -196,10 +196,18 @@ def run_train(args: GpuSuite, out: Path, extra: Sequence[str] = ()) -> tuple[lis
     return ["python", "-m", "benchmarks.train_throughput", *argv], train_throughput.main(argv)
 
 
+def overridden(argv: list[str], extra: Sequence[str]) -> list[str]:
+    """``argv`` (a command, then ``--flag value`` pairs) without the flags that ``extra`` sets again: ``distill``
+    refuses a list flag given twice."""
+    again = {flag for flag in extra if flag.startswith("--")}
+    pairs = zip(argv[1::2], argv[2::2], strict=True)
+    return [argv[0], *(item for flag, value in pairs if flag not in again for item in (flag, value))]
+
+
 def run_rerank(args: GpuSuite, out: Path, extra: Sequence[str] = ()) -> tuple[list[str], int]:
     from distill.cli import main as distill
 
-    argv = [*rerank_argv(args, out), *extra]
+    argv = [*overridden(rerank_argv(args, out), extra), *extra]
     with parallel_tokenizer():
         return ["distill", *argv], distill(argv)
 

@@ -6,8 +6,8 @@ jsonargparse does the typing (``int | None``, ``Literal``, lists, nested datacla
 - every mistake is an :class:`~distill.core.schema.InputError` of one line that names the file (or the flag)
   and the key: an unknown or misspelt key (with the closest known one), a wrong type, a missing option;
 - flags are written as the YAML keys (``--max_queries 3``); ``--max-queries`` is accepted too, and a list
-  option takes ``--scores cis,upr``, ``--run a.trec b.trec``, ``--scores '[cis, upr]'`` or ``--run a --run b`` (a
-  list flag given again adds its items); a bool flag alone (``--fp16``) means true.
+  option takes ``--scores cis,upr``, ``--run a.trec b.trec`` or ``--scores '[cis, upr]'`` (and, where its field is
+  marked :data:`REPEATABLE`, ``--model a --model b``); a bool flag alone (``--fp16``) means true.
 
 Defaults live in the dataclasses and nowhere else. ``distill train`` is LightningCLI, which is jsonargparse too.
 """
@@ -322,24 +322,28 @@ def _fields_only(cls: type, values: dict[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in values.items() if key in hints}
 
 
-def _list_items(values: list[str]) -> list[Any] | None:
-    """A list flag's items: ``a,b``, ``a b`` or ``'[a, b]'``; None for a bracketed value that is no YAML list (left to
-    jsonargparse, which names the flag in its error)."""
-    if len(values) == 1 and values[0].lstrip().startswith("["):
-        try:
-            items = yaml.safe_load(values[0])
-        except yaml.YAMLError:
-            return None
-        return items if isinstance(items, list) else None
-    return [item.strip() for value in values for item in value.split(",") if item.strip()]
+REPEATABLE = "repeatable"
+"""A list field's metadata key: its flag given again adds to its items (``--model a --model b``). Any other list
+flag given again is refused (whether it should add or replace is anyone's guess), and a scalar flag given again
+replaces its value."""
+
+
+def _repeatable(cls: type, name: str) -> bool:
+    """Whether ``cls``'s field ``name`` (not dotted) is marked :data:`REPEATABLE`."""
+    found = {f.name: f for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else {}
+    return name in found and bool(found[name].metadata.get(REPEATABLE))
 
 
 def normalize_flags(cls: type, argv: Sequence[str]) -> list[str]:
-    """Flags as jsonargparse takes them: ``--a-b`` -> ``--a_b``; a list option's values (``--x a,b``, ``--x a b``,
-    ``--x '[a, b]'``, and ``--x a --x b``: a list flag given again adds its items, where a scalar one given again
-    replaces its value) -> one list; a bool flag with no value -> ``true``."""
+    """Flags as jsonargparse takes them: ``--a-b`` -> ``--a_b``; a list option's values (``--x a,b`` or ``--x a b``,
+    and ``--x a --x b`` where it is :data:`REPEATABLE`) -> one list; a bool flag with no value -> ``true``.
+
+    Raises:
+        InputError: a list flag that is not :data:`REPEATABLE` given twice.
+    """
     out: list[str] = []
     lists: dict[str, int] = {}  # a list option's index in out, for its items given again
+    given: set[str] = set()
     i = 0
     argv = list(argv)
     while i < len(argv):
@@ -361,13 +365,17 @@ def normalize_flags(cls: type, argv: Sequence[str]) -> list[str]:
                 i += 1
         if _is_bool(hint) and not values:
             values = ["true"]
-        items = _list_items(values) if _is_list(hint) and values else None
-        if items is not None:
-            if name in lists:  # a list option given again: its items accumulate
+        if _is_list(hint) and name in given and not _repeatable(cls, name):
+            raise InputError(f"--{name} given twice: give all its items once (--{name} a b, or a,b)")
+        given.add(name)
+        if _is_list(hint) and values and not (len(values) == 1 and values[0].lstrip().startswith("[")):
+            items = [item.strip() for value in values for item in value.split(",") if item.strip()]
+            if name in lists:  # a repeatable option given again: its items accumulate
                 out[lists[name]] = json.dumps([*json.loads(out[lists[name]]), *items])
                 continue
             values = [json.dumps(items)]
-            lists[name] = len(out) + 1
+            if _repeatable(cls, name):
+                lists[name] = len(out) + 1
         out += [f"--{name}", *values]
     return out
 

@@ -20,10 +20,10 @@ import logging
 import os
 import socket
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from distill.core.config import options_of
+from distill.core.config import REPEATABLE, options_of
 from distill.core.schema import InputError
 from distill.serving.http_gate import ServingState
 from distill.serving.options import HttpOptions, ServingOptions
@@ -41,7 +41,7 @@ class ServeConfig(ServingOptions, HttpOptions):
     names, else of ``first_stage`` (``interpolation``: ``false`` refuses such requests, a number fuses them all with
     it); one without is scored by the student alone."""
 
-    model: list[str] | None = None
+    model: list[str] | None = field(default=None, metadata={REPEATABLE: True})
     """The student (required): an export folder (``distill export``), a training run (its export), a Hugging Face
     folder (torch backend), or a hub id (``org/name``, at ``revision``) in or into the Hugging Face cache. Several
     students: ``--model NAME=PATH`` once each (or a YAML list), which a request's ``model`` picks by ``NAME`` (the

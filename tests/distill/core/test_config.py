@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from distill.cli import COMMANDS, main
-from distill.core.config import load_section, parse_config
+from distill.core.config import REPEATABLE, load_section, parse_config
 from distill.core.schema import InputError
 
 
@@ -25,7 +25,7 @@ class Options:
     mode: Literal["fast", "exact"] = "fast"
     enabled: bool = False
     token: int | str | None = None
-    models: list[str] = field(default_factory=list)
+    models: list[str] = field(default_factory=list, metadata={REPEATABLE: True})
 
 
 def one_line_error(capsys: pytest.CaptureFixture[str]) -> str:
@@ -45,11 +45,15 @@ def test_flags_are_spelt_as_keys_dashes_accepted_lists_and_bools_made_easy(tmp_p
     assert parse_config(Options, ["--count=2"], "x").count == 2
 
 
-def test_a_list_flag_given_again_adds_and_a_scalar_one_replaces() -> None:
-    """``--run A --run B`` kept only B, and a rerank of ``--input a --input b`` only b's queries."""
-    argv = ["--models", "a=1", "--inputs", "x", "--models", "b=2,c", "--inputs", "[y, z]", "--count", "1"]
-    got = parse_config(Options, [*argv, "--count", "2", "--inputs", "w"], "x")
-    assert (got.models, got.inputs, got.count) == (["a=1", "b=2", "c"], ["x", "y", "z", "w"], 2)
+def test_a_repeatable_list_flag_given_again_adds_another_list_flag_is_refused_a_scalar_replaces() -> None:
+    """``eval --run A --run B`` evaluated only B (the baseline dropped) and ``rerank --input a --input b`` only b's
+    queries, with exit 0."""
+    got = parse_config(Options, ["--models", "a=1", "--inputs", "x", "--models", "b=2,c", "--count", "1"], "x")
+    assert (got.models, got.inputs) == (["a=1", "b=2", "c"], ["x"])
+    assert parse_config(Options, ["--count", "1", "--count", "2"], "x").count == 2
+    for again in (["--inputs", "y"], ["--inputs=[y]"]):
+        with pytest.raises(InputError, match=re.escape("--inputs given twice: give all its items once")):
+            parse_config(Options, ["--inputs", "x", *again], "x")
 
 
 @pytest.mark.parametrize(
