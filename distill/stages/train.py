@@ -110,10 +110,11 @@ class DistillCLI(LightningCLI):
         check_loss_groups(self.config.model.loss, self.config.data.group_size)
         check_train_paths(self.config, self.run_dir, self.reads_files)
         if self.reads_files:
-            claim_run_folder(self.run_dir, self.config.ckpt_path, self.config.overwrite)
             self.resume_from = resume_checkpoint(self.config.ckpt_path, RunLayout(self.run_dir).checkpoints)
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
+        # Once the model's and the data's options have passed their checks: the run folder is this run's.
+        claim_run_folder(self.run_dir, self.config.ckpt_path, self.config.overwrite)
         # The data is read and checked before any logger (or wandb run) exists: bad data fails fast and cleanly.
         self.datamodule.setup("fit")
         config = {**self._get(self.config_init, "trainer", default={}), **kwargs}
