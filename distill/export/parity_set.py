@@ -68,13 +68,14 @@ class ParitySet:
         return replace(self, ranking=other.ranking, qrels=other.qrels, ranking_source=other.ranking_source)
 
 
-def dl19_parity_set() -> ParitySet:
-    """The first 3 DL19 queries, 32 BM25 candidates each (the export's default score pairs), and a ranking set of
-    all 43 judged DL19 queries (:mod:`benchmarks.onnx_cpu` measures on it; the export replaces it with the student's
-    validation queries, :func:`~distill.export.quality_gate.validation_set`)."""
+def dl19_parity_set(queries: int = 3, depth: int = 32) -> ParitySet:
+    """The first ``queries`` DL19 queries, ``depth`` BM25 candidates each (the export's default score pairs), and a
+    ranking set of all 43 judged DL19 queries (:mod:`benchmarks.onnx_cpu` measures on it; the export replaces it
+    with the student's validation queries, :func:`~distill.export.quality_gate.validation_set`)."""
     from distill.data.loaders import load_candidates
 
-    return ParitySet.from_data(load_candidates(shipped(DL19 / CANDIDATES, "parity_input"), qrels=DL19 / QRELS))
+    data = load_candidates(shipped(DL19 / CANDIDATES, "parity_input"), qrels=DL19 / QRELS)
+    return ParitySet.from_data(data, queries, depth)
 
 
 def ranking_ndcg10(pairs: list[Pair], scores: np.ndarray, qrels: Qrels) -> float:

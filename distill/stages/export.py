@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from distill.core.schema import InputError
 from distill.export.exporter import ExportReport
 from distill.export.quantize import Calibration, Int8Mode
 
@@ -32,7 +33,7 @@ class ExportConfig:
     parity_input: str | None = None
     """Candidates of the score bounds (default: the shipped DL19 BM25 top-100; no qrels needed)."""
     parity_queries: int = 3
-    """Queries of ``parity_input`` for the score bounds."""
+    """Queries of ``parity_input`` (or of the shipped DL19 list) for the score bounds."""
     parity_depth: int = 32
     """Candidates per query for the score bounds."""
     validation_input: str | None = None
@@ -51,13 +52,17 @@ class ExportConfig:
     private: bool = False
     """With ``push_to_hub``: create the repository private."""
 
+    def __post_init__(self) -> None:
+        for name in ("parity_queries", "parity_depth"):
+            if getattr(self, name) < 1:
+                raise InputError(f"export: {name} must be positive, got {getattr(self, name)}")
+
 
 def export(cfg: ExportConfig) -> ExportReport:
     """Export the student of ``cfg.checkpoint``; nothing is written if a format breaks its parity bound."""
     from distill.core.files import check_model_folder
     from distill.core.path_checks import output_folder
     from distill.core.run_folder import RunLayout, student_folder
-    from distill.core.schema import InputError
     from distill.data.loaders import load_candidates
     from distill.data.loaders.qrels import qrels_files
     from distill.export.exporter import export_student
@@ -75,7 +80,7 @@ def export(cfg: ExportConfig) -> ExportReport:
     if cfg.parity_input:
         parity = ParitySet.from_data(load_candidates(cfg.parity_input), cfg.parity_queries, cfg.parity_depth, 0)
     else:
-        parity = dl19_parity_set()
+        parity = dl19_parity_set(cfg.parity_queries, cfg.parity_depth)
     parity = parity.with_ranking(validation_set(model, cfg.validation_input, cfg.validation_qrels))
     int8 = cfg.int8_mode if cfg.int8 else None
     report = export_student(

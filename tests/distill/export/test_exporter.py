@@ -516,3 +516,15 @@ def test_openvino_perf_count_times_each_node_and_keeps_the_scores(
     executed = [n for n in scorer.request.profiling_info if n.status == openvino.ProfilingInfo.Status.EXECUTED]
     assert {"FullyConnected", "MatMul"} & {n.node_type for n in executed}
     assert sum(n.real_time.total_seconds() for n in executed) > 0
+
+
+def test_the_parity_options_size_the_default_dl19_pairs_too() -> None:
+    """``--parity_queries`` and ``--parity_depth`` were used only with ``--parity_input``: 0 ran on 3 queries."""
+    from distill.export.parity_set import dl19_parity_set
+    from distill.stages.export import ExportConfig
+
+    pairs = dl19_parity_set(2, 5).pairs
+    assert len({p.qid for p in pairs}) == 2 and len(pairs) == 2 * 5 + 1  # and the long pair
+    for option in ("parity_queries", "parity_depth"):
+        with pytest.raises(InputError, match=f"export: {option} must be positive, got 0"):
+            ExportConfig(**{option: 0})
