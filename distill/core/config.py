@@ -302,10 +302,14 @@ def _validated(cls: type, mapping: dict[str, Any], where: str) -> dict[str, Any]
 
 
 def load_section(cls: type[C], mapping: dict[str, Any] | None, where: str) -> C:
-    """``cls`` from a mapping (a pipeline section, say): unknown keys and wrong types name ``where`` and the key;
-    an absent section (None) takes every default."""
+    """``cls`` from a mapping (a pipeline section, say): unknown keys, wrong types and the values ``cls`` refuses
+    name ``where`` and the key; an absent section (None) takes every default."""
     mapping = _validated(cls, mapping or {}, where)
-    return _instantiate(cls, _fields_only(cls, {**_defaults(cls), **mapping}))
+    try:
+        return _instantiate(cls, _fields_only(cls, {**_defaults(cls), **mapping}))
+    except InputError as e:  # "teach: input is required ..." -> "pipeline.yaml: teach: input is required ..."
+        section = where.rsplit(": ", 1)[-1] + ": "
+        raise type(e)(f"{where}: {str(e).removeprefix(section)}") from None
 
 
 def _defaults(cls: type) -> dict[str, Any]:

@@ -142,6 +142,7 @@ def one_line_error(capsys) -> str:
         ({"eval": {"test": "z"}}, "{path}: eval: test: expected 't' | 'randomization', got 'z'"),
         ({"bench": {"repeats": "many"}}, "{path}: bench: repeats: expected int, got 'many'"),
         ({"name": None}, "{path}: name: missing"),
+        ({"teach": {"input": None}}, "{path}: teach: input is required"),  # a stage's own check, named too
         ({"teach": "nope.yaml"}, "nope.yaml: config file not found"),
     ],
 )
