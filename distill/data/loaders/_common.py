@@ -161,7 +161,10 @@ def iter_json_list(path: Path) -> Iterator[Any]:
     try:
         with path.open(encoding="utf-8") as f:
             window = _JsonWindow(f, path)
-            if window.next_char() != "[":
+            first = window.next_char()
+            if first == "{":  # well-formed, perhaps: only not a list
+                raise InputError(f"{window.where(window.pos)}: expected a JSON list, got a JSON object")
+            if first != "[":
                 raise window.error(window.pos, "expected a JSON list")
             window.pos += 1
             if window.next_char() == "]":

@@ -455,6 +455,13 @@ def test_bad_hit_error_or_skip(tmp_path: Path, bad_hit: dict, reason: str) -> No
     assert any(reason in r for r in data.skipped)
 
 
+def test_a_json_object_is_no_list_of_entries_and_not_called_malformed(tmp_path: Path) -> None:
+    path = write(tmp_path / "one.json", json.dumps({"query": "a query", "hits": [hit("a")]}))
+    with pytest.raises(InputError) as error:
+        load_candidates(path)
+    assert str(error.value) == f"{path}:1:1: expected a JSON list, got a JSON object"
+
+
 def test_hits_that_are_not_a_list_and_scores_given_as_text(tmp_path: Path) -> None:
     path = write(tmp_path / "cands.json", json.dumps([{"query": "a query", "hits": 5}]))
     with raises(f"{path}: entry [0]: hits: expected a list of hits, got int"):
