@@ -109,18 +109,3 @@ def test_a_validation_saves_last_ckpt_only_when_a_save_is_due(
     assert [s.split("step ")[1].split(")")[0] for s in saved] == ["2", "4", "6", "8", "9"]
     last = torch.load(tmp_path / "runs" / "tiny" / "checkpoints" / "last.ckpt", weights_only=False)
     assert last["global_step"] == 9
-
-
-@pytest.mark.parametrize(
-    ("flag", "value", "expected"),
-    [
-        ("every_minutes", "0", "expected PositiveFloat | None, got '0'"),
-        ("every_n_steps", "-2", "expected PositiveInt | None, got '-2'"),
-    ],
-)
-def test_a_save_interval_that_is_not_positive_is_one_line(
-    tmp_path: Path, tiny_bert: Path, teacher_dataset: Path, capsys, flag: str, value: str, expected: str
-) -> None:
-    path = write_config(tmp_path, tiny_bert, teacher_dataset)
-    assert main(["train", "--config", str(path), f"--checkpointing.{flag}", value]) == 2
-    assert capsys.readouterr().err == f"distill train: error: checkpointing.{flag}: {expected}\n"

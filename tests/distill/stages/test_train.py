@@ -261,6 +261,8 @@ def test_a_finished_run_is_resumed_or_replaced_when_asked_never_silently(
         ("model.warmup_ratio", "1.5", "model.warmup_ratio: must be in [0, 1), got 1.5"),
         ("data.batch_size", "0", "data.batch_size: must be positive, got 0"),  # trained with batches of 1, exit 0
         ("data.group_size", "-2", "data.group_size: must be positive, got -2"),
+        ("checkpointing.every_minutes", "0", "checkpointing.every_minutes: expected PositiveFloat | None, got '0'"),
+        ("checkpointing.every_n_steps", "-2", "checkpointing.every_n_steps: expected PositiveInt | None, got '-2'"),
     ],
 )
 def test_an_option_out_of_range_is_one_line_before_the_data_loads(
