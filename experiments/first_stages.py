@@ -274,6 +274,11 @@ def runs(name: str) -> list[str]:
     return [f"fs-{name}-f{k}" for k in range(FOLDS)] if VARIANTS[name][1] else [f"fs-{name}"]
 
 
+RESUME = ["--ckpt_path", "last"]
+"""Given to every training run: an interrupted run is resumed (to the uninterrupted run's result), any other starts
+fresh; ``distill train`` refuses to start over a run folder's earlier run."""
+
+
 def train_command(name: str, run_name: str) -> list[str]:
     args, folded = VARIANTS[name]
     fold = ["--data.val_fold", run_name.rsplit("-f", 1)[1]] if folded else []
@@ -345,10 +350,10 @@ def train(names: list[str], fold: int | None = None) -> None:
             elif blend:
                 source = runs(blend[0])[k]
                 if not trained(source):
-                    run(train_command(blend[0], source))
+                    run([*train_command(blend[0], source), *RESUME])
                 blend_run(source, run_name, blend[1])
             else:
-                run(train_command(name, run_name))
+                run([*train_command(name, run_name), *RESUME])
             if not all(heldout_path(name, stage).is_file() for stage in VALIDATION):
                 held_out(name, run_name)
             for checkpoint in (ROOT / "checkpoints" / run_name / "checkpoints").glob("*.ckpt"):

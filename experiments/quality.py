@@ -212,7 +212,7 @@ def train(names: list[str]) -> None:
             print(f"{name}: done ({record_path(name).relative_to(ROOT)})")
             continue
         if not (run_dir(name) / "hf" / "config.json").is_file():
-            run(train_command(name))
+            run([*train_command(name), "--ckpt_path", "last"])  # an interrupted run resumed; else a fresh start
         record(name)
 
 
