@@ -127,7 +127,8 @@ def test_each_fold_commits_its_held_out_runs_as_it_trains_and_the_pool_replaces_
         selection.train(["bm25"], fold=1)
     selection.train(["hybrid-apart"], fold=1)
     assert [c[1] for c in launched] == ["train", "rerank", "rerank"]
-    assert launched[0][-1] == "fs-hybrid-apart-f1" and not selection.trained("fs-hybrid-apart-f0")
+    assert launched[0][-4:] == ["--run_name", "fs-hybrid-apart-f1", *selection.RESUME]  # an interrupted run resumes
+    assert not selection.trained("fs-hybrid-apart-f0")
     f1 = {stage: selection.fold_path("hybrid-apart", "fs-hybrid-apart-f1", stage) for stage in selection.VALIDATION}
     assert sorted(read_trec_run(f1["splade"])) == folds["fs-hybrid-apart-f1"]
     with pytest.raises(SystemExit, match="checkpoints/fs-hybrid-apart-f0/hf is missing"):
@@ -135,7 +136,8 @@ def test_each_fold_commits_its_held_out_runs_as_it_trains_and_the_pool_replaces_
 
     shutil.rmtree(tmp_path / "checkpoints")  # fold 1's checkpoint is gone: the next checkout trains fold 0
     selection.train(["hybrid-apart"], fold=0)
-    assert [c[-1] for c in launched if c[1] == "train"] == ["fs-hybrid-apart-f1", "fs-hybrid-apart-f0"]
+    trained = [c[c.index("--run_name") + 1] for c in launched if c[1] == "train"]
+    assert trained == ["fs-hybrid-apart-f1", "fs-hybrid-apart-f0"]
     lists = selection.pooled("hybrid-apart", qrels, [])
     assert sorted(lists["bm25"]) == sorted(qrels) and len(lists["splade"]) == 53
     assert lists == {stage: read_trec_run(selection.heldout_path("hybrid-apart", stage)) for stage in lists}
