@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import shutil
 import signal
 import sys
 import warnings
@@ -32,7 +33,7 @@ from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
 from distill.core.config import argument_error, help_formatter, read_yaml_file
 from distill.core.run_folder import RunLayout
-from distill.core.schema import EXIT_INTERRUPTED, InputError
+from distill.core.schema import EXIT_INTERRUPTED, ExistingOutputError, InputError
 from students.checkpointing import (
     EVERY_MINUTES,
     EXIT_PREEMPTED,
@@ -269,10 +270,6 @@ def claim_run_folder(run_dir: Path, ckpt_path: str | None, overwrite: bool) -> N
     Raises:
         ExistingOutputError: an earlier run is there, and neither ``ckpt_path`` nor ``overwrite`` is given.
     """
-    import shutil
-
-    from distill.core.schema import ExistingOutputError
-
     layout = RunLayout(run_dir)
     if ckpt_path is not None or not (any(layout.checkpoints.glob("*.ckpt")) or (layout.hf / "config.json").is_file()):
         return

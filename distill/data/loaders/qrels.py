@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from distill.core.schema import InputError, Qrels
+from distill.core.schema import InputError, Qrels, join_qrels
+from distill.data.loaders.irds import irds_qrels, is_irds
 
 
 def load_qrels(path: Path) -> Qrels:
@@ -32,9 +33,6 @@ def read_qrels(source: str | Path | list[str | Path]) -> Qrels:
         InputError: a malformed line (naming the file and line), an unknown ir_datasets id, or an ir_datasets
             dataset without qrels.
     """
-    from distill.core.schema import join_qrels
-    from distill.data.loaders.irds import irds_qrels, is_irds
-
     parts = []
     for one in source if isinstance(source, list) else [source]:
         if not is_irds(one):
@@ -48,7 +46,5 @@ def read_qrels(source: str | Path | list[str | Path]) -> Qrels:
 
 def qrels_files(source: str | Path | list[str | Path] | None) -> list[str | Path]:
     """The files that a :func:`read_qrels` source names (its ``irds:`` ids left out), to check before any work."""
-    from distill.data.loaders.irds import is_irds
-
     sources = [] if source is None else source if isinstance(source, list) else [source]
     return [one for one in sources if not is_irds(one)]
