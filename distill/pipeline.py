@@ -192,12 +192,11 @@ def load_pipeline(path: str | Path) -> Pipeline:
     )
 
 
-def _irds_inputs(inputs: str | list[str]) -> list[str] | None:
+def _irds_inputs(inputs: list[str]) -> list[str] | None:
     """The teacher's inputs when every one is an ir_datasets id (their qrels judge the pipeline); else None."""
     from distill.data.loaders.irds import is_irds
 
-    inputs = [inputs] if isinstance(inputs, str) else list(inputs)
-    return inputs if inputs and all(is_irds(i) for i in inputs) else None
+    return list(inputs) if inputs and all(is_irds(i) for i in inputs) else None
 
 
 def _train_sets_teacher_data(train: dict[str, Any]) -> bool:

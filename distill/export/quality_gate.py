@@ -382,8 +382,9 @@ def _teacher_inputs(folder: Path, card: StudentCard) -> list[str]:
 def _load(input: str, qrels: str | list[str] | None) -> RerankingData:
     from distill.data.loaders import load_candidates
     from distill.data.loaders.irds import is_irds
+    from distill.data.loaders.qrels import qrels_sources
 
-    given = None if qrels is None else [_qrels_path(q) for q in ([qrels] if isinstance(qrels, str) else qrels)]
+    given = None if qrels is None else [_qrels_path(q) for q in qrels_sources(qrels)]
     if is_irds(input):
         return load_candidates(input, qrels=given)
     path = resolve_path(input)

@@ -34,7 +34,7 @@ def read_qrels(source: str | Path | list[str | Path]) -> Qrels:
             dataset without qrels.
     """
     parts = []
-    for one in source if isinstance(source, list) else [source]:
+    for one in qrels_sources(source):
         if not is_irds(one):
             parts.append(load_qrels(Path(one)))
         elif not (judged := irds_qrels(str(one))):
@@ -44,7 +44,11 @@ def read_qrels(source: str | Path | list[str | Path]) -> Qrels:
     return join_qrels(parts)
 
 
+def qrels_sources(source: str | Path | list[str | Path] | None) -> list[str | Path]:
+    """The files and ``irds:`` ids of a :func:`read_qrels` source, as a list (none for None)."""
+    return [] if source is None else list(source) if isinstance(source, list) else [source]
+
+
 def qrels_files(source: str | Path | list[str | Path] | None) -> list[str | Path]:
     """The files that a :func:`read_qrels` source names (its ``irds:`` ids left out), to check before any work."""
-    sources = [] if source is None else source if isinstance(source, list) else [source]
-    return [one for one in sources if not is_irds(one)]
+    return [one for one in qrels_sources(source) if not is_irds(one)]
