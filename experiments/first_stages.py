@@ -623,23 +623,40 @@ def seed_runs(name: str) -> list[str]:
     return [name, *sorted(v for v in VARIANTS if re.fullmatch(rf"{re.escape(name)}-seed\d+", v))]
 
 
+def ensemble(members: list[dict[str, dict[str, float]]]) -> dict[str, dict[str, float]]:
+    """The mean of runs' per-query z-scores (:func:`distill.data.labels.per_query_z`): what scoring each pair with
+    every member and averaging would rank, qid -> docid -> score."""
+    from distill.data.labels import per_query_z
+
+    qids = [q for q in members[0] for _ in members[0][q]]
+    docids = [d for q in members[0] for d in members[0][q]]
+    z = np.mean([per_query_z([run[q][d] for q, d in zip(qids, docids, strict=True)], qids) for run in members], 0)
+    out: dict[str, dict[str, float]] = {}
+    for q, d, v in zip(qids, docids, z.tolist(), strict=True):
+        out.setdefault(q, {})[d] = v
+    return out
+
+
 def seeds(names: list[str], against: str, record_name: str) -> dict[str, Any]:
     """Compare settings over their seeds: each setting's per-query nDCG@10 on the held-out DL21 lists averaged over
     its :func:`seed_runs` (the student alone, and fused with the first stage by the α each run chose on its lists),
     and each setting against ``against`` with the paired-bootstrap interval over the queries of those means:
-    ``seeds-<record_name>.{json,md}``."""
+    ``seeds-<record_name>.{json,md}``. Also each setting's seeds as an :func:`ensemble` (and every setting's seeds
+    together), against the mean of its seeds: what scoring with several students at once would gain."""
     from distill.data.loaders import load_qrels
 
     qrels = load_qrels(ROOT / VALIDATION_QRELS)
     first = {stage: first_stage_scores(candidates) for stage, candidates in VALIDATION.items()}
     per_query: dict[tuple[str, str, str], dict[str, float]] = {}
     rows = []
+    members_of: dict[str, dict[str, dict]] = {}
     for name in dict.fromkeys([*names, against]):
         members = seed_runs(name)
         if len(members) < 2:
             raise SystemExit(f"first_stages.py seeds: {name} has no {name}-seed<N> variant to average with")
         row: dict[str, Any] = {"name": name, "seeds": members, "commands": []}
         runs_of = {member: pooled(member, qrels, row["commands"]) for member in members}
+        members_of.update(runs_of)
         for stage in VALIDATION:
             each = [scored(runs_of[m][stage], first[stage], qrels) for m in members]
             alphas, alone, fused = ([e[k] for e in each] for k in range(3))
@@ -658,6 +675,20 @@ def seeds(names: list[str], against: str, record_name: str) -> dict[str, Any]:
             for kind in ("student", "fused"):
                 ours, theirs = per_query[row["name"], stage, kind], per_query[against, stage, kind]
                 row[stage][f"{kind}_vs"] = difference(ours, theirs)
+    groups = {row["name"]: row["seeds"] for row in rows}
+    if len(rows) > 1:
+        groups["every setting's seeds"] = list(members_of)
+    ensembles = []
+    for group, members in groups.items():
+        mine: dict[str, Any] = {"name": group, "members": members}
+        own = next((row["name"] for row in rows if row["seeds"] == members), None)
+        for stage in VALIDATION:
+            alpha, alone, fused = scored(ensemble([members_of[m][stage] for m in members]), first[stage], qrels)
+            mine[stage] = {"student": mean(alone), "fused": mean(fused), "alpha": alpha}
+            for kind, values in (("student", alone), ("fused", fused)):
+                mine[stage][f"{kind}_vs_seed_mean"] = difference(values, per_query[own or against, stage, kind])
+        mine["against"] = f"the mean of {own or against}'s seeds"
+        ensembles.append(mine)
     record = {
         "command": f"python experiments/first_stages.py seeds {' '.join(names)} --against {against} "
         f"--record {record_name}",
@@ -665,6 +696,7 @@ def seeds(names: list[str], against: str, record_name: str) -> dict[str, Any]:
         "split": "all 53 judged DL21 queries (their BM25 and SPLADE++ top-100), each scored by a student that did not "
         "train on it; a query's nDCG@10 averaged over a setting's seeds",
         "rows": rows,
+        "ensembles": ensembles,
     }
     lines = [
         f"`{record['command']}`: nDCG@10 on all 53 judged DL21 queries, each scored by a student that did not train "
@@ -684,7 +716,25 @@ def seeds(names: list[str], against: str, record_name: str) -> dict[str, Any]:
             cells += [f"{r['student']:.2f} ({per_seed})", interval_cell(r["student_vs"])]
             cells += [f"{r['fused']:.2f} ({fused_per_seed})", interval_cell(r["fused_vs"])]
         lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", "In brackets: each seed's own figure, in the order of the record's `seeds`."]
+    lines += [
+        "",
+        "In brackets: each seed's own figure, in the order of the record's `seeds`.",
+        "",
+        "Ensembles: the members' runs scored together (the mean of their per-query z-scores), fused by an α chosen on "
+        "the same lists. Δ: against the mean of the members' own figures (for every setting together, against "
+        f"`{against}`'s), with its 95% paired-bootstrap interval over the queries.",
+        "",
+        "| ensemble | members | BM25 list | Δ [95%] | fused (α) | Δ [95%] "
+        "| SPLADE++ list | Δ [95%] | fused (α) | Δ [95%] |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for mine in ensembles:
+        cells = [f"`{mine['name']}`" if mine["name"] in VARIANTS else mine["name"], str(len(mine["members"]))]
+        for stage in VALIDATION:
+            r = mine[stage]
+            cells += [f"{r['student']:.2f}", interval_cell(r["student_vs_seed_mean"])]
+            cells += [f"{r['fused']:.2f} ({r['alpha']:g})", interval_cell(r["fused_vs_seed_mean"])]
+        lines.append("| " + " | ".join(cells) + " |")
     write_record(f"seeds-{record_name}", record, lines)
     return record
 

@@ -165,6 +165,33 @@ def test_a_comparison_over_seeds_is_a_table_of_the_students_page(
         in seeds
     )
     assert "| `b` | 3 | 60.00 |" in seeds
+    mine = seeds.split("files/quality/seeds-dl21-t.json", 1)[1]  # the last record: its sorted name
+    assert "scored together" not in mine  # a record without ensembles gets no ensembles table
+
+    def scored(student: float, alpha: float, delta: float) -> dict[str, object]:
+        d = {"difference": delta, "interval": [delta - 1, delta + 1], "p": 0.5, "queries": 53}
+        return {
+            "student": student,
+            "fused": student + 5,
+            "alpha": alpha,
+            **{f"{k}_vs_seed_mean": d for k in ("student", "fused")},
+        }
+
+    record["ensembles"] = [
+        {
+            "name": "every setting's seeds",
+            "members": ["a", "a-seed1", "b"],
+            "bm25": scored(61.5, 0.9, -0.5),
+            "splade": scored(65.125, 0.55, 0.25),
+        }
+    ]
+    (results / "quality" / "seeds-dl21-t.json").write_text(json.dumps(record))
+    page = results_pages.pages()["students.md"]
+    seeds = page.split("## Settings compared over seeds", 1)[1].split("\n## ", 1)[0]
+    assert (
+        "| every setting's seeds | 3 | 61.50 | -0.50 [-1.50, +0.50] | 66.50 (0.9) | -0.50 [-1.50, +0.50] | 65.12 "
+        "| +0.25 [-0.75, +1.25] | 70.12 (0.55) | +0.25 [-0.75, +1.25] |" in seeds
+    )
 
 
 def test_a_rerank_depth_record_is_a_table_of_the_students_page(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
