@@ -125,20 +125,27 @@ COMMANDS: dict[str, Command] = {
 }
 
 
-TRAIN_MODULES = ("torch", "datasets", "accelerate", "pytorch_lightning", "lightning", "wandb", "pandas", "pyarrow")
 EXTRAS = {
-    **dict.fromkeys((*TRAIN_MODULES, "gguf", "onnx", "onnxscript", "matplotlib", "deepspeed"), "train"),
+    **dict.fromkeys(
+        ("torch", "datasets", "accelerate", "pytorch_lightning", "lightning_fabric", "wandb", "pandas", "pyarrow"),
+        "train",
+    ),
+    **dict.fromkeys(("gguf", "onnx", "onnxscript", "matplotlib"), "train"),
     **dict.fromkeys(("scipy", "ir_measures", "pytrec_eval"), "eval"),
     **dict.fromkeys(("faiss", "bm25s", "Stemmer", "ir_datasets"), "retrieval"),
     "openvino": "openvino",
 }
 """The top-level module -> the extra of the package that installs it (``pip install 'cis-distill[train]'``)."""
+NO_EXTRA = {"deepspeed": "pip install --no-build-isolation deepspeed (it builds against the installed torch)"}
+"""A module that a command may need but no extra installs -> how to install it."""
 
 
 def missing_extra(error: ModuleNotFoundError, prog: str) -> Exception:
-    """One line naming the extra a missing module belongs to; ``error`` itself for a module no extra installs (a
-    genuine bug, shown with its traceback)."""
+    """One line naming the extra a missing module belongs to (or how to install one that no extra installs);
+    ``error`` itself for any other module (a genuine bug, shown with its traceback)."""
     module = (error.name or "").split(".")[0]
+    if module in NO_EXTRA:
+        return UserError(f"{prog} needs {module}, which is not installed: {NO_EXTRA[module]}")
     extra = EXTRAS.get(module)
     if extra is None:
         return error

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import subprocess
 import sys
 
 import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
-from distill.cli import EXTRAS, missing_extra
+from distill.cli import EXTRAS, NO_EXTRA, missing_extra
 from tests.conftest import REPO
 
 BLOCK = "import sys\nfor name in sys.argv[1].split(','):\n    sys.modules[name] = None\n"
@@ -31,6 +34,26 @@ def test_a_module_no_extra_installs_is_a_bug_with_its_traceback() -> None:
     error = ModuleNotFoundError("No module named 'nonesuch'", name="nonesuch")
     assert missing_extra(error, "distill x") is error
     assert {EXTRAS[m] for m in ("torch", "faiss", "openvino", "scipy")} == {"train", "retrieval", "openvino", "eval"}
+
+
+def test_each_named_extra_installs_its_module() -> None:
+    """The extra a missing module's line names lists a distribution that installs that module (checked against the
+    installed distributions' files), and a module that no extra installs gets its own install line."""
+    metadata = importlib.metadata.metadata("cis-distill")
+    requirements = [Requirement(r) for r in metadata.get_all("Requires-Dist")]
+    listed = {
+        extra: {canonicalize_name(r.name) for r in requirements if r.marker and r.marker.evaluate({"extra": extra})}
+        for extra in metadata.get_all("Provides-Extra")
+    }
+    installs = importlib.metadata.packages_distributions()
+    for module, extra in EXTRAS.items():
+        assert module in installs, f"{module} is not a module any installed distribution provides"
+        assert {canonicalize_name(d) for d in installs[module]} & listed[extra], f"[{extra}] does not install {module}"
+    for module in NO_EXTRA:
+        assert not any(canonicalize_name(module) in names for names in listed.values()), f"an extra installs {module}"
+        error = ModuleNotFoundError(f"No module named '{module}'", name=module)
+        line = str(missing_extra(error, "distill train"))
+        assert line.startswith(f"distill train needs {module}, which is not installed: pip install ")
 
 
 @pytest.mark.slow
