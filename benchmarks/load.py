@@ -10,7 +10,7 @@ and ``serve.png`` into ``--out``:
   false``: a request's pairs are batched alone, requests in arrival order), ``streams-N`` where named (batched, a
   round's batches on N OpenVINO streams at once: ``--streams N``) and ``st-crossencoder`` (the peer:
   sentence-transformers' ``CrossEncoder.predict``, one request at a time, behind the same app:
-  :class:`~distill.bench.peers.CrossEncoderLoop`, served by ``python -m benchmarks.load serve-peer``);
+  :class:`~benchmarks.crossencoder_peer.CrossEncoderLoop`, served by ``python -m benchmarks.load serve-peer``);
 - the cells: each server at each request size (a DL19 query with its first 10 or 100 BM25 candidates, the queries
   in turn) and concurrency (1, 8, 32 clients, closed loop: each sends its next request when its last is answered),
   a fixed number of requests each. Each client's first request (sent with the others at once) is its warm-up: the
@@ -413,12 +413,12 @@ def run_cell(
 
 
 def serve_peer(model: str, host: str, port: int, device: str = "auto") -> None:
-    """``CrossEncoder.predict`` (:class:`~distill.bench.peers.CrossEncoderLoop`) on ``device`` (``auto``: the GPU
-    where there is one, as ``distill serve``) behind ``distill serve``'s app, on uvicorn as ``distill serve`` runs it
-    (draining on SIGTERM)."""
+    """``CrossEncoder.predict`` (:class:`~benchmarks.crossencoder_peer.CrossEncoderLoop`) on ``device``
+    (``auto``: the GPU where there is one, as ``distill serve``) behind ``distill serve``'s app, on uvicorn as
+    ``distill serve`` runs it (draining on SIGTERM)."""
     import uvicorn
 
-    from distill.bench.peers import CrossEncoderLoop
+    from benchmarks.crossencoder_peer import CrossEncoderLoop
     from distill.core.devices import resolve_device
     from distill.serving.http_api import ServedModel, create_app
     from distill.serving.server import bind, drain_server
@@ -438,8 +438,8 @@ def serve_peer(model: str, host: str, port: int, device: str = "auto") -> None:
 
 def reference_backend(info: dict[str, Any]) -> str:
     """The named backend whose ``Reranker.score`` a server's answers are checked against, from its ``/info``: the
-    server's own; the peer's, PyTorch in the peer's dtype (:class:`~distill.bench.peers.CrossEncoderLoop`: fp32 on
-    a CPU, fp16 on a GPU)."""
+    server's own; the peer's, PyTorch in the peer's dtype
+    (:class:`~benchmarks.crossencoder_peer.CrossEncoderLoop`: fp32 on a CPU, fp16 on a GPU)."""
     from distill.serving.backends import backend_name
 
     if info["backend"] != PEER:

@@ -67,12 +67,14 @@ from distill.core.batching import token_budget_batches
 from distill.core.devices import STUDENT_BATCH_TOKENS
 from distill.core.project_files import CANDIDATES, DL19
 from distill.core.run_folder import student_folder
-from distill.core.schema import InputError
+from distill.core.schema import InputError, Qrels
 from distill.data.loaders import load_candidates
+from distill.eval.metrics import evaluate
+from distill.eval.trec_runs import run_from_columns
 from distill.export.cls_tail import run_tail_on_first_token
 from distill.export.exporter import EXAMPLE_PAIRS
 from distill.export.onnx_graphs import Logits, export_onnx, fuse_transformer
-from distill.export.parity_set import dl19_parity_set, ranking_ndcg10
+from distill.export.parity_set import Pair, dl19_parity_set
 from distill.export.quantize import Calibration, quantize_int8
 from distill.serving.encoding import encode_pairs, load_tokenizer, model_max_length, pad_batch
 from distill.serving.reranker import Reranker
@@ -91,6 +93,12 @@ STAGES = ("variants", "sessions", "openvino", "streams", "profile")
 OPENVINO_ONLY = ("int8-weights",)
 """Graphs made for OpenVINO (onnxruntime folds their int8 weights back to fp32): timed in the openvino stage only."""
 BUDGETS = (256, 512, 1024, 2048, 4096, 8192, 16384)
+
+
+def ranking_ndcg10(pairs: list[Pair], scores: np.ndarray, qrels: Qrels) -> float:
+    """nDCG@10 (x100) of the candidate lists ``pairs`` ranked by ``scores`` (``[len(pairs)]``)."""
+    run = run_from_columns([p.qid for p in pairs], [p.docid for p in pairs], scores.tolist())
+    return evaluate(run, qrels, ["nDCG@10"])["nDCG@10"]
 
 
 @dataclass(kw_only=True)

@@ -40,7 +40,7 @@ import numpy as np
 
 from benchmarks import CHECKOUT, RESULTS, phases
 from benchmarks.results_pages import FIX, readme_is_current, scale_table
-from distill.bench.measure import _reset_vm_hwm, _vm_hwm_bytes, cpu_name, git_commit
+from distill.bench.measure import cpu_name, git_commit, reset_vm_hwm, vm_hwm_bytes
 
 BASE = ("data/teacher/dl21-bm25-smollm2", "data/teacher/dl22-bm25-smollm2")
 """The real teacher rows every synthetic dataset repeats."""
@@ -131,12 +131,12 @@ def measure_pk_cache(root: Path) -> dict[str, Any]:
     from teachers.passage_cache import PassageLogProbCache
 
     baseline = _rss_bytes()
-    _reset_vm_hwm()
+    reset_vm_hwm()
     start = time.perf_counter()
     cache = PassageLogProbCache(root, PK_SETTING)
     entries = len(cache)  # every waiting entry merged: the index as a run looks it up
     seconds = time.perf_counter() - start
-    peak, resident = _vm_hwm_bytes() or 0, _rss_bytes()
+    peak, resident = vm_hwm_bytes() or 0, _rss_bytes()
     probes = [f"{i:032x}" for i in np.random.default_rng(1).integers(0, max(entries, 1), 1000)]
     started = time.perf_counter()
     found = sum(key in cache for key in probes)
@@ -192,14 +192,14 @@ def measure_pass(options: dict[str, str], rank: int, ranks: int, rows: Path) -> 
     from distill.stages.teach_input import InputOptions, Share, candidate_stream, write_pair_rows
 
     baseline = _rss_bytes()
-    _reset_vm_hwm()
+    reset_vm_hwm()
     start = time.perf_counter()
     config = InputOptions(input=[options["input"]], **{k: v for k, v in options.items() if k != "input"})
     candidates, skipped = candidate_stream(config, rows.with_name(rows.name + ".join"))
     share = Share(rank, ranks, TeachConfig.chunk_size)  # the teach stage's default chunk: the unit of the shares
     summary = write_pair_rows(candidates, skipped, rows, None, options["input"], share)
     seconds = time.perf_counter() - start
-    peak = _vm_hwm_bytes() or 0
+    peak = vm_hwm_bytes() or 0
     shutil.rmtree(rows, ignore_errors=True)
     return {
         "seconds": seconds,
@@ -247,11 +247,11 @@ def measure_setup(folder: Path, cache_dir: Path) -> dict[str, Any]:
     dm = data_module(folder, cache_dir)
     _, dm.tokenizer = load_architecture(BACKBONE)  # the baseline includes the libraries and the tokenizer
     baseline = _rss_bytes()
-    _reset_vm_hwm()
+    reset_vm_hwm()
     start = time.perf_counter()
     dm.setup("fit")
     seconds = time.perf_counter() - start
-    peak = _vm_hwm_bytes() or 0
+    peak = vm_hwm_bytes() or 0
     store = dm.train.store
     return {
         "seconds": seconds,

@@ -42,7 +42,7 @@ from benchmarks.scale import (
     rank_llm_lines,
     synthetic_teacher_data,
 )
-from distill.bench.measure import _reset_vm_hwm, _vm_hwm_bytes
+from distill.bench.measure import reset_vm_hwm, vm_hwm_bytes
 
 FORMATS = ("jsonl", "json", "trec", "beir")
 TARGET_RSS_BYTES = 2**30
@@ -147,13 +147,13 @@ def measure_index(corpus: str) -> dict[str, Any]:
     path = Path(corpus)
     built = not (file_index_folder(path, "jsonl" if is_jsonl(path) else "tsv", True) / "index.json").is_file()
     baseline = _rss_bytes()
-    _reset_vm_hwm()
+    reset_vm_hwm()
     start = time.perf_counter()
     with open_corpus(path, BadInput("error"), True) as index:
         seconds = time.perf_counter() - start
         records = index.records
         index_bytes = sum(p.stat().st_size for p in index.folder.iterdir())
-    peak = _vm_hwm_bytes() or 0
+    peak = vm_hwm_bytes() or 0
     return {
         "built": built,
         "seconds": seconds,

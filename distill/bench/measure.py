@@ -26,7 +26,7 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _vm_hwm_bytes() -> int | None:
+def vm_hwm_bytes() -> int | None:
     """The process's peak resident set size (``VmHWM`` of ``/proc/self/status``), bytes; None off Linux."""
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
@@ -37,7 +37,7 @@ def _vm_hwm_bytes() -> int | None:
     return None
 
 
-def _reset_vm_hwm() -> bool:
+def reset_vm_hwm() -> bool:
     """Reset the process's peak RSS to its current RSS (Linux ``clear_refs`` 5); False where that is refused."""
     try:
         Path("/proc/self/clear_refs").write_text("5")
@@ -59,7 +59,7 @@ class MemoryProbe:
         self.kind = "process peak RSS since start (ru_maxrss; earlier phases included)"
         if device.type == "cuda":
             self.kind = "torch.cuda.max_memory_allocated (weights included)"
-        elif _reset_vm_hwm() and _vm_hwm_bytes() is not None:
+        elif reset_vm_hwm() and vm_hwm_bytes() is not None:
             self.kind = "process peak RSS of the phase (VmHWM after clear_refs; weights and data included)"
 
     def reset(self) -> None:
@@ -67,12 +67,12 @@ class MemoryProbe:
             torch.cuda.synchronize(self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
         elif self.kind.startswith("process peak RSS of the phase"):
-            _reset_vm_hwm()
+            reset_vm_hwm()
 
     def peak(self) -> int:
         if self.device.type == "cuda":
             return int(torch.cuda.max_memory_allocated(self.device))
-        hwm = _vm_hwm_bytes()
+        hwm = vm_hwm_bytes()
         if hwm is not None:
             return hwm
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

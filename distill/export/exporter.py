@@ -52,6 +52,8 @@ log = logging.getLogger(__name__)
 CARD = EXPORT_CARD
 MODEL_CARD = "README.md"
 EXPORTABLE = ("onnx", "torchscript")
+LICENSE = "apache-2.0"
+"""The model card's license unless the export is told otherwise (a Hugging Face Hub license id)."""
 EXAMPLE_PAIRS = (
     ("how long is the life cycle of a flea", "The life cycle of a flea can last a year."),
     ("rhino", "Rhinos are large herbivores with one or two horns."),
@@ -129,7 +131,7 @@ def export_student(
     parity: ParitySet | None = None,
     calibration: Calibration | None = None,
     hub_id: str | None = None,
-    license: str = "apache-2.0",
+    license: str = LICENSE,
 ) -> ExportReport:
     """Export the student in ``hf_dir`` to ``out_dir`` and check every file against PyTorch.
 

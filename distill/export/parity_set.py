@@ -6,13 +6,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-import numpy as np
-
 from distill.core.project_files import CANDIDATES, DL19, QRELS, shipped
 from distill.core.schema import InputError, Qrels, RerankingData
-from distill.eval.trec_runs import run_from_columns
 from distill.export.recorded_paths import shown_path
 
+PARITY_QUERIES = 3
+"""The queries whose candidates the score bounds check unless told otherwise."""
+PARITY_DEPTH = 32
+"""Candidates per query of the score bounds unless told otherwise."""
 NDCG_BOUND = 0.5
 """Max |ΔnDCG@10| (points, x100) of the int8 graph against PyTorch fp32."""
 
@@ -43,8 +44,8 @@ class ParitySet:
     def from_data(
         cls,
         data: RerankingData,
-        queries: int = 3,
-        depth: int = 32,
+        queries: int = PARITY_QUERIES,
+        depth: int = PARITY_DEPTH,
         ranking_queries: int | None = None,
         ranking_depth: int | None = None,
     ) -> ParitySet:
@@ -68,7 +69,7 @@ class ParitySet:
         return replace(self, ranking=other.ranking, qrels=other.qrels, ranking_source=other.ranking_source)
 
 
-def dl19_parity_set(queries: int = 3, depth: int = 32) -> ParitySet:
+def dl19_parity_set(queries: int = PARITY_QUERIES, depth: int = PARITY_DEPTH) -> ParitySet:
     """The first ``queries`` DL19 queries, ``depth`` BM25 candidates each (the export's default score pairs), and a
     ranking set of all 43 judged DL19 queries (:mod:`benchmarks.onnx_cpu` measures on it; the export replaces it
     with the student's validation queries, :func:`~distill.export.quality_gate.validation_set`)."""
@@ -76,11 +77,3 @@ def dl19_parity_set(queries: int = 3, depth: int = 32) -> ParitySet:
 
     data = load_candidates(shipped(DL19 / CANDIDATES, "parity_input"), qrels=DL19 / QRELS)
     return ParitySet.from_data(data, queries, depth)
-
-
-def ranking_ndcg10(pairs: list[Pair], scores: np.ndarray, qrels: Qrels) -> float:
-    """nDCG@10 (x100) of the candidate lists ``pairs`` ranked by ``scores`` (``[len(pairs)]``)."""
-    from distill.eval.metrics import evaluate
-
-    run = run_from_columns([p.qid for p in pairs], [p.docid for p in pairs], scores.tolist())
-    return evaluate(run, qrels, ["nDCG@10"])["nDCG@10"]

@@ -521,7 +521,7 @@ def _average(mean: float | None, value: float, weight: float = 0.2) -> float:
 
 class WholeRequests(Protocol):
     """A model that scores a request's documents itself, tokenising and batching them its own way: the load
-    benchmark's peer, sentence-transformers' ``CrossEncoder.predict`` (:class:`distill.bench.peers.CrossEncoderLoop`).
+    benchmark's peer, sentence-transformers' ``CrossEncoder.predict`` (``benchmarks/crossencoder_peer.py``).
     It stands in for a :class:`~distill.serving.reranker.Reranker` in :func:`~distill.serving.http_api.create_app`,
     which tokenises each request with :attr:`tokenizer` all the same (its limits and token counts)."""
 

@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from distill.core.schema import InputError
-from distill.export.exporter import ExportReport
+from distill.export.exporter import LICENSE, ExportReport
+from distill.export.parity_set import PARITY_DEPTH, PARITY_QUERIES
 from distill.export.quantize import Calibration, Int8Mode
 
 
@@ -32,9 +33,9 @@ class ExportConfig:
     """The pairs static int8 is calibrated on (default: DL21 and DL22 BM25 candidates, 4 per query)."""
     parity_input: str | None = None
     """Candidates of the score bounds (default: the shipped DL19 BM25 top-100; no qrels needed)."""
-    parity_queries: int = 3
+    parity_queries: int = PARITY_QUERIES
     """Queries of ``parity_input`` (or of the shipped DL19 list) for the score bounds."""
-    parity_depth: int = 32
+    parity_depth: int = PARITY_DEPTH
     """Candidates per query for the score bounds."""
     validation_input: str | None = None
     """Held-out candidates of the quality gate and the int8 nDCG@10 bound, every candidate of every judged query
@@ -44,7 +45,7 @@ class ExportConfig:
     """Qrels of the validation candidates: a file, an ``irds:`` id or a list of these (default: the student card's,
     its training's ``data.qrels``, else the ``qrels.txt`` beside each candidates file, else those the input
     carries)."""
-    license: str = "apache-2.0"
+    license: str = LICENSE
     """The model card's licence (a Hub licence identifier)."""
     push_to_hub: str | None = None
     """Upload the finished export folder to this Hugging Face Hub model repository (``user/name``), created if

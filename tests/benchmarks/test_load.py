@@ -138,7 +138,7 @@ def test_each_server_is_checked_against_pytorch_in_its_own_dtype() -> None:
 def test_the_peer_serves_with_a_tokenizer_of_its_own(exported: Path, calls) -> None:
     """The server tokenises requests (limits, token counts) on its thread while ``CrossEncoder.predict`` tokenises
     another request on the model's: sharing the fast tokenizer's padding state failed requests with a 500."""
-    from distill.bench.peers import CrossEncoderLoop
+    from benchmarks.crossencoder_peer import CrossEncoderLoop
 
     model = CrossEncoderLoop.load(exported)
     assert model.tokenizer is not model.encoder.tokenizer

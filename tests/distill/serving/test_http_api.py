@@ -487,7 +487,7 @@ def test_batching_off_scores_one_request_at_a_time(reference: Reranker, call) ->
 def test_a_whole_request_model_is_served_one_request_at_a_time(exported: Path, reference: Reranker) -> None:
     """A model that scores whole requests (the load benchmark's ``CrossEncoder.predict`` peer) behind the same app:
     one ``predict`` call per request, its scores the student's."""
-    from distill.bench.peers import CrossEncoderLoop
+    from benchmarks.crossencoder_peer import CrossEncoderLoop
 
     calls: list[int] = []
 
