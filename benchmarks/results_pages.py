@@ -301,7 +301,6 @@ STUDENT_BEST = "quality-dl19-dl2122-ens3-seg-listwise_kl.json"
 FINAL = "quality/final.json"
 """The final student's DL19 test on each first stage (``experiments/first_stages.py final``)."""
 FIRST_STAGE_NAMES = {"bm25": "BM25", "tasb": "TAS-B", "splade": "SPLADE++"}
-STUDENT_SMOLLM2 = "quality-dl19-dl2122-seg-cis_q+0.25fs-listwise_kl-lr3e-5.json"
 BENCH_AUTO = "bench-cpu-auto-dl2122-final/bench.json"
 SCALE = "scale-cpu/scale.json"
 

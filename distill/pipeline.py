@@ -42,7 +42,7 @@ import yaml
 
 from distill.cli import COMMANDS
 from distill.core.config import check_keys, load_section, read_yaml_mapping
-from distill.core.run_folder import RunLayout
+from distill.core.run_folder import CHECKPOINT_ROOT, RunLayout
 from distill.core.schema import InputError, MissingFileError
 
 STAGES = ("teach", "train", "export", "bench", "rerank", "eval")
@@ -73,7 +73,7 @@ class PipelineFile:
 
     name: str = ""
     """The pipeline's folder under ``root`` (required)."""
-    root: str = "checkpoints"
+    root: str = CHECKPOINT_ROOT
     eval_queries: Literal["held_out", "all"] = "held_out"
     """Rerank and evaluate the student's held-out (validation) queries, or every query of the rerank input."""
     fuse: bool = False

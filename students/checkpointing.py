@@ -145,7 +145,7 @@ class LastCheckpoint(Checkpoint):
       (or since training started) and every ``every_n_steps`` optimiser steps (None: not by that measure);
       a save due at a step that Lightning validates after waits for the validation's end, so that a
       resumed run never skips one. A validation saves nothing else: a checkpoint of BERT-large and its
-      AdamW state is 4 GB, seconds to write, against seconds of training between a GPU run's validations;
+      AdamW state takes as long to write as the training between a GPU run's validations;
     - when training ends;
     - on SIGTERM or SIGUSR1 to any rank, received once training has started: at the end of the current
       optimiser step (or validation), then every rank raises :class:`Preempted` before the next batch. A first

@@ -28,6 +28,7 @@ from distill.data.label_table import (
 )
 from distill.data.loaders import read_qrels
 from distill.data.teacher_data import TeacherDataset
+from distill.model.resolver import PAPER_STUDENT
 from distill.model.unpadding import lengths_packing
 from students.sampling import (
     LengthGroupedBatches,
@@ -305,7 +306,7 @@ class StudentDataModule(LightningDataModule):
         self,
         teacher_data: list[str] | dict[str, list[str]],
         label: str | dict[str, str] = "cis",
-        backbone: str = "bert-large-uncased",
+        backbone: str = PAPER_STUDENT,
         qrels: str | list[str] | None = None,
         val_queries: int | float = 0.2,
         val_pool: Literal["any", "judged"] = "any",

@@ -14,6 +14,7 @@ from pytorch_lightning.utilities.rank_zero import rank_zero_only
 from scipy.stats import pearsonr, spearmanr
 
 from distill.core.schema import InputError
+from distill.model.resolver import PAPER_STUDENT
 from distill.model.unpadding import Unpadder, device_packing
 from students.compilation import compile_blocks
 from students.initial_weights import check_initial_weight_share
@@ -81,7 +82,7 @@ class CrossEncoderModule(LightningModule):
 
     def __init__(
         self,
-        backbone: str = "bert-large-uncased",
+        backbone: str = PAPER_STUDENT,
         random_init: bool = False,
         dropout: float | None = None,
         head: Literal["cls", "segment_cosine"] = "cls",

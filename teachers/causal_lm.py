@@ -24,6 +24,7 @@ from torch import nn
 from distill.core.devices import attention_backends
 from distill.core.schema import InputError
 from teachers.batch_plan import PADDING_SEGMENT, BatchPlan, HostBatch, build_batch, plan_batches
+from teachers.terms import LOGIT_CHUNK_ROWS
 
 
 @dataclass(frozen=True)
@@ -195,7 +196,7 @@ class CausalLMScorer:
     def __init__(
         self,
         model: nn.Module,
-        logit_chunk_rows: int = 1024,
+        logit_chunk_rows: int = LOGIT_CHUNK_ROWS,
         pad_token_id: int = 0,
         options: ScorerOptions | None = None,
     ) -> None:

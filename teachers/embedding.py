@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from distill.model.embeddings import Encoder
+from distill.model.embeddings import DENSE_BATCH_TOKENS, Encoder
 
 SIMILARITY = "similarity"
 """The score a similarity teacher writes: the cosine of the query's and the passage's embeddings, in [-1, 1]."""
@@ -30,7 +30,7 @@ class SimilarityTeacher:
         self.encoder = encoder
 
     @classmethod
-    def load(cls, name: str, device: str = "cpu", max_batch_tokens: int = 16384) -> SimilarityTeacher:
+    def load(cls, name: str, device: str = "cpu", max_batch_tokens: int = DENSE_BATCH_TOKENS) -> SimilarityTeacher:
         """The teacher of ``name`` (resolved as :func:`distill.model.resolver.resolve_model` does) on ``device``."""
         return cls(Encoder(name, device=device, max_batch_tokens=max_batch_tokens))
 

@@ -6,7 +6,7 @@ rename), so concurrent processes never see a partial file and a killed run loses
 the segment it was writing.
 
 In memory the entries are a compact index (:class:`PackedLogProbs`): each key's 128 bits as two unsigned 64-bit
-integers beside its float64 value, 24 bytes an entry in sorted arrays, where a dict of strings would hold about 150.
+integers beside its float64 value, 24 bytes an entry in sorted arrays, a fraction of a dict of strings.
 
 A segment is JSON lines (``[key, log p(K)]`` a line) named by the XXH3-128 of its bytes,
 ``seg-xxh3-<32 hex digits>.jsonl`` (:mod:`distill.core.checksums`), and checked against its name

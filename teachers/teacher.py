@@ -14,6 +14,8 @@ from distill.model.resolver import ModelSource, gguf_parsed_once, load_pretraine
 from teachers.causal_lm import CausalLMScorer, ScorerOptions, ScoringSequence
 from teachers.terms import (
     DEFAULT_PROMPT,
+    LOGIT_CHUNK_ROWS,
+    MAX_PASSAGE_TOKENS,
     PAIR_TERMS,
     UPR_PASSAGE_PREFIX,
     UPR_PASSAGE_TOKENS,
@@ -71,9 +73,9 @@ class CausalLMTeacher:
         *,
         identity: str,
         start_token_id: int | None = None,
-        max_passage_tokens: int = 256,
+        max_passage_tokens: int = MAX_PASSAGE_TOKENS,
         prompt: str = DEFAULT_PROMPT,
-        logit_chunk_rows: int = 1024,
+        logit_chunk_rows: int = LOGIT_CHUNK_ROWS,
         options: ScorerOptions | None = None,
     ) -> None:
         if "{query}" not in prompt:

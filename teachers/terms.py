@@ -27,6 +27,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 DEFAULT_PROMPT = "Q: {query} A:"
+MAX_PASSAGE_TOKENS = 256
+"""Passage ids are truncated to this many tokens unless the teacher is told otherwise."""
+LOGIT_CHUNK_ROWS = 1024
+"""Target positions per LM-head chunk unless the teacher is told otherwise (memory: rows x vocabulary fp32)."""
 UPR_PASSAGE_PREFIX = "Passage:"
 UPR_QUESTION_PREFIX = "\nQuestion:"
 UPR_PASSAGE_TOKENS = 200
@@ -35,7 +39,6 @@ PAIR_TERMS = ("logp_cond", "logp_cond_noprompt", "logp_upr")
 """Terms that depend on the (query, passage) pair; ``logp_uncond`` depends on the passage only."""
 QUERY_TERMS = ("logp_upr_empty",)
 """Terms that depend on the query only."""
-TOKEN_COUNTS = ("n_passage_tokens", "n_query_tokens")
 
 
 @dataclass(frozen=True)
@@ -50,7 +53,7 @@ class ScoreDefinition:
     minus: str | None
     description: str
     per_token: str | None = None
-    """A token count of :data:`TOKEN_COUNTS` to divide by, or None for a summed score."""
+    """A token count to divide by (``n_passage_tokens`` or ``n_query_tokens``), or None for a summed score."""
 
     @property
     def terms(self) -> tuple[str, ...]:

@@ -44,9 +44,10 @@ from distill.core.files import read_json_object
 from distill.core.output_files import write_whole
 from distill.core.path_checks import output_folder
 from distill.core.project_files import CANDIDATES, DL19, QRELS, shipped
-from distill.core.run_folder import RunLayout, student_folder
+from distill.core.run_folder import CHECKPOINT_ROOT, RunLayout, student_folder
 from distill.core.schema import InputError, MissingFileError, RerankingData
 from distill.data.loaders import load_candidates
+from distill.model.resolver import DEFAULT_TEACHER, PAPER_STUDENT
 from distill.serving.encoding import load_tokenizer
 from distill.serving.options import RuntimeOptions
 
@@ -54,8 +55,6 @@ log = logging.getLogger(__name__)
 
 DEFAULT_INPUT = str(DL19 / CANDIDATES)
 DEFAULT_QRELS = str(DL19 / QRELS)
-DEFAULT_TEACHER = "smollm2-135m"
-RANDOM_STUDENT = "bert-large-uncased"
 RANDOM_TEACHER = "meta-llama/Meta-Llama-3-8B"
 PEER_REFERENCE = f"{BASELINE} (peer)"
 """sentence-transformers' PyTorch ``CrossEncoder`` on ``--peer_student``, where it is not the student: the reference
@@ -174,14 +173,14 @@ def default_output(config: BenchConfig, folder: Path | None, device: torch.devic
     if config.output:
         return Path(config.output)
     if folder is None:
-        return Path("checkpoints") / f"bench-random-{device.type}"  # from the working folder, as train's runs
+        return Path(CHECKPOINT_ROOT) / f"bench-random-{device.type}"
     return RunLayout.of(folder).bench
 
 
 def _random_student(config: BenchConfig, out: Path) -> Path:
     from students.model import build_student, save_student
 
-    name = config.student or RANDOM_STUDENT
+    name = config.student or PAPER_STUDENT
     torch.manual_seed(config.seed)
     model, tokenizer = build_student(name, random_init=True)
     return save_student(model, tokenizer, out, None)
@@ -322,7 +321,7 @@ def run_bench(config: BenchConfig, command: str | None = None) -> dict[str, Any]
             "environment": environment(device, rate_dtype),
             "matmul": {"dtype": dtype_name(rate_dtype), "flops_per_s": rates[FLOAT], "int8_ops_per_s": rates.get(INT8)},
             "student": {
-                "name": f"random {config.student or RANDOM_STUDENT}" if config.random_weights else str(config.student),
+                "name": f"random {config.student or PAPER_STUDENT}" if config.random_weights else str(config.student),
                 "folder": None if config.random_weights else str(folder),
             },
             "skipped": skipped,

@@ -123,7 +123,7 @@ device waiting on the host) and profiler ranges."""
 def device_kernels(events: Iterable[Any]) -> list[Kernel]:
     """The device activities of a profile's events (``profiler.events()``): kernels, copies and sets, without the
     ranges of :data:`NOT_WORK` (``is_user_annotation``: ``record_function`` ranges and ``Optimizer.step#...``,
-    which span the kernels they launched, gaps included: counted with them, a compiled training step read 197%
+    which span the kernels they launched, gaps included: counted with them, a step would read more than 100%
     busy)."""
     return [
         (event.time_range.start, event.time_range.end, event.name)

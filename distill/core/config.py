@@ -424,8 +424,3 @@ def options_of(cls: type[C], config: object) -> C:
     """The options class ``cls`` (a dataclass) built from ``config``'s fields of the same names: the options alone,
     out of a config that extends them with fields of its own."""
     return cls(**{f.name: getattr(config, f.name) for f in dataclasses.fields(cls)})
-
-
-def to_yaml(config: Any) -> str:
-    """A config dataclass as the YAML that recreates it."""
-    return yaml.safe_dump(dataclasses.asdict(config), sort_keys=False)

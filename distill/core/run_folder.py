@@ -19,6 +19,8 @@ from pathlib import Path
 from distill.core.schema import MissingFileError
 
 MODEL_CONFIG = "config.json"
+CHECKPOINT_ROOT = "checkpoints"
+"""Where runs go unless told otherwise, from the working folder."""
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,8 @@
 A teacher dataset folder holds
 
 - the triplets as a Hugging Face ``datasets`` folder (``datasets.load_from_disk`` reads it), one row per
-  (query, candidate) pair: :data:`TEXT_COLUMNS`, ``first_stage_rank``, ``first_stage_score``, the token counts,
-  every score column and every raw log-probability term (nats);
+  (query, candidate) pair: ``qid``, ``docid``, ``query``, ``passage``, ``first_stage_rank``, ``first_stage_score``,
+  the token counts, every score column and every raw log-probability term (nats);
 - ``teacher.json``: the :class:`TeacherMetadata` (primary score, scores, inputs, the teacher's fingerprint);
 - ``runs/<score>.trec``: a TREC run per score, and ``runs/first_stage.trec`` (the input order).
 
@@ -27,7 +27,6 @@ from distill.eval.trec_runs import write_trec_runs
 
 METADATA_FILE = "teacher.json"
 DATASET_INFO = "dataset_info.json"
-TEXT_COLUMNS = ("qid", "docid", "query", "passage")
 FIRST_STAGE = "first_stage"
 """The run name of the input ranking (column ``first_stage_score``)."""
 

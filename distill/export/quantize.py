@@ -8,8 +8,8 @@
 - ``weights``: int8 weights with one scale per output channel (each weight behind a ``DequantizeLinear``) and fp32
   activations in the file; OpenVINO quantises each token's activations at run time, one scale per
   :data:`~distill.serving.scorers.OPENVINO_INT8_GROUP_SIZE` channels, and runs the matmuls in int8. That is far
-  finer than ``dynamic``'s one scale per tensor: on the DL21 candidates a student ranks each query's candidates
-  as its fp32 self does to a Spearman of 0.998-0.999, against about 0.991 for ``dynamic`` (:mod:`benchmarks.int8`).
+  finer than ``dynamic``'s one scale per tensor, so a student's int8 ranking keeps closer to its fp32 self's
+  (:mod:`benchmarks.int8` measures both on the DL21 candidates; its results are on the CPU latency results page).
   It is a graph for OpenVINO: onnxruntime folds the weights back to fp32 when it loads it.
 
 Whichever the mode, the parity check bounds the int8 graph's nDCG@10 change on the runtime that runs it

@@ -14,6 +14,8 @@ from distill.core.batching import token_budget_batches
 from distill.model.resolver import ModelSource, load_pretrained, resolve_model
 
 DEFAULT_ENCODER = "all-minilm-l6-v2"
+DENSE_BATCH_TOKENS = 16384
+"""Padded tokens per forward pass of the encoder unless told otherwise."""
 TOKENIZE_CHUNK = 4096
 """Texts tokenized at a time while encoding a corpus, to bound the memory the token ids take."""
 
@@ -31,7 +33,9 @@ class Encoder:
     """Embeds texts as unit vectors of ``dim`` floats: the mean of the last hidden states over the
     text's tokens (truncated to ``max_length``), L2-normalised, as sentence-transformers' mean pooling does."""
 
-    def __init__(self, name: str = DEFAULT_ENCODER, device: str = "cpu", max_batch_tokens: int = 16384) -> None:
+    def __init__(
+        self, name: str = DEFAULT_ENCODER, device: str = "cpu", max_batch_tokens: int = DENSE_BATCH_TOKENS
+    ) -> None:
         """
         Args:
             name: the encoder, as :func:`distill.model.resolver.resolve_model` resolves it.

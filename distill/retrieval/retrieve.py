@@ -17,7 +17,7 @@ from distill.data.loaders._common import BadInput
 from distill.data.loaders.beir import is_beir_dir
 from distill.data.loaders.trec import check_file, read_corpus, read_queries
 from distill.eval.trec_runs import Run, write_trec_run
-from distill.model.embeddings import DEFAULT_ENCODER, Encoder
+from distill.model.embeddings import DEFAULT_ENCODER, DENSE_BATCH_TOKENS, Encoder
 from distill.model.resolver import cache_home
 from distill.retrieval import bm25
 from distill.retrieval.dense import DenseIndex
@@ -29,8 +29,6 @@ METHODS: tuple[Method, ...] = ("bm25", "dense")
 OUTPUT_FORMATS: tuple[OutputFormat, ...] = ("trec", "rank_llm")
 DEFAULT_K = 100
 """Passages retrieved per query."""
-DENSE_BATCH_TOKENS = 16384
-"""Padded tokens per forward pass of the dense encoder."""
 
 log = logging.getLogger(__name__)
 

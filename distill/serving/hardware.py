@@ -28,7 +28,8 @@ Tier = Literal["amx", "vnni_bf16", "vnni", "fp32"]
 """What the CPU does fastest: bf16 and int8 matmuls in AMX tiles; int8 and native bf16 dot products (AVX-512 VNNI
 and AVX-512 BF16 on an AMD CPU: Zen 4 and later); int8 dot products (AVX-512 VNNI or AVX-VNNI); or fp32 only
 (AVX2, AVX-512 without VNNI, ARM, unknown). An Intel CPU with AVX-512 BF16 but no AMX is ``vnni``: OpenVINO's bf16
-ran slower than its fp32 there (:data:`distill.serving.auto.PREFERENCES` gives the figures)."""
+ran slower than its fp32 there (:data:`distill.serving.auto.PREFERENCES`; the docs' CPU latency results page
+gives the timings)."""
 AMD = "AuthenticAMD"
 INTEL = "GenuineIntel"
 PROFILE_ENV = "CIS_DISTILL_CPU_PROFILE"

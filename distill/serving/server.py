@@ -94,7 +94,7 @@ def bind(host: str, port: int, listen: bool = True) -> socket.socket:
     try:
         family, kind, protocol, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
         # the protocol too (IPPROTO_TCP, not 0): asyncio sets TCP_NODELAY only on sockets that name it, and without it
-        # each answer on a kept-alive connection waited ~40 ms (Nagle's algorithm against the client's delayed ACK)
+        # each answer on a kept-alive connection waits for Nagle's algorithm against the client's delayed ACK
         sock = socket.socket(family, kind, protocol)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(address)

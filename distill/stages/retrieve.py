@@ -6,8 +6,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from distill.core.schema import InputError
-from distill.model.embeddings import DEFAULT_ENCODER
-from distill.retrieval.retrieve import DEFAULT_K, DENSE_BATCH_TOKENS, Method, OutputFormat, RetrievalResult
+from distill.model.embeddings import DEFAULT_ENCODER, DENSE_BATCH_TOKENS
+from distill.retrieval.retrieve import DEFAULT_K, Method, OutputFormat, RetrievalResult
 
 
 @dataclass

@@ -36,13 +36,21 @@ from distill.core.path_checks import input_path, output_folder
 from distill.core.schema import ExistingOutputError, InputError
 from distill.data.loaders.irds import is_irds
 from distill.data.teacher_data import DATASET_INFO, TeacherDataset, TeacherMetadata
-from distill.model.resolver import cache_home
+from distill.model.resolver import DEFAULT_TEACHER, cache_home
 from distill.stages.teach_chunks import chunk_batches, chunk_file, write_chunk
 from distill.stages.teach_input import InputOptions, PairRows, Share, candidate_stream, write_pair_rows
 from teachers.causal_lm import ScorerOptions
 from teachers.embedding import SIMILARITY
 from teachers.passage_cache import PassageLogProbCache, passage_key
-from teachers.terms import DEFAULT_PROMPT, PAIR_TERMS, QUERY_TERMS, SCORES, required_terms
+from teachers.terms import (
+    DEFAULT_PROMPT,
+    LOGIT_CHUNK_ROWS,
+    MAX_PASSAGE_TOKENS,
+    PAIR_TERMS,
+    QUERY_TERMS,
+    SCORES,
+    required_terms,
+)
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +63,7 @@ class TeachConfig(ScorerOptions, InputOptions):
 
     output: str | None = None
     """The dataset folder to write (required; ``distill run`` sets it)."""
-    teacher: str = "smollm2-135m"
+    teacher: str = DEFAULT_TEACHER
     """A hub id, a local model folder, a .gguf file or an embedded alias (see ``distill.model.resolver``): a causal LM,
     or with ``scores: [similarity]`` a sentence-embedding model."""
     scores: list[str] = field(default_factory=lambda: ["cis"])
@@ -66,7 +74,7 @@ class TeachConfig(ScorerOptions, InputOptions):
     """Score only the first N queries of the input."""
     start_token: int | str | None = None
     """Token every prefix starts with (id or string); default the tokenizer's BOS, else EOS."""
-    max_passage_tokens: int = 256
+    max_passage_tokens: int = MAX_PASSAGE_TOKENS
     """Passage ids are truncated to this many tokens."""
     prompt: str = DEFAULT_PROMPT
     """The QA prompt of log p(K | Q), with a ``{query}`` field."""
@@ -74,7 +82,7 @@ class TeachConfig(ScorerOptions, InputOptions):
     """``auto`` (bf16 on GPU, fp32 on CPU), ``float32``, ``bfloat16`` or ``float16``."""
     device_map: str | None = None
     """``auto`` shards one model over all visible GPUs (model parallel, one process)."""
-    logit_chunk_rows: int = 1024
+    logit_chunk_rows: int = LOGIT_CHUNK_ROWS
     """Target positions per LM-head chunk (memory: rows x vocabulary fp32 values)."""
     chunk_size: int = 256
     """Pairs (or passages) per unit of work, the granularity of sharding and resuming."""

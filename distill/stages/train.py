@@ -32,7 +32,7 @@ from pytorch_lightning.loggers import WandbLogger
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
 from distill.core.config import argument_error, help_formatter, read_yaml_file
-from distill.core.run_folder import RunLayout
+from distill.core.run_folder import CHECKPOINT_ROOT, RunLayout
 from distill.core.schema import EXIT_INTERRUPTED, ExistingOutputError, InputError
 from students.checkpointing import (
     EVERY_MINUTES,
@@ -61,7 +61,7 @@ class DistillCLI(LightningCLI):
 
     def add_arguments_to_parser(self, parser: Any) -> None:
         parser.add_argument("--run_name", default="student", help="the run's folder under checkpoint_root")
-        parser.add_argument("--checkpoint_root", default="checkpoints")
+        parser.add_argument("--checkpoint_root", default=CHECKPOINT_ROOT)
         parser.add_argument("--wandb_mode", default="offline", choices=["offline", "online", "disabled"])
         parser.add_argument("--ckpt_path", default=None, help="a checkpoint to resume from, or 'last'")
         parser.add_argument(
