@@ -14,7 +14,7 @@ import pytest
 from distill.cli import main
 from distill.core.schema import InputError
 from distill.data.label_table import load_label_table
-from distill.data.labels import FIRST_STAGE, Label, LabelExpression, Term, per_query_z
+from distill.data.labels import FIRST_STAGE, LabelExpression, Term, per_query_z
 from distill.data.teacher_data import TeacherDataset, TeacherMetadata
 from tests.conftest import DL19_QRELS
 
@@ -109,12 +109,6 @@ def test_bad_label_expressions_are_one_line_errors_naming_the_token(
     with pytest.raises(InputError) as error:
         LabelExpression.parse(text, teachers, "data.label")
     assert str(error.value).startswith(message) and "\n" not in str(error.value)
-
-
-def test_the_legacy_label_class_keeps_its_forms() -> None:
-    assert Label.parse("z(cis_q) + 0.5*z(first_stage)") == Label("cis_q", 0.5)
-    with pytest.raises(InputError, match="expected a score column"):
-        Label.parse("z(cis) + z(upr)")
 
 
 def test_named_teachers_are_joined_on_qid_and_docid(teachers: dict[str, list[str]]) -> None:

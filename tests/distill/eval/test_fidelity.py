@@ -13,29 +13,35 @@ from distill.cli import main
 from distill.core.interpolation import ALPHAS, choose_alpha, interpolate
 from distill.core.schema import InputError
 from distill.core.student_card import StudentCard
-from distill.data.labels import Label, per_query_z
+from distill.data.labels import FIRST_STAGE_COLUMN, LabelExpression, per_query_z
 from distill.eval.fidelity import fidelity_per_query, mean_fidelity, teacher_qrels
 from tests.conftest import DL19_QRELS
 
 
 def test_labels_name_a_score_or_a_hybrid_of_per_query_z_scores() -> None:
-    assert Label.parse("cis_q") == Label("cis_q") and Label.parse(" upr ").columns == ("upr",)
-    hybrid = Label.parse("cis_q + 0.5*first_stage")
-    assert hybrid == Label("cis_q", 0.5) and str(hybrid) == "cis_q+0.5*first_stage"
-    assert hybrid.columns == ("cis_q", "first_stage_score")
+    plain = LabelExpression.parse(" upr ")
+    assert not plain.standardised and [t.column for t in plain.terms] == ["upr"] and str(plain) == "upr"
+    hybrid = LabelExpression.parse("cis_q + 0.5*first_stage")
+    assert hybrid == LabelExpression.parse("z(cis_q) + 0.5*z(first_stage)") and hybrid.standardised
+    assert [t.column for t in hybrid.terms] == ["cis_q", FIRST_STAGE_COLUMN]
     for bad in ("cis_q+x*first_stage", "cis-q", "cis_q+0.5*bm25"):
         with pytest.raises(InputError, match="label"):
-            Label.parse(bad)
+            LabelExpression.parse(bad)
     qids = ["a", "a", "a", "b", "b"]
     score, first = np.array([1.0, 2.0, 3.0, 10.0, 10.0]), np.array([3.0, 2.0, 1.0, 5.0, 7.0])
     z = per_query_z(score, qids)
     np.testing.assert_allclose(z[:3], [-1.2247449, 0.0, 1.2247449], rtol=1e-6)
     assert z[3:].tolist() == [0.0, 0.0]  # a constant query gives 0, not NaN
-    np.testing.assert_allclose(hybrid.values(score, first, qids), z + 0.5 * per_query_z(first, qids))
-    np.testing.assert_array_equal(Label("cis").values(score, first, qids), score)
+    np.testing.assert_allclose(
+        hybrid.values({"cis_q": score, FIRST_STAGE_COLUMN: first}, qids), z + 0.5 * per_query_z(first, qids)
+    )
+    np.testing.assert_array_equal(LabelExpression.parse("cis").values({"cis": score}, qids), score)
     # Standardising per query removes one constant per query: cis_q = upr - c(q) gives the same hybrid as upr.
     shifted = score - np.array([7.0, 7.0, 7.0, -3.0, -3.0])
-    np.testing.assert_allclose(hybrid.values(shifted, first, qids), hybrid.values(score, first, qids))
+    np.testing.assert_allclose(
+        hybrid.values({"cis_q": shifted, FIRST_STAGE_COLUMN: first}, qids),
+        hybrid.values({"cis_q": score, FIRST_STAGE_COLUMN: first}, qids),
+    )
 
 
 def test_interpolation_and_the_alpha_chosen_on_qrels() -> None:

@@ -196,11 +196,12 @@ def test_validation_draws_judged_queries_and_training_can_keep_the_top_candidate
     assert set(data.val.qid) == {first} and len(data.val) == 12  # validation keeps every candidate
     assert len(data.train) == 2 * 5  # the other two queries' top 5
     # The hybrid label standardises over each query's full candidate list, before the top 5 are kept.
-    from distill.data.labels import Label
+    from distill.data.labels import per_query_z
     from distill.data.teacher_data import TeacherDataset
 
     table = TeacherDataset.open(teacher_dataset).to_pandas()
-    table["label"] = Label("upr", 1.0).values(table.upr.to_numpy(), table.first_stage_score.to_numpy(), table.qid)
+    upr, first_stage = table.upr.to_numpy(), table.first_stage_score.to_numpy()
+    table["label"] = per_query_z(upr, table.qid) + per_query_z(first_stage, table.qid)
     expected = table.set_index(["qid", "docid"]).label
     got = [expected[(q, d)] for q, d in zip(data.train.qid, data.train.docid, strict=True)]
     np.testing.assert_allclose(data.train.labels, got)
