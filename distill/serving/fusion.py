@@ -5,11 +5,32 @@ was validated on. :meth:`Reranker.load <distill.serving.reranker.Reranker.load>`
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from numbers import Real
 from pathlib import Path
+
+import numpy as np
 
 from distill.core.schema import InputError
 from distill.core.student_card import StudentCard
+
+
+def first_stage_array(scores: Sequence[float], passages: int) -> np.ndarray:
+    """``[passages]`` float64 first-stage scores, one per passage.
+
+    Raises:
+        InputError: one line: not one per passage, or one that is not a finite number (a string, a bool, None, NaN).
+    """
+    if isinstance(scores, str | bytes) or not isinstance(scores, Sequence | np.ndarray):
+        raise InputError(f"first_stage_scores: a sequence of numbers, one per passage, not {type(scores).__name__}")
+    if len(scores) != passages:
+        raise InputError(f"first_stage_scores: {len(scores)} scores for {passages} passages: give one per passage")
+    for i, value in enumerate(scores):
+        if isinstance(value, bool | np.bool_) or not isinstance(value, Real) or not math.isfinite(value):
+            raise InputError(f"first_stage_scores[{i}]: {value!r} is not a finite number")
+    return np.asarray(scores, dtype=np.float64)
 
 
 @dataclass(frozen=True)
@@ -33,8 +54,12 @@ class Fusion:
         refused here.
 
         Raises:
-            InputError: one line naming the card's first stages (or saying it has no α).
+            InputError: one line naming the card's first stages (or saying it has no α), or an ``interpolation``
+                number outside [0, 1].
         """
+        number = isinstance(interpolation, int | float) and not isinstance(interpolation, bool)
+        if number and not 0 <= interpolation <= 1:
+            raise InputError(f"interpolation: an alpha is in [0, 1] (true, false or a number), not {interpolation}")
         card = StudentCard.find(folder)
         fusion = cls(
             str(folder),

@@ -137,7 +137,21 @@ NVIDIA_DRIVER = ("/dev/nvidiactl", "/proc/driver/nvidia/version")
 def serving_device(name: str) -> str:
     """The device a reranker runs on: ``auto`` is ``cuda`` where torch is installed and sees a GPU, else ``cpu``
     (asked without importing torch where there is no NVIDIA driver, so that an ONNX server never loads it); any
-    other name (``cpu``, ``cuda:1``) as given."""
+    other name (``cpu``, ``cuda:1``) as given, a GPU once torch is seen to have it.
+
+    Raises:
+        InputError: a ``cuda`` device that torch does not have (no torch, a CPU-only build, no such GPU).
+    """
+    if name.startswith("cuda"):
+        if importlib.util.find_spec("torch") is None:
+            raise InputError(f"device {name}: needs torch with CUDA, which is not installed (use device cpu)")
+        import torch
+
+        suffix = name.partition(":")[2]
+        index = int(suffix) if suffix.isdigit() else 0
+        if not torch.cuda.is_available() or index >= torch.cuda.device_count():
+            seen = torch.cuda.device_count() if torch.cuda.is_available() else 0
+            raise InputError(f"device {name}: torch sees {seen} GPU(s) here ({torch.__version__}); use device cpu")
     if name != "auto":
         return name
     if importlib.util.find_spec("torch") is None or not any(Path(p).exists() for p in NVIDIA_DRIVER):

@@ -56,6 +56,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
+from starlette.middleware.cors import CORSMiddleware
 
 from distill.core.files import read_json_object
 from distill.core.interpolation import interpolate
@@ -90,6 +91,21 @@ SCORES = {
     "/rerank": "score = the calibrated probability, in (0, 1); the raw score with raw_scores: true (as TEI)",
 }
 """What each rerank route's scores are (``/info`` shows it; ``/v2/rerank`` is ``/v1/rerank``'s)."""
+TIMING_HEADERS = ("x-total-time", "x-tokenization-time", "x-queue-time", "x-inference-time", "x-compute-tokens")
+"""TEI's timing headers on every rerank answer: the request's milliseconds in all, tokenising, queued and scoring,
+then its pairs' tokens (query, document and special tokens); a browser may read them where CORS allows."""
+
+
+class JsonCors(CORSMiddleware):
+    """Starlette's CORS middleware, whose refused preflight (400) is a JSON error body as every other error."""
+
+    def preflight_response(self, request_headers: Any) -> Response:
+        response = super().preflight_response(request_headers)
+        if response.status_code != 400:
+            return response
+        refused = error_response(400, f"CORS preflight refused: {bytes(response.body).decode()}")
+        refused.headers.update({k: v for k, v in response.headers.items() if k.lower().startswith("access-control")})
+        return refused
 
 
 class RequestError(InputError):
@@ -132,11 +148,10 @@ class Scores:
     """Seconds from its first batch to its last batch's end."""
 
     def timing_headers(self, total_s: float) -> dict[str, str]:
-        """TEI's timing headers, in milliseconds: ``x-total-time``, ``x-tokenization-time``, ``x-queue-time``,
-        ``x-inference-time``, with ``x-compute-tokens``."""
-        ms = {"total": total_s, "tokenization": self.tokenize_s, "queue": self.queue_s, "inference": self.inference_s}
-        headers = {f"x-{name}-time": str(round(seconds * 1000)) for name, seconds in ms.items()}
-        return {**headers, "x-compute-tokens": str(self.tokens)}
+        """TEI's timing headers (:data:`TIMING_HEADERS`), in milliseconds, with the pairs' tokens."""
+        ms = (total_s, self.tokenize_s, self.queue_s, self.inference_s)
+        headers = {name: str(round(seconds * 1000)) for name, seconds in zip(TIMING_HEADERS, ms, strict=False)}
+        return {**headers, TIMING_HEADERS[-1]: str(self.tokens)}
 
 
 class RerankService:
@@ -438,14 +453,12 @@ def create_app(models: ServedModel | Sequence[ServedModel], options: HttpOptions
     app.state.serving = state
     app.add_middleware(Gate, state=state, metrics=metrics)
     if options.cors_allow_origin:  # outside the gate: a preflight carries no API key
-        from starlette.middleware.cors import CORSMiddleware
-
         app.add_middleware(
-            CORSMiddleware,
+            JsonCors,
             allow_origins=list(options.cors_allow_origin),
             allow_methods=["GET", "POST"],
             allow_headers=["authorization", "content-type"],
-            expose_headers=["retry-after"],
+            expose_headers=["retry-after", *TIMING_HEADERS],
         )
     errors: dict[int | str, dict[str, Any]] = {
         code: {"model": ErrorBody} for code in (400, 401, 404, 408, 413, 415, 422, 429, 500, 503)

@@ -22,7 +22,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from distill.serving.batcher import BatchStats
-from distill.serving.options import HttpOptions
+from distill.serving.options import API_KEY_ENV, HttpOptions
 
 log = logging.getLogger(__name__)
 
@@ -124,8 +124,6 @@ JSON_ROUTES = ("/v1/rerank", "/v2/rerank", "/rerank")
 """The routes whose POST bodies are JSON: another media type is a 415."""
 OPEN_ROUTES = ("/health",)
 """The routes that need no API key: an orchestrator's probes carry none."""
-API_KEY_ENV = "CIS_DISTILL_API_KEY"
-"""The environment variable that gives the API key where ``api_key`` is not set."""
 RETRY_AFTER_S = 1
 """``Retry-After`` of a 429: a batch round lasts well under a second, so a second later the queue has moved."""
 

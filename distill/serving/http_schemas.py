@@ -63,7 +63,9 @@ Document = Annotated[
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
+    """Fields not known are ignored (the clients' own, such as Cohere's ``rank_fields``); known ones take their JSON
+    type only (``"top_n": "1"`` or ``true`` is a 422, not 1)."""
 
     query: str = Field(description="The query; not empty.")
     model: str | None = Field(

@@ -6,6 +6,8 @@ extends too."""
 
 from __future__ import annotations
 
+import os
+import re
 from dataclasses import dataclass
 from typing import Literal
 
@@ -32,6 +34,8 @@ class RuntimeOptions:
     GPU, which takes a query's 100 candidates in one batch)."""
 
     def __post_init__(self) -> None:
+        if self.max_length is not None and self.max_length < 1:
+            raise InputError(f"max_length must be positive (leave it out for the model's), got {self.max_length}")
         if self.max_batch_tokens is not None and self.max_batch_tokens < 1:
             raise InputError(f"max_batch_tokens must be positive, got {self.max_batch_tokens}")
         if self.threads < 0:
@@ -100,6 +104,12 @@ class ServingOptions(TorchOptions, RuntimeOptions):
         return options_of(ServingOptions, self)
 
 
+API_KEY_ENV = "CIS_DISTILL_API_KEY"
+"""The environment variable that gives the API key where ``api_key`` is not set."""
+ORIGIN = re.compile(r"^https?://[^/?#\s]+$")
+"""A browser origin: a scheme and a host (with its port), nothing after."""
+
+
 @dataclass(frozen=True)
 class HttpOptions:
     """The HTTP server's batching window, the limits of a request and its timeouts (``distill serve``'s options of the
@@ -148,6 +158,16 @@ class HttpOptions:
             raise InputError(f"serve: max_wait_ms must be >= 0, got {self.max_wait_ms}")
         if self.api_key is not None and not self.api_key.strip():
             raise InputError("serve: api_key is empty: give a key, or leave it out for no authentication")
+        if self.api_key is None and API_KEY_ENV in os.environ and not os.environ[API_KEY_ENV].strip():
+            raise InputError(
+                f"serve: ${API_KEY_ENV} is set but empty: give it a key, or unset it for no authentication"
+            )
+        for origin in self.cors_allow_origin or ():
+            if origin != "*" and not ORIGIN.match(origin):
+                raise InputError(
+                    f"serve: cors_allow_origin {origin!r} is not an origin: a scheme and a host, such as "
+                    "https://app.example.com (no path), or *"
+                )
         for name in ("max_documents", "max_tokens_per_doc", "max_body_bytes", "request_read_timeout",
                      "max_queued_requests"):  # fmt: skip
             value = getattr(self, name)

@@ -26,7 +26,7 @@ from distill.serving.auto import choose_backend
 from distill.serving.backends import BACKENDS, ONNX_DTYPES, OPENVINO_DTYPES, backend_name
 from distill.serving.calibration import ScoreCalibration, normalised, read_calibration
 from distill.serving.encoding import Batch, Packed, encode_pairs, load_tokenizer, model_max_length
-from distill.serving.fusion import Fusion
+from distill.serving.fusion import Fusion, first_stage_array
 from distill.serving.hardware import serving_device
 from distill.serving.options import ServingOptions
 from distill.serving.scorers import Scorer, changed_levers, load_scorer, require_file
@@ -156,6 +156,12 @@ class Reranker:
         limit = model_max_length(path, tokenizer)
         if max_length is not None and max_length > limit:
             raise InputError(f"{path}: max_length {max_length} is over the model's {limit}")
+        least = tokenizer.num_special_tokens_to_add(pair=True) + 2
+        if max_length is not None and max_length < least:
+            raise InputError(
+                f"{path}: max_length {max_length} leaves no room for a query token and a passage token beside the "
+                f"model's special tokens: at least {least}"
+            )
         budget = options.max_batch_tokens or STUDENT_BATCH_TOKENS[device_type(device)]
         name = backend_name(backend, dtype)
         reranker = cls(scorer, tokenizer, max_length or limit, budget, alpha, name, reason, options.overlap)
@@ -194,24 +200,29 @@ class Reranker:
     ) -> list[float]:
         """The score of each passage for ``query``, in the order of ``passages`` (higher is more relevant).
 
-        ``first_stage_scores`` (one per passage) are needed, and used, when the reranker interpolates.
+        ``first_stage_scores`` (one finite number per passage) are needed, and used, when the reranker interpolates;
+        given to one that does not, they are refused rather than ignored.
         """
         if isinstance(passages, str) or not all(isinstance(p, str) for p in passages) or not isinstance(query, str):
             raise TypeError("score(query, passages) takes a query string and a sequence of passage strings")
+        if first_stage_scores is not None:
+            if self.alpha is None:
+                raise InputError(
+                    "first_stage_scores: this reranker does not fuse with a first stage: load it with "
+                    "interpolation=True (or first_stage=NAME) to fuse them"
+                )
+            first_stage = first_stage_array(first_stage_scores, len(passages))
+        elif self.alpha is not None and passages:
+            raise InputError(
+                f"this reranker interpolates with the first stage (alpha {self.alpha}): give one first-stage score "
+                "per passage, or load it with interpolation=False"
+            )
         if not passages:
             return []
         student = self._student_scores(query, passages)
         if self.alpha is None:
             return student.tolist()
-        if first_stage_scores is None or len(first_stage_scores) != len(passages):
-            raise InputError(
-                f"this reranker interpolates with the first stage (alpha {self.alpha}): give one first-stage score "
-                "per passage, or load it with interpolation=False"
-            )
-        fused = interpolate(
-            student, np.asarray(first_stage_scores, dtype=np.float64), [query] * len(student), self.alpha
-        )
-        return fused.tolist()
+        return interpolate(student, first_stage, [query] * len(student), self.alpha).tolist()
 
     def probabilities(
         self, query: str, passages: Sequence[str], first_stage_scores: Sequence[float] | None = None

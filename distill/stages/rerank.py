@@ -84,10 +84,12 @@ class RerankReport:
 
 
 def rerank_run(reranker: Reranker, candidates: list[Candidates]) -> Run:
-    """The student's run: qid -> docid -> score for every candidate of every query."""
+    """The student's run: qid -> docid -> score for every candidate of every query, fused with the candidates'
+    first-stage scores where the reranker fuses."""
     run: Run = {}
     for c in candidates:
-        scores = reranker.score(c.query.text, [p.text for p in c.passages], c.scores)
+        first_stage = c.scores if reranker.alpha is not None else None
+        scores = reranker.score(c.query.text, [p.text for p in c.passages], first_stage)
         run[c.query.qid] = {p.docid: float(s) for p, s in zip(c.passages, scores, strict=True)}
     return run
 

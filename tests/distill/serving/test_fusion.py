@@ -301,6 +301,27 @@ def test_reranker_and_rerank_fuse_with_the_named_first_stages_alpha(
         Reranker.load(folder, backend="torch", interpolation=True)
     with pytest.raises(InputError, match="first_stage 'bm25' takes its alpha from the student's card"):
         Reranker.load(folder, backend="torch", first_stage="bm25", interpolation=0.5)
+    for alpha in (1.5, -0.5):
+        with pytest.raises(InputError, match=rf"^interpolation: an alpha is in \[0, 1\] .*, not {alpha}$"):
+            Reranker.load(folder, backend="torch", interpolation=alpha)
+
+    # first-stage scores are checked, never ignored or zeroed: a reranker that does not fuse refuses them
+    with pytest.raises(InputError, match=r"^first_stage_scores: this reranker does not fuse with a first stage"):
+        Reranker.load(folder, backend="torch").score(QUERY, PASSAGES, FIRST_STAGE)
+    fusing = Reranker.load(folder, backend="torch", first_stage="bm25")
+    for scores, message in (
+        (FIRST_STAGE[:3], r"first_stage_scores: 3 scores for 4 passages: give one per passage"),
+        ([1.0, float("nan"), 2.0, 3.0], r"first_stage_scores\[1\]: nan is not a finite number"),
+        ([1.0, 2.0, float("inf"), 3.0], r"first_stage_scores\[2\]: inf is not a finite number"),
+        ([1.0, 2.0, 3.0, None], r"first_stage_scores\[3\]: None is not a finite number"),
+        ([1.0, "2", 3.0, 4.0], r"first_stage_scores\[1\]: '2' is not a finite number"),
+        ([True, 2.0, 3.0, 4.0], r"first_stage_scores\[0\]: True is not a finite number"),
+        ("1234", r"first_stage_scores: a sequence of numbers, one per passage, not str"),
+    ):
+        with pytest.raises(InputError, match=f"^{message}$"):
+            fusing.score(QUERY, PASSAGES, scores)
+    as_numpy = fusing.score(QUERY, PASSAGES, np.array(FIRST_STAGE, dtype=np.float32))
+    np.testing.assert_allclose(as_numpy, fusing.score(QUERY, PASSAGES, FIRST_STAGE), rtol=1e-6)
 
     # distill rerank --first_stage: the run is the fused ranking of the sample's BM25 lists with splade's α
     from distill.data.loaders import load_candidates

@@ -128,6 +128,14 @@ def test_load_names_an_unknown_option_and_a_bad_one(tiny_bert: Path) -> None:
     ServeConfig(model="m", interpolation=True)  # requests that send first-stage scores are fused
     with pytest.raises(InputError, match="serve: first_stage 'bm25' takes its alpha from the student's card"):
         ServeConfig(model="m", first_stage="bm25", interpolation=0.5)
+    for bad in (0, -5):
+        with pytest.raises(InputError, match=f"max_length must be positive .*, got {bad}$"):
+            Reranker.load(tiny_bert, backend="torch", max_length=bad)
+    with pytest.raises(
+        InputError, match=r"max_length 4 leaves no room for a query token and a passage token .*: at least 5"
+    ):
+        Reranker.load(tiny_bert, backend="torch", max_length=4)  # BERT's pair: [CLS] q [SEP] p [SEP]
+    assert Reranker.load(tiny_bert, backend="torch", max_length=5).max_length == 5
 
 
 def test_options_and_changes_combine(tiny_bert: Path) -> None:
@@ -140,11 +148,19 @@ def test_the_device_defaults_to_auto_which_asks_torch_only_where_a_gpu_can_be(tm
     import subprocess
     import sys
 
+    import torch
+
     from distill.serving import hardware
     from distill.serving.options import ServingOptions
 
     assert ServingOptions().device == "auto"
-    assert hardware.serving_device("cuda:1") == "cuda:1" and hardware.serving_device("cpu") == "cpu"
+    assert hardware.serving_device("cpu") == "cpu"
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if gpus >= 2:
+        assert hardware.serving_device("cuda:1") == "cuda:1"
+    else:  # a GPU torch does not have is one line, not torch's assertion once the model loads
+        with pytest.raises(InputError, match=rf"^device cuda:1: torch sees {gpus} GPU\(s\) here .*; use device cpu$"):
+            hardware.serving_device("cuda:1")
     monkeypatch.setattr(hardware, "NVIDIA_DRIVER", (str(tmp_path / "absent"),))
     assert hardware.serving_device("auto") == "cpu"
     script = (
@@ -156,6 +172,4 @@ def test_the_device_defaults_to_auto_which_asks_torch_only_where_a_gpu_can_be(tm
     assert done.stdout.split() == ["cpu", "False"]  # no driver: torch is never imported to ask
     (tmp_path / "driver").write_text("")
     monkeypatch.setattr(hardware, "NVIDIA_DRIVER", (str(tmp_path / "driver"),))
-    import torch
-
     assert hardware.serving_device("auto") == ("cuda" if torch.cuda.is_available() else "cpu")

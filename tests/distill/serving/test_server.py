@@ -39,6 +39,17 @@ def test_the_options_are_distill_serves() -> None:
         HttpOptions(max_queued_requests=0)
     with pytest.raises(InputError, match="serve: api_key is empty"):
         HttpOptions(api_key=" ")
+    for origin in ("app.example.com", "https://app.example.com/", "https://app.example.com/path", "ftp://a.example"):
+        with pytest.raises(InputError, match=f"serve: cors_allow_origin '{origin}' is not an origin"):
+            HttpOptions(cors_allow_origin=[origin])
+    assert HttpOptions(cors_allow_origin=["*", "http://localhost:3000"]).cors_allow_origin[1] == "http://localhost:3000"
+
+
+def test_a_key_variable_set_but_empty_is_refused_not_taken_for_no_authentication(monkeypatch) -> None:
+    monkeypatch.setenv("CIS_DISTILL_API_KEY", " ")
+    with pytest.raises(InputError, match=r"serve: \$CIS_DISTILL_API_KEY is set but empty"):
+        HttpOptions()
+    assert HttpOptions(api_key="k").api_key == "k"  # the option wins over the variable
 
 
 def test_a_missing_or_wrong_bearer_token_gets_a_401(tiny_bert: Path, tiny: Reranker) -> None:
@@ -85,7 +96,11 @@ def test_cors_preflights_are_answered_for_the_allowed_origins(tiny_bert: Path, t
     assert allowed.headers["access-control-allow-origin"] == "https://app.example"
     assert "authorization" in allowed.headers["access-control-allow-headers"].lower()
     assert other.status_code == 400 and "access-control-allow-origin" not in other.headers
+    assert other.json() == {"error": "CORS preflight refused: Disallowed CORS origin", "error_type": "validation"}
     assert posted.status_code == 200 and posted.headers["access-control-allow-origin"] == "https://app.example"
+    exposed = {h.strip() for h in posted.headers["access-control-expose-headers"].split(",")}
+    assert {"retry-after", "x-total-time", "x-queue-time", "x-inference-time"} <= exposed
+    assert {h for h in posted.headers if h.startswith("x-")} <= exposed  # a browser may read every timing header
 
 
 def test_past_the_queue_bound_a_request_gets_a_429_with_retry_after(tiny_bert: Path, tiny: Reranker) -> None:
