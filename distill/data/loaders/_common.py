@@ -237,3 +237,13 @@ def require(record: dict[str, Any], key: str, where: str, bad: BadInput) -> Any 
         bad(where, f"missing field {key!r}")
         return None
     return record[key]
+
+
+def require_text(record: dict[str, Any], key: str, where: str, bad: BadInput) -> str | None:
+    """``record[key]`` where it is a string, or ``None`` after reporting it missing or not text (a number or an
+    object is no passage or query to score)."""
+    value = require(record, key, where, bad)
+    if value is None or isinstance(value, str):
+        return value
+    bad(where, f"field {key!r}: expected text, got {type(value).__name__}")
+    return None

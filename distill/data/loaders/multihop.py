@@ -32,7 +32,14 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from distill.core.schema import Candidates, Qrels
-from distill.data.loaders._common import BadInput, CandidatesBuilder, clean_text, json_entries, require
+from distill.data.loaders._common import (
+    BadInput,
+    CandidatesBuilder,
+    clean_text,
+    json_entries,
+    require,
+    require_text,
+)
 
 
 class _Skip(Exception):
@@ -67,7 +74,7 @@ def stream_multihop(path: Path, bad: BadInput, repair: bool, qrels: Qrels) -> It
     ``qrels`` as it is read (and the ids of the questions seen held, to refuse one that comes back)."""
     seen: dict[str, str] = {}
     for where, entry in json_entries(path):
-        question = require(entry, "question", where, bad)
+        question = require_text(entry, "question", where, bad)
         if question is None:
             continue
         try:
@@ -76,7 +83,7 @@ def stream_multihop(path: Path, bad: BadInput, repair: bool, qrels: Qrels) -> It
                 paragraphs = _musique_paragraphs(entry["paragraphs"], qid, where, bad)
             else:
                 paragraphs = _hotpot_paragraphs(_field(entry, ("context",), where, bad), entry, qid, where, bad)
-            query = clean_text(str(question), repair)
+            query = clean_text(question, repair)
             if not query:
                 _skip(bad, where, f"empty question text for id {qid}")
             if qid in seen:
@@ -120,11 +127,11 @@ def _musique_paragraphs(paragraphs: Any, qid: str, where: str, bad: BadInput) ->
     for k, p in enumerate(paragraphs):
         p_where = f"{where} paragraph [{k}]"
         idx = require(p, "idx", p_where, bad)
-        text = require(p, "paragraph_text", p_where, bad) if idx is not None else None
+        text = require_text(p, "paragraph_text", p_where, bad) if idx is not None else None
         if text is None:
             continue
         relevant = bool(p.get("is_supporting")) if labelled else None
-        result.append(_Paragraph(p_where, f"{qid}-{idx}", str(p.get("title") or ""), str(text), relevant))
+        result.append(_Paragraph(p_where, f"{qid}-{idx}", str(p.get("title") or ""), text, relevant))
     return result
 
 

@@ -10,7 +10,14 @@ from pathlib import Path
 from typing import Any
 
 from distill.core.schema import Candidates
-from distill.data.loaders._common import BadInput, CandidatesBuilder, clean_text, json_entries, require
+from distill.data.loaders._common import (
+    BadInput,
+    CandidatesBuilder,
+    clean_text,
+    json_entries,
+    require,
+    require_text,
+)
 
 
 def is_rank_llm(data: object) -> bool:
@@ -36,7 +43,7 @@ def stream_rank_llm(path: Path, bad: BadInput, repair: bool) -> Iterator[Candida
 
 def _add_entry(builder: CandidatesBuilder, entry: object, where: str, bad: BadInput, repair: bool) -> None:
     """Add the hits of one ``{query, hits}`` entry (at ``where``) to ``builder``."""
-    query = require(entry, "query", where, bad)
+    query = require_text(entry, "query", where, bad)
     hits = require(entry, "hits", where, bad)
     if query is None or hits is None:
         return
@@ -45,15 +52,16 @@ def _add_entry(builder: CandidatesBuilder, entry: object, where: str, bad: BadIn
         return
     for j, hit in enumerate(hits):
         hit_where = f"{where} hit [{j}]"
-        fields = [require(hit, k, hit_where, bad) for k in ("qid", "docid", "content")]
-        if any(f is None for f in fields):
+        fields = [require(hit, k, hit_where, bad) for k in ("qid", "docid")]
+        content = require_text(hit, "content", hit_where, bad) if None not in fields else None
+        if content is None:
             continue
         score = _first_stage_score(hit, j, hit_where, bad)
         if score is None:
             continue
-        qid, docid, content = fields
-        text = clean_text(str(content), repair)
-        builder.add(hit_where, str(qid), clean_text(str(query), repair), str(docid), text, score)
+        qid, docid = fields
+        text = clean_text(content, repair)
+        builder.add(hit_where, str(qid), clean_text(query, repair), str(docid), text, score)
 
 
 def _first_stage_score(hit: dict[str, Any], j: int, where: str, bad: BadInput) -> float | None:

@@ -189,6 +189,8 @@ def text_records(path: Path, fields: TextFields, repair: bool) -> Iterator[TextR
                 yield TextRecord(lineno, None, None, reason)
                 continue
             text, reason = _first_field(record, fields.text_keys)
+            if text is not None and not isinstance(text, str):
+                text, reason = None, f"the text is {type(text).__name__}, not a string"
             if text is None:
                 yield TextRecord(lineno, str(key), None, reason)
             else:

@@ -206,6 +206,14 @@ def test_trec_run_jsonl(trec: dict[str, Path]) -> None:
     assert texts(data) == EXPECTED_TEXTS
 
 
+def test_a_jsonl_text_that_is_no_string_is_bad_input(trec: dict[str, Path]) -> None:
+    corpus = write_jsonl(
+        trec["corpus_jsonl"], [{"_id": "d1", "text": 5}, {"_id": "d2", "text": "b"}, {"_id": "d3", "text": "c"}]
+    )
+    with raises(f"{corpus}:1: the text is int, not a string"):
+        load_candidates(trec["run"], queries=trec["queries_jsonl"], corpus=corpus)
+
+
 def test_trec_run_is_streamed_a_query_at_a_time(trec: dict[str, Path]) -> None:
     """Grouped or not, a run gives the same candidates; a bad line of a later query is met only once that query is
     read."""
@@ -405,6 +413,13 @@ def test_musique(tmp_path: Path) -> None:
     assert data.candidates[0].scores == [0.0, -1.0, -2.0]
     assert texts(data)["2hop__1_2-2"] == "Z. Z was born in W."
     assert data.qrels == {"2hop__1_2": {"2hop__1_2-0": 0, "2hop__1_2-1": 1, "2hop__1_2-2": 1}}
+    numbered = [{**questions[0], "paragraphs": [*questions[0]["paragraphs"], {"idx": 3, "paragraph_text": 7}]}]
+    path = write(tmp_path / "numbered.json", json.dumps(numbered))
+    with raises(f"{path}: entry [0] paragraph [3]: field 'paragraph_text': expected text, got int"):
+        load_candidates(path)
+    path = write(tmp_path / "numbered.json", json.dumps([{**questions[0], "question": 12}]))
+    with raises(f"{path}: entry [0]: field 'question': expected text, got int"):
+        load_candidates(path)
 
 
 # --- bad input through load_candidates ---
@@ -441,6 +456,8 @@ def test_missing_field_names_entry_and_hit(tmp_path: Path) -> None:
         ({**hit("b", rank=2), "score": float("nan")}, "score nan is not a finite number"),  # JSON's NaN
         ({**hit("b", rank=2), "score": True}, "score True is not a finite number"),
         ({**hit("b", rank=2), "score": None, "rank": "first"}, "rank 'first' is not a finite number"),
+        ({**hit("b", rank=2), "content": 5}, "field 'content': expected text, got int"),
+        ({**hit("b", rank=2), "content": {"text": "b"}}, "field 'content': expected text, got dict"),
     ],
 )
 def test_bad_hit_error_or_skip(tmp_path: Path, bad_hit: dict, reason: str) -> None:
@@ -465,6 +482,9 @@ def test_a_json_object_is_no_list_of_entries_and_not_called_malformed(tmp_path: 
 def test_hits_that_are_not_a_list_and_scores_given_as_text(tmp_path: Path) -> None:
     path = write(tmp_path / "cands.json", json.dumps([{"query": "a query", "hits": 5}]))
     with raises(f"{path}: entry [0]: hits: expected a list of hits, got int"):
+        load_candidates(path)
+    path = write(tmp_path / "cands.json", json.dumps([{"query": 42, "hits": [hit("a")]}]))
+    with raises(f"{path}: entry [0]: field 'query': expected text, got int"):
         load_candidates(path)
     path = rank_llm_file(tmp_path, [{**hit("a"), "score": "2.5"}, {**hit("b", rank=2), "score": None}])
     assert load_candidates(path).candidates[0].scores == [2.5, -2.0]  # a number as text; no score: minus the rank
