@@ -20,8 +20,8 @@ from distill.core.batching import token_budget_batches
 from distill.core.devices import STUDENT_BATCH_TOKENS, device_type
 from distill.core.files import check_model_folder
 from distill.core.interpolation import interpolate
-from distill.core.schema import InputError, MissingFileError
-from distill.model.resolver import HUB_REPO, hub_snapshot
+from distill.core.run_folder import student_folder
+from distill.core.schema import InputError
 from distill.serving.auto import choose_backend
 from distill.serving.backends import BACKENDS, ONNX_DTYPES, OPENVINO_DTYPES, backend_name
 from distill.serving.calibration import ScoreCalibration, normalised, read_calibration
@@ -99,7 +99,8 @@ class Reranker:
 
     @classmethod
     def load(cls, path: str | Path, options: ServingOptions | None = None, **changes: Any) -> Reranker:
-        """The student in ``path``: an HF folder (``torch``) or an export folder (any backend).
+        """The student in ``path``: an HF folder (``torch``), an export folder (any backend), a training run (its
+        export, or its HF folder for ``torch``) or a Hub id.
 
         ``options`` (:class:`~distill.serving.options.ServingOptions`, default all its defaults) says how it is
         served: the backend (``auto``, default: the fastest this machine, the folder's files, the installed runtimes
@@ -121,13 +122,9 @@ class Reranker:
         options = replace(options or ServingOptions(), **changes)
         backend, dtype, max_length = options.backend, options.dtype, options.max_length
         device = serving_device(options.device)
-        path = Path(path)
-        if not path.is_dir():
-            if not HUB_REPO.match(str(path)):
-                raise MissingFileError(f"{path}: no such model folder")
-            path = hub_snapshot(str(path), options.revision)
         if backend not in ("auto", *BACKENDS):
             raise InputError(f"backend must be one of {['auto', *BACKENDS]}, not {backend!r}")
+        path = student_folder(path, exported=backend != "torch", revision=options.revision)
         require_file(path, "config.json")
         require_file(path, "tokenizer_config.json")
         check_model_folder(path)  # each JSON file parses, the tokenizer's vocabulary is there, the weights whole

@@ -318,6 +318,27 @@ def test_session_settings_reach_onnxruntime() -> None:
     assert SessionSettings().options().intra_op_num_threads == 0  # onnxruntime's default: one per physical core
 
 
+def test_reranker_load_takes_a_training_run_as_serve_and_rerank_do(student: Path, exported: Path, tmp_path: Path):
+    """A run folder: its export for an exported backend, its HF folder for torch; a folder of neither is one line."""
+    import shutil
+
+    from distill.core.schema import MissingFileError
+
+    run = tmp_path / "run"
+    shutil.copytree(student, run / "hf")
+    shutil.copytree(exported, run / "export")
+    query, passages = "a query", ["a passage", "another passage about something else"]
+    from_run = Reranker.load(run, backend="onnx").score(query, passages)
+    assert from_run == Reranker.load(exported, backend="onnx").score(query, passages)
+    torch_run = Reranker.load(run, backend="torch")
+    assert torch_run.score(query, passages) == Reranker.load(student, backend="torch").score(query, passages)
+    with pytest.raises(MissingFileError, match=f"^{tmp_path / 'nowhere'}: no such run or model folder$"):
+        Reranker.load(tmp_path / "nowhere")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(MissingFileError, match="no student here"):
+        Reranker.load(tmp_path / "empty")
+
+
 def test_reranker_bad_input(exported: Path, tmp_path: Path) -> None:
     reranker = Reranker.load(exported, backend="onnx", max_length=64)
     assert reranker.score("a query", []) == [] and reranker.rerank("a query", []) == []
