@@ -35,7 +35,7 @@ class RerankConfig(ServingOptions):
     output: str | None = None
     """The TREC run to write (required; ``distill run`` sets it)."""
     max_queries: int | None = None
-    """Rerank only the first N queries (N >= 1)."""
+    """Rerank only the first N queries (N >= 1; with ``held_out``, of its queries)."""
     on_bad_input: OnBadInput = "error"
     """``error``: stop at the first bad record of the input, naming it; ``skip``: skip bad records and count them."""
     held_out: str | None = None
@@ -106,10 +106,16 @@ def rerank(cfg: RerankConfig) -> RerankReport:
     data = RerankingData.union(
         [load_candidates(p, queries=cfg.queries, corpus=cfg.corpus, on_bad_input=cfg.on_bad_input) for p in cfg.input]
     )
-    candidates = data.candidates[: cfg.max_queries]
+    candidates = data.candidates
     if cfg.held_out:
         keep = held_out_queries(cfg.held_out)
         candidates = [c for c in candidates if c.query.qid in keep]
+        if not candidates:
+            raise InputError(
+                f"rerank: held_out: {cfg.held_out} held out none of the input's {len(data.candidates)} queries: "
+                "nothing to rerank"
+            )
+    candidates = candidates[: cfg.max_queries]
     folder = student_folder(cfg.model, exported=cfg.backend != "torch", revision=cfg.revision)
     reranker = Reranker.load(folder, cfg.serving())
     run = rerank_run(reranker, candidates)

@@ -176,6 +176,17 @@ def _training_run(world: World) -> Path:
     return run
 
 
+def _held_out_elsewhere(world: World) -> Path:
+    """A training run whose card holds out one query, none of the sample's."""
+    from distill.core.student_card import StudentCard
+
+    run = _training_run(world)
+    config = json.loads((run / "hf" / "config.json").read_text())
+    card = StudentCard("bert", "cis", "mse", [], {"kind": "none"}, 512, ["not-in-the-sample"])
+    (run / "hf" / "config.json").write_text(json.dumps({**config, "cis_distill": card.to_dict()}))
+    return run
+
+
 def _rerank(model: Path | str, world: World, *extra: str, output: str = "out.trec") -> list[str]:
     return ["--model", str(model), "--input", str(world.sample), "--output", str(world.root / output), *extra]
 
@@ -245,6 +256,12 @@ CASES = [
         lambda w: str(w.root / "nowhere.json"),
     ),
     Case("rerank", "max_queries 0", lambda w: _rerank(w.export, w, "--max_queries", "0"), lambda w: "max_queries"),
+    Case(
+        "rerank",
+        "held_out by a run that held out none of the input's queries",
+        lambda w: _rerank(w.export, w, "--held_out", str(_held_out_elsewhere(w)), output="run.trec"),
+        lambda w: f"held_out: {w.root / 'tr'} held out none of the input's 3 queries: nothing to rerank",
+    ),
     Case(
         "eval",
         "a (qid, docid) ranked twice",
