@@ -329,6 +329,8 @@ def _validation_message(error: RequestValidationError) -> tuple[int, str]:
     if first["type"] == "json_invalid":
         return 400, f"body: not valid JSON ({first.get('ctx', {}).get('error', 'JSON decode error')})"
     loc = [part for part in first["loc"] if part != "body"]
+    if not loc and first["type"] == "missing":
+        return 400, "body: empty; send a JSON object"
     field = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in loc).lstrip(".") or "body"
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
     return 422, f"{field}: {first['msg']}{more}"

@@ -10,6 +10,7 @@ over the size limit, 429 past the queue's bound), hold the body it admits to the
 from __future__ import annotations
 
 import asyncio
+import codecs
 import hmac
 import logging
 import os
@@ -174,6 +175,12 @@ class _Exchange:
         self.started = False
         self.answered = False
         self.received = 0
+        self.utf8 = (
+            codecs.getincrementaldecoder("utf-8")()
+            if scope["method"] == "POST" and scope["path"] in JSON_ROUTES
+            else None
+        )
+        """Checks a JSON body's bytes as they come: JSON is UTF-8 text."""
         self.body_read = False
         self.gone = False
         self.task: asyncio.Task | None = None
@@ -217,10 +224,23 @@ class _Exchange:
             self.received += len(message.get("body", b""))
             if self.received > self.gate.max_body_bytes:
                 raise HTTPException(413, f"body: over this server's limit of {self.gate.max_body_bytes} bytes")
+            if self.utf8 is not None:
+                self._check_utf8(message.get("body", b""), not message.get("more_body", False))
             if not message.get("more_body", False):
                 self.body_read = True
                 self.watch = asyncio.ensure_future(self._watch())
         return message
+
+    def _check_utf8(self, chunk: bytes, last: bool) -> None:
+        """Feed the body's next ``chunk`` to the UTF-8 check; a byte that is no UTF-8 is a 400 naming its offset."""
+        assert self.utf8 is not None
+        before = self.received - len(chunk) - len(self.utf8.getstate()[0])  # the offset of the decoder's input
+        try:
+            self.utf8.decode(chunk, final=last)
+        except UnicodeDecodeError as e:
+            raise HTTPException(
+                400, f"body: not UTF-8 text ({e.reason} at byte {before + e.start}); a JSON body is UTF-8"
+            ) from None
 
     async def _watch(self) -> None:
         """Wait for the client to leave; if it leaves before its answer is sent, cancel the route."""

@@ -241,6 +241,13 @@ BAD_REQUESTS = {
         "texts[0]: has a NUL character (\\u0000) at character 1",
     ),
     "NUL in the query": ("/rerank", {"query": "q\x00", "texts": ["a"]}, 422, "query: has a NUL character"),
+    "a body that is not UTF-8": (
+        "/v1/rerank",
+        b'{"query": "caf\xe9", "documents": ["a"]}',
+        400,
+        "body: not UTF-8 text (invalid continuation byte at byte 14); a JSON body is UTF-8",
+    ),
+    "an empty body": ("/rerank", b"", 400, "body: empty; send a JSON object"),
 }
 
 
@@ -258,6 +265,26 @@ def test_bad_requests_get_a_one_line_error_naming_the_field(server: str, case: s
     error = answer.json()
     assert list(error) == ["error", "error_type"] and "\n" not in error["error"]
     assert expected in error["error"] and error["error_type"] == "validation"
+
+
+def test_utf8_is_checked_across_the_chunks_of_a_streamed_body(server: str) -> None:
+    """A character split between two chunks is whole; a bad byte in a later chunk is named by its offset in the body."""
+    text = '{"query": "caf\u00e9", "texts": ["na\u00efve"]}'.encode()
+    cut = text.index(b"\xc3") + 1  # between the two bytes of the first é
+
+    def chunks(body: bytes, at: int) -> Callable[[], Iterator[bytes]]:
+        return lambda: iter([body[:at], body[at:]])
+
+    whole = httpx.post(f"{server}/rerank", content=chunks(text, cut)(), headers={"content-type": "application/json"})
+    assert whole.status_code == 200, whole.text
+    bad = text.replace(b"na\xc3\xafve", b"na\xefve")  # ï as Latin-1 in the second chunk
+    answer = httpx.post(f"{server}/rerank", content=chunks(bad, cut)(), headers={"content-type": "application/json"})
+    assert answer.status_code == 400
+    offset = bad.index(b"\xef")
+    assert (
+        answer.json()["error"]
+        == f"body: not UTF-8 text (invalid continuation byte at byte {offset}); a JSON body is UTF-8"
+    )
 
 
 def test_an_oversized_body_without_a_length_is_refused_as_it_streams(server: str) -> None:
