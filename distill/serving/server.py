@@ -21,6 +21,7 @@ import os
 import socket
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from distill.core.config import REPEATABLE, options_of
@@ -56,6 +57,10 @@ class ServeConfig(ServingOptions, HttpOptions):
             object.__setattr__(self, "model", [self.model])
         if not self.model:
             raise InputError("serve: missing required option(s): model")
+        for entry in self.model:
+            name, eq, where = entry.partition("=")
+            if eq and "/" not in name and (not name or not where) and not Path(entry).exists():
+                raise InputError(f"serve: model: {entry!r}: NAME=PATH needs a name and a path (or give a path alone)")
         names = [name for name, _ in self.models]
         if len(set(names)) < len(names):
             twice = next(name for name in names if names.count(name) > 1)

@@ -217,6 +217,9 @@ def test_serve_takes_model_name_path_once_per_model() -> None:
     assert ServeConfig(model="out/export").models == [("export", "out/export")]
     with pytest.raises(InputError, match="serve: model: two models are named 'x'"):
         ServeConfig(model=["x=a", "x=b"])
+    for entry in ("=out/x", "a="):
+        with pytest.raises(InputError, match=f"^serve: model: '{entry}': NAME=PATH needs a name and a path"):
+            ServeConfig(model=[entry])
 
 
 def test_distill_serve_serves_two_named_exports(exported: Path) -> None:
