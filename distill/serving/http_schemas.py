@@ -17,24 +17,15 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, field_validator
 from pydantic_core import PydanticCustomError
 
+from distill.serving.encoding import text_fault
+
 
 def _valid_text(text: str) -> str:
-    """``text`` itself, if a tokenizer (and the answer's JSON) can take it: no NUL character and no lone UTF-16
-    surrogate (``"\\ud800"``, which JSON's escapes can spell but UTF-8 cannot)."""
-    if "\x00" in text:
-        raise PydanticCustomError(
-            "invalid_text",
-            "has a NUL character (\\u0000) at character {position}; send text without it",
-            {"position": text.index("\x00")},
-        )
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise PydanticCustomError(
-            "invalid_text",
-            "has a lone UTF-16 surrogate (\\u{code}) at character {position}, which is no text; send valid Unicode",
-            {"code": f"{ord(text[e.start]):04x}", "position": e.start},
-        ) from None
+    """``text`` itself, if a tokenizer and the answer's JSON can take it
+    (:func:`~distill.serving.encoding.text_fault`)."""
+    fault = text_fault(text)
+    if fault is not None:
+        raise PydanticCustomError("invalid_text", fault.replace("{", "{{").replace("}", "}}"))
     return text
 
 

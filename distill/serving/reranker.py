@@ -25,7 +25,7 @@ from distill.core.schema import InputError
 from distill.serving.auto import choose_backend
 from distill.serving.backends import BACKENDS, ONNX_DTYPES, OPENVINO_DTYPES, backend_name
 from distill.serving.calibration import ScoreCalibration, normalised, read_calibration
-from distill.serving.encoding import Batch, Packed, encode_pairs, load_tokenizer, model_max_length
+from distill.serving.encoding import Batch, Packed, encode_pairs, load_tokenizer, model_max_length, text_fault
 from distill.serving.fusion import Fusion, first_stage_array
 from distill.serving.hardware import serving_device
 from distill.serving.options import ServingOptions
@@ -202,6 +202,9 @@ class Reranker:
         """
         if isinstance(passages, str) or not all(isinstance(p, str) for p in passages) or not isinstance(query, str):
             raise TypeError("score(query, passages) takes a query string and a sequence of passage strings")
+        for where, text in (("query", query), *((f"passages[{i}]", p) for i, p in enumerate(passages))):
+            if (fault := text_fault(text)) is not None:
+                raise InputError(f"{where}: {fault}")
         if first_stage_scores is not None:
             if self.alpha is None:
                 raise InputError(

@@ -349,6 +349,10 @@ def test_reranker_bad_input(exported: Path, tmp_path: Path) -> None:
     assert reranker.truncated == 2
     with pytest.raises(TypeError, match="sequence of passage strings"):
         reranker.score("a query", "a passage")
+    with pytest.raises(InputError, match=r"^passages\[1\]: has a lone UTF-16 surrogate \(\\ud800\) at character 1,"):
+        reranker.score("a query", ["fine", "a\ud800"])  # the tokenizer's own TypeError otherwise
+    with pytest.raises(InputError, match=r"^query: has a NUL character \(\\u0000\) at character 1;"):
+        reranker.score("a\x00", ["fine"])
     with pytest.raises(ValueError, match="top_k"):
         reranker.rerank("a query", ["a"], top_k=-1)
     with pytest.raises(ValueError, match="over the model's 512"):
