@@ -14,7 +14,16 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from distill.serving.encoding import text_fault
@@ -76,6 +85,20 @@ class _Request(BaseModel):
         description="cis-distill's extension: the first stage of first_stage_scores (bm25, splade, ...), whose α "
         "fuses them (default: the server's --first_stage, else the student's one first stage).",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_misspelt_extension(cls, body: Any) -> Any:
+        """Unknown fields are ignored, but not in cis-distill's own ``first_stage*`` names: a misspelt
+        ``first_stage_score`` would rank by the student alone with a 200."""
+        if isinstance(body, dict):
+            for name in body:
+                if isinstance(name, str) and name.startswith("first_stage") and name not in cls.model_fields:
+                    raise PydanticCustomError(
+                        "unknown_field", "unknown field {name}: the extension's fields are first_stage_scores and "
+                        "first_stage", {"name": repr(name)}
+                    )  # fmt: skip
+        return body
 
     @field_validator("query")
     @classmethod

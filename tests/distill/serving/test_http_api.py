@@ -248,6 +248,12 @@ BAD_REQUESTS = {
         "body: not UTF-8 text (invalid continuation byte at byte 14); a JSON body is UTF-8",
     ),
     "an empty body": ("/rerank", b"", 400, "body: empty; send a JSON object"),
+    "a misspelt extension field": (
+        "/v1/rerank",
+        {"query": "q", "documents": ["a", "b"], "first_stage_score": [1, 2]},
+        422,
+        "body: unknown field 'first_stage_score': the extension's fields are first_stage_scores and first_stage",
+    ),
 }
 
 
