@@ -31,6 +31,10 @@ FIRST_STAGE = "first_stage"
 """The run name of the input ranking (column ``first_stage_score``)."""
 
 
+OPTIONAL = ("reused", "queries", "corpus")
+"""The :class:`TeacherMetadata` keys a ``teacher.json`` may lack (they are written only when set)."""
+
+
 @dataclass
 class TeacherMetadata:
     """What a teacher dataset holds and how it was made."""
@@ -46,6 +50,10 @@ class TeacherMetadata:
     reused: dict[str, Any] | None = None
     """With ``distill teach --reuse``: the datasets reused and the pairs taken from them (``pairs_reused``) or
     scored (``pairs_new``); None (and absent from the file) otherwise."""
+    queries: str | None = None
+    """For a TREC run input, the queries file it was read with, as given; None (and absent) otherwise."""
+    corpus: str | None = None
+    """For a TREC run input, the corpus it was read with, as given; None (and absent) otherwise."""
 
     @classmethod
     def read(cls, folder: Path) -> TeacherMetadata:
@@ -57,7 +65,7 @@ class TeacherMetadata:
 
         values = read_json_object(path)
         known = {f.name for f in fields(cls)}
-        if missing := sorted(known - set(values) - {"reused"}):
+        if missing := sorted(known - set(values) - set(OPTIONAL)):
             raise InputError(f"{path}: missing key(s) {missing}")
         if isinstance(values["input"], str):  # written so by older versions: one input
             values["input"] = [values["input"]]
@@ -67,7 +75,7 @@ class TeacherMetadata:
         return cls(**{k: v for k, v in values.items() if k in known})
 
     def write(self, folder: Path) -> None:
-        values = {k: v for k, v in asdict(self).items() if k != "reused" or v is not None}
+        values = {k: v for k, v in asdict(self).items() if k not in OPTIONAL or v is not None}
         write_whole(folder / METADATA_FILE, json.dumps(values, indent=2, sort_keys=True) + "\n")
 
 

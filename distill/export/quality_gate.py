@@ -343,7 +343,7 @@ def validation_set(folder: Path, input: str | None = None, qrels: str | list[str
     else:
         inputs = _teacher_inputs(folder, card)
         wanted = set(card.val_queries)
-        parts = [_load(path, qrels or card.qrels) for path in inputs]
+        parts = [_load(path, qrels or card.qrels, queries, corpus) for path, (queries, corpus) in inputs.items()]
         data = RerankingData.union(parts) if parts else RerankingData("", [], {})
         judged = [c for c in data.candidates if c.query.qid in wanted and c.query.qid in data.qrels]
         if not judged:
@@ -365,9 +365,10 @@ def _pairs(lists: list[Candidates]) -> list[Pair]:
     return [Pair(c.query.qid, p.docid, c.query.text, p.text) for c in lists for p in c.passages]
 
 
-def _teacher_inputs(folder: Path, card: StudentCard) -> list[str]:
-    """The candidate inputs of the card's teacher datasets, in order, each once."""
-    inputs: list[str] = []
+def _teacher_inputs(folder: Path, card: StudentCard) -> dict[str, tuple[str | None, str | None]]:
+    """The candidate inputs of the card's teacher datasets, in order, each once, with the queries and corpus a TREC
+    run was read with (None for other inputs)."""
+    inputs: dict[str, tuple[str | None, str | None]] = {}
     for path in card.teacher_data:
         found = resolve_path(path)
         if found is None or not TeacherDataset.is_complete(found):
@@ -375,11 +376,15 @@ def _teacher_inputs(folder: Path, card: StudentCard) -> list[str]:
                 f"{folder}: the student's teacher data {path} is not here: give export's validation_input "
                 "(its held-out candidates) and validation_qrels"
             )
-        inputs += [i for i in TeacherDataset.open(found).metadata.input if i not in inputs]
+        metadata = TeacherDataset.open(found).metadata
+        for given in metadata.input:
+            inputs.setdefault(given, (metadata.queries, metadata.corpus))
     return inputs
 
 
-def _load(input: str, qrels: str | list[str] | None) -> RerankingData:
+def _load(
+    input: str, qrels: str | list[str] | None, queries: str | None = None, corpus: str | None = None
+) -> RerankingData:
     from distill.data.loaders import load_candidates
     from distill.data.loaders.irds import is_irds
     from distill.data.loaders.qrels import qrels_sources
@@ -391,7 +396,8 @@ def _load(input: str, qrels: str | list[str] | None) -> RerankingData:
     if path is None:
         raise MissingFileError(f"{input}: no such candidates file or folder")
     beside = path.parent / QRELS_FILE if path.is_file() else None
-    return load_candidates(path, qrels=given or (beside if beside and beside.is_file() else None))
+    texts = {k: resolve_path(v) or v for k, v in (("queries", queries), ("corpus", corpus)) if v is not None}
+    return load_candidates(path, qrels=given or (beside if beside and beside.is_file() else None), **texts)
 
 
 def _qrels_path(qrels: str) -> str | Path:

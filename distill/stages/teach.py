@@ -735,7 +735,9 @@ def _merge(
     staging = work / "dataset"
     if staging.exists():
         shutil.rmtree(staging)
-    metadata = TeacherMetadata(cfg.scores[0], cfg.score_columns, cfg.input, fingerprint, reused)
+    metadata = TeacherMetadata(
+        cfg.scores[0], cfg.score_columns, cfg.input, fingerprint, reused, cfg.queries, cfg.corpus
+    )
     sizes = [len(chunk) for chunk in _chunks(n_pairs, cfg.chunk_size)]
     TeacherDataset.write_batches(chunk_batches(work / "chunks", sizes), metadata, staging, work / "merged.arrow")
     if output.exists():

@@ -78,6 +78,38 @@ def test_the_cards_qrels_judge_its_validation_queries(student: Path, tmp_path: P
     assert set(ranking.qrels) == {second} and ranking.qrels == load_qrels(qrels)
 
 
+def test_a_teacher_input_read_with_queries_and_a_corpus_is_read_with_them_again(student: Path, tmp_path: Path) -> None:
+    """A TREC run needs its queries and corpus: teacher.json keeps the ones the teacher read it with, and the gate
+    reads the run with them (as `distill export` does after teach, train on a TREC run of one's own)."""
+    first, second = dl21_judged()[:2]
+    lists = [c for c in load_candidates(DL21 / "bm25_top100.json").candidates if c.query.qid in (first, second)]
+    own = tmp_path / "own"
+    own.mkdir()
+    run = own / "bm25.trec"
+    run.write_text("".join(f"{c.query.qid} Q0 {p.docid} {r} {s} bm25\n" for c in lists
+                           for r, (p, s) in enumerate(zip(c.passages, c.scores, strict=True), 1)))  # fmt: skip
+    (own / "queries.tsv").write_text("".join(f"{c.query.qid}\t{c.query.text}\n" for c in lists))
+    (own / "corpus.tsv").write_text("".join(f"{p.docid}\t{p.text}\n" for c in lists for p in c.passages))
+    shutil.copy(DL21 / "qrels.txt", own / "qrels.txt")
+    teacher = Path(shutil.copytree(REPO / DL21_TEACHER, tmp_path / "teacher"))
+    metadata = json.loads((teacher / "teacher.json").read_text())
+    (teacher / "teacher.json").write_text(json.dumps({**metadata, "input": [str(run)]}))
+    folder = with_card(student, tmp_path, teacher_data=[str(teacher)], val_queries=[first, second])
+    with pytest.raises(InputError, match="a TREC run file needs --queries and --corpus"):
+        validation_set(folder)  # a teacher.json without them (as written before they were kept)
+    with_texts = {
+        **metadata,
+        "input": [str(run)],
+        "queries": str(own / "queries.tsv"),
+        "corpus": str(own / "corpus.tsv"),
+    }
+    (teacher / "teacher.json").write_text(json.dumps(with_texts))
+    ranking = validation_set(folder)
+    assert [(p.qid, p.docid, p.passage) for p in ranking.ranking] == [
+        (c.query.qid, p.docid, p.text) for c in lists for p in c.passages
+    ]
+
+
 def test_a_student_without_a_card_is_gated_on_dl21_never_dl19(tiny_bert: Path) -> None:
     ranking = validation_set(tiny_bert)
     assert {p.qid for p in ranking.ranking} == set(dl21_judged()) and len(dl21_judged()) == 53

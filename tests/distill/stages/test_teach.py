@@ -403,6 +403,29 @@ def test_a_json_lines_input_is_streamed_to_the_same_dataset(
     assert rows(first) == rows(listed)[:24]
 
 
+def test_a_trec_run_input_keeps_its_queries_and_corpus_in_teacher_json(
+    tiny_llama: Path, sample_file: Path, tmp_path: Path
+) -> None:
+    """The same candidates as a TREC run with its queries and corpus: the same rows, and teacher.json names the
+    queries and corpus (which the export's quality gate needs to read the run again); a rank_llm input names none."""
+    from distill.data.loaders import load_candidates
+
+    lists = load_candidates(sample_file).candidates
+    run, queries, corpus = tmp_path / "bm25.trec", tmp_path / "queries.tsv", tmp_path / "corpus.tsv"
+    run.write_text("".join(f"{c.query.qid} Q0 {p.docid} {r} {s} bm25\n" for c in lists
+                           for r, (p, s) in enumerate(zip(c.passages, c.scores, strict=True), 1)))  # fmt: skip
+    queries.write_text("".join(f"{c.query.qid}\t{c.query.text}\n" for c in lists))
+    corpus.write_text("".join(f"{p.docid}\t{p.text}\n" for c in lists for p in c.passages))
+    listed = run_teach(config(tiny_llama, sample_file, tmp_path, output=str(tmp_path / "listed")))
+    trec = run_teach(
+        config(tiny_llama, run, tmp_path, output=str(tmp_path / "trec"), queries=str(queries), corpus=str(corpus))
+    )
+    assert rows(trec) == rows(listed)
+    assert (metadata(trec).queries, metadata(trec).corpus) == (str(queries), str(corpus))
+    assert (metadata(listed).queries, metadata(listed).corpus) == (None, None)
+    assert "queries" not in json.loads((listed / "teacher.json").read_text())
+
+
 def test_a_query_that_comes_back_in_a_stream_is_named(tiny_llama: Path, sample_file: Path, tmp_path: Path) -> None:
     entries = json.loads(sample_file.read_text())
     lines = tmp_path / "again.jsonl"
