@@ -443,6 +443,11 @@ class StudentDataModule(LightningDataModule):
             )
 
         self.train, self.val = split(is_train), split(is_val)
+        if len(self.val) == 1:  # a correlation or a ranking needs two: no checkpoint could be chosen
+            raise InputError(
+                "data: the validation split holds 1 pair: the best checkpoint is chosen on its ranking of several; "
+                "hold out more queries (data.val_queries) or queries with more candidates"
+            )
         self.truncated = store.truncated
         self.qrels = {q: j for q, j in qrels.items() if q in held_out}
         held = table[SOURCE].to_numpy()[is_val]

@@ -217,6 +217,20 @@ def test_bad_data_fails_before_any_logger_exists_with_one_message(
     assert not (tmp_path / "runs" / "tiny" / "wandb").exists() and not (tmp_path / "runs" / "tiny" / "logs").exists()
 
 
+def test_a_validation_split_of_one_pair_is_one_line_not_lightnings_missing_monitor(
+    tmp_path: Path, tiny_bert: Path, teacher_dataset: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One candidate a query, one query held out: nothing to rank or correlate, so no checkpoint could be chosen
+    (Lightning's ModelCheckpoint raised that its monitored key was never logged)."""
+    from tests.distill.serving.test_fusion import stage_copy
+
+    single = stage_copy(teacher_dataset, tmp_path / "single", "single.json", 1, False)
+    config = write_config(tmp_path, tiny_bert, single, max_epochs=1)
+    assert main(["train", "--config", str(config), "--data.val_queries", "1", "--data.qrels", "null"]) == 2
+    err = capsys.readouterr().err
+    assert "distill train: error: data: the validation split holds 1 pair" in err and "Traceback" not in err
+
+
 def test_training_to_a_log_file_prints_progress_lines(
     tmp_path: Path, tiny_bert: Path, teacher_dataset: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
