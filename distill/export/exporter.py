@@ -366,6 +366,8 @@ def _card(hf_dir: Path, out_dir: Path, folder: Path, report: ExportReport) -> di
     return {
         "source": os.path.relpath(hf_dir.resolve(), out_dir.resolve()),
         "model_type": config.model_type,
+        "segment_layers": getattr(config, "segment_layers", 0),
+        "num_hidden_layers": config.num_hidden_layers,
         "inputs": list(input_names(tokenizer)),
         "max_length": model_max_length(folder, tokenizer),
         "onnx_opset": OPSET if "onnx" in report.formats else None,

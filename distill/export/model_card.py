@@ -20,16 +20,29 @@ TAGS = ("cross-encoder", "reranker", "text-ranking", "sentence-transformers", "k
 HEADS = {
     "bert-segment-cosine": (
         "segment-cosine",
-        "the segment-cosine head: every layer reads the joint input `[CLS] query [SEP] passage [SEP]`, and the score "
-        "is `scale · cos(mean of the query's last-layer tokens, mean of the passage's) + bias`",
+        "the segment-cosine head: {reading} the joint input `[CLS] query [SEP] passage [SEP]`, and the score is "
+        "`scale · cos(mean of the query's last-layer tokens, mean of the passage's) + bias`",
     ),
     "mpnet-segment-cosine": (
         "segment-cosine",
-        "the segment-cosine head over MPNet: every layer reads the joint input `<s> query </s></s> passage </s>`, and "
-        "the score is `scale · cos(mean of the query's last-layer tokens, mean of the passage's) + bias`",
+        "the segment-cosine head over MPNet: {reading} the joint input `<s> query </s></s> passage </s>`, and the "
+        "score is `scale · cos(mean of the query's last-layer tokens, mean of the passage's) + bias`",
     ),
 }
-"""``model_type`` of a head of the project's own -> (tag, what it computes)."""
+"""``model_type`` of a head of the project's own -> (tag, what it computes, ``{reading}``: :func:`layers_reading`)."""
+
+
+def layers_reading(segment_layers: int, layers: int | None) -> str:
+    """How a segment-cosine student's layers read its pair: all across it, or its first ``segment_layers`` each
+    segment apart (the bi-encoder it starts from) and the rest across it."""
+    if not segment_layers:
+        return "every layer reads"
+    if layers is not None and segment_layers >= layers:
+        return f"all {layers} layers encode the query and the passage apart (a bi-encoder) in one pass over"
+    rest = f"the other {layers - segment_layers}" if layers is not None else "the later ones"
+    return f"its first {segment_layers} layers encode the query and the passage apart, and {rest} read across"
+
+
 CLS_HEAD = "the [CLS] head: a linear layer on the `[CLS]` token of `[CLS] query [SEP] passage [SEP]`"
 VALIDATION = {
     "nDCG@10": "nDCG@10 of the student",
@@ -54,6 +67,7 @@ def render_model_card(card: dict[str, Any], model_id: str, license: str) -> str:
     student = card.get("student") or {}
     remote = card.get("remote_code") is not None
     tag, head = HEADS.get(card["model_type"], (None, CLS_HEAD))
+    head = head.format(reading=layers_reading(card.get("segment_layers") or 0, card.get("num_hidden_layers")))
     sections = [
         _front_matter(student, card, license, [*TAGS, *([tag] if tag else []), *(["custom_code"] if remote else [])]),
         f"# {Path(model_id).name}\n\nA cross-encoder reranker distilled with {PROJECT} from a causal language "

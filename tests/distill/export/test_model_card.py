@@ -122,6 +122,20 @@ def test_a_full_card_names_its_teacher_data_and_figures_without_absolute_paths()
     assert "| weights |" not in card  # trained weights, as they are
 
 
+def test_the_head_says_how_its_layers_read_the_pair() -> None:
+    """A segment-cosine student with layers apart is no cross-encoder in every layer: the card says which."""
+    card = json.loads(json.dumps(FULL_CARD))
+    for layers, apart, reading in (
+        (6, 0, "every layer reads the joint"),
+        (6, 5, "its first 5 layers encode the query and the passage apart, and the other 1 read across the joint"),
+        (6, 6, "all 6 layers encode the query and the passage apart (a bi-encoder) in one pass over the joint"),
+    ):
+        card.update(segment_layers=apart, num_hidden_layers=layers)
+        assert f"the segment-cosine head: {reading} input" in render_model_card(card, "someone/m", "apache-2.0")
+    del card["segment_layers"], card["num_hidden_layers"]  # a card.json written before they were kept
+    assert "every layer reads the joint input" in render_model_card(card, "someone/m", "apache-2.0")
+
+
 def test_a_blended_student_says_how_much_of_its_backbone_it_kept() -> None:
     card = json.loads(json.dumps(FULL_CARD))
     card["student"]["initial_weight_share"] = 0.25
