@@ -250,7 +250,7 @@ def test_a_string_input_in_teacher_json_is_one_input_and_migrates(teacher_datase
     (old / "teacher.json").write_text(json.dumps({**metadata, "input": metadata["input"][0]}))
     assert TeacherDataset.open(old).metadata.input == metadata["input"]
     card = StudentCard("b", "cis", "mse", [str(old)], {"kind": "none", "mean": 0.0, "std": 1.0}, 64, ["1"])
-    assert _teacher_inputs(tmp_path, card) == metadata["input"]  # not its characters, one by one
+    assert list(_teacher_inputs(tmp_path, card)) == metadata["input"]  # not its characters, one by one
     arrow = {f.name: f.read_bytes() for f in old.glob("*.arrow")}
     assert main(["migrate", str(old), str(teacher_dataset)]) == 0  # positional folders, as the README has them
     assert json.loads((old / "teacher.json").read_text())["input"] == metadata["input"]
