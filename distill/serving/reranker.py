@@ -148,8 +148,7 @@ class Reranker:
         runtime = "openvino" if backend == "openvino" else "onnxruntime"
         # the exported files carry their dtype; OpenVINO computes model.onnx in the one asked for
         precision = None if backend == "onnx" or (backend == "openvino" and fmt != "onnx") else dtype
-        scorer = load_scorer(path, fmt, device, precision, options.threads, runtime, options.levers, options.streams)
-        tokenizer = load_tokenizer(path)
+        tokenizer = load_tokenizer(path)  # before the model: its limits are checked first
         limit = model_max_length(path, tokenizer)
         if max_length is not None and max_length > limit:
             raise InputError(f"{path}: max_length {max_length} is over the model's {limit}")
@@ -159,6 +158,7 @@ class Reranker:
                 f"{path}: max_length {max_length} leaves no room for a query token and a passage token beside the "
                 f"model's special tokens: at least {least}"
             )
+        scorer = load_scorer(path, fmt, device, precision, options.threads, runtime, options.levers, options.streams)
         budget = options.max_batch_tokens or STUDENT_BATCH_TOKENS[device_type(device)]
         name = backend_name(backend, dtype)
         reranker = cls(scorer, tokenizer, max_length or limit, budget, alpha, name, reason, options.overlap)
