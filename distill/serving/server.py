@@ -57,10 +57,6 @@ class ServeConfig(ServingOptions, HttpOptions):
             object.__setattr__(self, "model", [self.model])
         if not self.model:
             raise InputError("serve: missing required option(s): model")
-        for entry in self.model:
-            name, eq, where = entry.partition("=")
-            if eq and "/" not in name and (not name or not where) and not Path(entry).exists():
-                raise InputError(f"serve: model: {entry!r}: NAME=PATH needs a name and a path (or give a path alone)")
         names = [name for name, _ in self.models]
         if len(set(names)) < len(names):
             twice = next(name for name in names if names.count(name) > 1)
@@ -75,10 +71,16 @@ class ServeConfig(ServingOptions, HttpOptions):
 
     @property
     def models(self) -> list[tuple[str, str]]:
-        """Each model's name and its folder or hub id, in order (the first is the default)."""
+        """Each model's name and its folder or hub id, in order (the first is the default).
+
+        Raises:
+            InputError: ``NAME=PATH`` without the name or the path (and no such path).
+        """
         named = []
         for entry in self.model or ():
             name, eq, where = entry.partition("=")
+            if eq and "/" not in name and (not name or not where) and not Path(entry).exists():
+                raise InputError(f"serve: model: {entry!r}: NAME=PATH needs a name and a path (or give a path alone)")
             if not eq or "/" in name or not name or not where:  # a bare path or hub id (which may hold "=")
                 name, where = entry.rstrip("/").rsplit("/", 1)[-1], entry
             named.append((name, where))
