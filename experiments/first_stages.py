@@ -136,6 +136,10 @@ SPLADE_FS1 = [
 ]
 """A label per first stage: BM25's lists keep the MPNet hybrid label, SPLADE++'s weigh their first stage at 1, the
 label of ``labels-dl21.md`` best on DL21's SPLADE++ lists (and far below on BM25's, where it stays at 0.25)."""
+JUDGED = ["--data.label", f"{MPNET_LABEL} + 0.25*z(first_stage) + z(judgment)"]
+"""The MPNet hybrid label with DL21's judgments beside it (``data.qrels``): each fold's training queries learn from
+their graded judgments too (a pair the qrels do not judge counts as grade 0); the held-out fold's stay unseen, and
+DL22's lists, unjudged, keep the hybrid label alone."""
 JOINT1 = ["--model.segment_layers", "11"]
 """The MPNet student's last layer attends across query and passage: a cross-encoder's attention over the bi-encoder
 it starts as. Of the joint layers ``joint`` weighs untrained, one moves its start least (``joint-dl21.md``)."""
@@ -177,6 +181,7 @@ VARIANTS: dict[str, tuple[list[str], bool]] = {
     "mpnet-student-dl22s-splade-fs1": ([*MPNET_STUDENT_DL22S, *SPLADE_FS1], True),
     "mpnet-student-dl22s-lr6e-5": ([*MPNET_STUDENT_DL22S, "--model.lr", "6.0e-5"], True),
     "mpnet-student-dl22s-joint1": ([*MPNET_STUDENT_DL22S, *JOINT1], True),
+    "mpnet-student-dl22s-judged": ([*MPNET_STUDENT_DL22S, *JUDGED], True),
     "mpnet-student-dl22s-seed1": ([*MPNET_STUDENT_DL22S, *SEED1], True),
     "mpnet-gemma-student-dl22s": (MPNET_GEMMA_DL22S, True),
     "mpnet-gemma-student-dl22s-seed1": ([*MPNET_GEMMA_DL22S, *SEED1], True),

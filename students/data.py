@@ -253,9 +253,12 @@ class StudentDataModule(LightningDataModule):
             teacher), a hybrid label (``cis_q+0.5*first_stage``) or a sum of per-query z-scores
             (``z(gemma.cis) + z(smollm2.cis_q) + 0.25*z(first_stage)``); see :mod:`distill.data.labels`. Or a label
             per first stage of ``first_stages``, each list learning its own first stage's
-            (``{bm25: "z(cis_q) + 0.25*z(first_stage)", splade: "z(cis_q) + z(first_stage)"}``).
+            (``{bm25: "z(cis_q) + 0.25*z(first_stage)", splade: "z(cis_q) + z(first_stage)"}``). A sum may weigh the
+            judgments of ``qrels`` too (``z(cis_q) + z(judgment)``): the queries they judge that are not held out
+            learn from them.
         backbone: the student's backbone, for its tokenizer (linked from the model's).
-        qrels: TREC qrels of the validation queries, for nDCG: a file, an ``irds:`` dataset id or a list of these
+        qrels: TREC qrels of the validation queries, for nDCG, and of the training queries for a label's
+            ``z(judgment)``: a file, an ``irds:`` dataset id or a list of these
             (:func:`~distill.data.loaders.qrels.read_qrels`); without them only correlations are reported.
         val_queries: held-out queries, a share (0.2) or a count (8).
         val_pool: where the held-out queries are drawn from: ``any`` query, or only the ``judged`` ones (those in
@@ -343,6 +346,7 @@ class StudentDataModule(LightningDataModule):
         self.train: Split | None = None
         self.val: Split | None = None
         self.qrels: Qrels = {}
+        self._qrels: Qrels | None = None
         self.scaling: TargetScaling | None = None
         self.tokenizer: Any = None
         self.truncated = 0
@@ -370,10 +374,16 @@ class StudentDataModule(LightningDataModule):
 
     def _labelled(self) -> LabelTable:
         h = self.hparams
-        labelled = load_label_table(h.teacher_data, h.label, first_stages=h.first_stages)
+        labelled = load_label_table(h.teacher_data, h.label, first_stages=h.first_stages, qrels=self._judgments())
         if labelled.table.empty:
             raise InputError(f"{h.teacher_data}: no pairs")
         return labelled
+
+    def _judgments(self) -> Qrels:
+        """The judgments of ``data.qrels`` (none without it), read once."""
+        if self._qrels is None:
+            self._qrels = read_qrels(self.hparams.qrels) if self.hparams.qrels else {}
+        return self._qrels
 
     def _store(self, labelled: LabelTable) -> TokenStore:
         from distill.model.resolver import cache_home, load_architecture
@@ -400,7 +410,7 @@ class StudentDataModule(LightningDataModule):
         table, self.teachers, self.members = labelled.table, labelled.teachers, labelled.labels.members
         inputs, stage_folders = self._first_stage_folders(labelled)
         store = self._store(labelled)
-        qrels = read_qrels(h.qrels) if h.qrels else {}
+        qrels = self._judgments()
         pool = table.qid.unique().tolist()
         if h.val_pool == "judged":
             if not qrels:

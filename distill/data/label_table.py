@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from distill.core.schema import InputError
-from distill.data.labels import FIRST_STAGE, FIRST_STAGE_COLUMN, Labels, LabelSpec
+from distill.core.schema import InputError, Qrels
+from distill.data.labels import FIRST_STAGE_COLUMN, JUDGMENT, UNTEACHED, Labels, LabelSpec
 from distill.data.teacher_data import TeacherDataset
 
 log = logging.getLogger(__name__)
@@ -83,8 +83,9 @@ def named_teachers(teacher_data: TeacherData, key: str) -> dict[str, list[str]] 
     if not teacher_data:
         raise InputError(f"{key}: no teacher named")
     for name, folders in teacher_data.items():
-        if not _NAME.fullmatch(str(name)) or name == FIRST_STAGE:
-            raise InputError(f"{key}: {name!r} cannot name a teacher (letters, digits and _, not first_stage)")
+        if not _NAME.fullmatch(str(name)) or name in UNTEACHED:
+            untaught = " or ".join(UNTEACHED)
+            raise InputError(f"{key}: {name!r} cannot name a teacher (letters, digits and _, not {untaught})")
         if not folders:
             raise InputError(f"{key}: {name}: no teacher dataset given")
     return {name: list(folders) for name, folders in teacher_data.items()}
@@ -96,24 +97,26 @@ def load_label_table(
     data_key: str = "data.teacher_data",
     label_key: str = "data.label",
     first_stages: Mapping[str, list[str]] | None = None,
+    qrels: Qrels | None = None,
 ) -> LabelTable:
     """Read the teacher data, join named teachers on (qid, docid) and compute ``label`` for each pair.
 
     ``label`` is one expression, or first stage -> expression for the first stages of ``first_stages`` (name -> its
-    candidate files, :func:`first_stage_folders`): each list then learns its own first stage's. ``data_key`` and
-    ``label_key`` are the option names the errors give.
+    candidate files, :func:`first_stage_folders`): each list then learns its own first stage's. ``qrels`` give the
+    grade of a label's ``judgment`` term (0 for a pair they do not judge). ``data_key`` and ``label_key`` are the
+    option names the errors give.
 
     Raises:
         InputError: a malformed label or teacher name; a folder that is no teacher dataset, lacks a column or has
             NaN/inf values in one; named teachers that do not hold the same pairs; with a label per first stage, a
-            teacher dataset of no first stage.
+            teacher dataset of no first stage; a ``judgment`` term without qrels, or whose qrels judge no pair.
     """
     named = named_teachers(teacher_data, data_key)
     stages = list(first_stages) if first_stages is not None else None
     labels = Labels.parse(label, list(named or ()), label_key, stages)
     scores: dict[str | None, list[str]] = {}
     for term in labels.terms:
-        if term.score != FIRST_STAGE or term.teacher is not None:
+        if term.score not in UNTEACHED or term.teacher is not None:
             scores.setdefault(term.teacher, []).append(term.score)
     if named is None:
         lists: dict[tuple[str, ...], int] = {}
@@ -128,6 +131,8 @@ def load_label_table(
         tables = {name: _union(folders, scores.get(name, []), name, lists) for name, folders in used.items()}
         table = _join(tables, used, data_key)
     sources = list(next(iter(used.values())) if used else teacher_data)
+    if any(term.column == JUDGMENT for term in labels.terms):
+        table[JUDGMENT] = judgment_grades(table.qid, table.docid, qrels, label_key)
     columns = {term.column: table[term.column].to_numpy(dtype=np.float64) for term in labels.terms}
     table[QUERY] = query_codes(table.qid, table[CANDIDATES])
     row_stages = None
@@ -137,6 +142,23 @@ def load_label_table(
         row_stages = np.asarray(of_source, dtype=np.int32)[table[SOURCE].to_numpy()]
     table["label"] = labels.values(columns, table[QUERY].to_numpy(), row_stages)
     return LabelTable(table, labels, used, sources)
+
+
+def judgment_grades(qids: Any, docids: Any, qrels: Qrels | None, key: str) -> np.ndarray:
+    """``[n]`` float64: each pair's grade in ``qrels``, 0 where they do not judge it.
+
+    Raises:
+        InputError: ``<key>: ...``: no qrels, or qrels that judge none of the pairs (their ids differ from the teacher
+            data's, say), so that the term would add nothing.
+    """
+    if not qrels:
+        raise InputError(f"{key}: z({JUDGMENT}) needs the relevance judgments of data.qrels")
+    found = [qrels.get(q, {}).get(d) for q, d in zip(qids.tolist(), docids.tolist(), strict=True)]
+    judged = len(found) - found.count(None)
+    if not judged:
+        raise InputError(f"{key}: z({JUDGMENT}): data.qrels judge none of the teacher data's pairs")
+    log.info("%s: %d of %d pairs judged by data.qrels", key, judged, len(found))
+    return np.array([0 if grade is None else grade for grade in found], dtype=np.float64)
 
 
 def _same_file(a: str, b: str) -> bool:

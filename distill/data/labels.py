@@ -6,7 +6,10 @@ A label is an expression (parsed here, never evaluated as Python):
   (``data.teacher_data`` a mapping name -> folders) ``gemma.cis`` names the teacher's column;
 - ``cis_q+0.5*first_stage``: a hybrid label, per query ``z(cis_q) + 0.5 · z(first_stage_score)``;
 - a sum of terms ``[weight*]z(name.score)`` and ``[weight*]z(first_stage)``, joined by ``+`` or ``-``:
-  ``z(gemma.cis) + z(smollm2.cis_q) + 0.25*z(first_stage)``. With a single teacher, ``z(cis)`` needs no name.
+  ``z(gemma.cis) + z(smollm2.cis_q) + 0.25*z(first_stage)``. With a single teacher, ``z(cis)`` needs no name;
+- ``z(judgment)`` in a sum: the pair's relevance grade in ``data.qrels`` (0 for a pair the qrels do not judge), so
+  that queries with human judgments learn from them beside the teachers; a query the qrels do not judge at all has a
+  constant grade, whose z-score is 0: its label is the other terms'.
 
 ``z`` standardises over the query's candidates (mean 0, standard deviation 1; a constant column gives 0), so a
 sum weighs its terms by their weights alone, whatever each score's scale. The paper's §7 names hybrid causal +
@@ -26,6 +29,10 @@ from distill.core.schema import InputError
 FIRST_STAGE = "first_stage"
 """The first stage's name in a label expression."""
 FIRST_STAGE_COLUMN = "first_stage_score"
+JUDGMENT = "judgment"
+"""The relevance grade of a pair in the qrels, in a label expression and as its column."""
+UNTEACHED = (FIRST_STAGE, JUDGMENT)
+"""The scores of a label that no teacher gives."""
 _TOKEN = re.compile(r"\s*(?:(?P<number>(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)|(?P<name>[A-Za-z_]\w*)|(?P<op>[-+*().]))")
 _FORMS = "a score (cis), a hybrid (cis_q+0.5*first_stage) or a sum of z-terms (z(gemma.cis) + 0.25*z(first_stage))"
 
@@ -43,7 +50,8 @@ def per_query_z(values: np.ndarray, qids: Sequence[str]) -> np.ndarray:
 
 @dataclass(frozen=True)
 class Term:
-    """``weight`` × a score: a teacher's column, or the first stage (``score`` :data:`FIRST_STAGE`)."""
+    """``weight`` × a score: a teacher's column, the first stage (``score`` :data:`FIRST_STAGE`) or the qrels'
+    grade (:data:`JUDGMENT`)."""
 
     weight: float
     score: str
@@ -267,12 +275,12 @@ class _Parser:
         return Term(weight, score, teacher), False, weighted
 
     def ref(self) -> tuple[str, str | None]:
-        """(score, teacher) of ``score``, ``teacher.score`` or ``first_stage``."""
+        """(score, teacher) of ``score``, ``teacher.score``, ``first_stage`` or ``judgment``."""
         if self.peek() is None or self.peek()[0] != "name":
             raise self.fail(f"expected a score, teacher.score or first_stage, found {_found(self.peek())}")
         first = self.take("name")
         if self.peek() != ("op", "."):
-            if first == FIRST_STAGE or not self.teachers:
+            if first in UNTEACHED or not self.teachers:
                 return first, None
             if len(self.teachers) == 1:
                 return first, self.teachers[0]

@@ -14,7 +14,7 @@ import pytest
 from distill.cli import main
 from distill.core.schema import InputError
 from distill.data.label_table import load_label_table
-from distill.data.labels import FIRST_STAGE, LabelExpression, Term, per_query_z
+from distill.data.labels import FIRST_STAGE, JUDGMENT, LabelExpression, Term, per_query_z
 from distill.data.teacher_data import TeacherDataset, TeacherMetadata
 from tests.conftest import DL19_QRELS
 
@@ -70,6 +70,12 @@ def by_pair(folders: list[str], column: str) -> dict[tuple[str, str], float]:
             "z(gemma.cis) + z(smollm2.cis_q) + 0.25*z(first_stage)",
             TEACHERS,
             [Term(1.0, "cis", "gemma"), Term(1.0, "cis_q", "smollm2"), Term(0.25, FIRST_STAGE)],
+            True,
+        ),
+        (
+            "z(gemma.cis) + 2*z(judgment)",
+            TEACHERS,
+            [Term(1.0, "cis", "gemma"), Term(2.0, JUDGMENT)],
             True,
         ),
         (
@@ -186,9 +192,48 @@ def test_teachers_of_different_pairs_are_a_one_line_error(teachers: dict[str, li
     assert ", ".join(counted) in message  # the folders the missing pairs come from, counted
 
 
+def test_a_judgment_term_weighs_the_qrels_grades_of_the_judged_queries(teacher_dataset: Path) -> None:
+    """``z(judgment)`` is the pair's grade in the qrels (0 where they do not judge it); a query they do not judge at
+    all keeps the label of its other terms."""
+    rows = TeacherDataset.open(teacher_dataset).to_pandas()
+    judged_query, other = rows.qid.unique()[:2]
+    docids = rows.docid[rows.qid == judged_query].tolist()
+    qrels = {judged_query: {docids[0]: 3, docids[1]: 1, docids[2]: 0, "not-a-candidate": 2}}
+    labelled = load_label_table([str(teacher_dataset)], "z(cis) + 2*z(judgment)", qrels=qrels)
+    table = labelled.table
+    grades = {(judged_query, d): g for d, g in qrels[judged_query].items()}
+    expected_grades = [grades.get(pair, 0) for pair in zip(table.qid, table.docid, strict=True)]
+    assert table[JUDGMENT].tolist() == expected_grades and sum(expected_grades) == 4
+    qids = table.qid.tolist()
+    expected = per_query_z(table.cis.to_numpy(), qids) + 2 * per_query_z(np.array(expected_grades, float), qids)
+    np.testing.assert_allclose(table.label, expected, rtol=1e-12)
+    unjudged = (table.qid == other).to_numpy()
+    np.testing.assert_allclose(table.label[unjudged], per_query_z(table.cis.to_numpy(), qids)[unjudged], rtol=1e-12)
+    top = table[table.qid == judged_query].sort_values("label").docid.iloc[-1]
+    assert top == docids[0]  # the grade moved the judged query's ranking: its grade-3 pair is now first
+    assert list(labelled.members) == ["cis", JUDGMENT]
+
+
+@pytest.mark.parametrize(
+    ("qrels", "message"),
+    [
+        (None, "data.label: z(judgment) needs the relevance judgments of data.qrels"),
+        ({"another-query": {"d": 1}}, "data.label: z(judgment): data.qrels judge none of the teacher data's pairs"),
+    ],
+)
+def test_a_judgment_term_without_judgments_of_the_pairs_is_one_line(
+    teacher_dataset: Path, qrels: dict | None, message: str
+) -> None:
+    with pytest.raises(InputError) as error:
+        load_label_table([str(teacher_dataset)], "z(cis) + z(judgment)", qrels=qrels)
+    assert str(error.value) == message
+
+
 def test_bad_teacher_names_are_named(teacher_dataset: Path) -> None:
     with pytest.raises(InputError, match=re.escape("data.teacher_data: 'gemma-3' cannot name a teacher")):
         load_label_table({"gemma-3": [str(teacher_dataset)]}, "cis")
+    with pytest.raises(InputError, match=re.escape("data.teacher_data: 'judgment' cannot name a teacher")):
+        load_label_table({"judgment": [str(teacher_dataset)]}, "cis")
     with pytest.raises(InputError, match=re.escape("data.teacher_data: gemma: no teacher dataset given")):
         load_label_table({"gemma": []}, "cis")
 
