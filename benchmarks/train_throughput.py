@@ -328,7 +328,7 @@ def run_checkpointed(
 def pair_texts(dm: StudentDataModule) -> list[tuple[str, str]]:
     """The (query, passage) texts of every pair of ``dm``'s training split, in its order."""
     h = dm.hparams
-    labelled = load_label_table(h.teacher_data, h.label, first_stages=h.first_stages)
+    labelled = load_label_table(h.teacher_data, h.label, first_stages=h.first_stages, qrels=dm.judgments())
     texts = [TeacherDataset.open(folder).to_pandas(["query", "passage"]).to_numpy() for folder in labelled.sources]
     sources = labelled.table[SOURCE].to_numpy()[dm.train.rows].tolist()
     source_rows = labelled.table[SOURCE_ROW].to_numpy()[dm.train.rows].tolist()

@@ -374,12 +374,12 @@ class StudentDataModule(LightningDataModule):
 
     def _labelled(self) -> LabelTable:
         h = self.hparams
-        labelled = load_label_table(h.teacher_data, h.label, first_stages=h.first_stages, qrels=self._judgments())
+        labelled = load_label_table(h.teacher_data, h.label, first_stages=h.first_stages, qrels=self.judgments())
         if labelled.table.empty:
             raise InputError(f"{h.teacher_data}: no pairs")
         return labelled
 
-    def _judgments(self) -> Qrels:
+    def judgments(self) -> Qrels:
         """The judgments of ``data.qrels`` (none without it), read once."""
         if self._qrels is None:
             self._qrels = read_qrels(self.hparams.qrels) if self.hparams.qrels else {}
@@ -410,7 +410,7 @@ class StudentDataModule(LightningDataModule):
         table, self.teachers, self.members = labelled.table, labelled.teachers, labelled.labels.members
         inputs, stage_folders = self._first_stage_folders(labelled)
         store = self._store(labelled)
-        qrels = self._judgments()
+        qrels = self.judgments()
         pool = table.qid.unique().tolist()
         if h.val_pool == "judged":
             if not qrels:

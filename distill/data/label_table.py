@@ -98,13 +98,14 @@ def load_label_table(
     label_key: str = "data.label",
     first_stages: Mapping[str, list[str]] | None = None,
     qrels: Qrels | None = None,
+    qrels_key: str = "data.qrels",
 ) -> LabelTable:
     """Read the teacher data, join named teachers on (qid, docid) and compute ``label`` for each pair.
 
     ``label`` is one expression, or first stage -> expression for the first stages of ``first_stages`` (name -> its
     candidate files, :func:`first_stage_folders`): each list then learns its own first stage's. ``qrels`` give the
-    grade of a label's ``judgment`` term (0 for a pair they do not judge). ``data_key`` and ``label_key`` are the
-    option names the errors give.
+    grade of a label's ``judgment`` term (0 for a pair they do not judge). ``data_key``, ``label_key`` and
+    ``qrels_key`` are the option names the errors give.
 
     Raises:
         InputError: a malformed label or teacher name; a folder that is no teacher dataset, lacks a column or has
@@ -132,7 +133,7 @@ def load_label_table(
         table = _join(tables, used, data_key)
     sources = list(next(iter(used.values())) if used else teacher_data)
     if any(term.column == JUDGMENT for term in labels.terms):
-        table[JUDGMENT] = judgment_grades(table.qid, table.docid, qrels, label_key)
+        table[JUDGMENT] = judgment_grades(table.qid, table.docid, qrels, label_key, qrels_key)
     columns = {term.column: table[term.column].to_numpy(dtype=np.float64) for term in labels.terms}
     table[QUERY] = query_codes(table.qid, table[CANDIDATES])
     row_stages = None
@@ -144,7 +145,7 @@ def load_label_table(
     return LabelTable(table, labels, used, sources)
 
 
-def judgment_grades(qids: Any, docids: Any, qrels: Qrels | None, key: str) -> np.ndarray:
+def judgment_grades(qids: Any, docids: Any, qrels: Qrels | None, key: str, qrels_key: str) -> np.ndarray:
     """``[n]`` float64: each pair's grade in ``qrels``, 0 where they do not judge it.
 
     Raises:
@@ -152,12 +153,12 @@ def judgment_grades(qids: Any, docids: Any, qrels: Qrels | None, key: str) -> np
             data's, say), so that the term would add nothing.
     """
     if not qrels:
-        raise InputError(f"{key}: z({JUDGMENT}) needs the relevance judgments of data.qrels")
+        raise InputError(f"{key}: z({JUDGMENT}) needs the relevance judgments of {qrels_key}")
     found = [qrels.get(q, {}).get(d) for q, d in zip(qids.tolist(), docids.tolist(), strict=True)]
     judged = len(found) - found.count(None)
     if not judged:
-        raise InputError(f"{key}: z({JUDGMENT}): data.qrels judge none of the teacher data's pairs")
-    log.info("%s: %d of %d pairs judged by data.qrels", key, judged, len(found))
+        raise InputError(f"{key}: z({JUDGMENT}): {qrels_key} judge none of the teacher data's pairs")
+    log.info("%s: %d of %d pairs judged by %s", key, judged, len(found), qrels_key)
     return np.array([0 if grade is None else grade for grade in found], dtype=np.float64)
 
 

@@ -255,7 +255,7 @@ def teacher_fidelity(
             primary = TeacherDataset.open(next(iter(named.values()))[0] if named else teacher).metadata.score
             label = f"{next(iter(named))}.{primary}" if named else primary
         data = teacher if isinstance(teacher, dict) else [teacher]
-        labelled = load_label_table(data, label, "eval: teacher", "eval: label")
+        labelled = load_label_table(data, label, "eval: teacher", "eval: label", qrels=qrels, qrels_key="eval: qrels")
         qids, docids = labelled.table.qid.tolist(), labelled.table.docid.tolist()
         reference = run_from_columns(qids, docids, labelled.table.label.tolist())
         members = {name: run_from_columns(qids, docids, v.tolist()) for name, v in labelled.members.items()}

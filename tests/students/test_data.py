@@ -32,8 +32,8 @@ MULTIPLE = 64
 
 
 def data_module(teacher_dataset: Path, tiny_bert: Path, **options) -> StudentDataModule:
-    options = {"max_batch_tokens": BUDGET, "pad_to_multiple_of": MULTIPLE, "max_length": 128, **options}
-    dm = StudentDataModule([str(teacher_dataset)], label="cis", backbone=str(tiny_bert), val_queries=1, **options)
+    options = {"max_batch_tokens": BUDGET, "pad_to_multiple_of": MULTIPLE, "max_length": 128, "label": "cis", **options}
+    dm = StudentDataModule([str(teacher_dataset)], backbone=str(tiny_bert), val_queries=1, **options)
     dm.setup("fit")
     return dm
 
@@ -527,3 +527,24 @@ def test_train_queries_keeps_a_seeded_share_of_the_training_queries(teacher_data
         data_module(teacher_dataset, tiny_bert, train_queries=len(rest) + 1)
     with pytest.raises(InputError, match=r"data.train_queries: must be positive, got 0"):
         StudentDataModule([str(teacher_dataset)], train_queries=0)  # before anything is read
+
+
+def test_a_judgment_label_reads_data_qrels_and_its_held_out_judgments_only_validate(
+    teacher_dataset: Path, tiny_bert: Path, tmp_path: Path
+) -> None:
+    """``z(judgment)`` in ``data.label`` takes its grades from the ``data.qrels`` file: a training query's judged
+    pairs move its labels; the held-out query's judgments are the validation's qrels."""
+    plain = data_module(teacher_dataset, tiny_bert, label="z(cis) + z(first_stage)")
+    qid = plain.train.qid[0]
+    docid = next(d for q, d in zip(plain.train.qid, plain.train.docid, strict=True) if q == qid)
+    held_out = plain.val.qid[0]
+    qrels = tmp_path / "qrels.txt"
+    qrels.write_text(f"{qid} 0 {docid} 3\n{held_out} 0 {plain.val.docid[0]} 2\n")
+    judged = data_module(teacher_dataset, tiny_bert, label="z(cis) + z(first_stage) + z(judgment)", qrels=str(qrels))
+    assert judged.train.qid == plain.train.qid and judged.val.qid == plain.val.qid
+    rows = np.array([q == qid for q in plain.train.qid])
+    assert not np.allclose(judged.train.labels[rows], plain.train.labels[rows])  # the judged query's labels moved
+    top = max(zip(judged.train.labels[rows], np.array(judged.train.docid)[rows], strict=True))[1]
+    assert top == docid  # its grade-3 pair is now the query's first
+    np.testing.assert_array_equal(judged.train.labels[~rows], plain.train.labels[~rows])  # unjudged: unchanged
+    assert judged.qrels == {held_out: {plain.val.docid[0]: 2}}
