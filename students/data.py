@@ -346,7 +346,7 @@ class StudentDataModule(LightningDataModule):
         self.train: Split | None = None
         self.val: Split | None = None
         self.qrels: Qrels = {}
-        self._qrels: Qrels | None = None
+        self._judgments: Qrels | None = None
         self.scaling: TargetScaling | None = None
         self.tokenizer: Any = None
         self.truncated = 0
@@ -381,9 +381,9 @@ class StudentDataModule(LightningDataModule):
 
     def judgments(self) -> Qrels:
         """The judgments of ``data.qrels`` (none without it), read once."""
-        if self._qrels is None:
-            self._qrels = read_qrels(self.hparams.qrels) if self.hparams.qrels else {}
-        return self._qrels
+        if self._judgments is None:
+            self._judgments = read_qrels(self.hparams.qrels) if self.hparams.qrels else {}
+        return self._judgments
 
     def _store(self, labelled: LabelTable) -> TokenStore:
         from distill.model.resolver import cache_home, load_architecture

@@ -146,20 +146,26 @@ def load_label_table(
 
 
 def judgment_grades(qids: Any, docids: Any, qrels: Qrels | None, key: str, qrels_key: str) -> np.ndarray:
-    """``[n]`` float64: each pair's grade in ``qrels``, 0 where they do not judge it.
+    """``[n]`` float64: each pair's grade in ``qrels``, 0 where they do not judge it (the pairs' id columns looked up
+    in an index of the judged pairs: no Python object per pair).
 
     Raises:
         InputError: ``<key>: ...``: no qrels, or qrels that judge none of the pairs (their ids differ from the teacher
             data's, say), so that the term would add nothing.
     """
-    if not qrels:
+    import pandas as pd
+
+    pairs = [(qid, docid, grade) for qid, judged in (qrels or {}).items() for docid, grade in judged.items()]
+    if not pairs:
         raise InputError(f"{key}: z({JUDGMENT}) needs the relevance judgments of {qrels_key}")
-    found = [qrels.get(q, {}).get(d) for q, d in zip(qids.tolist(), docids.tolist(), strict=True)]
-    judged = len(found) - found.count(None)
+    qrel_qids, qrel_docids, grades = zip(*pairs, strict=True)
+    index = pd.MultiIndex.from_arrays([qrel_qids, qrel_docids])
+    position = index.get_indexer(pd.MultiIndex.from_arrays([qids, docids]))
+    judged = int((position >= 0).sum())
     if not judged:
         raise InputError(f"{key}: z({JUDGMENT}): {qrels_key} judge none of the teacher data's pairs")
-    log.info("%s: %d of %d pairs judged by %s", key, judged, len(found), qrels_key)
-    return np.array([0 if grade is None else grade for grade in found], dtype=np.float64)
+    log.info("%s: %d of %d pairs judged by %s", key, judged, len(position), qrels_key)
+    return np.where(position >= 0, np.asarray(grades, dtype=np.float64)[position], 0.0)
 
 
 def _same_file(a: str, b: str) -> bool:

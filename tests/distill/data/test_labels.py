@@ -218,6 +218,7 @@ def test_a_judgment_term_weighs_the_qrels_grades_of_the_judged_queries(teacher_d
     ("qrels", "message"),
     [
         (None, "data.label: z(judgment) needs the relevance judgments of data.qrels"),
+        ({"q": {}}, "data.label: z(judgment) needs the relevance judgments of data.qrels"),
         ({"another-query": {"d": 1}}, "data.label: z(judgment): data.qrels judge none of the teacher data's pairs"),
     ],
 )
