@@ -277,7 +277,7 @@ class _Parser:
     def ref(self) -> tuple[str, str | None]:
         """(score, teacher) of ``score``, ``teacher.score``, ``first_stage`` or ``judgment``."""
         if self.peek() is None or self.peek()[0] != "name":
-            raise self.fail(f"expected a score, teacher.score or first_stage, found {_found(self.peek())}")
+            raise self.fail(f"expected a score, teacher.score, first_stage or judgment, found {_found(self.peek())}")
         first = self.take("name")
         if self.peek() != ("op", "."):
             if first in UNTEACHED or not self.teachers:

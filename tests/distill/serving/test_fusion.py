@@ -204,7 +204,7 @@ def test_each_first_stages_lists_learn_their_own_label(two_first_stages) -> None
         (
             {"bm25": "cis", "splade": "z(cis) +"},
             {"bm25": ["lists/bm25.json"], "splade": ["lists/splade.json"]},
-            r"data.label.splade: expected a score",
+            r"data.label.splade: expected a score, teacher.score, first_stage or judgment, found the end",
         ),
         (
             {"bm25": "cis"},
