@@ -458,32 +458,44 @@ NOISE = {"--seed_everything"}
 training noise."""
 
 
+def compared_students(final: dict[str, Any]) -> tuple[str, ...]:
+    """The students a lever is compared with: the final student and the final student its selection replaced (the
+    selection record's ``final_before``), whose levers stay on the page once one of them is chosen."""
+    before = load(final["selection"]).get("final_before")
+    return (final["student"],) + ((before,) if before not in (None, final["student"]) else ())
+
+
 def levers_section(final: dict[str, Any], links: Links) -> list[str]:
-    """Every later selection that compared variants with the final student (``select ... --against`` it): a row a
-    variant, what its training command changes, its difference with the final student on each first stage's
-    held-out DL21 lists and its fused nDCG@10. A variant that changes only :data:`NOISE` is named as training
-    noise, the yardstick for the others."""
+    """Every selection that compared variants with a student of :func:`compared_students` (``select ... --against``
+    it): a row a variant, the student it was compared with, what its training command changes, its difference with
+    that student on each first stage's held-out DL21 lists and its fused nDCG@10. A variant that changes only
+    :data:`NOISE` is named as training noise, the yardstick for the others; the final student's own row, where it
+    was a lever against the student it replaced, is marked."""
     student = final["student"]
+    compared = compared_students(final)
     rows, noise = [], []
     for path in sorted((RESULTS / "quality").glob("selection-*.json")):
         name = f"quality/{path.name}"
         record = load(name)
-        if name == final.get("selection") or student not in record["against"]:
+        against = next((s for s in compared if s in record["against"]), None)
+        if against is None:
             continue
-        base = next(row for row in record["rows"] if row["name"] == student)
+        base = next(row for row in record["rows"] if row["name"] == against)
         for row in record["rows"]:
-            if row["name"] in (student, record["reference"]):
+            if row["name"] in (against, record["reference"]):
                 continue
             changes = changed_options(row, base)
             if changes.keys() <= NOISE:
                 noise.append(f"`{row['name']}`")
-            cells = [f"`{row['name']}`", ", ".join(changes.values())]
-            cells += [_delta(row["student_vs"][student][stage]) for stage in ("bm25", "splade")]
+            chosen = " (the final student)" if row["name"] == student else ""
+            cells = [f"`{row['name']}`{chosen}", f"`{against}`", ", ".join(changes.values())]
+            cells += [_delta(row["student_vs"][against][stage]) for stage in ("bm25", "splade")]
             cells += [f"{_f(row[stage]['fused'])} ({row[stage]['alpha']:g})" for stage in ("bm25", "splade")]
             rows.append([*cells, links(name)])
     if not rows:
         return []
     fused = [f"{_f(v['fused'])} ({v['alpha']:g})" for v in (final["dl21_validation"][s] for s in ("bm25", "splade"))]
+    replaced = f", or with the final student it replaced, `{compared[1]}`" if len(compared) > 1 else ""
     yardstick = (
         [
             f"{' and '.join(noise)} {'changes' if len(noise) == 1 else 'change'} only the random draws: the same "
@@ -497,14 +509,16 @@ def levers_section(final: dict[str, Any], links: Links) -> list[str]:
     return [
         "## Levers tried against the final student",
         "",
-        f"Each variant below was trained on the same folds and compared with `{student}` on the same held-out DL21 "
-        "lists: what its training command changes, the mean difference of the student alone with its 95% "
-        "paired-bootstrap interval over the queries, and the variant fused with the first stage by the α chosen on "
-        f"those lists (`{student}`: {fused[0]} and {fused[1]}). Its record holds the commands.",
+        f"Each variant below was trained on the same folds and compared on the same held-out DL21 lists with the "
+        f"final student, `{student}`{replaced}: what its training command changes, the mean difference of the "
+        "student alone with its 95% paired-bootstrap interval over the queries, and the variant fused with the first "
+        f"stage by the α chosen on those lists (`{student}`: {fused[0]} and {fused[1]}). Its record holds the "
+        "commands.",
         "",
         _table(
             [
                 "variant",
+                "compared with",
                 "changes",
                 "BM25 list Δ [95%]",
                 "SPLADE++ list Δ [95%]",

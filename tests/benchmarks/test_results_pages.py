@@ -106,16 +106,15 @@ def test_a_selection_against_the_final_student_is_a_row_of_the_levers_table(
     figures read from the file; a record that compares with another student does not."""
     results = tmp_path / "results"
     shutil.copytree(results_pages.RESULTS, results)
-    final = json.loads((results / results_pages.FINAL).read_text())
     quality = results / "quality"
     record = json.loads((quality / "selection-dl21-lr6e-5.json").read_text())
     row = next(r for r in record["rows"] if r["name"] == "mpnet-student-dl22s-lr6e-5")
     row["name"] = "a-new-lever"
-    row["student_vs"][final["student"]]["splade"].update(difference=4.321, interval=[1.5, 7.25])
+    row["student_vs"][record["against"][0]]["splade"].update(difference=4.321, interval=[1.5, 7.25])
     row["splade"].update(fused=77.777, alpha=0.35)
     (quality / "selection-dl21-new-lever.json").write_text(json.dumps(record))
     row["name"] = "a-reseeded-student"
-    base = next(r for r in record["rows"] if r["name"] == final["student"])
+    base = next(r for r in record["rows"] if r["name"] == record["against"][0])
     row["commands"] = [c + " --seed_everything 7" if c.startswith("distill train") else c for c in base["commands"]]
     (quality / "selection-dl21-reseeded.json").write_text(json.dumps(record))
     record["against"] = ["some-other-student"]
@@ -133,6 +132,34 @@ def test_a_selection_against_the_final_student_is_a_row_of_the_levers_table(
     assert "| `--seed_everything 7` |" in reseeded
     noise = [line for line in levers.splitlines() if "training noise alone" in line]
     assert len(noise) == 1 and "`a-reseeded-student`" in noise[0] and "`mpnet-student-dl22s-lr6e-5`" not in noise[0]
+
+
+def test_a_final_student_chosen_as_a_lever_keeps_the_levers_of_the_student_it_replaced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once a lever becomes the final student, its own row is marked and the levers compared with the final student
+    it replaced (its selection's ``final_before``) stay in the table, each beside the student it was compared with."""
+    results = tmp_path / "results"
+    shutil.copytree(results_pages.RESULTS, results)
+    quality = results / "quality"
+    record = json.loads((quality / "selection-dl21-lr6e-5.json").read_text())
+    replaced = record["against"][0]
+    lever = next(r for r in record["rows"] if r["name"] not in (replaced, record["reference"]))
+    lever["name"] = "a-chosen-lever"
+    record["final_before"] = replaced
+    (quality / "selection-dl21-chosen.json").write_text(json.dumps(record))
+    final = json.loads((results / results_pages.FINAL).read_text())
+    final.update(student="a-chosen-lever", selection="quality/selection-dl21-chosen.json")
+    final["dl21_validation"] = {stage: lever[stage] for stage in ("bm25", "splade")}
+    (results / results_pages.FINAL).write_text(json.dumps(final))
+    monkeypatch.setattr(results_pages, "RESULTS", results)
+    levers = results_pages.pages()["students.md"].split("## Levers tried against the final student", 1)[1]
+    levers = levers.split("\n## ", 1)[0]
+    assert f"`a-chosen-lever`, or with the final student it replaced, `{replaced}`" in levers
+    assert f"| `a-chosen-lever` (the final student) | `{replaced}` | `--model.lr 6.0e-5` |" in levers
+    others = [line for line in levers.splitlines() if line.startswith("| `") and "(the final student)" not in line]
+    assert others and all(line.split(" | ")[1] == f"`{replaced}`" for line in others)
+    assert any(line.startswith("| `mpnet-student-dl22s-d40` |") for line in others)
 
 
 def test_a_comparison_over_seeds_is_a_table_of_the_students_page(
