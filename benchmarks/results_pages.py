@@ -302,6 +302,9 @@ FINAL = "quality/final.json"
 """The final student's DL19 test on each first stage (``experiments/first_stages.py final``)."""
 FIRST_STAGE_NAMES = {"bm25": "BM25", "tasb": "TAS-B", "splade": "SPLADE++"}
 BENCH_AUTO = "bench-cpu-auto-dl2122-final/bench.json"
+"""A MiniLM-L6 student's CPU backends, `auto` among them, against PyTorch and ``CrossEncoder.predict``."""
+BENCH_FINAL = "bench-cpu-fs-mpnet-student-final/bench.json"
+"""A student of the final student's architecture (all-mpnet-base-v2, every layer apart) on the CPU backends."""
 SCALE = "scale-cpu/scale.json"
 
 
@@ -317,6 +320,9 @@ def headline(links: Links) -> str:
     auto = bench_method(bench, "student auto")
     workload = bench["workloads"][-1]["name"]
     p50 = {m: bench_cell(bench, m, workload)["p50_s"] for m in (auto, "student torch-fp32", "st-crossencoder")}
+    large = load(BENCH_FINAL)
+    large_auto = bench_method(large, "student auto")
+    large_p50 = {m: bench_cell(large, m, workload)["p50_s"] for m in (large_auto, "student onnx-fp32")}
     summary = load(f"{GPU}/summary.json")
     device = summary["device_name"].replace("NVIDIA ", "").split()[0]
     teacher_ceiling = gpu_figure(summary, "teacher", "flop_ceiling_fraction")["value"]
@@ -326,6 +332,7 @@ def headline(links: Links) -> str:
     train_speed = gpu_figure(summary, "train", "speedup_over_plain_loop")["value"]
     rerank = gpu_figure(summary, "rerank", "torch-fp16_100_candidates_p50_s")["value"]
     rerank_st = gpu_figure(summary, "rerank", "speedup_over_st_crossencoder")["value"]
+    final_backbone = load(FINAL)["backbone"]
     scale = load(SCALE)
     million = next(r for r in scale["rows"] if r["pairs"] == 1_000_000)
     rows = [
@@ -364,10 +371,17 @@ def headline(links: Links) -> str:
             links(DEMO),
         ],
         [
-            f'CPU reranking, {workload} (2 threads): `backend="auto"` ({auto.split("(")[-1].rstrip(")")})',
+            f'CPU reranking with a MiniLM-L6 student, {workload} ({cpu(bench)}): `backend="auto"` '
+            f"({auto.split('(')[-1].rstrip(')')})",
             f"{_ms(p50[auto])}: {_x(p50['student torch-fp32'] / p50[auto])} PyTorch fp32, "
             f"{_x(p50['st-crossencoder'] / p50[auto])} `CrossEncoder.predict`",
             links(BENCH_AUTO),
+        ],
+        [
+            f"CPU reranking with a student of the final one's architecture ({final_backbone}), {workload} "
+            f'({cpu(large)}): `backend="auto"` ({large_auto.split("(")[-1].rstrip(")")})',
+            f"{large_p50[large_auto]:.2f} s: {_x(large_p50['student onnx-fp32'] / large_p50[large_auto])} ONNX fp32",
+            links(BENCH_FINAL),
         ],
         [
             f"{device} teacher (Llama-3-8B shapes, default flags): of the bf16 ceiling, over the plain loop",
@@ -1481,6 +1495,13 @@ def serve_tables(result: dict[str, Any]) -> str:
     )
 
 
+def cpu(result: dict[str, Any]) -> str:
+    """A CPU run's machine as a headline names it: its threads, CPU and flags (``2 threads, AMD EPYC: avx2 ...``)."""
+    env = result["environment"]
+    flags = env["cpu_features"].split(" ", 1)[-1]
+    return f"{env['torch_threads']} threads, {env['device_name']}: {flags}"
+
+
 def serve_headline(result: dict[str, Any]) -> tuple[str, str]:
     """The README's serving row: 10 documents at concurrency 8 on the batched server, against one request at a
     time and the CrossEncoder.predict peer."""
@@ -1490,7 +1511,8 @@ def serve_headline(result: dict[str, Any]) -> tuple[str, str]:
     backend = result["servers"]["batched"]["info"]["backend"]
     rate = batched["queries_per_s"]
     return (
-        f"`distill serve` on a 2-core CPU ({backend}), a DL19 query's 10 candidates from 8 clients: "
+        f"`distill serve` with a MiniLM-L6 student ({backend}; {cpu(result)}), a DL19 query's 10 candidates from 8 "
+        "clients: "
         "throughput, p99, over one request at a time and over `CrossEncoder.predict`",
         f"{rate:.1f} queries/s, {_ms(batched['p99_s'])}, {_x(rate / alone['queries_per_s'])}, "
         f"{_x(rate / peer['queries_per_s'])}",

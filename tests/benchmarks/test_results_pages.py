@@ -88,6 +88,28 @@ def test_the_serving_figures_follow_serve_json(tmp_path: Path, monkeypatch: pyte
     assert all(t["target"] in page for t in data["targets"]) and data["command"] in page
 
 
+def test_the_cpu_rows_name_their_student_and_cpu_and_read_their_bench_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The headline's CPU reranking row of the final student's architecture reads its ``bench.json`` (p50 and the
+    CPU's flags); the MiniLM row names its own CPU."""
+    results = tmp_path / "results"
+    shutil.copytree(results_pages.RESULTS, results)
+    path = results / results_pages.BENCH_FINAL
+    data = json.loads(path.read_text())
+    auto = next(c for c in data["cells"] if c["method"].startswith("student auto"))
+    onnx = next(c for c in data["cells"] if c["method"] == "student onnx-fp32" and c["workload"] == auto["workload"])
+    auto["p50_s"], onnx["p50_s"] = 1.234, 4.936
+    data["environment"]["cpu_features"] = "GenuineIntel avx2 amx_tile"
+    path.write_text(json.dumps(data))
+    monkeypatch.setattr(results_pages, "RESULTS", results)
+    table = results_pages.headline(results_pages.Links(""))
+    large = next(line for line in table.splitlines() if "final one's architecture" in line)
+    assert "1.23 s: 4.00× ONNX fp32" in large and "AMD EPYC: avx2 amx_tile)" in large
+    minilm = next(line for line in table.splitlines() if "with a MiniLM-L6 student, 100 candidates" in line)
+    assert "AMD EPYC: avx2 avx512_bf16 avx512_vnni avx512f)" in minilm
+
+
 def test_a_recorded_command_of_a_moved_benchmark_names_todays() -> None:
     """The committed files keep the command that ran; a page gives today's beside a script's or module's old name."""
     assert results_pages.now("python benchmarks/teacher.py --device cuda") == (
