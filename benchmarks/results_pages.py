@@ -302,7 +302,7 @@ FINAL = "quality/final.json"
 """The final student's DL19 test on each first stage (``experiments/first_stages.py final``)."""
 FIRST_STAGE_NAMES = {"bm25": "BM25", "tasb": "TAS-B", "splade": "SPLADE++"}
 BENCH_AUTO = "bench-cpu-auto-dl2122-final/bench.json"
-"""A MiniLM-L6 student's CPU backends, `auto` among them, against PyTorch and ``CrossEncoder.predict``."""
+"""A MiniLM-L6 student's CPU backends, ``auto`` among them, against PyTorch and ``CrossEncoder.predict``."""
 BENCH_FINAL = "bench-cpu-fs-mpnet-student-final/bench.json"
 """A student of the final student's architecture (all-mpnet-base-v2, every layer apart) on the CPU backends."""
 SCALE = "scale-cpu/scale.json"
