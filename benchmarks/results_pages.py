@@ -227,6 +227,19 @@ def environment(env: dict[str, Any]) -> str:
     return ", ".join(parts)
 
 
+def cpu(result: dict[str, Any]) -> str:
+    """A CPU run's machine as the headline names it, shorter than :func:`environment`: its threads, CPU and flags
+    (``2 threads, AMD EPYC: avx2 ...``)."""
+    env = result["environment"]
+    flags = env["cpu_features"].split(" ", 1)[-1]
+    return f"{env['torch_threads']} threads, {env['device_name']}: {flags}"
+
+
+def backend_of(method: str) -> str:
+    """The backend a bench method resolved to: ``openvino-bf16`` of ``student auto (openvino-bf16)``."""
+    return method.split("(")[-1].rstrip(")")
+
+
 # --- GPU suite ------------------------------------------------------------------------------------------------------
 
 GPU_RUNS = {"gpu-h100.md": "gpu-suite-h100", "gpu-h200.md": "gpu-suite-h200"}
@@ -371,15 +384,14 @@ def headline(links: Links) -> str:
             links(DEMO),
         ],
         [
-            f'CPU reranking with a MiniLM-L6 student, {workload} ({cpu(bench)}): `backend="auto"` '
-            f"({auto.split('(')[-1].rstrip(')')})",
+            f'CPU reranking with a MiniLM-L6 student, {workload} ({cpu(bench)}): `backend="auto"` ({backend_of(auto)})',
             f"{_ms(p50[auto])}: {_x(p50['student torch-fp32'] / p50[auto])} PyTorch fp32, "
             f"{_x(p50['st-crossencoder'] / p50[auto])} `CrossEncoder.predict`",
             links(BENCH_AUTO),
         ],
         [
             f"CPU reranking with a student of the final one's architecture ({final_backbone}), {workload} "
-            f'({cpu(large)}): `backend="auto"` ({large_auto.split("(")[-1].rstrip(")")})',
+            f'({cpu(large)}): `backend="auto"` ({backend_of(large_auto)})',
             f"{large_p50[large_auto]:.2f} s: {_x(large_p50['student onnx-fp32'] / large_p50[large_auto])} ONNX fp32",
             links(BENCH_FINAL),
         ],
@@ -1493,13 +1505,6 @@ def serve_tables(result: dict[str, Any]) -> str:
             serve_targets_table(result),
         ]
     )
-
-
-def cpu(result: dict[str, Any]) -> str:
-    """A CPU run's machine as a headline names it: its threads, CPU and flags (``2 threads, AMD EPYC: avx2 ...``)."""
-    env = result["environment"]
-    flags = env["cpu_features"].split(" ", 1)[-1]
-    return f"{env['torch_threads']} threads, {env['device_name']}: {flags}"
 
 
 def serve_headline(result: dict[str, Any]) -> tuple[str, str]:
