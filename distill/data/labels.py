@@ -38,9 +38,16 @@ _FORMS = "a score (cis), a hybrid (cis_q+0.5*first_stage) or a sum of z-terms (z
 
 
 def per_query_z(values: np.ndarray, qids: Sequence[str]) -> np.ndarray:
-    """``values`` standardised within each query: ``[n]`` float64, mean 0 and std 1 per query (0 if constant)."""
+    """``values`` standardised within each query: ``[n]`` float64, mean 0 and std 1 per query (0 if constant).
+
+    Each query's values are first scaled by a power of two that brings its largest magnitude into [0.5, 1), which
+    changes no bit of the result but keeps the sum of squares finite for any finite values (``1e200`` squared is
+    not)."""
     values = np.asarray(values, dtype=np.float64)
     _, index = np.unique(np.asarray(qids), return_inverse=True)
+    largest = np.zeros(index.max(initial=-1) + 1)
+    np.maximum.at(largest, index, np.abs(values))
+    values = np.ldexp(values, -np.frexp(largest)[1][index])
     counts = np.bincount(index)
     mean = np.bincount(index, weights=values) / counts
     centred = values - mean[index]

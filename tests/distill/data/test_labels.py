@@ -117,6 +117,22 @@ def test_bad_label_expressions_are_one_line_errors_naming_the_token(
     assert str(error.value).startswith(message) and "\n" not in str(error.value)
 
 
+def test_per_query_z_is_the_textbook_standardisation_and_stays_finite_at_any_magnitude() -> None:
+    rng = np.random.default_rng(0)
+    values = np.concatenate([rng.normal(3.0, 7.0, 50), rng.normal(-1e-3, 1e-4, 30), np.full(5, 2.0)])
+    qids = ["a"] * 50 + ["b"] * 30 + ["c"] * 5
+    textbook = np.empty_like(values)
+    for q in ("a", "b"):
+        mine = np.asarray(qids) == q
+        centred = values[mine] - values[mine].mean()
+        textbook[mine] = centred / np.sqrt((centred**2).mean())
+    textbook[-5:] = 0.0  # a constant query standardises to 0
+    np.testing.assert_allclose(per_query_z(values, qids), textbook, rtol=1e-12, atol=0)
+    huge = per_query_z(np.array([-1e200, 0.0, 1e200, 1e300, -1e300]), ["q", "q", "q", "r", "r"])
+    assert np.isfinite(huge).all()
+    np.testing.assert_allclose(huge, [-np.sqrt(1.5), 0.0, np.sqrt(1.5), 1.0, -1.0], rtol=1e-12)
+
+
 def test_named_teachers_are_joined_on_qid_and_docid(teachers: dict[str, list[str]]) -> None:
     label = "z(gemma.cis) + z(smollm2.upr) - 0.25*z(first_stage)"
     joined = load_label_table(teachers, label)

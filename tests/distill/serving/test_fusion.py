@@ -356,6 +356,7 @@ def test_serve_fuses_requests_that_send_first_stage_scores(spread_bert: Path, tm
             ({}, alone),  # no first-stage scores: the student alone
             ({"first_stage_scores": FIRST_STAGE}, fused(0.8)),  # the server's first stage, bm25
             ({"first_stage_scores": FIRST_STAGE, "first_stage": "tasb"}, fused(0.3)),
+            ({"first_stage_scores": [1e300 * s for s in FIRST_STAGE]}, fused(0.8)),  # any finite magnitude
         ):
             answer = httpx.post(f"{url}/v1/rerank", json={**cohere, **extra}).json()
             scores = {r["index"]: r["relevance_score"] for r in answer["results"]}
