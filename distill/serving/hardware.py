@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -140,8 +141,11 @@ def serving_device(name: str) -> str:
     other name (``cpu``, ``cuda:1``) as given, a GPU once torch is seen to have it.
 
     Raises:
-        InputError: a ``cuda`` device that torch does not have (no torch, a CPU-only build, no such GPU).
+        InputError: a name other than ``auto``, ``cpu``, ``cuda`` or ``cuda:N``; a ``cuda`` device that torch does
+            not have (no torch, a CPU-only build, no such GPU).
     """
+    if re.fullmatch(r"auto|cpu|cuda(:\d+)?", name) is None:
+        raise InputError(f"device {name!r}: expected auto, cpu, cuda or cuda:N")
     if name.startswith("cuda"):
         if importlib.util.find_spec("torch") is None:
             raise InputError(f"device {name}: needs torch with CUDA, which is not installed (use device cpu)")

@@ -161,6 +161,9 @@ def test_the_device_defaults_to_auto_which_asks_torch_only_where_a_gpu_can_be(tm
     else:  # a GPU torch does not have is one line, not torch's assertion once the model loads
         with pytest.raises(InputError, match=rf"^device cuda:1: torch sees {gpus} GPU\(s\) here .*; use device cpu$"):
             hardware.serving_device("cuda:1")
+    for name in ("tpu", "meta", "cuda:x", "CPU"):  # one line, before torch is asked or a model is loaded
+        with pytest.raises(InputError, match=rf"^device '{name}': expected auto, cpu, cuda or cuda:N$"):
+            hardware.serving_device(name)
     monkeypatch.setattr(hardware, "NVIDIA_DRIVER", (str(tmp_path / "absent"),))
     assert hardware.serving_device("auto") == "cpu"
     script = (
