@@ -45,13 +45,16 @@ class ServingState:
     """Rerank requests admitted and not yet answered (bounded by ``max_queued_requests``)."""
     cutting: bool = False
     """Set by :meth:`cut`: the drain's deadline has passed."""
+    cut_because: str = "its drain deadline passed"
+    """Why the requests were cut, as the 503 that answers them says it (set by :meth:`cut`)."""
     open: set[asyncio.Task] = field(default_factory=set)
     """The tasks that run the routes of the requests in flight."""
 
-    def cut(self) -> int:
-        """Cut every request in flight (the drain's deadline has passed): each route's task is cancelled, and a
-        request not yet answered gets a 503; how many were cut. Called on the event loop."""
-        self.cutting = True
+    def cut(self, because: str = "its drain deadline passed") -> int:
+        """Cut every request in flight (the drain's deadline has passed, or a second signal brought it forward,
+        ``because``): each route's task is cancelled, and a request not yet answered gets a 503 that says why; how
+        many were cut. Called on the event loop."""
+        self.cutting, self.cut_because = True, because
         for task in self.open:
             task.cancel()
         return len(self.open)
@@ -269,7 +272,7 @@ class _Exchange:
                 )
             elif state.cutting:
                 if not self.started:
-                    await _closing(503, "the server is shutting down: its drain deadline passed")(
+                    await _closing(503, f"the server is shutting down: {state.cut_because}")(
                         self.scope, self._receive, self.send
                     )
             else:

@@ -233,12 +233,12 @@ def drain_server(config: Any, state: ServingState) -> Any:
                 if state.in_flight == 0 or late >= CUT_GRACE:
                     self.should_exit = True
                 elif late >= 0 and not state.cutting:
-                    why = (
-                        "a second signal"
-                        if self.hurried
-                        else f"drain deadline: {state.options.graceful_timeout:g} s passed (--graceful_timeout)"
-                    )
-                    log.warning("%s; cut %d request(s) in flight", why, state.cut())
+                    if self.hurried:
+                        why, cut = "a second signal", state.cut("a second signal cut its drain short")
+                    else:
+                        why = f"drain deadline: {state.options.graceful_timeout:g} s passed (--graceful_timeout)"
+                        cut = state.cut()
+                    log.warning("%s; cut %d request(s) in flight", why, cut)
             return await super().on_tick(counter)
 
     return DrainingServer(config)
