@@ -31,6 +31,21 @@ class ExistingOutputError(InputError, FileExistsError):
     """An output path holds something the command must not overwrite; the message names it."""
 
 
+def text_fault(text: str) -> str | None:
+    """What keeps a tokenizer (and a JSON answer) from taking ``text``, in a few words: a NUL character or a lone
+    UTF-16 surrogate (``"\\ud800"``, which JSON's escapes can spell but UTF-8 cannot); None for text it takes."""
+    if "\x00" in text:
+        return f"has a NUL character (\\u0000) at character {text.index(chr(0))}; remove it"
+    if text.isascii():
+        return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        code = f"{ord(text[e.start]):04x}"
+        return f"has a lone UTF-16 surrogate (\\u{code}) at character {e.start}, which is not valid Unicode"
+    return None
+
+
 @dataclass(frozen=True)
 class Query:
     qid: str
@@ -69,6 +84,20 @@ class Candidates:
         return joined
 
 
+def same_query(first: tuple[Query, str], other: tuple[Query, str]) -> None:
+    """Check that two inputs (each a query and the source it came from) agree on the text of a qid they share.
+
+    Raises:
+        InputError: they do not; candidates scored against another input's query text would be wrong.
+    """
+    (query, source), (again, other_source) = first, other
+    if again.text != query.text:
+        raise InputError(
+            f"qid {query.qid}: {source} and {other_source} give it different query texts "
+            f"({query.text!r} and {again.text!r})"
+        )
+
+
 Qrels = dict[str, dict[str, int]]
 """qid -> docid -> graded relevance (0 = judged irrelevant)."""
 
@@ -101,14 +130,23 @@ class RerankingData:
         """All parts' candidates: each query's lists joined in part order, each (qid, docid) once (the first).
 
         First-stage scores keep their part's scale; qrels are joined (the first part wins on a conflict).
+
+        Raises:
+            InputError: two parts give a qid different query texts (:func:`same_query`).
         """
         if len(parts) == 1:
             return parts[0]
         by_qid: dict[str, list[Candidates]] = {}
+        sources: dict[str, str] = {}
         skipped: Counter[str] = Counter()
         for part in parts:
             for cands in part.candidates:
-                by_qid.setdefault(cands.query.qid, []).append(cands)
+                lists = by_qid.setdefault(cands.query.qid, [])
+                if lists:
+                    same_query((lists[0].query, sources[cands.query.qid]), (cands.query, part.source))
+                else:
+                    sources[cands.query.qid] = part.source
+                lists.append(cands)
             skipped.update(part.skipped)
         joined = [Candidates.join(lists) for lists in by_qid.values()]
         return cls(" + ".join(p.source for p in parts), joined, join_qrels([p.qrels for p in parts]), skipped)

@@ -31,7 +31,15 @@ def write_trec_run(path: str | Path, run: Run, tag: str) -> None:
 def write_trec_runs(paths: dict[str, Path], queries: Iterable[tuple[str, list[str], list[list[float]]]]) -> None:
     """Write one run per tag of ``paths`` (tag -> file), a query at a time: ``queries`` gives each query's id, its
     docids and, for each tag in order, their scores. Each query is ranked by score (ties by docid); each file is
-    written whole (:func:`distill.core.output_files.open_whole`)."""
+    written whole (:func:`distill.core.output_files.open_whole`). Ids and tags are single whitespace-free fields
+    (the loaders refuse other ids).
+
+    Raises:
+        ValueError: a tag that is empty or holds whitespace.
+    """
+    for tag in paths:
+        if not tag or any(c.isspace() for c in tag):
+            raise ValueError(f"TREC run tag {tag!r}: expected one non-empty field without whitespace")
     with ExitStack() as stack:
         files = {tag: stack.enter_context(open_whole(path)) for tag, path in paths.items()}
         for qid, docids, columns in queries:

@@ -223,19 +223,6 @@ def _template(backend: Any, query: Any, special: int) -> _Template | None:
     return _Template((ids[:start], types[:start]), (ids[stop:], types[stop:]), types[start])
 
 
-def text_fault(text: str) -> str | None:
-    """What keeps a tokenizer (and a JSON answer) from taking ``text``, in a few words: a NUL character or a lone
-    UTF-16 surrogate (``"\\ud800"``, which JSON's escapes can spell but UTF-8 cannot); None for text it takes."""
-    if "\x00" in text:
-        return f"has a NUL character (\\u0000) at character {text.index(chr(0))}; send text without it"
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as e:
-        code = f"{ord(text[e.start]):04x}"
-        return f"has a lone UTF-16 surrogate (\\u{code}) at character {e.start}, which is no text; send valid Unicode"
-    return None
-
-
 def encode_pairs(tokenizer: Any, queries: Sequence[str], passages: Sequence[str], max_length: int) -> Encoded:
     """Token ids of each ``(queries[i], passages[i])`` pair, at most ``max_length`` tokens.
 

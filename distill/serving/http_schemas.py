@@ -26,12 +26,12 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from distill.serving.encoding import text_fault
+from distill.core.schema import text_fault
 
 
 def _valid_text(text: str) -> str:
     """``text`` itself, if a tokenizer and the answer's JSON can take it
-    (:func:`~distill.serving.encoding.text_fault`)."""
+    (:func:`~distill.core.schema.text_fault`)."""
     fault = text_fault(text)
     if fault is not None:
         raise PydanticCustomError("invalid_text", fault.replace("{", "{{").replace("}", "}}"))

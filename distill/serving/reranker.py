@@ -21,11 +21,11 @@ from distill.core.devices import STUDENT_BATCH_TOKENS, device_type
 from distill.core.files import check_model_folder
 from distill.core.interpolation import interpolate
 from distill.core.run_folder import student_folder
-from distill.core.schema import InputError
+from distill.core.schema import InputError, text_fault
 from distill.serving.auto import choose_backend
 from distill.serving.backends import BACKENDS, ONNX_DTYPES, OPENVINO_DTYPES, backend_name
 from distill.serving.calibration import ScoreCalibration, normalised, read_calibration
-from distill.serving.encoding import Batch, Packed, encode_pairs, load_tokenizer, model_max_length, text_fault
+from distill.serving.encoding import Batch, Packed, encode_pairs, load_tokenizer, model_max_length
 from distill.serving.fusion import Fusion, first_stage_array
 from distill.serving.hardware import serving_device
 from distill.serving.options import ServingOptions

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -120,7 +121,8 @@ def rerank(cfg: RerankConfig) -> RerankReport:
     reranker = Reranker.load(folder, cfg.serving())
     run = rerank_run(reranker, candidates)
     interp = f"-interp{reranker.alpha:g}" if reranker.alpha is not None else ""
-    write_trec_run(cfg.output, run, tag=f"{Path(cfg.model).name}-{reranker.backend}{interp}")
+    name = re.sub(r"\s+", "_", Path(cfg.model).name)  # a TREC tag is one whitespace-free field
+    write_trec_run(cfg.output, run, tag=f"{name}-{reranker.backend}{interp}")
     pairs = sum(map(len, run.values()))
     return RerankReport(
         Path(cfg.output),

@@ -22,7 +22,16 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from distill.core.schema import Candidates, InputError, Passage, Qrels, Query, RerankingData, join_qrels
+from distill.core.schema import (
+    Candidates,
+    InputError,
+    Passage,
+    Qrels,
+    Query,
+    RerankingData,
+    join_qrels,
+    same_query,
+)
 from distill.data.loaders._common import BadInput, OnBadInput, json_entries
 from distill.data.loaders.beir import is_beir_dir, load_beir
 from distill.data.loaders.irds import DEFAULT_DEPTH, irds_qrels, is_irds, stream_irds
@@ -137,10 +146,12 @@ def join_streams(streams: list[CandidateStream], scratch: Path) -> CandidateStre
 def _joined(streams: list[CandidateStream], scratch: Path, skipped: Counter[str]) -> Iterator[Candidates]:
     scratch.mkdir(parents=True, exist_ok=True)
     places: dict[str, list[tuple[int, int]]] = {}
+    first: dict[str, tuple[Query, str]] = {}
     try:
         for part, stream in enumerate(streams):
             with (scratch / f"{part}.jsonl").open("wb") as f:
                 for c in stream.candidates:
+                    same_query(first.setdefault(c.query.qid, (c.query, stream.source)), (c.query, stream.source))
                     places.setdefault(c.query.qid, []).append((part, f.tell()))
                     record = [c.query.qid, c.query.text, [[p.docid, p.text] for p in c.passages], c.scores]
                     f.write(json.dumps(record).encode() + b"\n")

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from distill.core.schema import Candidates, InputError, Passage, Query
+from distill.core.schema import Candidates, InputError, Passage, Query, text_fault
 
 OnBadInput = Literal["error", "skip"]
 
@@ -192,11 +192,15 @@ def json_entries(path: Path) -> Iterator[tuple[str, Any]]:
     return ((f"{path}: entry [{i}]", entry) for i, entry in enumerate(iter_json_list(path)))
 
 
+_ANY_SPACE = re.compile(r"\s")
+
+
 class CandidatesBuilder:
     """Collects validated candidate lists in input order.
 
-    Drops (or rejects, by policy) empty queries, empty passages and duplicate
-    (qid, docid) pairs; keeps the first occurrence of a duplicate.
+    Drops (or rejects, by policy) empty queries and passages, text no tokenizer takes (:func:`text_fault`), ids that
+    a TREC run's whitespace-separated fields cannot hold (empty, or with whitespace) and duplicate (qid, docid)
+    pairs; keeps the first occurrence of a duplicate.
     """
 
     def __init__(self, bad: BadInput) -> None:
@@ -205,12 +209,20 @@ class CandidatesBuilder:
         self._seen: set[tuple[str, str]] = set()
 
     def add(self, where: str, qid: str, query: str, docid: str, passage: str, score: float) -> None:
+        for name, value in (("qid", qid), ("docid", docid)):
+            if not value or _ANY_SPACE.search(value):
+                self.bad(where, f"{name} {value!r}: an id must be non-empty, without whitespace (a TREC run field)")
+                return
         if not query:
             self.bad(where, f"empty query text for qid {qid}")
             return
         if not passage:
             self.bad(where, f"empty passage text for docid {docid}")
             return
+        for name, text in (("query of qid " + qid, query), ("passage of docid " + docid, passage)):
+            if (fault := text_fault(text)) is not None:
+                self.bad(where, f"{name}: {fault}")
+                return
         if (qid, docid) in self._seen:
             self.bad(where, f"duplicate (qid, docid) = ({qid}, {docid})")
             return

@@ -109,6 +109,20 @@ def test_several_inputs_are_joined_a_query_at_a_time_through_files(tmp_path: Pat
     assert [len(c.passages) for c in joined] == [100, 105, 100, 100]
 
 
+def test_inputs_that_give_a_qid_different_query_texts_are_refused_before_any_is_scored(tmp_path: Path) -> None:
+    first = rank_llm_file(tmp_path / "a", [hit("a")])
+    second = write(tmp_path / "b" / "other.json", json.dumps([{"query": "another query", "hits": [hit("b")]}]))
+    message = f"qid 1: {first} and {second} give it different query texts ('a query' and 'another query')"
+    with raises(message):
+        RerankingData.union([load_candidates(first), load_candidates(second)])
+    scratch = tmp_path / "scratch"
+    with raises(message):  # found while the inputs are copied, before the first query is handed on
+        next(join_streams([open_candidates(first), open_candidates(second)], scratch).candidates)
+    assert not scratch.exists()
+    same = write(tmp_path / "c" / "same.json", json.dumps([{"query": "a query", "hits": [hit("b")]}]))
+    assert ranking(RerankingData.union([load_candidates(first), load_candidates(same)])) == {"1": ["a", "b"]}
+
+
 @pytest.mark.parametrize("suffix", [".json", ".jsonl"])
 def test_a_json_input_that_is_not_utf8_is_named(tmp_path: Path, suffix: str) -> None:
     entry = json.dumps({"query": "q", "hits": [{"qid": "1", "docid": "d", "content": "x"}]}).encode()
@@ -458,6 +472,12 @@ def test_missing_field_names_entry_and_hit(tmp_path: Path) -> None:
         ({**hit("b", rank=2), "score": None, "rank": "first"}, "rank 'first' is not a finite number"),
         ({**hit("b", rank=2), "content": 5}, "field 'content': expected text, got int"),
         ({**hit("b", rank=2), "content": {"text": "b"}}, "field 'content': expected text, got dict"),
+        (hit("b", content="a\x00b", rank=2), "passage of docid b: has a NUL character (\\u0000) at character 1"),
+        (hit("b", content="a\ud800", rank=2), "passage of docid b: has a lone UTF-16 surrogate (\\ud800)"),
+        (hit("has space", rank=2), "docid 'has space': an id must be non-empty, without whitespace"),
+        (hit("d\n1", rank=2), "docid 'd\\n1': an id must be non-empty, without whitespace"),
+        (hit("", rank=2), "docid '': an id must be non-empty, without whitespace"),
+        ({**hit("b", rank=2), "qid": "1 2"}, "qid '1 2': an id must be non-empty, without whitespace"),
     ],
 )
 def test_bad_hit_error_or_skip(tmp_path: Path, bad_hit: dict, reason: str) -> None:

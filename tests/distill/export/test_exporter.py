@@ -405,6 +405,10 @@ def test_cli_export_rerank_and_eval(student: Path, tmp_path: Path, sample_file: 
     assert main([*args, "--output", str(out)]) == 0
     reranked = read_trec_run(out)
     assert len(reranked) == 3 and all(len(docs) == 12 for docs in reranked.values())
+    spaced = shutil.copytree(run / "export", tmp_path / "my student")  # its name is the run's tag, one TREC field
+    assert main([*args[:2], str(spaced), *args[3:], "--output", str(tmp_path / "spaced.trec")]) == 0
+    assert read_trec_run(tmp_path / "spaced.trec") == reranked
+    assert (tmp_path / "spaced.trec").read_text().split("\n")[0].split()[5] == "my_student-onnx-fp32"
     assert main(["eval", "--qrels", str(DL19_QRELS), "--run", str(out)]) == 0
     assert "nDCG@10" in capsys.readouterr().out
     assert main(["export", "--checkpoint", str(run), "--formats", "onnx,tflite"]) == 2
