@@ -34,7 +34,8 @@ def parse_metrics(names: Sequence[str], rel_level: int = 1) -> dict[str, ir_meas
 
     A measure that takes a relevance level (``RR``, ``R``, ``P``, ``AP``, ...) and does not name one gets
     ``rel=rel_level``; its key then says so (``RR@10`` with ``rel_level=2`` is ``RR(rel=2)@10``). Graded
-    measures (nDCG) use the grades as they are. An unknown name raises :class:`ValueError` naming it.
+    measures (nDCG) use the grades as they are. An unknown name, a parameter the measure does not take, or a
+    cutoff that is not a whole number of at least 1 raises :class:`ValueError` naming it.
     """
     measures: dict[str, ir_measures.Measure] = {}
     for name in names:
@@ -44,6 +45,15 @@ def parse_metrics(names: Sequence[str], rel_level: int = 1) -> dict[str, ir_meas
             raise ValueError(
                 f"unknown metric {name!r} ({e}); expected ir-measures names such as nDCG@10, RR(rel=2)@10, R@100, P@5"
             ) from None
+        unsupported = sorted(set(measure.params) - set(measure.SUPPORTED_PARAMS))
+        if unsupported:
+            raise ValueError(
+                f"metric {name!r}: {measure.NAME} takes no {', '.join(unsupported)} "
+                f"(it takes {', '.join(measure.SUPPORTED_PARAMS)})"
+            )
+        cutoff = measure.params.get("cutoff")
+        if cutoff is not None and (not isinstance(cutoff, int) or isinstance(cutoff, bool) or cutoff < 1):
+            raise ValueError(f"metric {name!r}: the cutoff after @ must be a whole number of at least 1")
         if "rel" in measure.SUPPORTED_PARAMS and "rel" not in measure.params:
             measure = measure(rel=rel_level)
         measures[str(measure)] = measure

@@ -5,13 +5,21 @@ from __future__ import annotations
 from pathlib import Path
 
 from distill.core.schema import InputError, Qrels, join_qrels
+from distill.data.loaders._common import decoded
 from distill.data.loaders.irds import irds_qrels, is_irds
 
 
 def load_qrels(path: Path) -> Qrels:
+    """The judgements of one TREC qrels file; a pair judged twice with the same grade is judged once.
+
+    Raises:
+        InputError: a line that is not UTF-8 or not ``qid iteration docid grade`` with an integer grade, or a pair
+            judged twice with different grades (naming the file and line).
+    """
     qrels: Qrels = {}
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
+    with path.open("rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            line = decoded(raw, path, lineno)
             parts = line.split()
             if not parts:
                 continue
@@ -19,9 +27,14 @@ def load_qrels(path: Path) -> Qrels:
                 raise InputError(f"{path}:{lineno}: expected 'qid iteration docid grade', got {line.strip()!r}")
             qid, _, docid, grade = parts
             try:
-                qrels.setdefault(qid, {})[docid] = int(grade)
+                value = int(grade)
             except ValueError:
                 raise InputError(f"{path}:{lineno}: relevance grade {grade!r} is not an integer") from None
+            judged = qrels.setdefault(qid, {})
+            if judged.setdefault(docid, value) != value:
+                raise InputError(
+                    f"{path}:{lineno}: ({qid}, {docid}) is judged {value} here and {judged[docid]} on an earlier line"
+                )
     return qrels
 
 

@@ -161,6 +161,21 @@ def test_qrels_dl19() -> None:
     assert set(qrels) == {c.query.qid for c in candidates.candidates}
 
 
+def test_bad_qrels_lines_are_named_and_a_pair_judged_twice_must_agree(tmp_path: Path) -> None:
+    path = tmp_path / "qrels.txt"
+    for text, message in (
+        (b"q1 0 d1 1\nq1 0 d2 caf\xe9\n", f"{path}:2: not UTF-8 text (invalid continuation byte at byte 11)"),
+        (b"q1 0 d1 1\nq1 0 d1\n", f"{path}:2: expected 'qid iteration docid grade', got 'q1 0 d1'"),
+        (b"q1 0 d1 high\n", f"{path}:1: relevance grade 'high' is not an integer"),
+        (b"q1 0 d1 3\nq2 0 d1 0\nq1 0 d1 0\n", f"{path}:3: (q1, d1) is judged 0 here and 3 on an earlier line"),
+    ):
+        path.write_bytes(text)
+        with raises(message):
+            load_qrels(path)
+    path.write_bytes(b"q1 0 d1 3\n\nq1 0 d1 3\nq1 0 d2 0\n")  # the same grade twice is one judgement
+    assert load_qrels(path) == {"q1": {"d1": 3, "d2": 0}}
+
+
 # --- TREC run with queries and corpus ---
 
 RUN = """\

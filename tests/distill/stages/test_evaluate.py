@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import ir_measures
 import numpy as np
@@ -87,6 +88,20 @@ def test_means_of_per_query_values_match_ir_measures_aggregates() -> None:
 def test_unknown_metric_is_named() -> None:
     with pytest.raises(ValueError, match="unknown metric 'nDGC@10'"):
         parse_metrics(["nDCG@10", "nDGC@10"])
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("nDCG(rel=0)@10", "metric 'nDCG(rel=0)@10': nDCG takes no rel (it takes cutoff, dcg, gains, judged_only)"),
+        ("nDCG@0", "metric 'nDCG@0': the cutoff after @ must be a whole number of at least 1"),  # pytrec_eval aborts
+        ("RR@0", "metric 'RR@0': the cutoff after @ must be a whole number of at least 1"),  # scored 0 before
+        ("R@1.5", "metric 'R@1.5': the cutoff after @ must be a whole number of at least 1"),
+    ],
+)
+def test_a_measure_is_refused_where_its_parameters_are_not_its_own(name: str, message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        parse_metrics(["nDCG@10", name])
 
 
 def test_significance_identical_reversed_and_by_hand() -> None:
