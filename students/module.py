@@ -13,7 +13,7 @@ from pytorch_lightning import LightningModule
 from pytorch_lightning.utilities.rank_zero import rank_zero_only
 from scipy.stats import pearsonr, spearmanr
 
-from distill.core.schema import InputError
+from distill.core.schema import InputError, UserError
 from distill.model.resolver import PAPER_STUDENT
 from distill.model.unpadding import Unpadder, device_packing
 from students.compilation import compile_blocks
@@ -196,6 +196,12 @@ class CrossEncoderModule(LightningModule):
             return
         rows = sorted(self._val_scores)  # all of the split, unless limit_val_batches cut it short
         scores = np.array([self._val_scores[i] for i in rows])
+        if not np.isfinite(scores).all():  # before any checkpoint of this validation is written
+            raise UserError(
+                f"training diverged: {int((~np.isfinite(scores)).sum())} of {len(scores)} validation scores are not "
+                f"finite after step {self.trainer.global_step}; lower --model.lr (or raise --model.warmup_ratio), "
+                "and check --data.label"
+            )
         data = self.trainer.datamodule
         metrics = validation_metrics(data.val, rows, scores, data.qrels, getattr(data, "first_stage_lists", None))
         for name, value in metrics.items():

@@ -18,6 +18,7 @@ similarity scoring as future work; an ensemble of teachers is one more such sum.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -273,6 +274,8 @@ class _Parser:
             number = self.take("number")
             self.take("op", "*", f"'*' after the weight {number}")
             weight, weighted = sign * float(number), True
+            if not math.isfinite(weight):
+                raise self.fail(f"the weight {number} is not a finite number")
         if self.peek() == ("name", "z") and self.peek(1) == ("op", "("):
             self.i += 2
             score, teacher = self.ref()

@@ -107,6 +107,7 @@ def test_label_expressions_parse(text: str, teachers: tuple[str, ...], terms: li
         ("__import__('os').system('ls')", TEACHERS, 'data.label: unexpected "\'"'),
         ("z(gemma.cis) * 2", TEACHERS, "data.label: unexpected '*' after a term"),
         ("  ", TEACHERS, "data.label: empty"),
+        ("1e400*z(gemma.cis) + z(smollm2.cis)", TEACHERS, "data.label: the weight 1e400 is not a finite number"),
     ],
 )
 def test_bad_label_expressions_are_one_line_errors_naming_the_token(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import re
 import shutil
 from pathlib import Path
 
@@ -171,6 +172,17 @@ def test_nan_targets_are_rejected(tmp_path: Path, tiny_bert: Path, teacher_datas
     shutil.copy(teacher_dataset / "teacher.json", broken)
     assert main(["train", "--config", str(write_config(tmp_path, tiny_bert, broken))]) == 2
     assert "NaN/inf" in capsys.readouterr().err
+
+
+def test_a_run_that_diverges_stops_with_one_line_and_saves_no_student(
+    tmp_path: Path, tiny_bert: Path, teacher_dataset: Path, capsys
+) -> None:
+    config = write_config(tmp_path, tiny_bert, teacher_dataset, max_epochs=1)
+    assert main(["train", "--config", str(config), "--model.lr", "1e30"]) == 2
+    err = capsys.readouterr().err
+    assert re.search(r"training diverged: \d+ of \d+ validation scores are not finite after step \d+;", err), err
+    assert "Traceback" not in err
+    assert not (tmp_path / "runs" / "tiny" / "hf" / "model.safetensors").exists()
 
 
 def test_validation_draws_judged_queries_and_training_can_keep_the_top_candidates(
