@@ -191,10 +191,17 @@ def open_store(
         max_length: tokens per pair; a longer pair loses the end of its passage.
 
     Raises:
-        InputError: ``cache_dir`` cannot be written in, or the tokenizer is not a fast one.
+        InputError: ``cache_dir`` cannot be written in, the tokenizer is not a fast one, or ``max_length`` leaves no
+            room for a query's tokens and one passage token.
     """
     if getattr(tokenizer, "backend_tokenizer", None) is None:
         raise InputError(f"{tokenizer.name_or_path}: the student data needs a fast (tokenizer.json) tokenizer")
+    least = tokenizer.num_special_tokens_to_add(pair=True) + 2
+    if max_length < least:
+        raise InputError(
+            f"data.max_length: {max_length} tokens cannot hold a pair: this tokenizer's special tokens, one query "
+            f"token and one passage token take {least}"
+        )
     key, parts = store_key(sources, source, source_row, tokenizer, max_length)
     cache_dir = Path(cache_dir)
     try:
@@ -370,7 +377,17 @@ def _build(
         for start in range(0, n, CHUNK_PAIRS):
             end = min(start + CHUNK_PAIRS, n)
             queries, passages = _texts(readers, source[start:end], source_row[start:end])
-            encodings = encoder.encode_batch(list(zip(queries, passages, strict=True)))
+            try:
+                encodings = encoder.encode_batch(list(zip(queries, passages, strict=True)))
+            except Exception as e:  # the Rust tokenizer's own, for a query that leaves the passage no room
+                if "Truncation error" not in str(e):
+                    raise
+                longest = max(queries, key=lambda q: len(encoder.encode(q, add_special_tokens=False).ids))
+                shutil.rmtree(work, ignore_errors=True)
+                raise InputError(
+                    f"data.max_length: {max_length} tokens leave no room for a passage after the query {longest!r} "
+                    f"({len(encoder.encode(longest, add_special_tokens=False).ids)} tokens): raise data.max_length"
+                ) from None
             ids = [e.ids for e in encodings]
             lengths[start:end] = np.fromiter(map(len, ids), dtype=np.int32, count=len(ids))
             flat = np.fromiter(itertools.chain.from_iterable(ids), dtype=dtype, count=int(lengths[start:end].sum()))

@@ -174,6 +174,22 @@ def test_nan_targets_are_rejected(tmp_path: Path, tiny_bert: Path, teacher_datas
     assert "NaN/inf" in capsys.readouterr().err
 
 
+def test_a_max_length_with_no_room_for_a_passage_is_one_line(
+    tmp_path: Path, tiny_bert: Path, teacher_dataset: Path, capsys
+) -> None:
+    config = write_config(tmp_path, tiny_bert, teacher_dataset, max_epochs=1)
+    cache = tmp_path / "cache"
+    for length, expected in (
+        ("1", "data.max_length: 1 tokens cannot hold a pair: this tokenizer's special tokens, one query token and "),
+        ("8", "data.max_length: 8 tokens leave no room for a passage after the query "),  # DL19's queries: 5+ tokens
+    ):
+        options = ["--data.max_length", length, "--data.cache_dir", str(cache)]
+        assert main(["train", "--config", str(config), *options]) == 2
+        err = capsys.readouterr().err
+        assert expected in err and "Traceback" not in err, err
+    assert not [p for p in cache.rglob("*") if p.is_dir()]  # no partial store is left behind
+
+
 def test_a_run_that_diverges_stops_with_one_line_and_saves_no_student(
     tmp_path: Path, tiny_bert: Path, teacher_dataset: Path, capsys
 ) -> None:
