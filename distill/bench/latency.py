@@ -76,7 +76,8 @@ class BenchConfig(RuntimeOptions):
     random_weights: bool = False
     """Build the student and the teacher from their configs with random weights (full-size timing offline)."""
     input: str = DEFAULT_INPUT
-    """The candidates the calls are made of (any ``distill teach`` input)."""
+    """The candidates the calls are made of, with their texts: a rank_llm or multi-hop QA JSON file, a BEIR folder
+    or an ``irds:`` id (a TREC run has no texts, and bench takes no queries or corpus)."""
     qrels: str | None = DEFAULT_QRELS
     """Qrels of ``input`` for the quality pass (default: DL19's, which judge the default input's 43 queries)."""
     quality: bool = True
@@ -136,6 +137,8 @@ class BenchConfig(RuntimeOptions):
                 raise InputError(f"bench: {name} must be at least {least}, got {getattr(self, name)}")
         if self.max_seconds <= 0:
             raise InputError(f"bench: max_seconds must be positive, got {self.max_seconds}")
+        if any(count < 1 for count in self.token_counts):
+            raise InputError(f"bench: token_counts must be positive, got {self.token_counts}")
 
 
 @dataclass(frozen=True)
@@ -304,7 +307,12 @@ def run_bench(config: BenchConfig, command: str | None = None) -> dict[str, Any]
         inputs = [("student", given), ("input", source), ("qrels", qrels), ("peer_student", config.peer_student)]
         output_folder(out, "bench", "output", inputs)
         folder = given or _random_student(config, Path(scratch))
-        data = load_candidates(source, qrels=qrels)
+        try:
+            data = load_candidates(source, qrels=qrels)
+        except InputError as e:
+            if "needs --queries and --corpus" in str(e):  # bench has no such options: the hint would not work
+                raise InputError(f"{source}: a TREC run has no texts; give bench candidates with theirs") from None
+            raise
         workloads = _workloads(config, data, load_tokenizer(folder))
         quality = QualitySet.of(data) if config.quality else None
         loaders, skipped, references = _students(config, folder, device, Path(scratch))

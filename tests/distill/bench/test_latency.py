@@ -203,6 +203,16 @@ def test_bench_bad_arguments(exported: Path, capsys) -> None:
     for option, value, expected in (("repeats", "0", "at least 1"), ("warmup", "-1", "at least 0")):
         assert main(["bench", "--student", str(exported), f"--{option}", value]) == 2  # an IndexError once timing
         assert f"bench: {option} must be {expected}, got {value}" in capsys.readouterr().err
+    assert main(["bench", "--student", str(exported), "--token-counts", "100,0"]) == 2  # a ValueError's traceback
+    assert "bench: token_counts must be positive, got [100, 0]" in capsys.readouterr().err
+
+
+def test_bench_refuses_a_trec_run_without_a_hint_it_cannot_take(exported: Path, tmp_path: Path, capsys) -> None:
+    run = tmp_path / "bm25.trec"
+    run.write_text("q1 Q0 d1 1 5.0 bm25\n")
+    assert main(["bench", "--student", str(exported), "--input", str(run), "--output", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert f"{run}: a TREC run has no texts; give bench candidates with theirs" in err and "--corpus" not in err
 
 
 def test_bench_results_that_are_no_bench_json(tmp_path: Path, capsys) -> None:
