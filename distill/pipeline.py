@@ -155,6 +155,10 @@ def load_pipeline(path: str | Path) -> Pipeline:
 
     teach = build("teach", {"output": str(folder / "teacher")})
     train = sections["train"]
+    files = train.get("config") or []
+    paths = [files] if isinstance(files, str) else files
+    if not isinstance(paths, list) or not all(isinstance(f, str) for f in paths):
+        raise InputError(f"{where['train']}: config: expected a YAML file's path or a list of them, got {files!r}")
     train_joined: dict[str, Any] = {"run_name": run.root.name, "checkpoint_root": str(run.root.parent)}
     if not _train_sets_teacher_data(train):  # by default the student learns from the pipeline's teacher
         train_joined["data"] = {"teacher_data": [teach.output]}
@@ -209,7 +213,6 @@ def _train_sets_teacher_data(train: dict[str, Any]) -> bool:
 def _train_files(train: dict[str, Any]) -> list[str]:
     files = train.get("config") or []
     return [files] if isinstance(files, str) else [str(f) for f in files]
-
 
 @contextmanager
 def train_arguments(train: dict[str, Any], joined: dict[str, Any]) -> Iterator[list[str]]:

@@ -144,6 +144,8 @@ def one_line_error(capsys) -> str:
         ({"name": None}, "{path}: name: missing"),
         ({"teach": {"input": None}}, "{path}: teach: input is required"),  # a stage's own check, named too
         ({"teach": "nope.yaml"}, "nope.yaml: config file not found"),
+        ({"train": {"config": 5}}, "{path}: train: config: expected a YAML file's path or a list of them, got 5"),
+        ({"train": {"config": ["a.yaml", 5]}}, "{path}: train: config: expected a YAML file's path or a list of"),
     ],
 )
 def test_pipeline_config_errors_are_one_line_naming_the_file_and_key(
