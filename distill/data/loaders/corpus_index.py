@@ -181,11 +181,13 @@ def open_index(folder: Path, source: Path | str, records: Iterator[TextRecord]) 
 
 
 def _whole(folder: Path) -> bool:
-    """Whether every data file of the index in ``folder`` matches the checksum its ``index.json`` records."""
-    checksums = json.loads((folder / "index.json").read_text()).get("checksums", {})
+    """Whether ``index.json`` reads, and every data file of the index in ``folder`` matches the checksum it
+    records."""
     try:
+        manifest = json.loads((folder / "index.json").read_text())
+        checksums = manifest.get("checksums", {}) if isinstance(manifest, dict) else {}
         return all(file_checksum(folder / name) == checksums.get(name) for name in FILES)
-    except OSError:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return False
 
 

@@ -116,6 +116,10 @@ def test_an_index_changed_since_it_was_written_is_built_again(tmp_path: Path, ca
             f"passage number {i}" for i in range(1000)
         ]
     assert "does not match its checksums" in caplog.text and str(index.folder) in caplog.text
+    for manifest in ("", '{"checks', "[1]", "\xff"):  # a truncated, emptied or foreign index.json: built again
+        (index.folder / "index.json").write_text(manifest, encoding="latin-1")
+        with open_corpus(path, BadInput("error"), True) as again:
+            assert again.get("d7", BadInput("error")) == "passage number 7"
 
 
 def test_bad_lines_are_reported_as_a_read_of_the_file_reports_them(tmp_path: Path) -> None:
