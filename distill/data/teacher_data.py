@@ -15,8 +15,9 @@ A teacher dataset folder holds
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, fields
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -224,30 +225,37 @@ def _legacy(folder: Path) -> dict[str, Any] | None:
     return values if isinstance(values, dict) and "fingerprint" in values else None
 
 
-def migrate(folder: str | Path) -> bool:
-    """Bring a folder's metadata to the current format; True if it changed: a legacy folder's moves into
-    ``teacher.json`` (and the description is cleared), a ``teacher.json`` whose ``input`` is one string (older
-    versions) gets it as a one-element list.
+def migration(folder: str | Path) -> Callable[[], None] | None:
+    """What bringing a folder's metadata to the current format writes, checked but not yet written: None if it is
+    current; else a call that writes it. A legacy folder's metadata moves into ``teacher.json`` (and the
+    description is cleared); a ``teacher.json`` whose ``input`` is one string (older versions) gets it as a
+    one-element list.
 
     The rows (the ``.arrow`` files) are not touched, so every score stays bit-identical.
 
     Raises:
         MissingFileError: ``folder`` is not a teacher dataset of either format.
+        InputError: a legacy description that lacks a field ``teacher.json`` needs.
     """
     folder = Path(folder)
     if (folder / METADATA_FILE).is_file():
-        from distill.core.files import read_json_object
-
         if not isinstance(read_json_object(folder / METADATA_FILE).get("input"), str):
-            return False
-        TeacherMetadata.read(folder).write(folder)  # read takes a string input as a list
-        return True
+            return None
+        metadata = TeacherMetadata.read(folder)  # read takes a string input as a list
+        return partial(metadata.write, folder)
     values = _legacy(folder)
     if values is None:
         raise MissingFileError(f"{folder}: not a teacher dataset (no {METADATA_FILE}, no metadata in {DATASET_INFO})")
+    missing = [key for key in ("score", "scores", "input") if key not in values]
+    if missing:
+        raise InputError(f"{folder / DATASET_INFO}: description: missing {', '.join(map(repr, missing))}")
     inputs = [values["input"]] if isinstance(values["input"], str) else values["input"]
-    TeacherMetadata(values["score"], values["scores"], inputs, values["fingerprint"]).write(folder)
-    info = json.loads((folder / DATASET_INFO).read_text())
-    info["description"] = ""
-    write_whole(folder / DATASET_INFO, json.dumps(info, indent=2) + "\n")
-    return True
+    metadata = TeacherMetadata(values["score"], values["scores"], inputs, values["fingerprint"])
+
+    def write() -> None:
+        metadata.write(folder)
+        info = json.loads((folder / DATASET_INFO).read_text())
+        info["description"] = ""
+        write_whole(folder / DATASET_INFO, json.dumps(info, indent=2) + "\n")
+
+    return write

@@ -27,16 +27,16 @@ class MigrateReport:
 
 def migrate(cfg: MigrateConfig) -> MigrateReport:
     """Migrate each folder of ``cfg.paths``; the rows (and so every score) are left bit-identical."""
+    from distill.core.path_checks import input_path
     from distill.core.schema import InputError
-    from distill.data.teacher_data import migrate as migrate_folder
+    from distill.data.teacher_data import migration
 
     if not cfg.paths:
         raise InputError("migrate: give the teacher dataset folders to migrate: distill migrate FOLDER...")
-    from distill.core.path_checks import input_path
-
-    for path in cfg.paths:  # every folder first: none is migrated if one is wrong
+    for path in cfg.paths:
         input_path(path, "migrate", "paths", "folder")
-    changed, current = [], []
-    for path in map(Path, cfg.paths):
-        (changed if migrate_folder(path) else current).append(path)
-    return MigrateReport(changed, current)
+    plans = [(Path(path), migration(path)) for path in cfg.paths]  # every folder checked: none is written if one is bad
+    for _, write in plans:
+        if write is not None:
+            write()
+    return MigrateReport([path for path, write in plans if write], [path for path, write in plans if not write])

@@ -489,6 +489,17 @@ def test_migrate_moves_legacy_metadata_to_teacher_json_and_keeps_every_row(
     with pytest.raises(InputError, match="run `distill migrate` on it"):
         TeacherDataset.open(legacy)
     arrow = {f.name: f.read_bytes() for f in legacy.glob("*.arrow")}
+    before = (legacy / "dataset_info.json").read_bytes()
+    assert main(["migrate", "--paths", str(legacy), str(tmp_path)]) == 2  # a folder that is no teacher dataset
+    assert "not a teacher dataset" in capsys.readouterr().err
+    assert (legacy / "dataset_info.json").read_bytes() == before and not (legacy / "teacher.json").exists()
+    broken = shutil.copytree(legacy, tmp_path / "broken")  # a legacy description without its scores
+    partial = {k: v for k, v in metadata.items() if k not in ("scores", "input")}
+    (broken / "dataset_info.json").write_text(json.dumps({**info, "description": json.dumps(partial)}))
+    assert main(["migrate", str(legacy), str(broken)]) == 2
+    message = f"distill migrate: error: {broken / 'dataset_info.json'}: description: missing 'scores', 'input'\n"
+    assert capsys.readouterr().err == message  # one line, not a KeyError; and the first folder is not written
+    assert (legacy / "dataset_info.json").read_bytes() == before and not (legacy / "teacher.json").exists()
     assert main(["migrate", "--paths", str(legacy), str(teacher_dataset)]) == 0
     assert capsys.readouterr().out.splitlines() == [f"migrated {legacy}", f"already current: {teacher_dataset}"]
     assert {f.name: f.read_bytes() for f in legacy.glob("*.arrow")} == arrow  # every score bit-identical
