@@ -97,12 +97,15 @@ class TeacherDataset:
         """Open the folder at ``path``.
 
         Raises:
-            MissingFileError: no teacher dataset there.
+            MissingFileError: no teacher dataset there, or a file of its rows is missing.
+            InputError: a file of its rows is empty or does not start as an Arrow stream.
         """
         path = Path(path)
         if not (path / DATASET_INFO).is_file():
             raise MissingFileError(f"{path}: no teacher dataset here (run `distill teach` first)")
-        return cls(path, TeacherMetadata.read(path))
+        metadata = TeacherMetadata.read(path)
+        _check_row_files(path)
+        return cls(path, metadata)
 
     @staticmethod
     def is_complete(path: str | Path) -> bool:
@@ -184,6 +187,36 @@ class TeacherDataset:
                 write_trec_runs({n: path / "runs" / f"{n}.trec" for n in names}, queries)
         finally:
             scratch.unlink(missing_ok=True)
+
+
+def _check_row_files(path: Path) -> None:
+    """Check that each file of rows that ``state.json`` lists in the dataset folder ``path`` is there and opens as
+    an Arrow stream (its schema is read, not its rows).
+
+    Raises:
+        MissingFileError: ``state.json`` or a file of rows is missing.
+        InputError: ``state.json`` is malformed, or a file of rows is empty or is no Arrow stream.
+    """
+    import pyarrow as pa
+
+    state = path / "state.json"
+    if not state.is_file():
+        raise MissingFileError(f"{state}: missing: {path} is incomplete; run `distill teach` again with --overwrite")
+    files = read_json_object(state).get("_data_files")
+    if not isinstance(files, list) or not files or not all(isinstance(f, dict) and "filename" in f for f in files):
+        raise InputError(f"{state}: _data_files: expected a list of {{filename}} objects, got {files!r}")
+    for entry in files:
+        rows = path / str(entry["filename"])
+        if not rows.is_file():
+            raise MissingFileError(f"{rows}: missing: {path} is incomplete; run `distill teach` again with --overwrite")
+        try:
+            with pa.memory_map(str(rows)) as source:
+                pa.ipc.open_stream(source)
+        except (pa.ArrowInvalid, OSError) as e:
+            raise InputError(
+                f"{rows}: not an Arrow stream ({str(e).splitlines()[0]}): {path} is damaged; run `distill teach` "
+                "again with --overwrite"
+            ) from None
 
 
 def _queries(reader: Any, columns: list[str]) -> Iterator[tuple[str, list[str], list[list[float]]]]:

@@ -398,6 +398,30 @@ def test_an_output_inside_an_input_folder_is_refused(tmp_path: Path) -> None:
     assert not (tmp_path / "pk").exists() and not (tmp_path / "out").exists()
 
 
+def test_a_teacher_dataset_missing_or_damaging_its_rows_is_one_line_not_up_to_date(tmp_path: Path, capsys) -> None:
+    """A finished teacher folder whose rows file is gone, empty or zeroed: teach says so before its teacher loads
+    (it said "up to date"), and so does every reader of the folder (train's came as a traceback)."""
+    from distill.data.teacher_data import TeacherDataset
+
+    config = REPO / "configs" / "teach" / "dl21-smollm2.yaml"
+    out = Path(shutil.copytree(REPO / yaml.safe_load(config.read_text())["output"], tmp_path / "out"))
+    rows = out / "data-00000-of-00001.arrow"
+    size = rows.stat().st_size
+    args = ["teach", "--config", str(config), "--output", str(out), "--cache_dir", str(tmp_path / "pk")]
+    for damage, error, expected in (
+        (rows.unlink, MissingFileError, f"{rows}: missing: {out} is incomplete; run `distill teach` again with"),
+        (lambda: rows.write_bytes(b""), InputError, f"{rows}: not an Arrow stream ("),
+        (lambda: rows.write_bytes(bytes(size)), InputError, f"{rows}: not an Arrow stream ("),
+    ):
+        damage()
+        with pytest.raises(error, match=re.escape(expected)):
+            TeacherDataset.open(out)
+        assert main(args) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"distill teach: error: {expected}") and err.count("\n") == 1, err
+    assert not (tmp_path / "pk").exists()  # refused before any work
+
+
 GEMMA_CONFIG = REPO / "configs" / "teach" / "dl21-gemma3.yaml"
 
 
