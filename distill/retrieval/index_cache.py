@@ -1,24 +1,30 @@
 """A first-stage index on disk, keyed by what it was built from, and saved atomically.
 
-An index folder holds the retriever's files, ``docids.json`` (row ``i`` of the index is passage
-``docids[i]``) and ``manifest.json``, whose ``key`` is a hash of the corpus file's content and of
-every setting that changes the index. A later call with the same key loads the folder; any other
-key rebuilds it. A build is written to a temporary sibling folder and renamed into place, so an
-interrupted build never leaves a half-written index under the index's name.
+An index folder holds the retriever's files, ``docids.json`` (row ``i`` of the index is passage ``docids[i]``)
+and ``manifest.json``: its ``key`` is a hash of the corpus file's content and of every setting that changes the
+index, its ``checksums`` those of every other file (:mod:`distill.core.checksums`). A later call with the same
+key loads the folder where every file still matches its checksum; any other key, or a changed file, rebuilds it.
+A build is written to a temporary sibling folder and renamed into place, so an interrupted build never leaves a
+half-written index under the index's name.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
+from distill.core.checksums import file_checksum
+
 INDEX_FORMAT = 1
 """Bumped whenever the files of an index change layout; an index of another format is rebuilt."""
+
+log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
 DOCIDS = "docids.json"
@@ -59,6 +65,16 @@ def saved_key(directory: Path) -> str | None:
         return None
 
 
+def _whole(directory: Path) -> bool:
+    """Whether every file the manifest of the index in ``directory`` lists matches the checksum it records (an
+    index saved without checksums is not whole)."""
+    try:
+        checksums = json.loads((directory / MANIFEST).read_text()).get("checksums")
+        return bool(checksums) and all(file_checksum(directory / name) == value for name, value in checksums.items())
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def load_docids(directory: Path) -> list[str]:
     return json.loads((directory / DOCIDS).read_text())
 
@@ -79,7 +95,8 @@ def save_atomically(
     try:
         write(tmp)
         (tmp / DOCIDS).write_text(json.dumps(docids))
-        manifest = {"key": key, "num_docs": len(docids), **settings}
+        checksums = {str(f.relative_to(tmp)): file_checksum(f) for f in sorted(tmp.rglob("*")) if f.is_file()}
+        manifest = {"key": key, "num_docs": len(docids), **settings, "checksums": checksums}
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
         if directory.exists():
             old = directory.with_name(f".{directory.name}.old{os.getpid()}")
@@ -106,7 +123,9 @@ def load_or_build(
         whether the saved index was loaded rather than built.
     """
     if saved_key(directory) == key:
-        return load(directory), load_docids(directory), True
+        if _whole(directory):
+            return load(directory), load_docids(directory), True
+        log.warning("index: %s does not match its checksums (changed since it was written): rebuilt", directory)
     index, docids = build()
     save_atomically(directory, key, settings, docids, index.save)
     return index, docids, False

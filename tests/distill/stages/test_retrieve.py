@@ -143,6 +143,12 @@ def test_bm25_index_is_reused_and_rebuilt_when_the_corpus_changes(tmp_path: Path
     assert second.run == first.run
     assert {p.name: p.stat().st_mtime_ns for p in index.iterdir()} == files
     assert run(3).reused_index  # k is no setting of the index
+    for name in sorted(p.name for p in index.iterdir() if p.name != MANIFEST):  # a file changed: built again
+        damaged = index / name
+        damaged.write_bytes(bytes(damaged.stat().st_size))  # zeroed
+        again = run(10)
+        assert not again.reused_index and again.run == first.run, name
+        assert run(10).reused_index
 
     write_corpus(corpus, {**corpus_texts, "new-1": "The zyxwvut is a quorbl of the northern seas."})
     rebuilt = run(10)
