@@ -139,6 +139,8 @@ def load_pipeline(path: str | Path) -> Pipeline:
     top = load_section(PipelineFile, {k: v for k, v in raw.items() if k not in STAGES}, str(path))
     if not top.name:
         raise InputError(f"{path}: name: missing (the pipeline's folder under root)")
+    if Path(top.name).name != top.name or top.name in (".", ".."):
+        raise InputError(f"{path}: name: {top.name!r} must be one folder name (the pipeline's folder under root)")
     folder = Path(top.root) / top.name
     run = RunLayout(folder / "student")
     sections, where = {}, {}

@@ -169,7 +169,7 @@ def export_student(
     require_file(hf_dir, *WEIGHT_FILES)
     check_model_folder(hf_dir)  # a malformed JSON file or truncated weights: one line naming the file
     if out_dir.exists() and any(out_dir.iterdir()) and not (out_dir / CARD).is_file():
-        raise ExistingOutputError(f"{out_dir} exists and is not an export folder (no {CARD}): choose another out_dir")
+        raise ExistingOutputError(f"{out_dir} exists and is not an export folder (no {CARD}): choose another --output")
     parity = parity or dl19_parity_set().with_ranking(validation_set(hf_dir))
     staging = out_dir.with_name(f".{out_dir.name}.tmp{os.getpid()}")
     remove_stale_staging(out_dir)

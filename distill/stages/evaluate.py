@@ -189,6 +189,13 @@ def evaluate(cfg: EvalConfig, command: str | None = None) -> EvalResult:
         from distill.core.student_card import held_out_queries
 
         qrels = {qid: judged for qid, judged in qrels.items() if qid in held_out_queries(cfg.held_out)}
+        if not qrels:
+            raise InputError(
+                f"eval: held_out: none of {cfg.held_out}'s held-out queries is judged in {cfg.qrels or cfg.input}"
+            )
+        for name, run in runs.items():
+            if not run.keys() & qrels.keys():
+                raise InputError(f"eval: held_out: run {name} has none of {cfg.held_out}'s judged held-out queries")
     if cfg.queries == "common":
         shared = set.intersection(*(set(run) for run in runs.values())) if runs else set()
         qrels = {qid: judged for qid, judged in qrels.items() if qid in shared}

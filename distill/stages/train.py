@@ -269,7 +269,10 @@ def claim_run_folder(run_dir: Path, ckpt_path: str | None, overwrite: bool) -> N
 
     Raises:
         ExistingOutputError: an earlier run is there, and neither ``ckpt_path`` nor ``overwrite`` is given.
+        InputError: ``ckpt_path`` ``last`` (resume this run) with ``overwrite`` (replace it).
     """
+    if ckpt_path == "last" and overwrite:
+        raise InputError("--ckpt_path last resumes the run and --overwrite true replaces it: give one of them")
     layout = RunLayout(run_dir)
     if ckpt_path is not None or not (any(layout.checkpoints.glob("*.ckpt")) or (layout.hf / "config.json").is_file()):
         return

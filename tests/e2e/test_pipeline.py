@@ -142,6 +142,8 @@ def one_line_error(capsys) -> str:
         ({"eval": {"test": "z"}}, "{path}: eval: test: expected 't' | 'randomization', got 'z'"),
         ({"bench": {"repeats": "many"}}, "{path}: bench: repeats: expected int, got 'many'"),
         ({"name": None}, "{path}: name: missing"),
+        ({"name": "../../escape"}, "{path}: name: '../../escape' must be one folder name"),
+        ({"name": ".."}, "{path}: name: '..' must be one folder name"),
         ({"teach": {"input": None}}, "{path}: teach: input is required"),  # a stage's own check, named too
         ({"teach": "nope.yaml"}, "nope.yaml: config file not found"),
         ({"train": {"config": 5}}, "{path}: train: config: expected a YAML file's path or a list of them, got 5"),

@@ -219,7 +219,7 @@ def test_bad_export_arguments(student: Path, tmp_path: Path) -> None:
         export_student(student, tmp_path / "x", formats=("torchscript",), int8="static")
     (tmp_path / "taken").mkdir()
     (tmp_path / "taken" / "notes.txt").write_text("mine")
-    with pytest.raises(FileExistsError, match="not an export folder"):
+    with pytest.raises(FileExistsError, match=r"not an export folder \(no card.json\): choose another --output$"):
         export_student(student, tmp_path / "taken")
     with pytest.raises(FileNotFoundError, match=r"nowhere: missing config\.json"):
         export_student(tmp_path / "nowhere", tmp_path / "y")

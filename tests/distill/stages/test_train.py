@@ -99,6 +99,11 @@ def test_train_validates_checkpoints_and_exports(
     means = rows[:3]  # then the differences to the first run
     assert [r[0] for r in means] == ["triplets/first_stage", "triplets/cis", "triplets/upr"]
     assert all(r[1] == "1" for r in means)  # evaluated on the one held-out query of 3
+    other = next(q for q in sorted(sample) if q not in meta["val_queries"])  # a run without the held-out query
+    (tmp_path / "other.trec").write_text(f"{other} Q0 d1 1 1.0 x\n")
+    other_run = ["--run", str(tmp_path / "other.trec"), "--held-out", str(run)]
+    assert main(["eval", "--qrels", str(DL19_QRELS), *other_run]) == 2
+    assert f"run {tmp_path / 'other.trec'} has none of {run}'s judged held-out" in capsys.readouterr().err
     assert main(["eval", "--qrels", str(DL19_QRELS), "--run", str(teacher_dataset), "--held-out", str(tmp_path)]) == 2
     assert "no student here" in capsys.readouterr().err
 
@@ -290,6 +295,11 @@ def test_a_finished_run_is_resumed_or_replaced_when_asked_never_silently(
         f"distill train: error: {run} holds an earlier training run: resume it with --ckpt_path last, replace it "
         "with --overwrite true, or choose another --run_name\n"
     )
+    assert {p: p.read_bytes() for p in before} == before
+    assert main(["train", "--config", str(config), "--ckpt_path", "last", "--overwrite", "true"]) == 2
+    assert capsys.readouterr().err == (
+        "distill train: error: --ckpt_path last resumes the run and --overwrite true replaces it: give one of them\n"
+    )  # it resumed, and --overwrite was silently ignored
     assert {p: p.read_bytes() for p in before} == before
     assert main(["train", "--config", str(config), "--model.lr", "1e-2", "--overwrite", "true"]) == 0
     assert yaml.safe_load((run / "logs" / "config.yaml").read_text())["model"]["lr"] == 1e-2  # the new run's
