@@ -216,6 +216,7 @@ def _train_files(train: dict[str, Any]) -> list[str]:
     files = train.get("config") or []
     return [files] if isinstance(files, str) else [str(f) for f in files]
 
+
 @contextmanager
 def train_arguments(train: dict[str, Any], joined: dict[str, Any]) -> Iterator[list[str]]:
     """``distill train`` arguments for a train section: its ``config`` files, then its other keys, then the

@@ -476,7 +476,10 @@ def create_app(models: ServedModel | Sequence[ServedModel], options: HttpOptions
 
     @app.exception_handler(HTTPException)
     async def httperror_response(request: Request, error: HTTPException) -> JSONResponse:
-        response = error_response(error.status_code, str(error.detail))
+        detail = str(error.detail)
+        if error.status_code == 400 and error.__cause__ is not None:  # FastAPI's "error parsing the body", and why
+            detail = f"body: not JSON this server can read ({str(error.__cause__).splitlines()[0][:200]})"
+        response = error_response(error.status_code, detail)
         response.headers.update(error.headers or {})
         return response
 

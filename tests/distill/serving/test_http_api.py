@@ -248,6 +248,18 @@ BAD_REQUESTS = {
         "body: not UTF-8 text (invalid continuation byte at byte 14); a JSON body is UTF-8",
     ),
     "an empty body": ("/rerank", b"", 400, "body: empty; send a JSON object"),
+    "JSON nested past the parser's depth": (
+        "/rerank",
+        b"[" * 100_000 + b"]" * 100_000,
+        400,
+        "body: not JSON this server can read (maximum recursion depth exceeded",
+    ),
+    "a number of 5,000 digits": (
+        "/v1/rerank",
+        b'{"query": "q", "documents": ["a"], "top_n": ' + b"9" * 5000 + b"}",
+        400,
+        "body: not JSON this server can read (Exceeds the limit (4300 digits) for integer string conversion",
+    ),
     "a misspelt extension field": (
         "/v1/rerank",
         {"query": "q", "documents": ["a", "b"], "first_stage_score": [1, 2]},
