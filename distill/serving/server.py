@@ -168,13 +168,25 @@ def timed_h11(read_timeout: float) -> type:
                     partial,
                     read_timeout,
                 )
-                error = {"error": f"request head: not complete within {read_timeout:g} s", "error_type": "validation"}
-                body = json.dumps(error).encode()
-                self.transport.write(
-                    b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
-                    + f"content-length: {len(body)}\r\n\r\n".encode()
-                    + body
-                )
+                self._answer_and_close(b"408 Request Timeout", f"request head: not complete within {read_timeout:g} s")
+            self.transport.close()
+
+        def send_400_response(self, msg: str) -> None:
+            """uvicorn's answer to bytes h11 cannot parse as a request (its text/plain one), as this app's errors
+            are: JSON with ``error`` and ``error_type``."""
+            self._answer_and_close(b"400 Bad Request", "request head: not a valid HTTP/1.1 request")
+
+        def _answer_and_close(self, status: bytes, message: str) -> None:
+            """Write an error answer of ``status`` (``b"400 Bad Request"``) with ``message`` straight to the socket,
+            outside h11's state (the request is past reading), and close the connection."""
+            body = json.dumps({"error": message, "error_type": "validation"}).encode()
+            self.transport.write(
+                b"HTTP/1.1 "
+                + status
+                + b"\r\ncontent-type: application/json\r\nconnection: close\r\n"
+                + f"content-length: {len(body)}\r\n\r\n".encode()
+                + body
+            )
             self.transport.close()
 
     return TimedH11Protocol

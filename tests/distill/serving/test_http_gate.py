@@ -147,6 +147,22 @@ def test_a_stalled_head_gets_a_408_and_a_silent_connection_is_closed(tiny_bert: 
     assert f"sent {len(head)} bytes of a request head" in line
 
 
+def test_bytes_that_are_no_http_request_get_a_json_400_and_a_closed_connection(tiny_bert: Path, tiny: Reranker) -> None:
+    with running(create_app(ServedModel(tiny_bert, tiny), HttpOptions())) as url:
+        host, port = address(url)
+        for head in (
+            b"GARBAGE\r\n\r\n",
+            f"POST /rerank HTTP/1.1\r\nHost: {host}\r\nContent-Length: abc\r\n\r\n".encode(),
+        ):
+            with socket.create_connection((host, port), timeout=10) as client:
+                client.sendall(head)
+                status, error, answer = read_answer(client)  # uvicorn's own was text/plain
+                assert closed(client)
+            assert status == 400 and b"content-type: application/json" in answer.lower()
+            assert error == {"error": "request head: not a valid HTTP/1.1 request", "error_type": "validation"}
+        assert httpx.get(f"{url}/health").status_code == 200  # the server serves on
+
+
 @pytest.mark.slow
 def test_sigterm_cuts_a_stalled_request_at_the_drain_deadline_and_exits_0(tiny_bert: Path) -> None:
     """The slowloris case: a client sends its head and half its body, then stalls; another half a head. On SIGTERM
