@@ -382,11 +382,12 @@ def _build(
             except Exception as e:  # the Rust tokenizer's own, for a query that leaves the passage no room
                 if "Truncation error" not in str(e):
                     raise
-                longest = max(queries, key=lambda q: len(encoder.encode(q, add_special_tokens=False).ids))
+                sizes = [len(ids) for ids in tokenizer(queries, add_special_tokens=False)["input_ids"]]
+                longest = int(np.argmax(sizes))
                 shutil.rmtree(work, ignore_errors=True)
                 raise InputError(
-                    f"data.max_length: {max_length} tokens leave no room for a passage after the query {longest!r} "
-                    f"({len(encoder.encode(longest, add_special_tokens=False).ids)} tokens): raise data.max_length"
+                    f"data.max_length: {max_length} tokens leave no room for a passage after the query "
+                    f"{queries[longest]!r} ({sizes[longest]} tokens): raise data.max_length"
                 ) from None
             ids = [e.ids for e in encodings]
             lengths[start:end] = np.fromiter(map(len, ids), dtype=np.int32, count=len(ids))

@@ -186,6 +186,7 @@ def test_a_max_length_with_no_room_for_a_passage_is_one_line(
     cache = tmp_path / "cache"
     for length, expected in (
         ("1", "data.max_length: 1 tokens cannot hold a pair: this tokenizer's special tokens, one query token and "),
+        ("5", "data.max_length: 5 tokens leave no room for a passage after the query "),
         ("8", "data.max_length: 8 tokens leave no room for a passage after the query "),  # DL19's queries: 5+ tokens
     ):
         options = ["--data.max_length", length, "--data.cache_dir", str(cache)]
