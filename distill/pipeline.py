@@ -168,15 +168,20 @@ def load_pipeline(path: str | Path) -> Pipeline:
         check_train_args(argv, where["train"])
     rerank_input = sections["rerank"].get("input") or teach.input
     rerank_input = [rerank_input] if isinstance(rerank_input, str) else rerank_input
+    # Teach's inputs, reranked, come with the files their texts or candidates are in (a TREC run's queries and
+    # corpus, a BEIR folder's run); such inputs are no parity input, which takes candidates with their texts.
+    sources = {} if "input" in sections["rerank"] else {k: getattr(teach, k) for k in ("queries", "corpus", "run")}
+    sources = {k: v for k, v in sources.items() if v and not sections["rerank"].get(k)}
+    whole = not any(sections["rerank"].get(k) or sources.get(k) for k in ("queries", "corpus", "run"))
     qrels = sections["eval"].get("qrels") or teach.qrels or _irds_inputs(teach.input)
     if qrels is None:
         raise InputError(f"{where['eval']}: qrels: missing (set eval.qrels or teach.qrels)")
     # The student's scores are checked for parity on the candidates it will rerank (its quality gate ranks its own
     # validation queries).
-    export = build("export", {"checkpoint": str(run.root)}, {"parity_input": rerank_input[0]})
+    export = build("export", {"checkpoint": str(run.root)}, {"parity_input": rerank_input[0]} if whole else {})
     held_out = str(run.root) if top.eval_queries == "held_out" else None
     student_run = str(folder / "eval" / "student.trec")
-    joined = {"model": str(run.root), "output": student_run, "held_out": held_out, "input": rerank_input}
+    joined = {"model": str(run.root), "output": student_run, "held_out": held_out, "input": rerank_input, **sources}
     rerank = build("rerank", joined)
     students = [student_run]
     rerank_fused = None

@@ -33,6 +33,8 @@ class RerankConfig(ServingOptions):
     """For a TREC run input: the queries (TSV or JSONL)."""
     corpus: str | None = None
     """For a TREC run input: the passages (TSV or JSONL)."""
+    run: str | None = None
+    """For a BEIR folder input: the candidates as a TREC run (default its judged pairs)."""
     output: str | None = None
     """The TREC run to write (required; ``distill run`` sets it)."""
     max_queries: int | None = None
@@ -105,7 +107,10 @@ def rerank(cfg: RerankConfig) -> RerankReport:
 
     check_paths(cfg)
     data = RerankingData.union(
-        [load_candidates(p, queries=cfg.queries, corpus=cfg.corpus, on_bad_input=cfg.on_bad_input) for p in cfg.input]
+        [
+            load_candidates(p, queries=cfg.queries, corpus=cfg.corpus, run=cfg.run, on_bad_input=cfg.on_bad_input)
+            for p in cfg.input
+        ]
     )
     candidates = data.candidates
     if cfg.held_out:
@@ -151,7 +156,7 @@ def check_paths(cfg: RerankConfig) -> None:
     from distill.model.resolver import HUB_REPO
 
     inputs = [("input", path) for path in cfg.input if not is_irds(path)]
-    inputs += [(key, getattr(cfg, key)) for key in ("queries", "corpus") if getattr(cfg, key)]
+    inputs += [(key, getattr(cfg, key)) for key in ("queries", "corpus", "run") if getattr(cfg, key)]
     for key, path in inputs:
         input_path(path, "rerank", key, "any" if key == "input" else "file")
     if not (HUB_REPO.match(cfg.model) and not Path(cfg.model).exists()):  # a hub id resolves into its cache

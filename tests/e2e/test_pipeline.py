@@ -185,6 +185,26 @@ def test_a_pipeline_without_optional_sections_takes_their_defaults(tmp_path: Pat
     assert pipeline.rerank.backend == "auto" and pipeline.rerank.input == [str(sample_file)]
     assert pipeline.eval.qrels == str(DL19_QRELS) and pipeline.eval.held_out == str(tmp_path / "x" / "student")
     assert pipeline.bench.output == str(tmp_path / "x" / "student" / "bench")
+    assert pipeline.export.parity_input == str(sample_file)  # the candidates it reranks, with their texts
+
+
+def test_a_trec_run_teach_input_is_reranked_with_its_queries_and_corpus(tmp_path: Path) -> None:
+    """Teach's TREC run reaches rerank with the queries and corpus it needs (rerank failed on it after teach and
+    train had run); export's parity set, which takes candidates with their texts, is then the default one."""
+    files = {name: tmp_path / name for name in ("bm25.trec", "queries.tsv", "corpus.tsv", "qrels.txt")}
+    for file in files.values():
+        file.write_text("")
+    teach = {"input": [str(files["bm25.trec"])], "queries": str(files["queries.tsv"])}
+    teach |= {"corpus": str(files["corpus.tsv"]), "qrels": str(files["qrels.txt"])}
+    path = tmp_path / "pipeline.yaml"
+    sections = {"teach": teach, "train": {"model": {"backbone": "all-minilm-l6-v2"}}}
+    path.write_text(yaml.safe_dump({"name": "x", "root": str(tmp_path), **sections}))
+    pipeline = load_pipeline(path)
+    assert pipeline.rerank.input == teach["input"] and pipeline.export.parity_input is None
+    assert (pipeline.rerank.queries, pipeline.rerank.corpus) == (teach["queries"], teach["corpus"])
+    own = {"input": str(files["bm25.trec"]), "queries": str(files["queries.tsv"]), "corpus": str(files["corpus.tsv"])}
+    path.write_text(yaml.safe_dump({"name": "x", "root": str(tmp_path), **sections, "rerank": own}))
+    assert load_pipeline(path).rerank.queries == own["queries"]  # a rerank section's own, as given
 
 
 def test_the_paper_pipeline_learns_its_own_teachers_labels_judged_by_its_inputs(

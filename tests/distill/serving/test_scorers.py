@@ -309,3 +309,24 @@ def test_distill_rerank_takes_the_levers_and_writes_the_plain_run(
     assert "compile: options of the torch backend, not of onnx" in error and len(error.splitlines()) == 1
     assert main([*args, "--output", str(tmp_path / "bad.trec"), "--overlap", "-1"]) == 2
     assert "overlap is a number of pairs" in capsys.readouterr().err
+
+
+def test_distill_rerank_takes_a_beir_folder_with_its_run(student: Path, tmp_path: Path) -> None:
+    """As teach does: a BEIR folder's candidates from ``--run`` (without one, its judged pairs)."""
+    import json
+
+    from distill.eval.trec_runs import read_trec_run
+
+    beir = tmp_path / "beir"
+    (beir / "qrels").mkdir(parents=True)
+    passages = {"d1": "the flea lives for months", "d2": "fleas lay eggs", "d3": "a cat sleeps"}
+    corpus = "".join(json.dumps({"_id": d, "title": "", "text": t}) + "\n" for d, t in passages.items())
+    (beir / "corpus.jsonl").write_text(corpus)
+    (beir / "queries.jsonl").write_text(json.dumps({"_id": "q1", "text": "flea life cycle"}) + "\n")
+    (beir / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td1\t1\n")
+    (tmp_path / "bm25.trec").write_text("".join(f"q1 Q0 {d} {i} {9 - i}.0 bm25\n" for i, d in enumerate(passages, 1)))
+    args = ["rerank", "--model", str(student), "--backend", "torch", "--input", str(beir)]
+    assert main([*args, "--run", str(tmp_path / "bm25.trec"), "--output", str(tmp_path / "run.trec")]) == 0
+    assert read_trec_run(tmp_path / "run.trec")["q1"].keys() == passages.keys()
+    assert main([*args, "--output", str(tmp_path / "judged.trec")]) == 0
+    assert read_trec_run(tmp_path / "judged.trec")["q1"].keys() == {"d1"}
