@@ -209,30 +209,35 @@ class CandidatesBuilder:
         self._seen: set[tuple[str, str]] = set()
 
     def add(self, where: str, qid: str, query: str, docid: str, passage: str, score: float) -> None:
-        for name, value in (("qid", qid), ("docid", docid)):
-            if not value or _ANY_SPACE.search(value):
-                self.bad(where, f"{name} {value!r}: an id must be non-empty, without whitespace (a TREC run field)")
-                return
-        if not query:
-            self.bad(where, f"empty query text for qid {qid}")
+        if not docid or _ANY_SPACE.search(docid):
+            self.bad(where, f"docid {docid!r}: an id must be non-empty, without whitespace (a TREC run field)")
             return
         if not passage:
             self.bad(where, f"empty passage text for docid {docid}")
             return
-        for name, text in (("query of qid " + qid, query), ("passage of docid " + docid, passage)):
-            if (fault := text_fault(text)) is not None:
-                self.bad(where, f"{name}: {fault}")
+        if (fault := text_fault(passage)) is not None:
+            self.bad(where, f"passage of docid {docid}: {fault}")
+            return
+        cands = self._by_qid.get(qid)
+        if cands is None:  # the query's id and text are checked once, with its first pair
+            if not qid or _ANY_SPACE.search(qid):
+                self.bad(where, f"qid {qid!r}: an id must be non-empty, without whitespace (a TREC run field)")
                 return
+            if not query:
+                self.bad(where, f"empty query text for qid {qid}")
+                return
+            if (fault := text_fault(query)) is not None:
+                self.bad(where, f"query of qid {qid}: {fault}")
+                return
+        elif cands.query.text != query:
+            self.bad(where, f"qid {qid} has two different query texts")
+            return
         if (qid, docid) in self._seen:
             self.bad(where, f"duplicate (qid, docid) = ({qid}, {docid})")
             return
         self._seen.add((qid, docid))
-        cands = self._by_qid.get(qid)
         if cands is None:
             cands = self._by_qid[qid] = Candidates(Query(qid, query), [], [])
-        elif cands.query.text != query:
-            self.bad(where, f"qid {qid} has two different query texts")
-            return
         cands.passages.append(Passage(docid, passage))
         cands.scores.append(score)
 
