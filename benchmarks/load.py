@@ -192,6 +192,11 @@ def check(answer: Answer, references: dict[tuple[int, int], np.ndarray], toleran
 # --- the load generator -------------------------------------------------------------------------------------------
 
 
+TERMINATED = threading.Event()
+"""Set by SIGTERM: the handler's ``SystemExit`` can be lost where it is raised inside a finaliser (Python then prints
+"Exception ignored" and goes on), so the clients' loop checks this before each request."""
+
+
 async def drive(url: str, requests: Sequence[Request], concurrency: int, timeout: float) -> tuple[list[Answer], float]:
     """Send ``requests`` from ``concurrency`` closed-loop clients, each on a keep-alive connection of its own (each
     sends the next unsent request once its last is answered); every answer, and the wall time from the first send to
@@ -204,6 +209,8 @@ async def drive(url: str, requests: Sequence[Request], concurrency: int, timeout
         connection = KeepAlive(url, timeout)
         try:
             for turn, request in enumerate(pending):
+                if TERMINATED.is_set():  # the signal's own exit was swallowed (raised inside a __del__, say)
+                    raise SystemExit(128 + signal.SIGTERM)
                 sent = time.perf_counter()
                 try:
                     status, _, body = await connection.post(request.route, request.body)
@@ -784,10 +791,9 @@ def main(argv: list[str] | None = None) -> int:
         tuple(shlex.split(args.serve_args)),
     )
     given = argv if argv is not None else sys.argv[1:]
-    terminated = []
 
     def stop(*_: Any) -> None:
-        terminated.append(True)
+        TERMINATED.set()
         sys.exit(128 + signal.SIGTERM)  # as Ctrl-C: unwinding stops the servers
 
     signal.signal(signal.SIGTERM, stop)
@@ -795,7 +801,7 @@ def main(argv: list[str] | None = None) -> int:
         calls = dl19_calls(args.input, args.queries)
         result = run(plan, args.out, "python -m benchmarks.load " + shlex.join(given), calls)
     except BaseException:
-        if terminated:  # the exit may surface as another exception, say inside a C extension's import
+        if TERMINATED.is_set():  # the exit may surface as another exception, say inside a C extension's import
             raise SystemExit(128 + signal.SIGTERM) from None
         raise
     from benchmarks.results_pages import serve_tables
