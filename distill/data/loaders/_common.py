@@ -195,6 +195,19 @@ def json_entries(path: Path) -> Iterator[tuple[str, Any]]:
 _ANY_SPACE = re.compile(r"\s")
 
 
+def _pair_part_fault(id_name: str, id_value: str, text_name: str, text: str) -> str | None:
+    """What is wrong with one side of a pair (``docid`` and its ``passage``, or ``qid`` and its ``query``), in a
+    few words naming it; None where nothing is. An id must be non-empty and without whitespace (a TREC run's fields
+    are whitespace-separated); a text non-empty, and one a tokenizer takes (:func:`text_fault`)."""
+    if not id_value or _ANY_SPACE.search(id_value):
+        return f"{id_name} {id_value!r}: an id must be non-empty, without whitespace (a TREC run field)"
+    if not text:
+        return f"empty {text_name} text for {id_name} {id_value}"
+    if (fault := text_fault(text)) is not None:
+        return f"{text_name} of {id_name} {id_value}: {fault}"
+    return None
+
+
 class CandidatesBuilder:
     """Collects validated candidate lists in input order.
 
@@ -209,25 +222,13 @@ class CandidatesBuilder:
         self._seen: set[tuple[str, str]] = set()
 
     def add(self, where: str, qid: str, query: str, docid: str, passage: str, score: float) -> None:
-        if not docid or _ANY_SPACE.search(docid):
-            self.bad(where, f"docid {docid!r}: an id must be non-empty, without whitespace (a TREC run field)")
-            return
-        if not passage:
-            self.bad(where, f"empty passage text for docid {docid}")
-            return
-        if (fault := text_fault(passage)) is not None:
-            self.bad(where, f"passage of docid {docid}: {fault}")
+        if (fault := _pair_part_fault("docid", docid, "passage", passage)) is not None:
+            self.bad(where, fault)
             return
         cands = self._by_qid.get(qid)
         if cands is None:  # the query's id and text are checked once, with its first pair
-            if not qid or _ANY_SPACE.search(qid):
-                self.bad(where, f"qid {qid!r}: an id must be non-empty, without whitespace (a TREC run field)")
-                return
-            if not query:
-                self.bad(where, f"empty query text for qid {qid}")
-                return
-            if (fault := text_fault(query)) is not None:
-                self.bad(where, f"query of qid {qid}: {fault}")
+            if (fault := _pair_part_fault("qid", qid, "query", query)) is not None:
+                self.bad(where, fault)
                 return
         elif cands.query.text != query:
             self.bad(where, f"qid {qid} has two different query texts")
