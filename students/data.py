@@ -342,6 +342,8 @@ class StudentDataModule(LightningDataModule):
         check_first_stages(first_stages, alpha_from)
         if val_folds is not None and not (val_folds >= 2 and 0 <= val_fold < val_folds):
             raise InputError(f"data.val_fold: {val_fold} of val_folds={val_folds}: need 2+ folds, 0 <= fold < folds")
+        if val_folds is None and val_fold != 0:
+            raise InputError(f"data.val_fold: {val_fold} without data.val_folds (the number of folds) picks no fold")
         self.save_hyperparameters()
         self.train: Split | None = None
         self.val: Split | None = None

@@ -364,6 +364,11 @@ def check_loss_groups(loss: str, group_size: int | None) -> None:
             f"model.loss {loss} compares the candidates of one query, so batches must hold whole query groups: "
             "set data.group_size (candidates per query in a batch, e.g. --data.group_size 8), or use model.loss mse"
         )
+    if within and group_size < 2:
+        raise InputError(
+            f"data.group_size: model.loss {loss} compares the candidates of one query, so a group needs 2 or more, "
+            f"got {group_size}"
+        )
 
 
 def _world_size(trainer: dict[str, Any]) -> int:

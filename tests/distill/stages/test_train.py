@@ -308,22 +308,24 @@ def test_a_finished_run_is_resumed_or_replaced_when_asked_never_silently(
 
 
 @pytest.mark.parametrize(
-    ("option", "value", "expected"),
+    ("options", "expected"),
     [
-        ("model.loss", "nosuchloss", "model.loss: expected one of ['adr_mse', "),
-        ("model.lr", "-1", "model.lr: must be positive, got -1.0"),  # a traceback from AdamW, after the data loaded
-        ("model.warmup_ratio", "1.5", "model.warmup_ratio: must be in [0, 1), got 1.5"),
-        ("data.batch_size", "0", "data.batch_size: must be positive, got 0"),  # trained with batches of 1, exit 0
-        ("data.group_size", "-2", "data.group_size: must be positive, got -2"),
-        ("checkpointing.every_minutes", "0", "checkpointing.every_minutes: expected PositiveFloat | None, got '0'"),
-        ("checkpointing.every_n_steps", "-2", "checkpointing.every_n_steps: expected PositiveInt | None, got '-2'"),
+        (["--model.loss", "nosuchloss"], "model.loss: expected one of ['adr_mse', "),
+        (["--model.lr", "-1"], "model.lr: must be positive, got -1.0"),  # a traceback from AdamW, after the data loaded
+        (["--model.warmup_ratio", "1.5"], "model.warmup_ratio: must be in [0, 1), got 1.5"),
+        (["--data.batch_size", "0"], "data.batch_size: must be positive, got 0"),  # trained with batches of 1, exit 0
+        (["--data.group_size", "-2"], "data.group_size: must be positive, got -2"),
+        (["--checkpointing.every_minutes", "0"], "checkpointing.every_minutes: expected PositiveFloat | None, got '0'"),
+        (["--checkpointing.every_n_steps", "-2"], "checkpointing.every_n_steps: expected PositiveInt | None, got '-2'"),
+        (["--model.loss", "listwise_kl", "--data.group_size", "1"], "data.group_size: model.loss listwise_kl compares"),
+        (["--data.val_fold", "1"], "data.val_fold: 1 without data.val_folds (the number of folds) picks no fold"),
     ],
 )
 def test_an_option_out_of_range_is_one_line_before_the_data_loads(
-    tmp_path: Path, tiny_bert: Path, teacher_dataset: Path, capsys, option: str, value: str, expected: str
+    tmp_path: Path, tiny_bert: Path, teacher_dataset: Path, capsys, options: list[str], expected: str
 ) -> None:
     config = write_config(tmp_path, tiny_bert, teacher_dataset)
-    assert main(["train", "--config", str(config), f"--{option}", value]) == 2
+    assert main(["train", "--config", str(config), *options]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"distill train: error: {expected}") and err.count("\n") == 1, err
     assert not (tmp_path / "runs" / "tiny" / "logs").exists()
