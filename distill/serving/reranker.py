@@ -217,7 +217,7 @@ class Reranker:
                 f"this reranker interpolates with the first stage (alpha {self.alpha}): give one first-stage score "
                 "per passage, or load it with interpolation=False"
             )
-        if not passages:
+        if len(passages) == 0:  # a numpy array of strings has no truth value
             return []
         student = self._student_scores(query, passages)
         if self.alpha is None:

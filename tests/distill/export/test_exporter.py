@@ -342,6 +342,9 @@ def test_reranker_load_takes_a_training_run_as_serve_and_rerank_do(student: Path
 def test_reranker_bad_input(exported: Path, tmp_path: Path) -> None:
     reranker = Reranker.load(exported, backend="onnx", max_length=64)
     assert reranker.score("a query", []) == [] and reranker.rerank("a query", []) == []
+    as_array = np.array(["a passage", "another passage"])  # numpy's strings are str: scored as the list is
+    assert reranker.score("a query", as_array) == reranker.score("a query", as_array.tolist())
+    assert reranker.score("a query", np.array([], dtype=str)) == []
     scores = reranker.score("", ["", "a passage", "word " * 300])
     assert len(scores) == 3 and all(math.isfinite(s) for s in scores)
     assert reranker.truncated == 1
