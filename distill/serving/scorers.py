@@ -19,6 +19,7 @@ from typing import Any, Literal, Protocol
 import numpy as np
 
 from distill.core.devices import RERANKER_LEVERS, attention_backends, device_type
+from distill.core.files import read_json_object
 from distill.core.schema import InputError, MissingFileError
 from distill.serving.encoding import INPUT_NAMES, Batch, Packed
 
@@ -468,6 +469,15 @@ class TorchScriptScorer:
         return scores.float().cpu().numpy()
 
 
+def _int8_mode(folder: Path) -> str | None:
+    """The ``int8_mode`` the export in ``folder`` made its int8 graph with, as its ``card.json`` records it (None
+    where there is no card or no int8 graph)."""
+    card = folder / "card.json"
+    if not card.is_file():
+        return None
+    return (read_json_object(card).get("optimizations") or {}).get("onnx-int8", {}).get("mode")
+
+
 def load_scorer(
     folder: str | Path,
     fmt: str,
@@ -505,6 +515,11 @@ def load_scorer(
         if fmt == "onnx-int8":  # int8 matmuls, the rest in OPENVINO_INT8_PRECISION
             if dtype not in (None, "int8"):
                 raise InputError(f"{path} is int8; dtype={dtype!r} does not apply")
+            if _int8_mode(folder) == "dynamic":  # onnxruntime's own quantised ops, which OpenVINO cannot convert
+                raise InputError(
+                    f"{path}: an int8 graph of int8_mode dynamic is onnxruntime's (its QAttention OpenVINO cannot "
+                    "convert): use the onnx backend, or export --int8_mode weights"
+                )
             return OpenVinoScorer(path, threads, OPENVINO_INT8_PRECISION, OPENVINO_INT8_GROUP_SIZE, streams=streams)
         if fmt != "onnx" and dtype not in (None, "float32"):
             raise InputError(f"{fmt} has a fixed dtype; dtype={dtype!r} applies to model.onnx only")

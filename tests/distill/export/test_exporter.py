@@ -509,6 +509,25 @@ def test_int8_weights_graph_is_checked_and_run_on_openvino(student: Path, parity
     assert matmul_weights <= {n.output[0] for n in dequantise} and not matmul_weights & fp32
 
 
+def test_a_dynamic_int8_graph_is_refused_on_openvino_in_one_line_and_left_out_of_a_default_bench(
+    student: Path, parity: ParitySet, tmp_path: Path, capsys
+) -> None:
+    """``int8="dynamic"`` makes onnxruntime's graph (QAttention), which OpenVINO cannot convert: loading it there is
+    one line naming the way out (it was OpenVINO's traceback), and a bench of the default backends skips it."""
+    pytest.importorskip("openvino")
+    from distill.cli import main
+
+    out = tmp_path / "export"
+    export_student(student, out, formats=("onnx",), int8="dynamic", parity=parity)
+    with pytest.raises(InputError, match=r"model\.int8\.onnx: an int8 graph of int8_mode dynamic is onnxruntime's"):
+        Reranker.load(out, backend="openvino", dtype="int8")
+    assert len(Reranker.load(out, backend="onnx", dtype="int8").score("a query", ["a passage"])) == 1
+    bench = ["bench", "--student", str(out), "--teacher", "none", "--token-counts", "[]", "--rerank-queries", "1"]
+    assert main([*bench, "--repeats", "1", "--quality", "false", "--output", str(tmp_path / "bench")]) == 0
+    record = json.loads((tmp_path / "bench" / "bench.json").read_text())
+    assert record["complete"] and "int8_mode dynamic" in record["skipped"]["openvino-int8"]
+
+
 def test_int8_weights_needs_openvino(student: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "openvino" else real(name, *a))
