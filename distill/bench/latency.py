@@ -151,6 +151,8 @@ class BenchReport:
     def format(self) -> str:
         lines = [report.latency_table(self.result), "", report.summary_table(self.result)]
         lines += [f"skipped {name}: {reason}" for name, reason in self.result["skipped"].items()]
+        if self.result.get("complete") is False:
+            lines.append("incomplete: the run stopped before every method was timed; these are the figures it took")
         if self.compare:
             lines.append("\n" + report.compare_table(self.result))
         if "output" in self.result:
@@ -219,6 +221,8 @@ def _students(
     unknown = sorted(name for name in set(names) if name.split("+")[0] not in known)
     if unknown:
         raise InputError(f"--backends: unknown {unknown}; choose from {known}")
+    if twice := sorted({name for name in names if names.count(name) > 1}):
+        raise InputError(f"--backends: {twice} named twice; each method is timed once under its name")
     for name in names:
         if "+" in name:
             try:

@@ -205,6 +205,8 @@ def test_bench_bad_arguments(exported: Path, capsys) -> None:
         assert f"bench: {option} must be {expected}, got {value}" in capsys.readouterr().err
     assert main(["bench", "--student", str(exported), "--token-counts", "100,0"]) == 2  # a ValueError's traceback
     assert "bench: token_counts must be positive, got [100, 0]" in capsys.readouterr().err
+    assert main(["bench", "--student", str(exported), "--backends", "onnx-fp32,torch-fp32,onnx-fp32"]) == 2
+    assert "--backends: ['onnx-fp32'] named twice; each method is timed once" in capsys.readouterr().err
 
 
 def test_bench_refuses_a_trec_run_without_a_hint_it_cannot_take(exported: Path, tmp_path: Path, capsys) -> None:
@@ -235,3 +237,5 @@ def test_a_failing_method_keeps_the_figures_already_taken(exported: Path, tmp_pa
     saved = json.loads((out / "bench.json").read_text())
     assert not saved["complete"] and report.methods(saved) == ["student torch-fp32", "student onnx-fp32"]
     assert not (out / "bench.png").exists()
+    assert main(["bench", "--results", str(out / "bench.json")]) == 0  # its tables, said to be incomplete
+    assert "incomplete: the run stopped before every method was timed" in capsys.readouterr().out
