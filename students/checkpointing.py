@@ -236,7 +236,10 @@ class LastCheckpoint(Checkpoint):
         self._step_seen = trainer.global_step
         signum, clock = self._poll(trainer)
         steps = self.every_n_steps is not None and trainer.global_step % self.every_n_steps == 0
-        if not (signum or clock or steps):
+        # The last step of max_steps is saved here, mid-epoch: saved when the fit ends, the epoch would count as
+        # done, and a resume would skip the rest of it.
+        last = 0 < trainer.max_steps <= trainer.global_step
+        if not (signum or clock or steps or last):
             return
         if _validation_follows(trainer):
             self._after_validation = True

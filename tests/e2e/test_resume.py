@@ -203,6 +203,30 @@ def test_sigterm_and_ctrl_c_save_exit_75_and_130_and_resume_exactly(
     assert losses(run) == losses(reference_dir)  # each step's row once, with the uninterrupted run's loss
 
 
+def test_a_run_stopped_by_max_steps_mid_epoch_resumes_that_epoch_exactly(
+    tmp_path: Path, reference: tuple[Path, Path]
+) -> None:
+    """``trainer.max_steps`` ends a run in the middle of its second epoch; resumed with ``--ckpt_path last`` and no
+    step limit, it goes on at the next batch of that epoch and trains every batch of the three epochs once (it went on
+    with the next epoch, the rest of this one never trained on: 29 steps). Its weights are not the uninterrupted
+    run's: its learning-rate schedule was laid out for 17 steps."""
+    config, _ = reference
+    run = config.parent / "runs" / "max-steps"
+    log = tmp_path / "train.log"
+    stopped = ["--trainer.max_steps", "17", "--checkpointing.every_n_steps", "5"]  # step 17: no periodic save
+    assert wait_group(start([*command(config, "max-steps"), *stopped], log)) == 0
+    assert saved_steps(log, 0)[-1] == 17
+    resumed = [*command(config, "max-steps"), "--ckpt_path", "last", "--trainer.max_steps", "-1"]
+    offset = log.stat().st_size
+    assert wait_group(start(resumed, log)) == 0, log.read_text()[-3000:]
+    assert "resumed at epoch 1, batch 5, step 17" in log.read_text()[offset:]
+    final = final_checkpoint(run)
+    assert (final["epoch"], final["global_step"]) == (2, 36)
+    with (run / "logs" / "metrics.csv").open() as f:
+        epochs = {int(r["step"]): int(r["epoch"]) for r in csv.DictReader(f) if r.get("train/loss")}
+    assert {epochs[step] for step in range(17, 23)} == {1}  # the steps after the stop: still the second epoch
+
+
 def test_ddp_kill_9_and_sigterm_to_rank_0_resume_exactly(tmp_path: Path, ddp_reference: tuple[Path, Path]) -> None:
     config, reference_dir = ddp_reference
     run = config.parent / "runs" / "killed"
