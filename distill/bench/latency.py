@@ -46,7 +46,7 @@ from distill.core.path_checks import output_folder
 from distill.core.project_files import CANDIDATES, DL19, QRELS, shipped
 from distill.core.run_folder import CHECKPOINT_ROOT, RunLayout, student_folder
 from distill.core.schema import InputError, MissingFileError, RerankingData
-from distill.data.loaders import load_candidates
+from distill.data.loaders import RunWithoutTexts, load_candidates
 from distill.model.resolver import DEFAULT_TEACHER, PAPER_STUDENT
 from distill.serving.encoding import load_tokenizer
 from distill.serving.options import RuntimeOptions
@@ -313,10 +313,8 @@ def run_bench(config: BenchConfig, command: str | None = None) -> dict[str, Any]
         folder = given or _random_student(config, Path(scratch))
         try:
             data = load_candidates(source, qrels=qrels)
-        except InputError as e:
-            if "needs --queries and --corpus" in str(e):  # bench has no such options: the hint would not work
-                raise InputError(f"{source}: a TREC run has no texts; give bench candidates with theirs") from None
-            raise
+        except RunWithoutTexts:  # bench has no --queries or --corpus: the loader's hint would not work
+            raise InputError(f"{source}: a TREC run has no texts; give bench candidates with theirs") from None
         workloads = _workloads(config, data, load_tokenizer(folder))
         quality = QualitySet.of(data) if config.quality else None
         loaders, skipped, references = _students(config, folder, device, Path(scratch))

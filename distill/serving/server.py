@@ -169,7 +169,8 @@ def timed_h11(read_timeout: float) -> type:
                     read_timeout,
                 )
                 self._answer_and_close(b"408 Request Timeout", f"request head: not complete within {read_timeout:g} s")
-            self.transport.close()
+            else:
+                self.transport.close()
 
         def send_400_response(self, msg: str) -> None:
             """uvicorn's answer to bytes h11 cannot parse as a request (its text/plain one), as this app's errors

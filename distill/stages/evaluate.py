@@ -147,7 +147,7 @@ def evaluate(cfg: EvalConfig, command: str | None = None) -> EvalResult:
     Raises:
         InputError: no runs or qrels, a run with no judged query, an unknown metric, no student at ``held_out``.
     """
-    from distill.data.loaders import load_candidates, read_qrels
+    from distill.data.loaders import RunWithoutTexts, load_candidates, read_qrels
     from distill.data.loaders.multihop import is_multihop_file
     from distill.eval.metrics import DEFAULT_METRICS, MULTIHOP_METRICS, default_rel_level, parse_metrics
     from distill.eval.trec_runs import find_run_files, read_trec_run
@@ -160,10 +160,8 @@ def evaluate(cfg: EvalConfig, command: str | None = None) -> EvalResult:
     if cfg.input:  # its own ranking first: the baseline
         try:
             data = load_candidates(cfg.input, qrels=cfg.qrels, on_bad_input=cfg.on_bad_input)
-        except InputError as e:
-            if "needs --queries and --corpus" in str(e):  # eval has no such options: the hint would not work
-                raise InputError(f"{cfg.input}: a TREC run: give it with --run (and --qrels)") from None
-            raise
+        except RunWithoutTexts:  # eval has no --queries or --corpus: the loader's hint would not work
+            raise InputError(f"{cfg.input}: a TREC run: give it with --run (and --qrels)") from None
         skipped.update(data.skipped)
         if not data.qrels:
             raise InputError(f"{cfg.input}: no relevance judgements; give qrels")

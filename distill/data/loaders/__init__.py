@@ -40,7 +40,20 @@ from distill.data.loaders.qrels import load_qrels, read_qrels
 from distill.data.loaders.rank_llm import is_rank_llm, stream_rank_llm
 from distill.data.loaders.trec import stream_trec_run
 
-__all__ = ["CandidateStream", "join_streams", "load_candidates", "load_qrels", "open_candidates", "read_qrels"]
+__all__ = [
+    "CandidateStream",
+    "RunWithoutTexts",
+    "join_streams",
+    "load_candidates",
+    "load_qrels",
+    "open_candidates",
+    "read_qrels",
+]
+
+
+class RunWithoutTexts(InputError):
+    """A TREC run given without the queries and corpus its texts are in; a command that takes neither catches it
+    to say what it takes instead."""
 
 
 @dataclass
@@ -126,7 +139,7 @@ def open_candidates(
             )
     else:
         if queries is None or corpus is None:
-            raise InputError(f"{path}: a TREC run file needs --queries and --corpus")
+            raise RunWithoutTexts(f"{path}: a TREC run file needs --queries and --corpus")
         candidates = stream_trec_run(path, Path(queries), Path(corpus), bad, repair_mojibake)
     return CandidateStream(str(path), candidates, override or source_qrels, bad.skipped)
 
