@@ -21,20 +21,24 @@ class LogProgress(Callback):
         self.every_seconds = every_seconds
         self._last = 0.0
         self._epoch_start = 0.0
+        self._done = 0
+        """Batches of this epoch done: fewer than the epoch's where ``trainer.max_steps`` ends it early."""
 
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._epoch_start = self._last = time.monotonic()
+        self._done = 0
 
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
+        self._done = batch_idx + 1
         now = time.monotonic()
         if now - self._last >= self.every_seconds:
             self._last = now
             self._print(trainer, batch_idx + 1, now)
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._print(trainer, trainer.num_training_batches, time.monotonic())
+        self._print(trainer, self._done, time.monotonic())
 
     def _print(self, trainer: Trainer, done: int, now: float) -> None:
         if not trainer.is_global_zero:

@@ -1,5 +1,6 @@
 """Writing a command's output file whole: a reader of its path sees the old file or the new one, never half of one;
-a device or a pipe given as the path (``/dev/null``, ``/dev/stdout``, a named pipe) is written, not replaced."""
+a device or a pipe given as the path (``/dev/null``, ``/dev/stdout``, a named pipe) is written, not replaced; and an
+output held by one job at a time."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TextIO
+
+from filelock import FileLock, Timeout
 
 NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 """The errors of a write that found its disk (or its quota) full."""
@@ -62,3 +65,17 @@ def write_whole(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` through :func:`open_whole`."""
     with open_whole(path) as f:
         f.write(text)
+
+
+def hold_output(output: Path) -> FileLock | None:
+    """A lock on ``output`` for this process, or None where another process holds it: an exclusive lock on the file
+    ``.<name>.lock`` beside ``output`` (left there; the lock is the kernel's, released when the process ends however
+    it ends, so a killed job leaves nothing to clean up). Two jobs that would write the same output (the same
+    ``--run_name``, the same ``--output``) so meet; the job's other processes take none."""
+    output.parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(output.with_name(f".{output.name}.lock")), timeout=0)
+    try:
+        lock.acquire()
+    except Timeout:
+        return None
+    return lock

@@ -32,6 +32,7 @@ import pyarrow as pa
 from tqdm.auto import tqdm
 
 from distill.core.config import options_of
+from distill.core.output_files import hold_output
 from distill.core.path_checks import input_path, output_folder
 from distill.core.schema import ExistingOutputError, InputError
 from distill.data.loaders.irds import is_irds
@@ -251,12 +252,33 @@ class TeachReport:
 
 
 def teach(cfg: TeachConfig) -> TeachReport:
-    """Run the teacher stage (in every process of an ``accelerate launch``)."""
+    """Run the teacher stage (in every process of an ``accelerate launch``).
+
+    Raises:
+        ExistingOutputError: another job is writing ``output`` now (or an earlier result is in the way).
+    """
+    from accelerate.utils import broadcast_object_list
+
     state = process_state()
     options = options_of(ScorerOptions, cfg).for_device(state.device)
     output = Path(cfg.output)
     cache_root = Path(cfg.cache_dir) if cfg.cache_dir else cache_home() / "pk"
     check_paths(cfg, output, cache_root)  # before anything is loaded or scored, a bad path loses nothing
+    lock = hold_output(output) if state.is_main_process else None
+    [busy] = broadcast_object_list([state.is_main_process and lock is None])  # every process stops alike
+    if busy:
+        raise ExistingOutputError(
+            f"{output}: another distill teach is writing it now: wait for it to end, or choose another --output"
+        )
+    try:
+        return _teach_held(cfg, state, options, output, cache_root)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _teach_held(cfg: TeachConfig, state: Any, options: ScorerOptions, output: Path, cache_root: Path) -> TeachReport:
+    """The stage, once this job holds ``output``."""
     # Each process reads all of the inputs, so that a bad record stops every process alike, and keeps its share.
     share = Share(state.process_index, state.num_processes, cfg.chunk_size)
     rows_folder = _rows_folder(output, share.rank)

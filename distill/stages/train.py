@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import shutil
 import signal
 import sys
@@ -29,9 +30,9 @@ from jsonargparse.typing import PositiveFloat, PositiveInt
 from pytorch_lightning import Trainer
 from pytorch_lightning.cli import LightningCLI
 from pytorch_lightning.loggers import WandbLogger
-from pytorch_lightning.utilities.rank_zero import rank_zero_only
 
 from distill.core.config import argument_error, help_formatter, read_yaml_file
+from distill.core.output_files import hold_output
 from distill.core.run_folder import CHECKPOINT_ROOT, RunLayout
 from distill.core.schema import EXIT_INTERRUPTED, ExistingOutputError, InputError
 from students.checkpointing import (
@@ -104,6 +105,8 @@ class DistillCLI(LightningCLI):
     earlier stage makes)."""
     resume_from: str | Path | None = None
     """The checkpoint ``--ckpt_path`` names, checked (:func:`resume_checkpoint`)."""
+    run_lock: Any = None
+    """The job's hold on its run folder (:func:`~distill.core.output_files.hold_output`), on its first process."""
 
     def before_instantiate_classes(self) -> None:
         """The config's contracts and paths, checked before anything is built or loaded (and by
@@ -115,6 +118,22 @@ class DistillCLI(LightningCLI):
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         # Once the model's and the data's options have passed their checks: the run folder is this run's.
+        if job_leader():
+            self.run_lock = hold_output(self.run_dir)
+            if self.run_lock is None:
+                raise ExistingOutputError(
+                    f"{self.run_dir}: another distill train is writing this run now: wait for it to end, or choose "
+                    "another --run_name"
+                )
+        try:
+            return self._trainer_of_run(**kwargs)
+        except BaseException:
+            if self.run_lock is not None:  # train() never gets the trainer, so never releases the hold
+                self.run_lock.release()
+            raise
+
+    def _trainer_of_run(self, **kwargs: Any) -> Trainer:
+        """The trainer, its loggers and its checkpoints in the run folder, once this job holds it."""
         claim_run_folder(self.run_dir, self.config.ckpt_path, self.config.overwrite)
         # The data is read and checked before any logger (or wandb run) exists: bad data fails fast and cleanly.
         self.datamodule.setup("fit")
@@ -202,6 +221,9 @@ def train(argv: list[str]) -> TrainReport | None:
         if cli.trainer.is_global_zero:
             log.warning("%s, %s saved: resume with --ckpt_path last", stop, find_last(checkpoints))
         raise SystemExit(EXIT_INTERRUPTED if stop.signum == signal.SIGINT else EXIT_PREEMPTED) from None
+    finally:
+        if cli.run_lock is not None:
+            cli.run_lock.release()
     if not cli.trainer.is_global_zero:
         return None
     finish_wandb(cli.trainer)
@@ -281,9 +303,16 @@ def claim_run_folder(run_dir: Path, ckpt_path: str | None, overwrite: bool) -> N
             f"{run_dir} holds an earlier training run: resume it with --ckpt_path last, replace it with "
             "--overwrite true, or choose another --run_name"
         )
-    if rank_zero_only.rank == 0:
+    if job_leader():
         log.warning("--overwrite: removing the earlier run in %s", run_dir)
         shutil.rmtree(run_dir)
+
+
+def job_leader() -> bool:
+    """Whether this process is its job's first, by the launcher's environment, before any process group exists:
+    every rank that torchrun (``RANK``, ``LOCAL_RANK``), SLURM (``SLURM_PROCID``) or Lightning's own launcher
+    (``NODE_RANK``, ``LOCAL_RANK`` of the processes it starts) sets is 0, or none is set (a process started alone)."""
+    return all(os.environ.get(key, "0") == "0" for key in ("RANK", "LOCAL_RANK", "NODE_RANK", "SLURM_PROCID"))
 
 
 def resume_checkpoint(given: str | None, checkpoints: Path) -> str | Path | None:
@@ -304,7 +333,7 @@ def resume_checkpoint(given: str | None, checkpoints: Path) -> str | Path | None
         return given
     last = find_last(checkpoints)
     if last is None:
-        if rank_zero_only.rank == 0:
+        if job_leader():
             log.warning("--ckpt_path last: no checkpoint in %s yet, starting fresh", checkpoints)
         return None
     try:
@@ -316,7 +345,7 @@ def resume_checkpoint(given: str | None, checkpoints: Path) -> str | Path | None
             check_checkpoint(best)
         except InputError:
             raise InputError(f"--ckpt_path last: {e}; and no readable {best} to fall back on") from None
-        if rank_zero_only.rank == 0:
+        if job_leader():
             log.warning("--ckpt_path last: %s; resuming from %s instead (an earlier state of this run)", e, best)
         return best
 
@@ -422,7 +451,7 @@ def warn_small_groups(datamodule: StudentDataModule) -> None:
     from collections import Counter
 
     size = datamodule.hparams.group_size
-    if size is None or rank_zero_only.rank != 0:
+    if size is None or not job_leader():
         return
     counts = Counter(list(datamodule.train.qid))
     short = [n for n in counts.values() if n < size]

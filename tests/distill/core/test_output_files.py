@@ -8,12 +8,13 @@ import json
 import os
 import stat
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from distill.cli import main
-from distill.core.output_files import open_whole, written_in_place
+from distill.core.output_files import hold_output, open_whole, written_in_place
 from tests.conftest import DISTILL, REPO
 
 
@@ -96,3 +97,22 @@ def test_an_eval_record_written_to_standard_output_is_followed_there_by_nothing(
     assert done.returncode == 0, done.stderr
     record = json.loads(done.stdout)
     assert record["metrics"] and "nDCG@10" in done.stderr and stdout.is_symlink()
+
+
+def test_an_output_is_held_by_one_process_at_a_time_and_freed_when_its_holder_is_killed(tmp_path: Path) -> None:
+    output = tmp_path / "runs" / "tiny"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", f"from distill.core.output_files import hold_output; from pathlib import Path; "
+         f"lock = hold_output(Path({str(output)!r})); assert lock; print('held', flush=True); input()"],
+        cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline() == "held\n"
+        assert hold_output(output) is None
+        assert (tmp_path / "runs" / ".tiny.lock").is_file() and not output.exists()  # the output is left to its job
+    finally:
+        holder.kill()  # SIGKILL: no clean-up runs, the kernel drops the lock
+        holder.wait()
+    lock = hold_output(output)
+    assert lock is not None
+    lock.release()

@@ -141,6 +141,23 @@ def test_overwrite_replaces_a_teacher_dataset_never_a_folder_of_something_else(
     assert (done / "teacher.json").is_file()
 
 
+def test_a_second_job_on_the_same_output_stops_before_it_reads_anything(
+    tiny_llama: Path, sample_file: Path, tmp_path: Path
+) -> None:
+    """Two jobs with one --output wrote the same rows folder (keyed by rank) and one crashed in pyarrow."""
+    from distill.core.output_files import hold_output
+
+    cfg = config(tiny_llama, sample_file, tmp_path)
+    other = hold_output(Path(cfg.output))  # another process's hold, as a running distill teach has it
+    try:
+        with pytest.raises(ExistingOutputError, match=re.escape(f"{cfg.output}: another distill teach is writing it")):
+            run_teach(cfg)
+        assert sorted(p.name for p in tmp_path.iterdir()) == [".out.lock", sample_file.name]  # no rows, cache, output
+    finally:
+        other.release()
+    assert (run_teach(cfg) / "teacher.json").is_file()
+
+
 def saved(root: Path, pattern: str) -> list[Path]:
     """The files under ``root`` matching ``pattern``, as a running teacher leaves them: a temporary directory it
     renames away while the walk is inside it counts as nothing saved yet."""

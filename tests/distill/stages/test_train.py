@@ -274,6 +274,17 @@ def test_training_to_a_log_file_prints_progress_lines(
     assert lines and lines[-1].startswith("train: epoch 0, batch ") and "loss" in lines[-1]
 
 
+def test_a_run_stopped_by_max_steps_mid_epoch_reports_the_batches_it_trained(
+    tmp_path: Path, tiny_bert: Path, teacher_dataset: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The last progress line said the whole epoch was done ("batch 3/3") after a stop at step 2."""
+    config = write_config(tmp_path, tiny_bert, teacher_dataset, max_epochs=1, max_steps=2)
+    assert main(["train", "--config", str(config)]) == 0
+    last = [line for line in capsys.readouterr().err.splitlines() if line.startswith("train: ")][-1]
+    done, total, step = map(int, re.search(r"batch (\d+)/(\d+), step (\d+)", last).groups())
+    assert (done, step) == (2, 2) and total > 2, last
+
+
 def test_a_misspelt_train_key_is_one_line(tmp_path: Path, tiny_bert: Path, teacher_dataset: Path, capsys) -> None:
     config = write_config(tmp_path, tiny_bert, teacher_dataset)
     assert main(["train", "--config", str(config), "--model.lr", "fast"]) == 2
@@ -305,6 +316,28 @@ def test_a_finished_run_is_resumed_or_replaced_when_asked_never_silently(
     assert main(["train", "--config", str(config), "--model.lr", "1e-2", "--overwrite", "true"]) == 0
     assert yaml.safe_load((run / "logs" / "config.yaml").read_text())["model"]["lr"] == 1e-2  # the new run's
     assert (run / "hf" / "model.safetensors").read_bytes() != before[run / "hf" / "model.safetensors"]
+
+
+def test_a_second_job_on_the_same_run_stops_before_it_writes(
+    tmp_path: Path, tiny_bert: Path, teacher_dataset: Path, capsys
+) -> None:
+    """Two jobs with one run_name both exited 0, their checkpoints and logs mixed in one folder."""
+    from distill.core.output_files import hold_output
+
+    config = write_config(tmp_path, tiny_bert, teacher_dataset, max_epochs=1)
+    run = tmp_path / "runs" / "tiny"
+    other = hold_output(run)  # another process's hold, as a running distill train has it
+    try:
+        assert main(["train", "--config", str(config)]) == 2
+        assert capsys.readouterr().err == (
+            f"distill train: error: {run}: another distill train is writing this run now: wait for it to end, or "
+            "choose another --run_name\n"
+        )
+        assert not run.exists()
+    finally:
+        other.release()
+    assert main(["train", "--config", str(config)]) == 0
+    assert (run / "checkpoints" / "last.ckpt").is_file()
 
 
 @pytest.mark.parametrize(
