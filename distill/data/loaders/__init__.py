@@ -67,6 +67,10 @@ class CandidateStream:
     """Reasons for records skipped under ``on_bad_input="skip"``, counted as the candidates are read."""
 
 
+COMPRESSED = (".gz", ".bz2", ".xz", ".zst", ".zip")
+"""Suffixes of compressed files, which no loader reads."""
+
+
 def load_candidates(path: str | Path, **options: Any) -> RerankingData:
     """Read candidate lists (and qrels, where there are any) from ``path``, whole: :func:`open_candidates`'s
     stream (``options`` are its keyword arguments), held.
@@ -122,6 +126,8 @@ def open_candidates(
     if not path.exists():
         raise InputError(f"{path}: no such file or directory")
     source_qrels: Qrels = {}
+    if path.suffix in COMPRESSED:
+        raise InputError(f"{path}: a compressed file: decompress it first (inputs are read as plain UTF-8 text)")
     if path.is_dir():
         if not is_beir_dir(path):
             raise InputError(f"{path}: a directory input must be a BEIR folder with corpus.jsonl and queries.jsonl")

@@ -60,13 +60,14 @@ def clean_text(text: str, repair: bool) -> str:
 
 
 def decoded(raw: bytes, path: Path, lineno: int) -> str:
-    """Line ``lineno`` of ``path`` as text, without its line end.
+    """Line ``lineno`` of ``path`` as text, without its line end (nor, on line 1, a UTF-8 byte order mark, which
+    some Windows editors write first).
 
     Raises:
         InputError: it is not UTF-8.
     """
     try:
-        return raw.decode("utf-8").rstrip("\r\n")
+        return raw.decode("utf-8-sig" if lineno == 1 else "utf-8").rstrip("\r\n")
     except UnicodeDecodeError as e:
         raise InputError(f"{path}:{lineno}: not UTF-8 text ({e.reason} at byte {e.start})") from None
 
@@ -159,7 +160,7 @@ def iter_json_list(path: Path) -> Iterator[Any]:
     """
     decoder = json.JSONDecoder()
     try:
-        with path.open(encoding="utf-8") as f:
+        with path.open(encoding="utf-8-sig") as f:  # a byte order mark first is not JSON's: left out
             window = _JsonWindow(f, path)
             first = window.next_char()
             if first == "{":  # well-formed, perhaps: only not a list

@@ -3,7 +3,8 @@ and ``qrels/<split>.tsv`` (a header ``query-id<TAB>corpus-id<TAB>score``, then o
 
 With a TREC run over the corpus, the run gives the candidates; without one, each query's candidates
 are its judged passages in the split's qrels, in file order, all with first-stage score 0.0.
-The split's qrels are returned either way. Candidates are streamed as :mod:`.trec` streams them: ``corpus.jsonl``
+The split's qrels are returned either way, where the folder has them (a run over a folder without qrels reranks
+its corpus for its queries). Candidates are streamed as :mod:`.trec` streams them: ``corpus.jsonl``
 is indexed once (:mod:`.corpus_index`).
 """
 
@@ -14,6 +15,7 @@ from pathlib import Path
 
 from distill.core.schema import Candidates, InputError, Qrels
 from distill.data.loaders._common import BadInput
+from distill.data.loaders.qrels import judge
 from distill.data.loaders.trec import RunLine, iter_lines, run_candidates, stream_trec_run
 
 
@@ -27,22 +29,25 @@ def load_beir(
     """Candidates (a query at a time) and qrels of one split of the BEIR folder ``path`` (candidates from ``run``,
     if given)."""
     qrels_path = path / "qrels" / f"{split}.tsv"
-    if not qrels_path.is_file():
-        raise InputError(f"{qrels_path}: qrels file for split {split!r} not found")
-    qrels, judged = read_beir_qrels(qrels_path)
     queries_path, corpus_path = path / "queries.jsonl", path / "corpus.jsonl"
-    if run is not None:
-        candidates = stream_trec_run(run, queries_path, corpus_path, bad, repair)
-    else:
-        candidates = run_candidates(list(judged), judged.items(), qrels_path, queries_path, corpus_path, bad, repair)
-    return candidates, qrels
+    if run is not None:  # the qrels are optional: a folder of a corpus and queries, reranked on a run over it
+        qrels = read_beir_qrels(qrels_path)[0] if qrels_path.is_file() else {}
+        return stream_trec_run(run, queries_path, corpus_path, bad, repair), qrels
+    if not qrels_path.is_file():
+        raise InputError(
+            f"{qrels_path}: qrels file for split {split!r} not found (without a run, the judged pairs are the "
+            "candidates)"
+        )
+    qrels, judged = read_beir_qrels(qrels_path)
+    return run_candidates(list(judged), judged.items(), qrels_path, queries_path, corpus_path, bad, repair), qrels
 
 
 def read_beir_qrels(path: Path) -> tuple[Qrels, dict[str, list[RunLine]]]:
     """The qrels of a BEIR ``qrels/<split>.tsv``, and its judged pairs in file order, as a run scored 0.0.
 
     The header line is optional. Like :func:`distill.data.loaders.qrels.load_qrels`, a malformed row is
-    always an error: qrels are the ground truth and are not skipped over.
+    always an error: qrels are the ground truth and are not skipped over; a pair judged twice is judged once, and
+    with different grades, an error.
     """
     qrels: Qrels = {}
     judged: dict[str, list[RunLine]] = {}
@@ -59,7 +64,7 @@ def read_beir_qrels(path: Path) -> tuple[Qrels, dict[str, list[RunLine]]]:
             if n == 0:  # the header
                 continue
             raise InputError(f"{path}:{lineno}: relevance score {grade!r} is not an integer") from None
-        qrels.setdefault(qid, {})[docid] = grade_value
-        lines = judged.setdefault(qid, [])
-        lines.append(RunLine(qid, docid, len(lines) + 1, 0.0, lineno))
+        if judge(qrels, qid, docid, grade_value, f"{path}:{lineno}"):
+            lines = judged.setdefault(qid, [])
+            lines.append(RunLine(qid, docid, len(lines) + 1, 0.0, lineno))
     return qrels, judged

@@ -28,8 +28,14 @@ def is_irds(path: object) -> bool:
     return isinstance(path, str) and path.startswith(PREFIX)
 
 
-def open_dataset(spec: str) -> Any:
-    """The ir_datasets dataset named by ``spec`` (``irds:<id>``), checked to have queries, docs and scoreddocs."""
+CANDIDATE_PARTS = ("scoreddocs", "queries", "docs")
+"""What a dataset needs to give candidates."""
+_PART_NAMES = {"scoreddocs": "scoreddocs (a first-stage run to take candidates from)"}
+
+
+def open_dataset(spec: str, parts: tuple[str, ...] = CANDIDATE_PARTS) -> Any:
+    """The ir_datasets dataset named by ``spec`` (``irds:<id>``), checked to have ``parts`` (``queries``, ``docs``,
+    ``scoreddocs``, ``qrels``: ir_datasets' ``has_<part>()``)."""
     import ir_datasets
 
     dataset_id = spec[len(PREFIX) :]
@@ -37,14 +43,19 @@ def open_dataset(spec: str) -> Any:
         dataset = ir_datasets.load(dataset_id)
     except KeyError:
         raise InputError(f"{spec}: unknown ir_datasets id {dataset_id!r}") from None
-    for part, present in (
-        ("scoreddocs (a first-stage run to take candidates from)", dataset.has_scoreddocs()),
-        ("queries", dataset.has_queries()),
-        ("docs", dataset.has_docs()),
-    ):
-        if not present:
-            raise InputError(f"{spec}: ir_datasets dataset {dataset_id!r} has no {part}")
+    for part in parts:
+        if not getattr(dataset, f"has_{part}")():
+            raise InputError(f"{spec}: ir_datasets dataset {dataset_id!r} has no {_PART_NAMES.get(part, part)}")
     return dataset
+
+
+def unreadable(spec: str, error: OSError | RuntimeError) -> InputError:
+    """Why ir_datasets could not read (or download) the files of ``spec``, in one line."""
+    first_line = str(error).splitlines()[0] if str(error) else ""
+    return InputError(
+        f"{spec}: ir_datasets could not read the dataset's files ({type(error).__name__}: {first_line}); "
+        "it downloads them on first use, which needs internet once (or the files under $IR_DATASETS_HOME)"
+    )
 
 
 def scoreddocs_queries(dataset: Any) -> tuple[set[str], bool]:
@@ -108,20 +119,23 @@ def stream_irds(spec: str, depth: int, bad: BadInput, repair: bool) -> Iterator[
     try:
         yield from _read(spec, dataset, depth, bad, repair)
     except (OSError, RuntimeError) as e:  # a file missing, or no download source reachable
-        first_line = str(e).splitlines()[0] if str(e) else ""
-        raise InputError(
-            f"{spec}: ir_datasets could not read the dataset's files ({type(e).__name__}: {first_line}); "
-            "it downloads them on first use, which needs internet once (or the files under $IR_DATASETS_HOME)"
-        ) from e
+        raise unreadable(spec, e) from e
 
 
 def irds_qrels(spec: str) -> Qrels:
-    """The qrels of the ir_datasets dataset ``spec`` (none where it has none)."""
-    dataset = open_dataset(spec)
+    """The qrels of the ir_datasets dataset ``spec`` (none where it has none); the dataset needs nothing else.
+
+    Raises:
+        InputError: an unknown id, or files that ir_datasets can neither read nor download.
+    """
+    dataset = open_dataset(spec, parts=())
     qrels: Qrels = {}
     if dataset.has_qrels():
-        for qrel in dataset.qrels_iter():
-            qrels.setdefault(qrel.query_id, {})[qrel.doc_id] = int(qrel.relevance)
+        try:
+            for qrel in dataset.qrels_iter():
+                qrels.setdefault(qrel.query_id, {})[qrel.doc_id] = int(qrel.relevance)
+        except (OSError, RuntimeError) as e:
+            raise unreadable(spec, e) from e
     return qrels
 
 

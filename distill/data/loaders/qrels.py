@@ -30,12 +30,23 @@ def load_qrels(path: Path) -> Qrels:
                 value = int(grade)
             except ValueError:
                 raise InputError(f"{path}:{lineno}: relevance grade {grade!r} is not an integer") from None
-            judged = qrels.setdefault(qid, {})
-            if judged.setdefault(docid, value) != value:
-                raise InputError(
-                    f"{path}:{lineno}: ({qid}, {docid}) is judged {value} here and {judged[docid]} on an earlier line"
-                )
+            judge(qrels, qid, docid, value, f"{path}:{lineno}")
     return qrels
+
+
+def judge(qrels: Qrels, qid: str, docid: str, grade: int, where: str) -> bool:
+    """Add the judgement of line ``where`` (``file:line``) to ``qrels``: False where the pair was judged so before.
+
+    Raises:
+        InputError: the pair was judged another grade before.
+    """
+    judged = qrels.setdefault(qid, {})
+    if docid not in judged:
+        judged[docid] = grade
+        return True
+    if judged[docid] != grade:
+        raise InputError(f"{where}: ({qid}, {docid}) is judged {grade} here and {judged[docid]} on an earlier line")
+    return False
 
 
 def read_qrels(source: str | Path | list[str | Path]) -> Qrels:

@@ -196,3 +196,19 @@ def test_qrels_from_a_file_an_irds_id_or_a_list_of_them(files: dict[str, Path], 
     unjudged = register(*parts, TrecScoredDocs(LocalDownload(files["scoreddocs"])))
     with pytest.raises(InputError, match=re.escape(f"{unjudged}: the ir_datasets dataset has no qrels")):
         read_qrels(unjudged)
+
+
+def test_qrels_need_only_qrels_and_unreadable_ones_are_one_line(files: dict[str, Path]) -> None:
+    """``--qrels irds:antique/test`` was refused for having no scoreddocs; qrels that could not be downloaded were a
+    traceback (RuntimeError: All download sources failed)."""
+    from ir_datasets.formats import TrecQrels
+    from ir_datasets.util import LocalDownload
+
+    from distill.data.loaders.qrels import read_qrels
+
+    grades = {0: "not relevant", 1: "related", 2: "highly", 3: "perfectly"}
+    judged_only = register(None, None, TrecQrels(LocalDownload(files["qrels"]), grades))
+    assert read_qrels(judged_only) == load_qrels(files["qrels"])
+    missing = register(None, None, TrecQrels(LocalDownload(files["qrels"].with_name("gone.tsv")), grades))
+    with pytest.raises(InputError, match=re.escape(f"{missing}: ir_datasets could not read the dataset's files")):
+        read_qrels(missing)

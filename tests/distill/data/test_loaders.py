@@ -225,7 +225,7 @@ def test_trec_run_tsv(trec: dict[str, Path]) -> None:
     assert [c.query.text for c in data.candidates] == ["first query", "second query"]
     assert data.candidates[0].scores == [7.5, 5.0, 5.0]
     assert data.candidates[1].scores == [3.0, -1000.0]
-    assert data.first_stage_run()["q2"] == {"d3": 3.0, "d1": -1000.0}
+    assert data.first_stage_run()["q1"] == {"d1": 3.0, "d2": 2.0, "d3": 1.0}  # the tie as ranked: not by docid
     assert data.qrels == {}
 
 
@@ -353,6 +353,53 @@ def test_beir_split_and_missing_qrels(beir: Path) -> None:
     assert [(c.query.qid, [p.docid for p in c.passages]) for c in candidates] == [("q2", ["d1"])]
     with raises(f"{beir / 'qrels' / 'train.tsv'}: qrels file for split 'train' not found"):
         load_beir(beir, None, BadInput("error"), True, split="train")
+
+
+def test_beir_qrels_are_optional_with_a_run_and_a_pair_judged_twice_must_agree(beir: Path, tmp_path: Path) -> None:
+    """A folder without qrels could not be reranked on a run over it (as distill retrieve writes); a pair judged
+    twice kept its last grade."""
+    run = write(tmp_path / "bm25.run", "q1 Q0 d3 2 1.5 bm25\nq1 Q0 d1 1 2.5 bm25\n")
+    (beir / "qrels" / "test.tsv").unlink()
+    data = load_candidates(beir, run=run)
+    assert ranking(data) == {"q1": ["d1", "d3"]} and data.qrels == {}
+    with raises("test.tsv: qrels file for split 'test' not found (without a run, the judged pairs are"):
+        load_candidates(beir)
+    qrels = write(beir / "qrels" / "test.tsv", "query-id\tcorpus-id\tscore\nq1\td2\t1\nq1\td2\t1\nq2\td3\t2\n")
+    assert ranking(load_candidates(beir)) == {"q1": ["d2"], "q2": ["d3"]}  # the same grade twice: judged once
+    write(qrels, "query-id\tcorpus-id\tscore\nq1\td2\t1\nq2\td3\t2\nq1\td2\t0\n")
+    with raises(f"{qrels}:4: (q1, d2) is judged 0 here and 1 on an earlier line"):
+        load_candidates(beir, run=run)
+
+
+def test_a_byte_order_mark_is_not_part_of_the_first_id(trec: dict[str, Path], tmp_path: Path) -> None:
+    """With a BOM, qrels lost their first judgement and runs their first line's query, with exit 0; JSON inputs
+    were 'malformed'."""
+    bom = "\ufeff"
+
+    def with_bom(path: Path) -> Path:
+        return write(tmp_path / f"bom-{path.name}", bom + path.read_text(encoding="utf-8"))
+
+    plain = load_candidates(trec["run"], queries=trec["queries"], corpus=trec["corpus"])
+    for run, queries, corpus in [
+        (with_bom(trec["run"]), trec["queries"], trec["corpus"]),
+        (trec["run"], with_bom(trec["queries"]), with_bom(trec["corpus"])),
+        (trec["run"], with_bom(trec["queries_jsonl"]), with_bom(trec["corpus_jsonl"])),
+    ]:
+        assert load_candidates(run, queries=queries, corpus=corpus).candidates == plain.candidates
+    qrels = write(tmp_path / "qrels.txt", "q1 0 d1 3\nq1 0 d2 0\n")
+    assert load_qrels(with_bom(qrels)) == load_qrels(qrels) == {"q1": {"d1": 3, "d2": 0}}
+    listed = load_candidates(DL19 / "bm25_top100.json")
+    assert load_candidates(with_bom(shipped(DL19 / "bm25_top100.json"))).candidates == listed.candidates
+
+
+def test_a_compressed_input_is_named_as_such(tmp_path: Path) -> None:
+    """rl.json.gz was taken for a TREC run, and asked for --queries and --corpus."""
+    import gzip
+
+    packed = tmp_path / "rl.json.gz"
+    packed.write_bytes(gzip.compress(shipped(DL19 / "bm25_top100.json").read_bytes()[:1000]))
+    with raises(f"{packed}: a compressed file: decompress it first"):
+        load_candidates(packed)
 
 
 def test_beir_missing_judged_passage(beir: Path) -> None:
