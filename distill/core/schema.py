@@ -152,5 +152,10 @@ class RerankingData:
         return cls(" + ".join(p.source for p in parts), joined, join_qrels([p.qrels for p in parts]), skipped)
 
     def first_stage_run(self) -> dict[str, dict[str, float]]:
-        """The input ranking as a run: qid -> docid -> first-stage score."""
-        return {c.query.qid: {p.docid: s for p, s in zip(c.passages, c.scores, strict=True)} for c in self.candidates}
+        """The input ranking as a run: qid -> docid -> ``n, n - 1, ..., 1`` down each query's ``n`` candidates, in
+        their order. Equal first-stage scores so keep the input's order (a TREC run's ranks, a list's positions),
+        which trec_eval's rule for ties (by docid) would not."""
+        return {
+            c.query.qid: {p.docid: float(len(c.passages) - i) for i, p in enumerate(c.passages)}
+            for c in self.candidates
+        }

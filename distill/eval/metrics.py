@@ -1,6 +1,8 @@
 """Ranking metrics with ir-measures (trec_eval convention: unjudged documents count as irrelevant).
 
-Values are ×100. Means are over the queries that are both in the run and judged (trec_eval without ``-c``).
+Values are ×100, but counts (``NumRet``, ``NumRel``, ``NumQ``). Means are over the queries that are both in the run
+and judged (trec_eval without ``-c``). Every metric ranks a run as trec_eval does, whichever ir-measures provider
+computes it: by score, descending, and equal scores by docid, descending (byte order).
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ MULTIHOP_METRICS = ("R@3", "R@4", "R@6", "P@3", "P@4", "P@6")
 |supporting|; P@k: |supporting ∩ top k| / k, also where fewer than k paragraphs are ranked)."""
 
 PerQuery = dict[str, dict[str, float]]
-"""metric -> qid -> value × 100."""
+"""metric -> qid -> value × 100 (a count as it is)."""
+COUNTS = ("NumRet", "NumRel", "NumQ")
+"""Measures that count (retrieved, relevant documents or queries), reported as they are, not ×100."""
 
 
 def default_rel_level(qrels: Qrels) -> int:
@@ -32,10 +36,11 @@ def default_rel_level(qrels: Qrels) -> int:
 def parse_metrics(names: Sequence[str], rel_level: int = 1) -> dict[str, ir_measures.Measure]:
     """ir-measures names -> measures, keyed by their canonical names.
 
-    A measure that takes a relevance level (``RR``, ``R``, ``P``, ``AP``, ...) and does not name one gets
-    ``rel=rel_level``; its key then says so (``RR@10`` with ``rel_level=2`` is ``RR(rel=2)@10``). Graded
-    measures (nDCG) use the grades as they are. An unknown name, a parameter the measure does not take, or a
-    cutoff that is not a whole number of at least 1 raises :class:`ValueError` naming it.
+    A measure whose relevance level defaults to a grade (``RR``, ``R``, ``P``, ``AP``, ...) and that does not name
+    one gets ``rel=rel_level``; its key then says so (``RR@10`` with ``rel_level=2`` is ``RR(rel=2)@10``). Graded
+    measures (nDCG), and those for which no level means every document (``NumRet``), are left as they are. An
+    unknown name, a parameter the measure does not take, or a cutoff that is not a whole number of at least 1 raises
+    :class:`ValueError` naming it.
     """
     measures: dict[str, ir_measures.Measure] = {}
     for name in names:
@@ -54,7 +59,8 @@ def parse_metrics(names: Sequence[str], rel_level: int = 1) -> dict[str, ir_meas
         cutoff = measure.params.get("cutoff")
         if cutoff is not None and (not isinstance(cutoff, int) or isinstance(cutoff, bool) or cutoff < 1):
             raise ValueError(f"metric {name!r}: the cutoff after @ must be a whole number of at least 1")
-        if "rel" in measure.SUPPORTED_PARAMS and "rel" not in measure.params:
+        rel = measure.SUPPORTED_PARAMS.get("rel")
+        if rel is not None and isinstance(rel.default, int) and "rel" not in measure.params:
             measure = measure(rel=rel_level)
         measures[str(measure)] = measure
     return measures
@@ -74,14 +80,25 @@ def evaluate_per_query(
     Raises :class:`ValueError` where no query of the run is judged.
     """
     measures = parse_metrics(metrics, rel_level)
-    judged = {qid: docs for qid, docs in run.items() if qid in qrels}
+    judged = [qid for qid in run if qid in qrels]
     if not judged:
         raise ValueError("no query of the run has relevance judgements")
+    # Each provider gets the trec_eval ranking as distinct scores, and query ids it can take (gdeval, behind ERR,
+    # reads numbers only): the run's own tie rule and ids would differ between providers.
+    ranked = {str(i): trec_eval_order(run[qid]) for i, qid in enumerate(judged)}
     names = {measure: name for name, measure in measures.items()}
     values: PerQuery = {name: {} for name in measures}
-    for m in ir_measures.iter_calc(list(measures.values()), {qid: qrels[qid] for qid in judged}, judged):
-        values[names[m.measure]][m.query_id] = 100.0 * m.value
+    for m in ir_measures.iter_calc(list(measures.values()), {str(i): qrels[q] for i, q in enumerate(judged)}, ranked):
+        name = names[m.measure]
+        values[name][judged[int(m.query_id)]] = m.value if m.measure.NAME in COUNTS else 100.0 * m.value
     return values
+
+
+def trec_eval_order(docs: dict[str, float]) -> dict[str, float]:
+    """A query's docid -> score as scores ``n, n - 1, ..., 1`` in trec_eval's order: by score, descending, equal
+    scores by docid, descending."""
+    order = sorted(docs, key=lambda docid: (docs[docid], docid.encode()), reverse=True)
+    return {docid: float(len(order) - rank) for rank, docid in enumerate(order)}
 
 
 def means(per_query: PerQuery) -> dict[str, float]:

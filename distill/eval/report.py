@@ -161,4 +161,4 @@ def _difference(c: Comparison) -> str:
 
 def _natural(qid: str) -> tuple[int, int | str]:
     """Numeric qids in numeric order, then the others in text order."""
-    return (0, int(qid)) if qid.isdigit() else (1, qid)
+    return (0, int(qid)) if qid.isascii() and qid.isdigit() else (1, qid)  # "1²" is a digit, no number

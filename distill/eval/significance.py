@@ -7,6 +7,7 @@ Fisher's sign-flip permutation test of the mean difference).
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
@@ -46,15 +47,19 @@ def paired_t_test(a: np.ndarray, b: np.ndarray) -> float:
         a: per-query values, shape ``(n_queries,)``.
         b: the other run's values, paired with ``a`` by position.
 
-    Returns 1.0 where all differences are zero (the t statistic is 0/0 there) and NaN for fewer than two queries.
+    Returns 1.0 where all differences are zero (the t statistic is 0/0 there), 0.0 where they are all one other
+    value (the statistic is infinite: no spread, for the t-test's normal model; see :func:`randomization_test` for a
+    test without one), and NaN for fewer than two queries.
     """
     from scipy.stats import ttest_rel
 
     if len(a) < 2:
         return float("nan")
-    if np.all(a == b):
-        return 1.0
-    with np.errstate(divide="ignore", invalid="ignore"):
+    diff = np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)
+    if np.all(diff == diff[0]):
+        return 1.0 if diff[0] == 0 else 0.0
+    with warnings.catch_warnings():  # scipy's "precision loss" where the differences are nearly all one value
+        warnings.simplefilter("ignore", RuntimeWarning)
         return float(ttest_rel(a, b).pvalue)
 
 

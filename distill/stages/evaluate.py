@@ -166,7 +166,10 @@ def evaluate(cfg: EvalConfig, command: str | None = None) -> EvalResult:
         if not data.qrels:
             raise InputError(f"{cfg.input}: no relevance judgements; give qrels")
         qrels = data.qrels
-        runs[f"{Path(cfg.input).stem}/first_stage"] = data.first_stage_run()
+        if not Path(cfg.input).is_dir():  # a BEIR folder's candidates are its judged pairs, in qrels order: no ranking
+            runs[f"{Path(cfg.input).stem}/first_stage"] = data.first_stage_run()
+        elif not cfg.run:
+            raise InputError(f"{cfg.input}: a BEIR folder has no ranking of its own: give the runs to evaluate (--run)")
     else:
         qrels = read_qrels(cfg.qrels)
     multihop = cfg.multihop or bool(cfg.input and is_multihop_file(Path(cfg.input)))
@@ -180,6 +183,7 @@ def evaluate(cfg: EvalConfig, command: str | None = None) -> EvalResult:
     except ValueError as e:
         raise InputError(f"eval: metrics: {e}") from None
     for name, path in find_run_files(cfg.run).items() if cfg.run else ():
+        name = str(path) if name in runs else name  # named as the input's own ranking (a teacher's first_stage)
         runs[name] = read_trec_run(path, cfg.on_bad_input, skipped)
         if not runs[name].keys() & qrels.keys():
             raise InputError(f"{path}: no query of the run has relevance judgements in {cfg.qrels or cfg.input}")
@@ -197,6 +201,8 @@ def evaluate(cfg: EvalConfig, command: str | None = None) -> EvalResult:
     if cfg.queries == "common":
         shared = set.intersection(*(set(run) for run in runs.values())) if runs else set()
         qrels = {qid: judged for qid, judged in qrels.items() if qid in shared}
+        if not qrels:
+            raise InputError(f"eval: queries: common: the {len(runs)} runs share no judged query")
     report = evaluate_runs(runs, qrels, metrics, rel_level, cfg.test)
     fidelity = teacher_fidelity(runs, qrels, cfg.teacher, cfg.label) if cfg.teacher else None
     if cfg.json:
@@ -241,8 +247,8 @@ def teacher_fidelity(
     judged queries). ``teacher`` is a dataset folder, a run file, or named teachers (name -> folders).
 
     Raises:
-        InputError: a malformed label, no teacher dataset, named teachers of different pairs, or no label for
-            several named teachers.
+        InputError: a malformed label, no teacher dataset, named teachers of different pairs, no label for
+            several named teachers, or a run that shares no judged query with the teacher.
     """
     from distill.data.label_table import load_label_table, named_teachers
     from distill.data.teacher_data import TeacherDataset
@@ -266,11 +272,16 @@ def teacher_fidelity(
         members = {name: run_from_columns(qids, docids, v.tolist()) for name, v in labelled.members.items()}
         label = label.strip()
 
-    def agreement(reference: Run) -> PerRun:
-        return {
-            name: fidelity_per_query({q: docs for q, docs in run.items() if q in qrels}, reference)
-            for name, run in runs.items()
-        }
-
     where = teacher if isinstance(teacher, str) else ", ".join(f"{n}: {', '.join(f)}" for n, f in teacher.items())
+
+    def agreement(reference: Run) -> PerRun:
+        per_run = {}
+        for name, run in runs.items():
+            per_run[name] = fidelity_per_query({q: docs for q, docs in run.items() if q in qrels}, reference)
+            if not per_run[name]["nDCG@10_teacher"]:
+                raise InputError(
+                    f"eval: teacher: run {name} shares no judged query with {where} (two candidates at least)"
+                )
+        return per_run
+
     return Fidelity(where, label, agreement(reference), {name: agreement(run) for name, run in members.items()})

@@ -96,6 +96,14 @@ def test_eval_reports_agreement_with_a_teacher_label(teacher_dataset: Path, tmp_
     assert json.loads(out.read_text())["fidelity"]["results"]["triplets/upr"] == pytest.approx(
         {"kendall_tau": 1.0, "spearman": 1.0, "nDCG@10_teacher": 100.0}
     )
+    other = tmp_path / "other.trec"  # judged queries the teacher never scored: its agreement was NaN, exit 0
+    other.write_text("".join(f"19335 Q0 {d} {r} {10 - r} x\n" for r, d in enumerate(["1017759", "1082489"], 1)))
+    capsys.readouterr()
+    assert main(["eval", "--qrels", str(DL19_QRELS), "--run", str(other), "--teacher", str(teacher_dataset)]) == 2
+    assert capsys.readouterr().err == (
+        f"distill eval: error: eval: teacher: run {other} shares no judged query with {teacher_dataset} (two "
+        "candidates at least)\n"
+    )
 
 
 def test_reranker_interpolates_as_asked_or_as_its_card_says(exported: Path, tmp_path: Path) -> None:

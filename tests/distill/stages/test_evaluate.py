@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import math
 import re
+import shutil
+import warnings
 
 import ir_measures
 import numpy as np
@@ -74,6 +76,24 @@ def test_per_query_values_by_hand() -> None:
     assert evaluate(run, qrels, ["nDCG@10"])["nDCG@10"] == pytest.approx(50 * ndcg_q1 + 50 / math.log2(3))
 
 
+def test_every_metric_breaks_ties_by_trec_eval_s_rule_and_takes_any_query_id() -> None:
+    """RR@10 (ir-measures' msmarco provider) ranked tied documents by docid ascending, the others (pytrec_eval) by
+    docid descending: one table said P@1 100 and RR@10 50. ERR (gdeval) took numeric query ids only."""
+    qrels = {"q-a": {"a": 0, "b": 2}, "q-b": {"c": 1}}
+    run = {"q-a": {"a": 1.0, "b": 1.0, "x": 0.5}, "q-b": {"c": 2.0, "x": 1.0}}  # b before a, as trec_eval ranks
+    values = evaluate_per_query(run, qrels, ["nDCG@1", "P@1", "RR@10", "RR", "R@1"], rel_level=2)
+    assert {metric: by_query["q-a"] for metric, by_query in values.items()} == dict.fromkeys(values, 100.0)
+    if shutil.which("perl"):  # gdeval's language
+        err = evaluate_per_query(run, qrels, ["ERR@10"])["ERR@10"]
+        assert err == pytest.approx({"q-a": 100 * 3 / 16, "q-b": 100 / 16})  # grade g first: (2^g - 1) / 2^4
+    counted = evaluate_per_query(run, qrels, ["NumRet", "NumRel", "NumRet(rel=1)"])
+    assert counted == {
+        "NumRet": {"q-a": 3, "q-b": 2},
+        "NumRel": {"q-a": 1, "q-b": 1},
+        "NumRet(rel=1)": {"q-a": 1, "q-b": 1},
+    }
+
+
 def test_means_of_per_query_values_match_ir_measures_aggregates() -> None:
     data = load_candidates(DL19, qrels=DL19_QRELS)
     assert default_rel_level(data.qrels) == 2 and default_rel_level({"q": {"a": 1, "b": 0}}) == 1
@@ -124,6 +144,10 @@ def test_significance_identical_reversed_and_by_hand() -> None:
     assert one_per_chunk == pytest.approx(2 / 16, abs=0.01)  # chunking changes the draws, not what they estimate
     assert randomization_test(np.arange(5.0), np.ones(5)) == randomization_test(np.arange(5.0), np.ones(5))  # seeded
     assert math.isnan(compare({"q": 1.0}, {"q": 2.0}).p_value)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # scipy's "precision loss" warning reached the terminal
+        assert compare({"q1": 0.0, "q2": 0.0}, {"q1": 100.0, "q2": 100.0}).p_value == 0.0  # no spread: t is infinite
+        assert compare({"q1": 0.0, "q2": 0.0, "q3": 1.0}, {"q1": 100.0, "q2": 100.0, "q3": 101.0 + 1e-13}).p_value > 0
 
 
 def test_t_test_and_randomisation_test_agree_on_real_runs() -> None:
@@ -191,10 +215,48 @@ def test_cli_eval_errors_name_the_metric_and_the_run(tmp_path, capsys) -> None:
     for level in ("-3", "0", "4"):  # DL19's grades run from 0 to 3; RR(rel=-3) was 100 and R(rel=-3) 0, exit 0
         assert main(["eval", "--qrels", str(DL19_QRELS), "--run", bm25, "--rel_level", level]) == 2
         assert f"rel_level: {level} is not a grade from 1 to the qrels' top grade, 3" in capsys.readouterr().err
+    other = tmp_path / "other.trec"
+    write_trec_run(other, {"19335": {"d1": 1.0}}, tag="x")  # a judged query the first stage's run does not have
+    lone = tmp_path / "lone.trec"
+    write_trec_run(lone, {"1037798": {"d1": 1.0}}, tag="x")
+    assert main(["eval", "--qrels", str(DL19_QRELS), "--run", str(other), str(lone), "--queries", "common"]) == 2
+    assert "eval: queries: common: the 2 runs share no judged query" in capsys.readouterr().err
     unjudged = tmp_path / "unjudged.trec"
     write_trec_run(unjudged, {"no-such-query": {"d1": 1.0}}, tag="x")
     assert main(["eval", "--qrels", str(DL19_QRELS), "--run", bm25, str(unjudged)]) == 2
     assert f"{unjudged}: no query of the run has relevance judgements in {DL19_QRELS}" in capsys.readouterr().err
+
+
+def test_cli_eval_keeps_a_run_named_as_the_input_s_ranking_and_refuses_a_beir_folder_s(tmp_path, capsys) -> None:
+    """A teacher's runs/first_stage.trec replaced the input's own ranking (named <stem>/first_stage alike) with
+    exit 0; a BEIR folder's "ranking" (its judged pairs in qrels order) was reported as a first stage."""
+    hits = [{"qid": "q1", "docid": d, "content": f"passage {d}", "score": 1.0} for d in ("d1", "d2", "d3")]
+    listed = tmp_path / "rl.json"
+    listed.write_text(json.dumps([{"query": "a question", "hits": hits}]))
+    qrels = tmp_path / "qrels.txt"
+    qrels.write_text("q1 0 d1 0\nq1 0 d2 0\nq1 0 d3 2\n")
+    write_trec_run(tmp_path / "teacher" / "rl" / "runs" / "first_stage.trec", {"q1": {"d3": 2.0, "d1": 1.0}}, "t")
+    out = tmp_path / "eval.json"
+    args = ["--qrels", str(qrels), "--metrics", "nDCG@1", "--json", str(out)]
+    assert main(["eval", "--input", str(listed), "--run", str(tmp_path / "teacher" / "rl"), *args]) == 0
+    results = json.loads(out.read_text())["results"]
+    # the input's order, though its scores tie (trec_eval's rule would put d3 first); then the teacher's file
+    run = tmp_path / "teacher" / "rl" / "runs" / "first_stage.trec"
+    assert results == {"rl/first_stage": {"nDCG@1": 0.0}, str(run): {"nDCG@1": 100.0}}
+    beir = tmp_path / "beir"
+    (beir / "qrels").mkdir(parents=True)
+    (beir / "corpus.jsonl").write_text(
+        "".join(json.dumps({"_id": h["docid"], "text": h["content"]}) + "\n" for h in hits)
+    )
+    (beir / "queries.jsonl").write_text(json.dumps({"_id": "q1", "text": "a question"}) + "\n")
+    (beir / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td3\t2\nq1\td1\t0\n")
+    capsys.readouterr()
+    assert main(["eval", "--input", str(beir), "--metrics", "nDCG@1"]) == 2
+    assert capsys.readouterr().err == (
+        f"distill eval: error: {beir}: a BEIR folder has no ranking of its own: give the runs to evaluate (--run)\n"
+    )
+    assert main(["eval", "--input", str(beir), "--run", str(run), "--metrics", "nDCG@1", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["results"] == {"rl/first_stage": {"nDCG@1": 100.0}}  # no baseline row
 
 
 def _hotpot_question(qid: str, titles: list[str], supporting: list[str]) -> dict:
@@ -251,3 +313,13 @@ def test_multihop_first_stage_on_real_hotpotqa(capsys) -> None:
     row = next(line.split() for line in capsys.readouterr().out.splitlines() if line.startswith("hotpotqa_train100/"))
     assert row[1] == "100"
     assert [float(v) for v in row[2:]] == pytest.approx([expected[m] for m in MULTIHOP_METRICS], abs=0.005)
+
+
+def test_per_query_rows_come_in_numeric_then_text_order_whatever_the_ids() -> None:
+    """A qid such as "1²" (a digit to str.isdigit, no number to int) crashed the per-query table."""
+    from distill.eval.report import evaluate_runs, format_per_query
+
+    qids = ["10", "9", "1²", "b"]
+    report = evaluate_runs({"r": {q: {"d": 1.0} for q in qids}}, {q: {"d": 1} for q in qids}, ["P@1"], 1, "t")
+    rows = [line.split()[0] for line in format_per_query(report).splitlines()[2:]]
+    assert rows == ["9", "10", "1²", "b"]
