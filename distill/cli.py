@@ -232,6 +232,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:  # Ctrl-C: what each stage has saved so far stays (a teach goes on from it)
         print(f"\n{prog}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except BrokenPipeError:  # writing a run to a pipe whose reader left (`--output /dev/stdout | head`)
+        _drop_stdout()
+        print(f"{prog}: error: the output's reader closed the pipe before the end", file=sys.stderr)
+        return 1
     except OSError as e:
         if e.errno not in NO_SPACE:
             raise
@@ -241,8 +245,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     if report is not None:
         # what is written to standard output (rerank's --output /dev/stdout, eval's --json) is not followed there by
         # the summary
-        print(report.format(), file=sys.stderr if is_stdout(getattr(report, "output", None)) else sys.stdout)
+        try:
+            print(report.format(), file=sys.stderr if is_stdout(getattr(report, "output", None)) else sys.stdout)
+            sys.stdout.flush()
+        except BrokenPipeError:  # the summary's reader left (`distill eval ... | head -3`): the work is done
+            _drop_stdout()
     return 0
+
+
+def _drop_stdout() -> None:
+    """Point standard output at ``/dev/null``: its pipe is closed, and the interpreter's flush at exit would fail
+    on it with a second error."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 def ready_to_exit() -> None:

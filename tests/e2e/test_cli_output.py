@@ -101,3 +101,23 @@ def test_every_commands_help_is_plain_text(capsys: pytest.CaptureFixture[str]) -
         shown = capsys.readouterr().out
         assert done.value.code == 0 and "--help" in shown, name
         assert not re.search(r":[a-z]+:`|``", shown), (name, re.findall(r".*(?::[a-z]+:`|``).*", shown)[:3])
+
+
+@pytest.mark.parametrize("json_output", [False, True])
+def test_a_pipe_whose_reader_leaves_early_is_no_traceback(json_output: bool) -> None:
+    """``distill eval ... | head -3`` ended in a BrokenPipeError traceback, after the work was done. Where the
+    output itself (``--json /dev/stdout``) is cut short, one line says so, with exit 1."""
+    teacher = REPO / "data" / "teacher" / "dl19-bm25-smollm2"
+    args = ["eval", "--qrels", str(REPO / "data" / "trec-dl19" / "qrels.txt"), "--run", str(teacher)]
+    args += ["--json", "/dev/stdout"] if json_output else ["--per_query", "true"]
+    read, write = os.pipe()
+    os.close(read)  # the reader has left before the first write
+    done = subprocess.run([sys.executable, "-m", "distill", *args], stdout=write, stderr=subprocess.PIPE, text=True)
+    os.close(write)
+    if json_output:
+        assert (done.returncode, done.stderr) == (
+            1,
+            "distill eval: error: the output's reader closed the pipe before the end\n",
+        )
+    else:
+        assert (done.returncode, done.stderr) == (0, "")
