@@ -5,14 +5,13 @@ output held by one job at a time."""
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TextIO
-
-from filelock import FileLock, Timeout
 
 NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 """The errors of a write that found its disk (or its quota) full."""
@@ -67,15 +66,41 @@ def write_whole(path: Path, text: str) -> None:
         f.write(text)
 
 
-def hold_output(output: Path) -> FileLock | None:
-    """A lock on ``output`` for this process, or None where another process holds it: an exclusive lock on the file
-    ``.<name>.lock`` beside ``output`` (left there; the lock is the kernel's, released when the process ends however
-    it ends, so a killed job leaves nothing to clean up). Two jobs that would write the same output (the same
-    ``--run_name``, the same ``--output``) so meet; the job's other processes take none."""
+class OutputHold:
+    """A job's hold on an output (:func:`hold_output`): the lock file ``path``, locked on the open file ``fd``."""
+
+    def __init__(self, path: Path, fd: int) -> None:
+        self.path = path
+        self._fd: int | None = fd
+
+    def release(self) -> None:
+        """Remove the lock file, then let go of the lock (a process that opened the file just before finds it gone
+        and takes a new one: :func:`hold_output`)."""
+        if self._fd is not None:
+            self.path.unlink(missing_ok=True)
+            os.close(self._fd)
+            self._fd = None
+
+
+def hold_output(output: Path) -> OutputHold | None:
+    """This process's hold on ``output``, or None where another process holds it: an exclusive lock (``flock``) on
+    the file ``.<name>.lock`` beside ``output``, removed on :meth:`OutputHold.release`. The lock is the kernel's: a
+    killed job lets go of it as it dies (its file may stay, and is taken over). Two jobs that would write the same
+    output (the same ``--run_name``, the same ``--output``) so meet; the job's other processes take none."""
     output.parent.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(str(output.with_name(f".{output.name}.lock")), timeout=0)
-    try:
-        lock.acquire()
-    except Timeout:
-        return None
-    return lock
+    path = output.with_name(f".{output.name}.lock")
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        try:
+            here = os.stat(path)
+        except FileNotFoundError:
+            here = None
+        mine = os.fstat(fd)
+        if here is not None and (here.st_dev, here.st_ino) == (mine.st_dev, mine.st_ino):
+            return OutputHold(path, fd)
+        os.close(fd)  # its holder removed the file we opened as it let go: take the one there now

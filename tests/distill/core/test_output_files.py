@@ -111,8 +111,24 @@ def test_an_output_is_held_by_one_process_at_a_time_and_freed_when_its_holder_is
         assert hold_output(output) is None
         assert (tmp_path / "runs" / ".tiny.lock").is_file() and not output.exists()  # the output is left to its job
     finally:
-        holder.kill()  # SIGKILL: no clean-up runs, the kernel drops the lock
+        holder.kill()  # SIGKILL: no clean-up runs, the kernel drops the lock; its file stays
         holder.wait()
-    lock = hold_output(output)
-    assert lock is not None
+    lock = hold_output(output)  # taken over
+    assert lock is not None and hold_output(output) is None
     lock.release()
+    assert os.listdir(tmp_path / "runs") == []  # released: nothing left beside the output
+
+
+def test_a_hold_taken_as_its_file_is_removed_is_taken_again_on_the_new_file(tmp_path: Path) -> None:
+    """The file opened by a second process just before the holder removes it and lets go is no longer the lock."""
+    import fcntl
+
+    output = tmp_path / "out"
+    first = hold_output(output)
+    stale = os.open(tmp_path / ".out.lock", os.O_RDWR)  # a second process opened the file, before the release
+    first.release()
+    fcntl.flock(stale, fcntl.LOCK_EX | fcntl.LOCK_NB)  # it then gets the lock of a file no longer there
+    second = hold_output(output)  # a third finds no lock file: makes one, and holds it
+    assert second is not None and (tmp_path / ".out.lock").is_file()
+    os.close(stale)
+    second.release()
