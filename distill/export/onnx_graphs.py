@@ -94,8 +94,16 @@ def fuse_transformer(path: Path, config: Any) -> dict[str, int]:
 
 
 def convert_fp16(source: Path, target: Path) -> None:
-    """``source`` with fp16 weights and activations; the inputs and the fp32 ``logits`` output are unchanged."""
-    import onnx
-    from onnxruntime.transformers.float16 import convert_float_to_float16
+    """``source`` with fp16 weights and activations; the inputs and the fp32 ``logits`` output are unchanged.
 
-    onnx.save(convert_float_to_float16(onnx.load(str(source)), keep_io_types=True), str(target))
+    ``Max`` and ``Min`` (a clamp's, as the segment-cosine head's ``max(norm, eps)``) run in fp16 too: kept in fp32,
+    as the converter's default list keeps them, a constant input was cast back to fp32 after the node that reads it,
+    and the graph was invalid. The graph is checked whole before it is written.
+    """
+    import onnx
+    from onnxruntime.transformers.float16 import DEFAULT_OP_BLOCK_LIST, convert_float_to_float16
+
+    kept = [op for op in DEFAULT_OP_BLOCK_LIST if op not in ("Max", "Min")]
+    graph = convert_float_to_float16(onnx.load(str(source)), keep_io_types=True, op_block_list=kept)
+    onnx.checker.check_model(graph, full_check=True)
+    onnx.save(graph, str(target))

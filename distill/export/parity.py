@@ -26,7 +26,15 @@ from distill.core.schema import UserError
 from distill.export.parity_set import NDCG_BOUND, Pair, ParitySet, dl19_parity_set
 from distill.export.quality_gate import QualityGate, int8_backend
 from distill.serving.encoding import encode_pairs, load_tokenizer, model_max_length, pad_batch
-from distill.serving.scorers import FORMAT_COPIES, FORMAT_FILES, OnnxScorer, Scorer, TorchScorer, load_scorer
+from distill.serving.scorers import (
+    FORMAT_COPIES,
+    FORMAT_FILES,
+    GraphNotRunnable,
+    OnnxScorer,
+    Scorer,
+    TorchScorer,
+    load_scorer,
+)
 
 BATCH_SIZES = (1, 7, 32)
 SHORT_MAX_LENGTH = 32
@@ -158,13 +166,12 @@ def _open(folder: Path, result: FormatParity) -> Scorer | None:
     if result.format != "onnx-fp16":
         return load_scorer(folder, result.format, runtime=result.runtime or "onnxruntime")
     import onnxruntime as ort
-    from onnxruntime.capi import onnxruntime_pybind11_state as ort_errors
 
     path = folder / FORMAT_FILES["onnx-fp16"]
     try:
         return OnnxScorer(path)
-    except (ort_errors.Fail, ort_errors.InvalidGraph, ort_errors.NotImplemented) as e:
-        reason = f"onnxruntime cannot run it on the CPU ({str(e).splitlines()[0]})"
+    except GraphNotRunnable as e:
+        reason = f"onnxruntime cannot run it on the CPU ({e.reason})"
     if "CUDAExecutionProvider" in ort.get_available_providers():
         result.device, result.not_checked = "cuda", f"not checked on CPU: {reason}; checked on CUDA"
         return OnnxScorer(path, "cuda")

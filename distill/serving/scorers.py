@@ -80,6 +80,15 @@ def require_file(folder: Path, *names: str) -> Path:
     raise MissingFileError(f"{folder}: missing {' or '.join(names)}")
 
 
+class GraphNotRunnable(InputError):
+    """onnxruntime parses the graph at ``path`` but cannot run it on ``device``, for ``reason`` (onnxruntime's
+    first line: no kernel for a type, say, or a graph that another version wrote)."""
+
+    def __init__(self, path: Path, device: str, reason: str) -> None:
+        self.reason = reason
+        super().__init__(f"{path}: onnxruntime cannot run this graph on {device} ({reason}): export it again?")
+
+
 def _unreadable_model(path: Path, detail: str) -> InputError:
     """The error for an exported file that its runtime cannot parse (a truncated or corrupt copy)."""
     detail = " ".join(detail.split()) or "unreadable"
@@ -342,14 +351,16 @@ class OnnxScorer:
             providers = [("CUDAExecutionProvider", {"device_id": int(index)})]
         else:
             raise InputError(f"{path}: device must be 'cpu' or 'cuda[:N]' for ONNX, not {device!r}")
-        from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument, InvalidProtobuf
+        from onnxruntime.capi import onnxruntime_pybind11_state as ort_errors
 
         try:
             self.session = ort.InferenceSession(str(path), settings.options(), providers=providers)
-        except (InvalidProtobuf, InvalidArgument) as e:  # the file, not the options: "Load model from ... failed:"
+        except (ort_errors.InvalidProtobuf, ort_errors.InvalidArgument) as e:  # the file: "Load model from ... failed:"
             if "Load model from" not in str(e):
                 raise
             raise _unreadable_model(path, str(e).partition("failed:")[2].strip()) from None
+        except (ort_errors.Fail, ort_errors.InvalidGraph, ort_errors.NotImplemented) as e:
+            raise GraphNotRunnable(path, device, str(e).splitlines()[0]) from None
         self.input_names = tuple(i.name for i in self.session.get_inputs())
 
     def __call__(self, batch: Batch) -> np.ndarray:

@@ -199,8 +199,13 @@ def test_fp16_the_cpu_cannot_run_is_recorded_as_not_checked(
 
     def cpu_without_fp16(path: Path, device: str = "cpu"):
         if path.name == "model.fp16.onnx":
-            raise ort_errors.NotImplemented("Could not find an implementation for LayerNormalization(17)")
+            with pytest.MonkeyPatch.context() as patch:  # onnxruntime's error, as OnnxScorer meets it
+                patch.setattr(onnxruntime, "InferenceSession", not_implemented)
+                return real(path, device)
         return real(path, device)
+
+    def not_implemented(*args, **kwargs):
+        raise ort_errors.NotImplemented("Could not find an implementation for LayerNormalization(17)")
 
     monkeypatch.setattr(parity_module, "OnnxScorer", cpu_without_fp16)
     monkeypatch.setattr(onnxruntime, "get_available_providers", lambda: ["CPUExecutionProvider"])
@@ -210,6 +215,28 @@ def test_fp16_the_cpu_cannot_run_is_recorded_as_not_checked(
         "not checked: onnxruntime cannot run it on the CPU (Could not find an implementation for "
         "LayerNormalization(17)), and there is no CUDA provider"
     )
+
+
+def test_a_graph_onnxruntime_cannot_run_is_one_line(exported: Path, tmp_path: Path) -> None:
+    """An invalid fp16 graph (as an earlier export wrote for a segment-cosine student) was a traceback at load."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    folder = tmp_path / "export"
+    shutil.copytree(exported, folder)
+    eps = helper.make_tensor("eps", TensorProto.FLOAT, [1], [1e-8])
+    graph = helper.make_graph(
+        [helper.make_node("Max", ["x", "eps"], ["logits"])],
+        "mixed",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT16, [1])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT16, [1])],
+        [eps],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), folder / "model.onnx")
+    with pytest.raises(
+        InputError, match=re.escape(f"{folder / 'model.onnx'}: onnxruntime cannot run this graph on cpu")
+    ):
+        Reranker.load(folder, backend="onnx")
 
 
 def test_bad_export_arguments(student: Path, tmp_path: Path) -> None:
@@ -223,6 +250,19 @@ def test_bad_export_arguments(student: Path, tmp_path: Path) -> None:
         export_student(student, tmp_path / "taken")
     with pytest.raises(FileNotFoundError, match=r"nowhere: missing config\.json"):
         export_student(tmp_path / "nowhere", tmp_path / "y")
+
+
+def test_export_refuses_a_trec_run_without_a_hint_it_cannot_take(student: Path, tmp_path: Path, capsys) -> None:
+    """Export said a TREC run needs --queries and --corpus, which export does not take."""
+    from distill.cli import main
+
+    run = tmp_path / "bm25.trec"
+    run.write_text("q1 Q0 d1 1 5.0 bm25\n")
+    for option in ("--parity_input", "--validation_input"):
+        assert main(["export", "--checkpoint", str(student), option, str(run), "--output", str(tmp_path / "x")]) == 2
+        err = capsys.readouterr().err
+        assert f"{run}: a TREC run has no texts; export takes candidates with theirs" in err and "--corpus" not in err
+    assert not (tmp_path / "x").exists()
 
 
 FRESH_PROCESS = """
@@ -319,7 +359,8 @@ def test_session_settings_reach_onnxruntime() -> None:
 
 
 def test_reranker_load_takes_a_training_run_as_serve_and_rerank_do(student: Path, exported: Path, tmp_path: Path):
-    """A run folder: its export for an exported backend, its HF folder for torch; a folder of neither is one line."""
+    """A run folder: its export for every backend (torch took its HF folder, without the export's calibration: the
+    normalised scores changed with the backend); a folder of neither is one line."""
     import shutil
 
     from distill.core.schema import MissingFileError
@@ -331,7 +372,14 @@ def test_reranker_load_takes_a_training_run_as_serve_and_rerank_do(student: Path
     from_run = Reranker.load(run, backend="onnx").score(query, passages)
     assert from_run == Reranker.load(exported, backend="onnx").score(query, passages)
     torch_run = Reranker.load(run, backend="torch")
-    assert torch_run.score(query, passages) == Reranker.load(student, backend="torch").score(query, passages)
+    assert torch_run.score(query, passages) == Reranker.load(exported, backend="torch").score(query, passages)
+    assert torch_run.calibration is not None
+    np.testing.assert_allclose(
+        torch_run.probabilities(query, passages), Reranker.load(run, backend="onnx").probabilities(query, passages),
+        atol=1e-6,
+    )  # fmt: skip
+    shutil.rmtree(run / "export")  # a run not exported yet: its HF folder, for torch
+    assert Reranker.load(run, backend="torch").score(query, passages) == torch_run.score(query, passages)
     with pytest.raises(MissingFileError, match=f"^{tmp_path / 'nowhere'}: no such run or model folder$"):
         Reranker.load(tmp_path / "nowhere")
     (tmp_path / "empty").mkdir()

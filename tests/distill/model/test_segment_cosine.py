@@ -70,12 +70,17 @@ def test_a_segment_cosine_student_exports_and_serves_with_parity(tiny_bert: Path
     folder = save_student(model, tokenizer, tmp_path / "student", None)
     reloaded = AutoModelForSequenceClassification.from_pretrained(folder)
     assert float(reloaded.scale) == 7.0 and float(reloaded.bias) == -2.0
-    report = export_student(folder, tmp_path / "export", formats=("onnx", "torchscript"), parity=parity)
-    assert set(report.formats) == {"onnx", "torchscript"}
+    report = export_student(folder, tmp_path / "export", formats=("onnx", "torchscript"), fp16=True, parity=parity)
+    assert set(report.formats) == {"onnx", "onnx-fp16", "torchscript"}
     features = encode_pairs(tokenizer, [QUERY] * 3, PASSAGES, 512).features
     torch_scores = TorchScorer(folder)(pad_batch(tokenizer, features))
     onnx_scores = Reranker.load(tmp_path / "export", backend="onnx").score(QUERY, PASSAGES)
     np.testing.assert_allclose(onnx_scores, torch_scores, atol=1e-4)
+    # fp16: the head's max(norm, eps) made the graph invalid (written, exit 0, and then unloadable)
+    fp16 = {r.format: r for r in report.parity}["onnx-fp16"]
+    assert fp16.device == "cpu" and not fp16.not_checked and fp16.failure() is None, fp16
+    half = Reranker.load(tmp_path / "export", backend="onnx", dtype="float16").score(QUERY, PASSAGES)
+    np.testing.assert_allclose(half, torch_scores, atol=0.05)
 
 
 def test_distill_train_refuses_an_unknown_head_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
