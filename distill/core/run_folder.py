@@ -13,6 +13,7 @@ A run is the folder ``<checkpoint_root>/<run_name>/`` that ``distill train`` wri
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,9 +59,14 @@ class RunLayout:
         """The run a path belongs to: the run folder itself, or a model folder inside it (``hf/``, ``export/``).
 
         A model folder that is not in a run (an HF folder anywhere) counts as a run's ``hf/``: its exports and
-        benchmarks go beside it.
+        benchmarks go beside it. A hub model's snapshot (``.../models--org--name/snapshots/<revision>``) is the
+        run ``checkpoints/org--name``: the hub cache is the hub's, and a cache clean-up would take what went there.
         """
         path = Path(path)
+        if path.name in ("", ".."):  # "." or "..": the folder above is the named one's, not "." again
+            path = Path(os.path.abspath(path))
+        if path.parent.name == "snapshots" and path.parent.parent.name.startswith("models--"):
+            return cls(Path(CHECKPOINT_ROOT) / path.parent.parent.name.removeprefix("models--"))
         if path.name in ("hf", "export") or (path / MODEL_CONFIG).is_file():
             return cls(path.parent)
         return cls(path)

@@ -124,7 +124,7 @@ class Reranker:
         device = serving_device(options.device)
         if backend not in ("auto", *BACKENDS):
             raise InputError(f"backend must be one of {['auto', *BACKENDS]}, not {backend!r}")
-        path = student_folder(path, exported=backend != "torch", revision=options.revision)
+        path = student_folder(path, revision=options.revision)
         require_file(path, "config.json")
         require_file(path, "tokenizer_config.json")
         check_model_folder(path)  # each JSON file parses, the tokenizer's vocabulary is there, the weights whole

@@ -270,10 +270,7 @@ def serve(config: ServeConfig) -> None:
     from distill.serving.http_api import ServedModel, create_app
     from distill.serving.reranker import Reranker
 
-    exported = config.backend != "torch"
-    folders = [
-        (name, student_folder(where, exported=exported, revision=config.revision)) for name, where in config.models
-    ]
+    folders = [(name, student_folder(where, revision=config.revision)) for name, where in config.models]
     fusions = [Fusion.of(folder, config.interpolation, config.first_stage) for _, folder in folders]
     sock = bind(config.host, config.port, listen=False)  # a bad address fails before a model loads
     try:

@@ -122,7 +122,7 @@ def rerank(cfg: RerankConfig) -> RerankReport:
                 "nothing to rerank"
             )
     candidates = candidates[: cfg.max_queries]
-    folder = student_folder(cfg.model, exported=cfg.backend != "torch", revision=cfg.revision)
+    folder = student_folder(cfg.model, revision=cfg.revision)
     reranker = Reranker.load(folder, cfg.serving())
     run = rerank_run(reranker, candidates)
     interp = f"-interp{reranker.alpha:g}" if reranker.alpha is not None else ""
@@ -161,7 +161,7 @@ def check_paths(cfg: RerankConfig) -> None:
         input_path(path, "rerank", key, "any" if key == "input" else "file")
     if not (HUB_REPO.match(cfg.model) and not Path(cfg.model).exists()):  # a hub id resolves into its cache
         input_path(cfg.model, "rerank", "model")
-    inputs.append(("model", student_folder(cfg.model, exported=cfg.backend != "torch", revision=cfg.revision)))
+    inputs.append(("model", student_folder(cfg.model, revision=cfg.revision)))
     if cfg.held_out:
         input_path(cfg.held_out, "rerank", "held_out")
         inputs.append(("held_out", student_folder(cfg.held_out, exported=False)))

@@ -1,0 +1,32 @@
+"""Where a model folder's run is: the default place of its exports and benchmarks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from distill.core.run_folder import CHECKPOINT_ROOT, RunLayout
+
+
+def test_a_model_folder_s_run_is_the_folder_above_it_however_it_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--checkpoint .`` put the export inside the model folder (refused as inside an input) and ``..`` likewise."""
+    model = tmp_path / "student"
+    (model / "sub").mkdir(parents=True)
+    (model / "config.json").write_text("{}")
+    assert RunLayout.of(model).export == tmp_path / "export"
+    monkeypatch.chdir(model)
+    assert RunLayout.of(".").export == tmp_path / "export"
+    monkeypatch.chdir(model / "sub")
+    assert RunLayout.of("..").bench == tmp_path / "bench"
+    assert RunLayout.of(tmp_path / "run").export == tmp_path / "run" / "export"  # a run folder: its own
+
+
+def test_a_hub_snapshot_s_run_is_a_checkpoint_folder_not_the_hub_cache(tmp_path: Path) -> None:
+    """An export of ``--checkpoint org/name`` went into the hub cache, as a revision named export."""
+    snapshot = tmp_path / "hub" / "models--acme--reranker" / "snapshots" / "0123abc"
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text("{}")
+    assert RunLayout.of(snapshot).root == Path(CHECKPOINT_ROOT) / "acme--reranker"
