@@ -139,6 +139,10 @@ class BenchConfig(RuntimeOptions):
             raise InputError(f"bench: max_seconds must be positive, got {self.max_seconds}")
         if any(count < 1 for count in self.token_counts):
             raise InputError(f"bench: token_counts must be positive, got {self.token_counts}")
+        if self.matmul_size is not None and self.matmul_size < 1:
+            raise InputError(f"bench: matmul_size must be positive, got {self.matmul_size}")
+        if self.backends == [] and self.teacher == "none":
+            raise InputError("bench: nothing to time: backends is empty and teacher is none")
 
 
 @dataclass(frozen=True)

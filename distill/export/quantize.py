@@ -51,12 +51,17 @@ class Calibration:
     max_batch_tokens: int = 4096
     """Padded tokens per calibration batch."""
 
+    def __post_init__(self) -> None:
+        for key in ("per_query", "max_batch_tokens"):
+            if getattr(self, key) < 1:
+                raise InputError(f"calibration.{key}: must be at least 1, got {getattr(self, key)}")
+        if self.method not in CALIBRATION_METHODS:
+            raise InputError(f"calibration.method: one of {list(CALIBRATION_METHODS)}, not {self.method!r}")
+
     def pairs(self) -> list[tuple[str, str]]:
         """``(query, passage)`` pairs, query by query in input order."""
         from distill.data.loaders import load_candidates
 
-        if self.per_query < 1 or self.method not in CALIBRATION_METHODS:
-            raise InputError(f"calibration: per_query >= 1 and method in {CALIBRATION_METHODS}, got {self}")
         pairs = []
         for source in self.inputs:
             if source in CALIBRATION_INPUTS:

@@ -6,7 +6,7 @@ was validated on. :meth:`Reranker.load <distill.serving.reranker.Reranker.load>`
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence, Set, Sized
 from dataclasses import dataclass, field
 from numbers import Real
 from pathlib import Path
@@ -18,13 +18,16 @@ from distill.core.student_card import StudentCard
 
 
 def first_stage_array(scores: Sequence[float], passages: int) -> np.ndarray:
-    """``[passages]`` float64 first-stage scores, one per passage.
+    """``[passages]`` float64 first-stage scores, one per passage: a list, a tuple, a numpy array, a pandas Series
+    (in its order), or any sized collection that keeps an order.
 
     Raises:
         InputError: one line: not one per passage, or one that is not a finite number (a string, a bool, None, NaN).
     """
-    if isinstance(scores, str | bytes) or not isinstance(scores, Sequence | np.ndarray):
+    unordered = isinstance(scores, str | bytes | Mapping | Set)
+    if unordered or not (isinstance(scores, Sized) and isinstance(scores, Iterable)):
         raise InputError(f"first_stage_scores: a sequence of numbers, one per passage, not {type(scores).__name__}")
+    scores = list(scores)
     if len(scores) != passages:
         raise InputError(f"first_stage_scores: {len(scores)} scores for {passages} passages: give one per passage")
     for i, value in enumerate(scores):

@@ -64,7 +64,7 @@ def export(cfg: ExportConfig) -> ExportReport:
     from distill.core.files import check_model_folder
     from distill.core.path_checks import output_folder
     from distill.core.run_folder import RunLayout, student_folder
-    from distill.data.loaders import load_candidates
+    from distill.data.loaders import RunWithoutTexts, load_candidates
     from distill.data.loaders.qrels import qrels_files
     from distill.export.exporter import export_student
     from distill.export.parity_set import ParitySet, dl19_parity_set
@@ -72,21 +72,27 @@ def export(cfg: ExportConfig) -> ExportReport:
 
     if cfg.checkpoint is None:
         raise InputError("export: checkpoint is required (a training run or an HF folder)")
+    int8 = cfg.int8_mode if cfg.int8 else None
     model = student_folder(cfg.checkpoint, exported=False)
     check_model_folder(model)  # before any work: a malformed JSON file or truncated weights, named
     inputs = [("checkpoint", model), ("parity_input", cfg.parity_input), ("validation_input", cfg.validation_input)]
     inputs += [("validation_qrels", path) for path in qrels_files(cfg.validation_qrels)]
     inputs += [("calibration.inputs", path) for path in cfg.calibration.inputs]
     output = output_folder(cfg.output or RunLayout.of(model).export, "export", "output", inputs, replaced=True)
-    if cfg.parity_input:
-        parity = ParitySet.from_data(load_candidates(cfg.parity_input), cfg.parity_queries, cfg.parity_depth, 0)
-    else:
-        parity = dl19_parity_set(cfg.parity_queries, cfg.parity_depth)
-    parity = parity.with_ranking(validation_set(model, cfg.validation_input, cfg.validation_qrels))
-    int8 = cfg.int8_mode if cfg.int8 else None
-    report = export_student(
-        model, output, tuple(cfg.formats), cfg.fp16, int8, parity, cfg.calibration, cfg.push_to_hub, cfg.license
-    )
+    try:
+        if cfg.parity_input:
+            parity = ParitySet.from_data(load_candidates(cfg.parity_input), cfg.parity_queries, cfg.parity_depth, 0)
+        else:
+            parity = dl19_parity_set(cfg.parity_queries, cfg.parity_depth)
+        parity = parity.with_ranking(validation_set(model, cfg.validation_input, cfg.validation_qrels))
+        report = export_student(
+            model, output, tuple(cfg.formats), cfg.fp16, int8, parity, cfg.calibration, cfg.push_to_hub, cfg.license
+        )
+    except RunWithoutTexts as e:  # export has no --queries or --corpus: the loader's hint would not work
+        raise InputError(
+            f"{e.path}: a TREC run has no texts; export takes candidates with theirs (rank_llm JSON, a BEIR folder, an "
+            "irds: id)"
+        ) from None
     if cfg.push_to_hub:
         from distill.export.hub import push_to_hub
 

@@ -52,8 +52,12 @@ __all__ = [
 
 
 class RunWithoutTexts(InputError):
-    """A TREC run given without the queries and corpus its texts are in; a command that takes neither catches it
-    to say what it takes instead."""
+    """The TREC run at ``path`` given without the queries and corpus its texts are in; a command that takes neither
+    catches it to say what it takes instead."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        super().__init__(f"{path}: a TREC run file needs --queries and --corpus")
 
 
 @dataclass
@@ -145,7 +149,7 @@ def open_candidates(
             )
     else:
         if queries is None or corpus is None:
-            raise RunWithoutTexts(f"{path}: a TREC run file needs --queries and --corpus")
+            raise RunWithoutTexts(path)
         candidates = stream_trec_run(path, Path(queries), Path(corpus), bad, repair_mojibake)
     return CandidateStream(str(path), candidates, override or source_qrels, bad.skipped)
 

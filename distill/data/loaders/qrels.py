@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from distill.core.schema import InputError, Qrels, join_qrels
+from distill.core.schema import InputError, MissingFileError, Qrels, join_qrels
 from distill.data.loaders._common import decoded
 from distill.data.loaders.irds import irds_qrels, is_irds
 
@@ -13,9 +13,12 @@ def load_qrels(path: Path) -> Qrels:
     """The judgements of one TREC qrels file; a pair judged twice with the same grade is judged once.
 
     Raises:
+        MissingFileError: no file at ``path``.
         InputError: a line that is not UTF-8 or not ``qid iteration docid grade`` with an integer grade, or a pair
             judged twice with different grades (naming the file and line).
     """
+    if not path.is_file():
+        raise MissingFileError(f"{path}: no such qrels file" + (" (a folder)" if path.is_dir() else ""))
     qrels: Qrels = {}
     with path.open("rb") as f:
         for lineno, raw in enumerate(f, start=1):

@@ -207,6 +207,13 @@ def test_bench_bad_arguments(exported: Path, capsys) -> None:
     assert "bench: token_counts must be positive, got [100, 0]" in capsys.readouterr().err
     assert main(["bench", "--student", str(exported), "--backends", "onnx-fp32,torch-fp32,onnx-fp32"]) == 2
     assert "--backends: ['onnx-fp32'] named twice; each method is timed once" in capsys.readouterr().err
+    for value in ("-3", "0"):  # a RuntimeError's traceback (negative dimension); 0 went on
+        assert main(["bench", "--student", str(exported), "--matmul_size", value]) == 2
+        assert f"bench: matmul_size must be positive, got {value}" in capsys.readouterr().err
+    assert main(["bench", "--student", str(exported), "--backends", "[]", "--teacher", "none"]) == 2  # crashed plotting
+    assert "bench: nothing to time: backends is empty and teacher is none" in capsys.readouterr().err
+    assert main(["bench", "--student", str(exported), "--qrels", "/nonexistent/qrels.txt"]) == 2  # FileNotFoundError
+    assert "/nonexistent/qrels.txt: no such qrels file" in capsys.readouterr().err
 
 
 def test_bench_refuses_a_trec_run_without_a_hint_it_cannot_take(exported: Path, tmp_path: Path, capsys) -> None:

@@ -317,11 +317,16 @@ def test_reranker_and_rerank_fuse_with_the_named_first_stages_alpha(
         ([1.0, "2", 3.0, 4.0], r"first_stage_scores\[1\]: '2' is not a finite number"),
         ([True, 2.0, 3.0, 4.0], r"first_stage_scores\[0\]: True is not a finite number"),
         ("1234", r"first_stage_scores: a sequence of numbers, one per passage, not str"),
+        (dict.fromkeys(FIRST_STAGE), r"first_stage_scores: a sequence of numbers, one per passage, not dict"),
     ):
         with pytest.raises(InputError, match=f"^{message}$"):
             fusing.score(QUERY, PASSAGES, scores)
     as_numpy = fusing.score(QUERY, PASSAGES, np.array(FIRST_STAGE, dtype=np.float32))
     np.testing.assert_allclose(as_numpy, fusing.score(QUERY, PASSAGES, FIRST_STAGE), rtol=1e-6)
+    import pandas as pd  # a Series was refused while passages took one
+
+    as_series = pd.Series(FIRST_STAGE, index=[7, 5, 3, 1])  # in its order, whatever its index
+    assert fusing.score(QUERY, pd.Series(PASSAGES), as_series) == fusing.score(QUERY, PASSAGES, FIRST_STAGE)
 
     # distill rerank --first_stage: the run is the fused ranking of the sample's BM25 lists with splade's α
     from distill.data.loaders import load_candidates
