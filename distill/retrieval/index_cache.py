@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from distill.core.checksums import file_checksum
+from distill.core.schema import ExistingOutputError
 
 INDEX_FORMAT = 1
 """Bumped whenever the files of an index change layout; an index of another format is rebuilt."""
@@ -77,6 +78,23 @@ def _whole(directory: Path) -> bool:
 
 def load_docids(directory: Path) -> list[str]:
     return json.loads((directory / DOCIDS).read_text())
+
+
+def check_index_folder(directory: Path) -> None:
+    """Check that ``directory`` can take an index: absent, empty, or an index (it has ``manifest.json``), which a new
+    one replaces.
+
+    Raises:
+        ExistingOutputError: ``directory`` is a file, or a folder of something else (a teacher dataset, a user's
+            files), which a new index would delete.
+    """
+    if directory.is_dir() and (directory / MANIFEST).is_file():
+        return
+    if directory.is_file() or (directory.is_dir() and any(directory.iterdir())):
+        raise ExistingOutputError(
+            f"index: {directory} exists and is no index (no {MANIFEST}), which a new index would replace: choose "
+            "another --index"
+        )
 
 
 def save_atomically(

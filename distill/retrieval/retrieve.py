@@ -21,7 +21,7 @@ from distill.model.embeddings import DEFAULT_ENCODER, DENSE_BATCH_TOKENS, Encode
 from distill.model.resolver import cache_home
 from distill.retrieval import bm25
 from distill.retrieval.dense import DenseIndex
-from distill.retrieval.index_cache import index_key, load_or_build
+from distill.retrieval.index_cache import check_index_folder, index_key, load_or_build
 
 Method = Literal["bm25", "dense"]
 OutputFormat = Literal["trec", "rank_llm"]
@@ -108,6 +108,7 @@ def retrieve(
     bad = BadInput("error")
     query_texts = require_texts(queries_path, "query", read_queries(queries_path, bad, repair_mojibake))
     index_dir = Path(index_dir) if index_dir else default_index_dir(output, corpus_path, method)
+    check_index_folder(index_dir)  # before an encoder loads: a folder that is no index is never replaced
 
     if method == "bm25":
         settings = bm25.settings()

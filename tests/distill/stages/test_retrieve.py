@@ -238,6 +238,27 @@ def test_cli_retrieve(tmp_path: Path, inputs: Path, capsys: pytest.CaptureFixtur
     assert "--k: must be positive" in capsys.readouterr().err
 
 
+def test_an_index_folder_that_holds_something_else_is_never_replaced(
+    tmp_path: Path, inputs: Path, capsys: pytest.CaptureFixture[str]
+):
+    """``--index`` on a teacher dataset or a folder of notes deleted it, and wrote the index there, with exit 0."""
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "important.txt").write_text("mine")
+    argv = ["retrieve", "--corpus", str(inputs / "corpus.jsonl"), "--queries", str(inputs / "queries.tsv")]
+    output = tmp_path / "run.trec"
+    assert main([*argv, "--index", str(notes), "--output", str(output)]) == 2
+    assert capsys.readouterr().err == (
+        f"distill retrieve: error: index: {notes} exists and is no index (no manifest.json), which a new index would "
+        "replace: choose another --index\n"
+    )
+    assert [p.name for p in notes.iterdir()] == ["important.txt"] and not output.exists()
+    (tmp_path / "empty").mkdir()  # nothing to lose: taken, then reused as the index it now is
+    for _ in range(2):
+        assert main([*argv, "--index", str(tmp_path / "empty"), "--output", str(output)]) == 0
+    assert "reused the bm25 index" in capsys.readouterr().out
+
+
 # --- dense, with the real all-MiniLM-L6-v2 ---
 
 
