@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import importlib.util
 import os
 import re
@@ -96,17 +97,32 @@ class ModelSource:
 
     @property
     def identity(self) -> str:
-        """A stable description of the weights, for caches and dataset metadata."""
+        """A stable description of the weights, for caches and dataset metadata: an embedded model's package, a
+        GGUF file's absolute path and size, a local folder's absolute path and a digest of its files' names, sizes
+        and modification times (new weights at the same path are another model), a hub id."""
         alias = _alias(self.name)
         if self.kind == "package" and alias is not None:
             return f"package:{PACKAGED_MODELS[alias].requirement}:{PACKAGED_MODELS[alias].file}"
         if self.gguf_file:
             path = Path(self.location) / self.gguf_file
             return f"{self.kind}:{path.resolve()}:{path.stat().st_size}"
+        if self.kind == "directory":
+            folder = Path(self.location).resolve()
+            return f"directory:{folder}:{_files_digest(folder)}"
         return f"{self.kind}:{self.location}"
 
     def pretrained_kwargs(self) -> dict[str, Any]:
         return {"gguf_file": self.gguf_file} if self.gguf_file else {}
+
+
+def _files_digest(folder: Path) -> str:
+    """A digest of the name, size and modification time of every file under ``folder`` (hidden ones left out)."""
+    files = sorted(
+        (str(f.relative_to(folder)), f.stat().st_size, f.stat().st_mtime_ns)
+        for f in folder.rglob("*")
+        if f.is_file() and not any(part.startswith(".") for part in f.relative_to(folder).parts)
+    )
+    return hashlib.sha256(repr(files).encode()).hexdigest()[:16]
 
 
 def cache_home() -> Path:
@@ -298,7 +314,6 @@ def load_pretrained(source: ModelSource, loader: Any, **kwargs: Any) -> Any:
 def gguf_conversion_folder(source: ModelSource, kind: str, *settings: str) -> Path:
     """Where what transformers converts from ``source``'s GGUF file is kept: ``<cache>/<kind>/<file>-<key>``. The key
     is the file's path, size and modification time, transformers' version (which converts) and ``settings``."""
-    import hashlib
 
     import transformers
 

@@ -114,6 +114,34 @@ def test_passage_logprob_computed_once_and_cached_across_runs(
     assert sorted((tmp_path / "cache").rglob("seg-*.jsonl")) == cache_files
 
 
+def test_new_weights_in_a_teacher_folder_are_another_teacher(
+    tiny_llama: Path, sample_file: Path, tmp_path: Path
+) -> None:
+    """A folder was known by its path: new weights there reused the old weights' log p(K) (CIS silently wrong) and
+    found the old output "up to date"."""
+    from transformers import AutoModelForCausalLM
+
+    teacher = tmp_path / "teacher"
+    shutil.copytree(tiny_llama, teacher)
+    first = run_teach(config(teacher, sample_file, tmp_path, output=str(tmp_path / "first")))
+    model = AutoModelForCausalLM.from_pretrained(teacher)
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for weight in model.parameters():
+            weight.add_(torch.randn_like(weight))
+    model.save_pretrained(teacher)
+    with pytest.raises(ExistingOutputError, match="not made by this configuration"):
+        run_teach(config(teacher, sample_file, tmp_path, output=str(tmp_path / "first")))
+    again = run_teach(config(teacher, sample_file, tmp_path, output=str(tmp_path / "again")))  # the shared cache
+    fresh = run_teach(
+        config(teacher, sample_file, tmp_path, output=str(tmp_path / "fresh"), cache_dir=str(tmp_path / "c2"))
+    )
+    columns = ["logp_uncond", "cis"]
+    fresh_table = datasets.load_from_disk(str(fresh)).to_pandas()[columns]
+    assert datasets.load_from_disk(str(again)).to_pandas()[columns].equals(fresh_table)
+    assert not datasets.load_from_disk(str(first)).to_pandas()[columns].equals(fresh_table)
+
+
 def test_rerun_of_a_complete_output_is_a_no_op(tiny_llama: Path, sample_file: Path, tmp_path: Path) -> None:
     cfg = config(tiny_llama, sample_file, tmp_path)
     out = run_teach(cfg)
