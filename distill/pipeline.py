@@ -20,9 +20,12 @@ Everything goes under ``<root>/<name>/``::
     summary.json        the final table
     stages/<stage>.json the key each stage last finished with
 
-A stage is skipped when its output is there and its key matches: the key hashes the stage's own options and
-the keys of the stages it reads, so changing the teacher's options reruns everything after it, and changing
-only the bench's options reruns the bench alone.
+A stage is skipped when its output is there and its key matches: the key hashes the stage's own options, the
+size and modification time of every input file they name outside the pipeline's folder (an edited input reruns the
+stage), the teacher's identity (new weights in a teacher folder rerun teach), and the key and output files of each
+stage it reads (a stage whose output changed reruns those after it). So changing the teacher's options, or its
+inputs, reruns everything after it, and changing only the bench's options reruns the bench alone. The teacher folder
+is the pipeline's: a teach that runs again replaces a dataset of other options or inputs there.
 """
 
 from __future__ import annotations
@@ -34,13 +37,14 @@ import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 
 from distill.cli import COMMANDS
+from distill.core.checksums import stat_digest
 from distill.core.config import check_keys, load_section, read_yaml_mapping
 from distill.core.run_folder import CHECKPOINT_ROOT, RunLayout
 from distill.core.schema import InputError, MissingFileError
@@ -240,9 +244,37 @@ def train_arguments(train: dict[str, Any], joined: dict[str, Any]) -> Iterator[l
 # ----------------------------------------------------------------------------- stage bookkeeping
 
 
-def _key(options: Any, upstream: list[str]) -> str:
-    text = json.dumps({"options": options, "upstream": upstream}, sort_keys=True, default=str)
+def _key(options: Any, upstream: list[Stage], folder: Path, *extra: str) -> str:
+    """A stage's key: a hash of its ``options``, the input files they name (:func:`_input_files`, outside the
+    pipeline's ``folder``), the ``upstream`` stages' marks (:attr:`Stage.mark`) and ``extra`` identities."""
+    inputs = _input_files(options, folder.resolve())
+    marks = [stage.mark for stage in upstream]
+    text = json.dumps({"options": options, "inputs": inputs, "upstream": marks, "extra": extra}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _input_files(options: Any, folder: Path) -> list[tuple[str, int, int]]:
+    """``(absolute path, size, modification time)`` of each existing regular file that a string among ``options``
+    (nested in dicts and lists) names, but those inside ``folder`` (the pipeline's, which its stages make)."""
+    found = []
+    stack = [options]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, dict):
+            stack.extend(value.values())
+        elif isinstance(value, list | tuple):
+            stack.extend(value)
+        elif isinstance(value, str) and value and "\n" not in value:
+            path = Path(value)
+            try:
+                if not path.is_file():
+                    continue
+                path, stat = path.resolve(), path.stat()
+            except (OSError, ValueError):  # not a path (too long, a NUL character)
+                continue
+            if folder not in path.parents:
+                found.append((str(path), stat.st_size, stat.st_mtime_ns))
+    return sorted(set(found))
 
 
 @dataclass
@@ -251,6 +283,16 @@ class Stage:
     key: str
     output: Path
     """The file or folder whose presence says the stage finished."""
+    made: Path | None = None
+    """What the stages after it read (default ``output``): a model folder, where ``output`` is a file in it."""
+
+    @property
+    def mark(self) -> str:
+        """What the stages after it key on, once it is done: its key and a digest of the files it made
+        (:func:`~distill.core.checksums.stat_digest`), so that a stage that ran again and changed them (a resumed
+        training that saved a new best student) reruns those after it, and one that left them as they were does
+        not."""
+        return f"{self.key}:{stat_digest(self.made or self.output)}"
 
 
 class Runner:
@@ -288,9 +330,10 @@ class Runner:
 def _train(pipeline: Pipeline, runner: Runner, teach: Stage) -> Stage:
     from distill.stages.train import train
 
-    options = {"configs": [Path(f).read_text() for f in _train_files(pipeline.train)], "inline": pipeline.train}
+    inline = {key: value for key, value in pipeline.train.items() if key != "config"}  # the files' texts instead
+    options = {"configs": [Path(f).read_text() for f in _train_files(pipeline.train)], "inline": inline}
     run = pipeline.run
-    stage = Stage("train", _key(options, [teach.key]), run.hf / "config.json")
+    stage = Stage("train", _key(options, [teach], pipeline.folder), run.hf / "config.json", run.hf)
 
     def work() -> Any:
         # A run started with these very options (then preempted or killed) resumes from its last checkpoint;
@@ -316,24 +359,26 @@ def _train(pipeline: Pipeline, runner: Runner, teach: Stage) -> Stage:
 def run_pipeline(pipeline: Pipeline, force: set[str] | None = None) -> PipelineReport:
     """Run every stage that is not up to date, then write ``summary.json`` and return the summary."""
     from distill.bench.latency import bench
+    from distill.model.resolver import resolve_model
     from distill.stages.evaluate import evaluate
     from distill.stages.export import export
     from distill.stages.rerank import rerank
     from distill.stages.teach import teach
 
     runner = Runner(pipeline.folder, force or set())
-    run = pipeline.run
-    taught = Stage("teach", _key(asdict(pipeline.teach), []), Path(pipeline.teach.output))
-    runner.run(taught, lambda: teach(pipeline.teach))
+    run, folder = pipeline.run, pipeline.folder
+    teacher = resolve_model(pipeline.teach.teacher).identity
+    taught = Stage("teach", _key(asdict(pipeline.teach), [], folder, teacher), Path(pipeline.teach.output))
+    runner.run(taught, lambda: teach(replace(pipeline.teach, overwrite=True)))  # its folder is the pipeline's
     trained = _train(pipeline, runner, taught)
-    exported = Stage("export", _key(asdict(pipeline.export), [trained.key]), run.export / "card.json")
+    exported = Stage("export", _key(asdict(pipeline.export), [trained], folder), run.export / "card.json", run.export)
     runner.run(exported, lambda: export(pipeline.export))
-    benched = Stage("bench", _key(asdict(pipeline.bench), [exported.key]), run.bench / "bench.json")
+    benched = Stage("bench", _key(asdict(pipeline.bench), [exported], folder), run.bench / "bench.json")
     runner.run(benched, lambda: bench(pipeline.bench, f"distill run (bench stage of {pipeline.name})"))
     reranks = [c for c in (pipeline.rerank, pipeline.rerank_fused) if c is not None]
-    reranked = Stage("rerank", _key([asdict(c) for c in reranks], [exported.key]), Path(reranks[-1].output))
+    reranked = Stage("rerank", _key([asdict(c) for c in reranks], [exported], folder), Path(reranks[-1].output))
     runner.run(reranked, lambda: Reports([rerank(c) for c in reranks]))
-    evaluated = Stage("eval", _key(asdict(pipeline.eval), [taught.key, reranked.key]), Path(pipeline.eval.json))
+    evaluated = Stage("eval", _key(asdict(pipeline.eval), [taught, reranked], folder), Path(pipeline.eval.json))
     runner.run(evaluated, lambda: evaluate(pipeline.eval, f"distill run (eval stage of {pipeline.name})"))
     report = PipelineReport(summarize(pipeline))
     (pipeline.folder / "summary.json").write_text(json.dumps(report.summary, indent=2) + "\n")

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
 import importlib.util
 import os
 import re
@@ -24,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from distill.core.checksums import stat_digest
 from distill.core.schema import MissingFileError
 
 SourceKind = Literal["directory", "gguf", "package", "hub"]
@@ -108,21 +108,11 @@ class ModelSource:
             return f"{self.kind}:{path.resolve()}:{path.stat().st_size}"
         if self.kind == "directory":
             folder = Path(self.location).resolve()
-            return f"directory:{folder}:{_files_digest(folder)}"
+            return f"directory:{folder}:{stat_digest(folder)}"
         return f"{self.kind}:{self.location}"
 
     def pretrained_kwargs(self) -> dict[str, Any]:
         return {"gguf_file": self.gguf_file} if self.gguf_file else {}
-
-
-def _files_digest(folder: Path) -> str:
-    """A digest of the name, size and modification time of every file under ``folder`` (hidden ones left out)."""
-    files = sorted(
-        (str(f.relative_to(folder)), f.stat().st_size, f.stat().st_mtime_ns)
-        for f in folder.rglob("*")
-        if f.is_file() and not any(part.startswith(".") for part in f.relative_to(folder).parts)
-    )
-    return hashlib.sha256(repr(files).encode()).hexdigest()[:16]
 
 
 def cache_home() -> Path:
@@ -314,6 +304,7 @@ def load_pretrained(source: ModelSource, loader: Any, **kwargs: Any) -> Any:
 def gguf_conversion_folder(source: ModelSource, kind: str, *settings: str) -> Path:
     """Where what transformers converts from ``source``'s GGUF file is kept: ``<cache>/<kind>/<file>-<key>``. The key
     is the file's path, size and modification time, transformers' version (which converts) and ``settings``."""
+    import hashlib
 
     import transformers
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
+import datasets
 import numpy as np
 import pytest
 import yaml
@@ -27,6 +29,10 @@ def write_pipeline(tmp_path: Path, sample_file: Path, tiny_llama: Path, tiny_ber
         "wandb_mode": "disabled",
     }
     (tmp_path / "train.yaml").write_text(yaml.safe_dump(train))
+    own = tmp_path / "input.json"  # the pipeline's own copy, which a test may edit
+    if not own.exists():
+        shutil.copyfile(sample_file, own)
+    sample_file = own
     config = {
         "name": "tiny",
         "root": str(tmp_path / "runs"),
@@ -102,13 +108,15 @@ def test_pipeline_runs_every_stage_then_skips_what_is_up_to_date(
     assert main(["run", "--config", str(config)]) == 0
     assert capsys.readouterr().out.count("up to date") == 6 and stamps(folder) == first
 
-    # The train stage stopped before it finished (preempted): the rerun resumes its run, nothing is wiped.
+    # The train stage stopped before it finished (preempted): the rerun resumes its run, nothing is wiped; the
+    # stages after it, which read the student it saved, run again.
     kept = folder / "student" / "checkpoints" / "last.ckpt"
     before = kept.stat().st_mtime_ns
     (folder / "stages" / "train.json").unlink()
     assert main(["run", "--config", str(config)]) == 0
     printed = capsys.readouterr().out
-    assert "[train] resuming the interrupted run" in printed and printed.count("up to date") == 5
+    assert "[train] resuming the interrupted run" in printed and printed.count("up to date") == 1
+    assert "[export] running" in printed and "[eval] running" in printed
     assert kept.stat().st_mtime_ns == before
     assert json.loads(stamps(folder)["train"])["key"] == json.loads(first["train"])["key"]
     first = stamps(folder)
@@ -121,6 +129,20 @@ def test_pipeline_runs_every_stage_then_skips_what_is_up_to_date(
     after = stamps(folder)
     assert after["bench"] != first["bench"] and after["teach"] == first["teach"] and after["train"] == first["train"]
     assert all(cell["n"] == 1 for cell in json.loads((folder / "student/bench/bench.json").read_text())["cells"])
+
+    # The teacher's input edited in place: every stage runs again, the teacher's folder replaced (it was "up to date",
+    # and then its labels stale in every later stage).
+    edited = json.loads(sample_file.read_text())
+    edited[0]["hits"][0]["content"] = "an edited passage about fleas"
+    Path(config_input(config)).write_text(json.dumps(edited))
+    assert main(["run", "--config", str(config)]) == 0
+    assert "up to date" not in capsys.readouterr().out
+    texts = set(datasets.load_from_disk(str(folder / "teacher")).to_pandas().passage)
+    assert "an edited passage about fleas" in texts
+
+
+def config_input(config: Path) -> str:
+    return yaml.safe_load(config.read_text())["teach"]["input"]
 
 
 def one_line_error(capsys) -> str:
