@@ -115,6 +115,8 @@ class DistillCLI(LightningCLI):
         check_train_paths(self.config, self.run_dir, self.reads_files)
         if self.reads_files:
             self.resume_from = resume_checkpoint(self.config.ckpt_path, RunLayout(self.run_dir).checkpoints)
+            if self.resume_from is not None and self.config.ckpt_path == "last":
+                check_resumed_config(self.run_dir, self.config.as_dict())
 
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:
         # Once the model's and the data's options have passed their checks: the run folder is this run's.
@@ -313,6 +315,50 @@ def job_leader() -> bool:
     every rank that torchrun (``RANK``, ``LOCAL_RANK``), SLURM (``SLURM_PROCID``) or Lightning's own launcher
     (``NODE_RANK``, ``LOCAL_RANK`` of the processes it starts) sets is 0, or none is set (a process started alone)."""
     return all(os.environ.get(key, "0") == "0" for key in ("RANK", "LOCAL_RANK", "NODE_RANK", "SLURM_PROCID"))
+
+
+FIXED_ON_RESUME = (
+    "model.backbone",
+    "model.random_init",
+    "model.head",
+    "model.segment_layers",
+    "data.teacher_data",
+    "data.label",
+    "data.first_stages",
+    "data.target_scaling",
+    "data.qrels",
+    "data.val_queries",
+    "data.val_pool",
+    "data.val_folds",
+    "data.val_fold",
+    "data.train_depth",
+    "data.train_queries",
+    "data.seed",
+)
+"""The options a resumed run keeps: what the student is, what it learns from and what it is validated on (its best
+checkpoint is the best of one validation). The optimiser's options, the length of training and the batches may
+change."""
+
+
+def check_resumed_config(run_dir: Path, config: dict[str, Any]) -> None:
+    """Check that ``config`` (the options, nested) keeps :data:`FIXED_ON_RESUME` as the run at ``run_dir`` saved
+    them (``logs/config.yaml``; nothing to check where it has none).
+
+    Raises:
+        InputError: an option differs, named with both values.
+    """
+    saved_file = RunLayout(run_dir).logs / "config.yaml"
+    if not saved_file.is_file():
+        return
+    saved = read_yaml_file(saved_file) or {}
+    for key in FIXED_ON_RESUME:
+        section, name = key.split(".")
+        before, now = (saved.get(section) or {}).get(name), (config.get(section) or {}).get(name)
+        if before != now:
+            raise InputError(
+                f"--ckpt_path last: {key} is {now!r} here and {before!r} in the run it resumes ({saved_file}): a "
+                "resumed run keeps what it learns from and is validated on; give another --run_name for a new run"
+            )
 
 
 def resume_checkpoint(given: str | None, checkpoints: Path) -> str | Path | None:

@@ -318,6 +318,25 @@ def test_a_finished_run_is_resumed_or_replaced_when_asked_never_silently(
     assert (run / "hf" / "model.safetensors").read_bytes() != before[run / "hf" / "model.safetensors"]
 
 
+def test_a_resumed_run_keeps_what_it_learns_from(
+    tmp_path: Path, tiny_bert: Path, teacher_dataset: Path, capsys
+) -> None:
+    """A resume with another label exited 0: the card said upr, the weights and the best checkpoint were cis's."""
+    config = write_config(tmp_path, tiny_bert, teacher_dataset, max_epochs=1)
+    assert main(["train", "--config", str(config)]) == 0
+    run = tmp_path / "runs" / "tiny"
+    saved = (run / "logs" / "config.yaml").read_text()
+    capsys.readouterr()
+    assert main(["train", "--config", str(config), "--ckpt_path", "last", "--data.label", "upr"]) == 2
+    assert capsys.readouterr().err == (
+        f"distill train: error: --ckpt_path last: data.label is 'upr' here and 'cis' in the run it resumes "
+        f"({run / 'logs' / 'config.yaml'}): a resumed run keeps what it learns from and is validated on; give "
+        "another --run_name for a new run\n"
+    )
+    assert (run / "logs" / "config.yaml").read_text() == saved
+    assert main(["train", "--config", str(config), "--ckpt_path", "last", "--trainer.max_epochs", "2"]) == 0  # longer
+
+
 def test_a_second_job_on_the_same_run_stops_before_it_writes(
     tmp_path: Path, tiny_bert: Path, teacher_dataset: Path, capsys
 ) -> None:
