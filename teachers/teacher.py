@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -51,6 +52,34 @@ def teacher_setting(identity: str, dtype: torch.dtype, max_passage_tokens: int, 
     }
 
 
+CAUSAL_LM_ARCHITECTURES = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
+"""Endings of the architecture names (``config.json``'s ``architectures``) of models that predict the next token."""
+
+
+def check_causal_lm(source: ModelSource) -> None:
+    """Check that ``source`` is a causal LM where its ``config.json`` names its architectures (a GGUF file has none):
+    an encoder (an embedding model such as all-MiniLM-L6-v2) loads as one with a random LM head, or fails later
+    for want of a start token.
+
+    Raises:
+        InputError: the architectures named are none of a causal LM's.
+    """
+    import json
+
+    config = Path(source.location) / "config.json"
+    if source.gguf_file or not config.is_file():
+        return
+    try:
+        architectures = json.loads(config.read_text()).get("architectures") or []
+    except (json.JSONDecodeError, AttributeError, UnicodeDecodeError):
+        return  # transformers names the malformed file as it loads it
+    if architectures and not any(a.endswith(CAUSAL_LM_ARCHITECTURES) for a in architectures):
+        raise InputError(
+            f"teacher {source.name}: {', '.join(architectures)} is no causal LM, which log p(K | Q) needs; an "
+            "embedding model teaches with --scores similarity"
+        )
+
+
 class CausalLMTeacher:
     """Computes the terms of :mod:`teachers.terms` for (query, passage) pairs.
 
@@ -83,7 +112,7 @@ class CausalLMTeacher:
         if start_token_id is None:
             start_token_id = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
         if start_token_id is None:
-            raise ValueError("the tokenizer has neither a BOS nor an EOS token: set start_token")
+            raise InputError(f"{identity}: the tokenizer has neither a BOS nor an EOS token: set start_token")
         self.tokenizer = tokenizer
         self.identity = identity
         self.start_token_id = int(start_token_id)
@@ -112,6 +141,7 @@ class CausalLMTeacher:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         source: ModelSource = resolve_model(name)
+        check_causal_lm(source)
         device = torch.device(device)
         torch_dtype = resolve_dtype(dtype, device)
         with gguf_parsed_once(source):

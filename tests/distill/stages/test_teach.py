@@ -396,6 +396,19 @@ def test_unknown_teacher_lists_what_was_tried(sample_file: Path, tmp_path: Path,
     assert "cannot find model 'no/such-model'" in err and "local directory" in err and "hub id" in err
 
 
+def test_an_encoder_as_a_causal_teacher_is_one_line(tiny_bert: Path, sample_file: Path, tmp_path: Path, capsys) -> None:
+    """An embedding model as the CIS teacher was a traceback (no BOS or EOS token), or, with --start_token, scores
+    from a random LM head with exit 0."""
+    args = ["teach", "--input", str(sample_file), "--output", str(tmp_path / "o"), "--teacher", str(tiny_bert)]
+    for extra in ([], ["--start_token", "[CLS]"]):
+        assert main([*args, *extra]) == 2
+        assert capsys.readouterr().err == (
+            f"distill teach: error: teacher {tiny_bert}: BertForSequenceClassification is no causal LM, which "
+            "log p(K | Q) needs; an embedding model teaches with --scores similarity\n"
+        )
+    assert not (tmp_path / "o").exists()
+
+
 def test_partial_results_of_another_configuration_are_kept(tiny_llama: Path, sample_file: Path, tmp_path: Path) -> None:
     partial = tmp_path / "out.partial"
     (partial / "chunks").mkdir(parents=True)
