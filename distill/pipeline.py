@@ -6,7 +6,8 @@ A pipeline YAML has a ``name`` and one section per stage. Each section is the sa
 ``train:`` is a ``distill train`` config (``config:`` lists train YAML files to compose, the other keys override
 them). A missing section takes its defaults. The pipeline sets the paths that join the stages, over any value
 given for them: the teacher's output, the student to export, time and rerank, and its run to evaluate. By
-default the student learns from the pipeline's teacher (unless the train config names ``data.teacher_data``),
+default the student learns from the pipeline's teacher (unless the train config names ``data.teacher_data``) and
+is validated on the queries the teacher's qrels judge (unless it names ``data.qrels``),
 is timed against it (unless ``bench.teacher`` names another) and is evaluated beside the teacher's runs (unless
 ``eval.run`` names others), every run on the queries they all rank.
 
@@ -166,8 +167,13 @@ def load_pipeline(path: str | Path) -> Pipeline:
     if not isinstance(paths, list) or not all(isinstance(f, str) for f in paths):
         raise InputError(f"{where['train']}: config: expected a YAML file's path or a list of them, got {files!r}")
     train_joined: dict[str, Any] = {"run_name": run.root.name, "checkpoint_root": str(run.root.parent)}
-    if not _train_sets_teacher_data(train):  # by default the student learns from the pipeline's teacher
-        train_joined["data"] = {"teacher_data": [teach.output]}
+    data: dict[str, Any] = {}
+    if not _train_sets(train, "teacher_data"):  # by default the student learns from the pipeline's teacher
+        data["teacher_data"] = [teach.output]
+    if teach.qrels and not _train_sets(train, "qrels"):  # and is validated on the queries its qrels judge
+        data["qrels"] = teach.qrels
+    if data:
+        train_joined["data"] = data
     with train_arguments(train, train_joined) as argv:
         check_train_args(argv, where["train"])
     rerank_input = sections["rerank"].get("input") or teach.input
@@ -214,11 +220,11 @@ def _irds_inputs(inputs: list[str]) -> list[str] | None:
     return list(inputs) if inputs and all(is_irds(i) for i in inputs) else None
 
 
-def _train_sets_teacher_data(train: dict[str, Any]) -> bool:
-    """Whether a train section (its files, then its own keys) names its teacher data."""
+def _train_sets(train: dict[str, Any], key: str) -> bool:
+    """Whether a train section (its files, then its own keys) sets ``data.<key>``."""
     sections = [read_yaml_mapping(file).get("data") or {} for file in _train_files(train)]
     sections.append(train.get("data") or {})
-    return any("teacher_data" in section for section in sections)
+    return any(key in section for section in sections)
 
 
 def _train_files(train: dict[str, Any]) -> list[str]:

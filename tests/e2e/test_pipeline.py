@@ -208,6 +208,16 @@ def test_a_pipeline_without_optional_sections_takes_their_defaults(tmp_path: Pat
     assert pipeline.eval.qrels == str(DL19_QRELS) and pipeline.eval.held_out == str(tmp_path / "x" / "student")
     assert pipeline.bench.output == str(tmp_path / "x" / "student" / "bench")
     assert pipeline.export.parity_input == str(sample_file)  # the candidates it reranks, with their texts
+    # the student is validated on the teacher's judged queries (without: on spearman, and export found no judged
+    # validation query, after teach and train had run)
+    assert pipeline.train_joined["data"] == {
+        "teacher_data": [str(tmp_path / "x" / "teacher")],
+        "qrels": str(DL19_QRELS),
+    }
+    path.write_text(
+        yaml.safe_dump({"name": "x", "root": str(tmp_path), "teach": teach, "train": {"data": {"qrels": "a"}}})
+    )
+    assert "qrels" not in load_pipeline(path).train_joined["data"]  # the train config's own
 
 
 def test_a_trec_run_teach_input_is_reranked_with_its_queries_and_corpus(tmp_path: Path) -> None:
