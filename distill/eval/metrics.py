@@ -7,6 +7,7 @@ computes it: by score, descending, and equal scores by docid, descending (byte o
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import ir_measures
@@ -77,12 +78,17 @@ def evaluate_per_query(
         metrics: ir-measures names, see :func:`parse_metrics` (keys of the result are its canonical names).
         rel_level: relevance level of the binary measures that do not name one.
 
-    Raises :class:`ValueError` where no query of the run is judged.
+    Raises :class:`ValueError` where no query of the run is judged, or a score is not a finite number (a NaN has no
+    rank).
     """
     measures = parse_metrics(metrics, rel_level)
     judged = [qid for qid in run if qid in qrels]
     if not judged:
         raise ValueError("no query of the run has relevance judgements")
+    for qid in judged:
+        bad = next((docid for docid, score in run[qid].items() if not math.isfinite(score)), None)
+        if bad is not None:
+            raise ValueError(f"query {qid}: the score of {bad} is {run[qid][bad]}, not a finite number")
     # Each provider gets the trec_eval ranking as distinct scores, and query ids it can take (gdeval, behind ERR,
     # reads numbers only): the run's own tie rule and ids would differ between providers.
     ranked = {str(i): trec_eval_order(run[qid]) for i, qid in enumerate(judged)}

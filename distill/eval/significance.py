@@ -49,13 +49,13 @@ def paired_t_test(a: np.ndarray, b: np.ndarray) -> float:
 
     Returns 1.0 where all differences are zero (the t statistic is 0/0 there), 0.0 where they are all one other
     value (the statistic is infinite: no spread, for the t-test's normal model; see :func:`randomization_test` for a
-    test without one), and NaN for fewer than two queries.
+    test without one), and NaN for fewer than two queries or where a value is not finite.
     """
     from scipy.stats import ttest_rel
 
-    if len(a) < 2:
-        return float("nan")
     diff = np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)
+    if len(diff) < 2 or not np.isfinite(diff).all():
+        return float("nan")
     if np.all(diff == diff[0]):
         return 1.0 if diff[0] == 0 else 0.0
     with warnings.catch_warnings():  # scipy's "precision loss" where the differences are nearly all one value
@@ -84,10 +84,10 @@ def randomization_test(
         seed: seed of the numpy generator.
         chunk_elements: signs drawn at once (permutations × queries), bounding memory to 8 bytes each.
 
-    Returns NaN for fewer than two queries.
+    Returns NaN for fewer than two queries, or where a value is not finite.
     """
     diff = np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)
-    if len(diff) < 2:
+    if len(diff) < 2 or not np.isfinite(diff).all():
         return float("nan")
     observed = abs(diff.sum())
     tolerance = 1e-9 * max(1.0, observed)  # the identity assignment must count despite rounding

@@ -144,6 +144,12 @@ def test_significance_identical_reversed_and_by_hand() -> None:
     assert one_per_chunk == pytest.approx(2 / 16, abs=0.01)  # chunking changes the draws, not what they estimate
     assert randomization_test(np.arange(5.0), np.ones(5)) == randomization_test(np.arange(5.0), np.ones(5))  # seeded
     assert math.isnan(compare({"q": 1.0}, {"q": 2.0}).p_value)
+    with_nan = {"q1": 51.0, "q2": float("nan"), "q3": 54.0}
+    for test in TESTS:  # the randomisation test found NaN data significant at its least p
+        undefined = compare({"q1": 50.0, "q2": 60.0, "q3": 55.0}, with_nan, test)
+        assert math.isnan(undefined.p_value) and not undefined.significant
+    with pytest.raises(ValueError, match="query q: the score of a is nan, not a finite number"):
+        evaluate({"q": {"a": float("nan"), "b": 2.0}}, {"q": {"a": 1}}, ["nDCG@10"])  # ranked by dict order
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # scipy's "precision loss" warning reached the terminal
         assert compare({"q1": 0.0, "q2": 0.0}, {"q1": 100.0, "q2": 100.0}).p_value == 0.0  # no spread: t is infinite
