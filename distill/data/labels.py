@@ -38,13 +38,25 @@ _TOKEN = re.compile(r"\s*(?:(?P<number>(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)|(?P
 _FORMS = "a score (cis), a hybrid (cis_q+0.5*first_stage) or a sum of z-terms (z(gemma.cis) + 0.25*z(first_stage))"
 
 
+CONSTANT_SPREAD = 1e-12
+"""A query whose values spread (std) less than this share of their largest magnitude is constant: what is left is
+rounding (``0.1 + 0.2`` against ``0.3``), which standardising would blow up to a full-scale ranking."""
+
+
 def per_query_z(values: np.ndarray, qids: Sequence[str]) -> np.ndarray:
-    """``values`` standardised within each query: ``[n]`` float64, mean 0 and std 1 per query (0 if constant).
+    """``values`` standardised within each query: ``[n]`` float64, mean 0 and std 1 per query (0 where constant, by
+    :data:`CONSTANT_SPREAD`).
 
     Each query's values are first scaled by a power of two that brings its largest magnitude into [0.5, 1), which
     changes no bit of the result but keeps the sum of squares finite for any finite values (``1e200`` squared is
-    not)."""
+    not).
+
+    Raises:
+        ValueError: a value is not finite (a NaN would zero its whole query).
+    """
     values = np.asarray(values, dtype=np.float64)
+    if not np.isfinite(values).all():
+        raise ValueError(f"per_query_z: {int((~np.isfinite(values)).sum())} of {len(values)} values are not finite")
     _, index = np.unique(np.asarray(qids), return_inverse=True)
     largest = np.zeros(index.max(initial=-1) + 1)
     np.maximum.at(largest, index, np.abs(values))
@@ -53,7 +65,8 @@ def per_query_z(values: np.ndarray, qids: Sequence[str]) -> np.ndarray:
     mean = np.bincount(index, weights=values) / counts
     centred = values - mean[index]
     std = np.sqrt(np.bincount(index, weights=centred**2) / counts)
-    return np.divide(centred, std[index], out=np.zeros_like(centred), where=std[index] > 0)
+    spread = std[index] > CONSTANT_SPREAD  # of the largest magnitude, which the scaling made about 1
+    return np.divide(centred, std[index], out=np.zeros_like(centred), where=spread)
 
 
 @dataclass(frozen=True)

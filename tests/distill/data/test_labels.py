@@ -132,6 +132,12 @@ def test_per_query_z_is_the_textbook_standardisation_and_stays_finite_at_any_mag
     huge = per_query_z(np.array([-1e200, 0.0, 1e200, 1e300, -1e300]), ["q", "q", "q", "r", "r"])
     assert np.isfinite(huge).all()
     np.testing.assert_allclose(huge, [-np.sqrt(1.5), 0.0, np.sqrt(1.5), 1.0, -1.0], rtol=1e-12)
+    # rounding is no ranking: 0.1 + 0.2 and 0.3 differ by one bit, which standardised to [1.41, -0.71, -0.71]
+    assert per_query_z(np.array([0.1 + 0.2, 0.3, 0.3]), ["q"] * 3).tolist() == [0.0, 0.0, 0.0]
+    tiny = per_query_z(np.array([1e-300, 2e-300, 3e-300]), ["q"] * 3)  # a real spread at any scale is one
+    np.testing.assert_allclose(tiny, [-np.sqrt(1.5), 0.0, np.sqrt(1.5)], rtol=1e-12)
+    with pytest.raises(ValueError, match="1 of 5 values are not finite"):  # a NaN zeroed its whole query
+        per_query_z(np.array([1.0, np.nan, 3.0, 1.0, 2.0]), ["a"] * 3 + ["b"] * 2)
 
 
 def test_named_teachers_are_joined_on_qid_and_docid(teachers: dict[str, list[str]]) -> None:
