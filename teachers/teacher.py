@@ -21,6 +21,7 @@ from teachers.terms import (
     UPR_PASSAGE_PREFIX,
     UPR_PASSAGE_TOKENS,
     UPR_QUESTION_PREFIX,
+    prompt_fault,
 )
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -107,8 +108,10 @@ class CausalLMTeacher:
         logit_chunk_rows: int = LOGIT_CHUNK_ROWS,
         options: ScorerOptions | None = None,
     ) -> None:
-        if "{query}" not in prompt:
-            raise ValueError(f"prompt must contain '{{query}}', got {prompt!r}")
+        if fault := prompt_fault(prompt):
+            raise ValueError(f"prompt {prompt!r}: {fault}")
+        if max_passage_tokens < 1:
+            raise ValueError(f"max_passage_tokens must be positive, got {max_passage_tokens}")
         if start_token_id is None:
             start_token_id = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
         if start_token_id is None:

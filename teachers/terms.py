@@ -27,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 DEFAULT_PROMPT = "Q: {query} A:"
+"""The QA prompt of log p(K | Q): the query in its one field, ``{query}``; the passage follows it."""
 MAX_PASSAGE_TOKENS = 256
 """Passage ids are truncated to this many tokens unless the teacher is told otherwise."""
 LOGIT_CHUNK_ROWS = 1024
@@ -95,3 +96,20 @@ def required_terms(scores: list[str]) -> list[str]:
     for score in scores:
         terms.extend(t for t in SCORES[score].terms if t not in terms)
     return terms
+
+
+def prompt_fault(prompt: str) -> str | None:
+    """Why ``prompt`` cannot be the QA prompt (None where it can): it must hold the field ``{query}`` and no other
+    (the passage follows the prompt; it is no field), in ``str.format`` syntax (``{{`` for a literal brace)."""
+    import string
+
+    try:
+        fields = {name for _, name, _, _ in string.Formatter().parse(prompt) if name is not None}
+    except ValueError as e:  # a lone "{" or "}"
+        return f"not a format string ({e}; write {{{{ or }}}} for a brace)"
+    if "query" not in fields:
+        return "must contain '{query}'"
+    others = sorted(fields - {"query"})
+    if others:
+        return f"has fields {others} besides '{{query}}' (the passage follows the prompt)"
+    return None

@@ -50,6 +50,7 @@ from teachers.terms import (
     PAIR_TERMS,
     QUERY_TERMS,
     SCORES,
+    prompt_fault,
     required_terms,
 )
 
@@ -127,8 +128,8 @@ class TeachConfig(ScorerOptions, InputOptions):
         for name in ("chunk_size", "max_passage_tokens", "max_queries"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise InputError(f"teach: {name} must be positive, got {getattr(self, name)}")
-        if not self.similarity and "{query}" not in self.prompt:
-            raise InputError(f"teach: prompt must contain '{{query}}', got {self.prompt!r}")
+        if not self.similarity and (fault := prompt_fault(self.prompt)):
+            raise InputError(f"teach: prompt {self.prompt!r}: {fault}")
 
     @property
     def similarity(self) -> bool:

@@ -101,6 +101,8 @@ def test_passages_are_truncated_and_upr_sees_200_tokens(tiny_llama: Path) -> Non
     head, tail = (tok(t, add_special_tokens=False)["input_ids"] for t in ("Passage:", "\nQuestion:"))
     upr = teacher.pair_terms(["when do fleas hatch"], [ids], ["logp_upr"])["logp_upr"][0]
     assert upr == pytest.approx(naive_logprob(model, [bos, *head, *ids[:200], *tail], q), rel=1e-5, abs=1e-4)
+    with pytest.raises(ValueError, match="max_passage_tokens must be positive, got -3"):  # dropped 3 tokens silently
+        CausalLMTeacher.load(str(tiny_llama), max_passage_tokens=-3)
 
 
 def test_start_token_override_changes_the_prefix(tiny_llama: Path) -> None:

@@ -639,7 +639,10 @@ def test_reuse_of_another_teacher_fingerprint_is_refused_in_one_line_before_the_
     [
         ({"max_queries": 0}, "teach: max_queries must be positive, got 0"),
         ({"chunk_size": -1}, "teach: chunk_size must be positive, got -1"),
-        ({"prompt": "no field here"}, "teach: prompt must contain '{query}', got 'no field here'"),
+        ({"prompt": "no field here"}, "teach: prompt 'no field here': must contain '{query}'"),
+        # a KeyError's traceback once log p(K) was scored
+        ({"prompt": "Q: {query} A: {passage}"}, "has fields ['passage'] besides '{query}' (the passage follows"),
+        ({"prompt": "Q: {query} {A:"}, "teach: prompt 'Q: {query} {A:': not a format string ("),
     ],
 )
 def test_option_values_are_refused_before_anything_loads(option: dict, expected: str) -> None:
