@@ -334,7 +334,8 @@ class StudentDataModule(LightningDataModule):
         super().__init__()
         sizes = {"max_batch_tokens": max_batch_tokens, "pad_to_multiple_of": pad_to_multiple_of}
         sizes |= {"batch_size": batch_size, "eval_batch_size": eval_batch_size, "max_length": max_length}
-        for key, value in {**sizes, "bucket_window": bucket_window, "group_size": group_size}.items():
+        bounded = {"bucket_window": bucket_window, "group_size": group_size, "train_depth": train_depth}
+        for key, value in {**sizes, **bounded}.items():
             if value is not None and value < 1:
                 raise InputError(f"data.{key}: must be positive, got {value}")
         if train_queries is not None and train_queries <= 0:

@@ -3,10 +3,14 @@
 ``loss(scores, targets, groups) -> scalar``, where
 
 - ``scores``: ``[B]`` student scores (float);
-- ``targets``: ``[B]`` teacher scores after target scaling (float);
-- ``groups``: ``[B]`` long, the query of each pair as a batch-local index ``0..G-1``;
+- ``targets``: ``[B]`` teacher scores after target scaling (float), finite;
+- ``groups``: ``[B]`` long, the query of each pair as a batch-local index ``0..G-1``, each index present;
 - ``sizes`` (optional): ``(G, K)``, the number of queries and the most candidates of one, as the host knows them
   from the batch it built: with them, no loss reads anything back from the device (no host synchronisation).
+
+The base class checks what it can without reading values back from the device: the shapes, the groups' dtype, the
+devices, a non-empty batch. The values are the data's contract: :class:`~students.data.StudentDataModule` refuses
+non-finite labels and builds the groups and sizes from the batch it made.
 
 Pairs of one query are compared only with each other; a query's candidates may sit anywhere in the batch.
 The within-query losses (:attr:`DistillationLoss.within_query`) need batches that hold several candidates of
@@ -14,6 +18,8 @@ each query (``data.group_size``).
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import nn
@@ -54,7 +60,8 @@ def _ordered_pairs(targets: torch.Tensor, groups: torch.Tensor) -> torch.Tensor:
 
 
 class DistillationLoss(nn.Module):
-    """The base of every loss: checks the inputs, then :meth:`compute` on fp32 scores and targets."""
+    """The base of every loss: checks the inputs' shapes, dtype and devices (see the module's contract), then
+    :meth:`compute` on fp32 scores and targets."""
 
     within_query = False
     """Whether the loss compares candidates of one query (and needs batches grouped by query)."""
@@ -130,8 +137,8 @@ class TemperatureLoss(DistillationLoss):
 
     def __init__(self, temperature: float = 1.0) -> None:
         super().__init__()
-        if temperature <= 0:
-            raise ValueError(f"temperature must be positive, got {temperature}")
+        if not 0 < temperature < math.inf:  # NaN too
+            raise ValueError(f"temperature must be positive and finite, got {temperature}")
         self.temperature = temperature
 
 

@@ -188,8 +188,9 @@ class CrossEncoderModule(LightningModule):
         with eager:
             scores = self(batch)
         self._val_scores.update(zip(batch["index"].tolist(), scores.float().cpu().tolist(), strict=True))
-        loss = self.loss_fn(scores, batch["target"], batch["group"], batch.get("group_sizes"))
-        self.log("val/loss", loss, batch_size=len(scores), sync_dist=True)
+        if not self.loss_fn.within_query:  # a within-query loss takes each query whole: at the epoch's end
+            loss = self.loss_fn(scores, batch["target"], batch["group"], batch.get("group_sizes"))
+            self.log("val/loss", loss, batch_size=len(scores), sync_dist=True)
 
     def on_validation_epoch_end(self) -> None:
         if self.trainer.sanity_checking or len(self._val_scores) < 2:
@@ -203,10 +204,25 @@ class CrossEncoderModule(LightningModule):
                 "and check --data.label"
             )
         data = self.trainer.datamodule
+        if self.loss_fn.within_query:
+            self.log("val/loss", self._whole_query_loss(data.val, rows, scores), sync_dist=True)
         metrics = validation_metrics(data.val, rows, scores, data.qrels, getattr(data, "first_stage_lists", None))
         for name, value in metrics.items():
             self.log(f"val/{name}", value, prog_bar=name == "nDCG@10", sync_dist=True)
         self._last_validation = metrics
+
+    def _whole_query_loss(self, val: Any, rows: list[int], scores: np.ndarray) -> float:
+        """A within-query loss on each validation query's whole list of ``rows``, averaged over the queries: the
+        validation batches, cut by length, would split a query's list where they fall (and the loss with it)."""
+        queries = val.query[rows]
+        targets = val.targets[rows]
+        losses = []
+        for query in np.unique(queries):
+            mine = queries == query
+            if mine.sum() > 1:
+                one = torch.zeros(int(mine.sum()), dtype=torch.long)
+                losses.append(float(self.loss_fn(torch.from_numpy(scores[mine]), torch.from_numpy(targets[mine]), one)))
+        return float(np.mean(losses)) if losses else 0.0
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Keep the last validation's figures with the weights: the best checkpoint's α goes into the card."""

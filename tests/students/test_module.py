@@ -74,6 +74,10 @@ def test_every_loss_checks_its_inputs_and_has_gradients(name: str) -> None:
     with pytest.raises(ValueError, match="empty batch"):
         loss(scores[:0], targets[:0], groups[:0])
     assert loss.within_query == (name != "mse")
+    if name in ("listwise_kl", "adr_mse"):  # NaN passed "temperature <= 0" and made every loss NaN
+        for bad in (float("nan"), 0.0, float("inf")):
+            with pytest.raises(ValueError, match="temperature must be positive and finite"):
+                build_loss(name, temperature=bad)
 
 
 def test_target_scaling() -> None:

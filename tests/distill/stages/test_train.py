@@ -157,6 +157,20 @@ def test_within_query_losses_train(
     assert not torch.equal(before["classifier.weight"], after["classifier.weight"])  # it learned
 
 
+def test_a_within_query_validation_loss_takes_each_query_whole(
+    tmp_path: Path, tiny_bert: Path, teacher_dataset: Path
+) -> None:
+    """val/loss of listwise_kl went from 0.20 to 0.12 as data.eval_batch_size went from 12 to 3: batches cut by
+    length split each query's list, and the loss with it."""
+    path = write_config(tmp_path, tiny_bert, teacher_dataset, max_epochs=1)
+    logged = []
+    for size in ("3", "64"):
+        args = ["train", "--config", str(path), "--model.loss", "listwise_kl", "--data.group_size", "4"]
+        assert main([*args, "--data.eval_batch_size", size, "--run_name", f"eval{size}"]) == 0
+        logged.append([float(r["val/loss"]) for r in metrics(tmp_path / "runs" / f"eval{size}") if r.get("val/loss")])
+    assert logged[0] and logged[0] == pytest.approx(logged[1], rel=1e-5)
+
+
 def test_bad_teacher_data_is_named(tmp_path: Path, tiny_bert: Path, teacher_dataset: Path, capsys) -> None:
     path = write_config(tmp_path, tiny_bert, teacher_dataset)
     assert main(["train", "--config", str(path), "--data.label", "bm25"]) == 2
@@ -367,6 +381,7 @@ def test_a_second_job_on_the_same_run_stops_before_it_writes(
         (["--model.warmup_ratio", "1.5"], "model.warmup_ratio: must be in [0, 1), got 1.5"),
         (["--data.batch_size", "0"], "data.batch_size: must be positive, got 0"),  # trained with batches of 1, exit 0
         (["--data.group_size", "-2"], "data.group_size: must be positive, got -2"),
+        (["--data.train_depth", "0"], "data.train_depth: must be positive, got 0"),  # NaN targets, then a traceback
         (["--checkpointing.every_minutes", "0"], "checkpointing.every_minutes: expected PositiveFloat | None, got '0'"),
         (["--checkpointing.every_n_steps", "-2"], "checkpointing.every_n_steps: expected PositiveInt | None, got '-2'"),
         (["--model.loss", "listwise_kl", "--data.group_size", "1"], "data.group_size: model.loss listwise_kl compares"),
