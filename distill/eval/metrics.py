@@ -2,7 +2,8 @@
 
 Values are ×100, but counts (``NumRet``, ``NumRel``, ``NumQ``). Means are over the queries that are both in the run
 and judged (trec_eval without ``-c``). Every metric ranks a run as trec_eval does, whichever ir-measures provider
-computes it: by score, descending, and equal scores by docid, descending (byte order).
+computes it: by score in single precision (trec_eval's C ``float``), descending, and equal scores by docid,
+descending (byte order).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import math
 from collections.abc import Sequence
 
 import ir_measures
+import numpy as np
 
 from distill.core.schema import Qrels
 from distill.eval.trec_runs import Run
@@ -102,8 +104,9 @@ def evaluate_per_query(
 
 def trec_eval_order(docs: dict[str, float]) -> dict[str, float]:
     """A query's docid -> score as scores ``n, n - 1, ..., 1`` in trec_eval's order: by score, descending, equal
-    scores by docid, descending."""
-    order = sorted(docs, key=lambda docid: (docs[docid], docid.encode()), reverse=True)
+    scores by docid, descending. trec_eval holds a score as a C ``float``: scores equal in single precision tie."""
+    single = {docid: float(np.float32(score)) for docid, score in docs.items()}
+    order = sorted(single, key=lambda docid: (single[docid], docid.encode()), reverse=True)
     return {docid: float(len(order) - rank) for rank, docid in enumerate(order)}
 
 
