@@ -101,10 +101,25 @@ MOVED = {
 the command that ran; ``benchmarks/README.md`` gives each one's flags today)."""
 
 
+RENAMED_LEVERS = (
+    (re.compile(r"\+overlap(\d+)"), r"+overlap=\1"),
+    (re.compile(r"\+padded\b"), "+unpad=false"),
+    (re.compile(r"\+nographs\b"), "+cuda_graphs=false"),
+    (re.compile(r"\+cudnn\b"), "+cudnn_attention"),
+)
+"""``distill bench`` lever suffixes of older committed results -> their spelling today (the same levers)."""
+
+
 def now(command: str) -> str:
-    """`` (now `...`)`` after a recorded ``command`` whose script has moved, else ``""``."""
+    """`` (now `...`)`` after a recorded ``command`` whose script has moved (the script today) or that names bench
+    levers by their older spelling (the command as it is spelt today), else ``""``."""
     moved = next((new for old, new in MOVED.items() if old in command), None)
-    return f" (now `{moved}`)" if moved else ""
+    if moved:
+        return f" (now `{moved}`)"
+    today = command
+    for pattern, spelling in RENAMED_LEVERS:
+        today = pattern.sub(spelling, today)
+    return f" (now `{today}`)" if today != command else ""
 
 
 def _command(text: str) -> str:
@@ -427,13 +442,13 @@ def final_rows(final: dict[str, Any], links: Links) -> list[list[str]]:
     """One headline row per DL19 first stage of the final student: the first stage, the student alone, fused."""
     rows = []
     for stage, r in final["dl19"].items():
-        significant = "*" if r["p_fused_vs_first_stage"] < 0.05 else ""
+        alone, fused = (("*" if r[f"p_{x}_vs_first_stage"] < 0.05 else "") for x in ("student", "fused"))
         rows.append(
             [
                 f"Final student `{final['student']}` ({final['backbone']}; BM25 and SPLADE++ candidates, chosen "
                 f"on {final['validation_queries']} DL21 queries), DL19 {FIRST_STAGE_NAMES.get(stage, stage)} top-100: "
-                "first stage / student alone / fused (α)",
-                f"{_f(r['first_stage'])} / {_f(r['student'])} / {_f(r['fused'])}{significant} ({r['alpha']:g})",
+                "first stage / student alone / fused (α); `*`: differs from the first stage, paired t-test p < 0.05",
+                f"{_f(r['first_stage'])} / {_f(r['student'])}{alone} / {_f(r['fused'])}{fused} ({r['alpha']:g})",
                 links(FINAL),
             ]
         )

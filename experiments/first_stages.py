@@ -1024,7 +1024,8 @@ def final(name: str, record_name: str = SELECTION) -> dict[str, Any]:
     card = json.loads((ROOT / folder / "export" / "config.json").read_text())["cis_distill"]
     dl19: dict[str, Any] = {}
     for stage, candidates in TEST.items():
-        output = f"{folder}/dl19-{stage}.trec"  # beside the export: a rerank writes nothing into its model
+        # committed beside this record: its figures recompute from them without the student
+        output = str((RECORDS / "final-dl19" / f"{stage}.trec").relative_to(ROOT))
         command = ["distill", "rerank", "--model", f"{folder}/export", "--backend", "onnx", "--input", candidates]
         command += ["--interpolation", "false", "--output", output]
         if not (ROOT / output).is_file():

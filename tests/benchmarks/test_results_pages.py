@@ -315,3 +315,18 @@ def test_the_h200_page_lists_its_later_runs_and_the_headlines_figures(
     assert "[A later run, for the test](files/gpu-suite-h200/2099-01-01-abcdef0/README.md)" in later
     assert "| train | `mfu` | 43.2% |" in later
     assert "43.2%, " in results_pages.headline(results_pages.Links(""))
+
+
+def test_a_recorded_bench_command_in_older_spelling_is_shown_as_it_runs_today() -> None:
+    """The GPU pages showed `--backends torch-fp16+nographs,...`, which fails today: the same levers are spelt
+    otherwise."""
+    from distill.bench.methods import variant
+
+    old = "distill bench --device cuda --backends torch-fp16,torch-fp16+nographs,torch-fp16+padded+overlap50,"
+    old += "torch-fp16+cudnn"
+    today = results_pages.now(old)
+    backends = "torch-fp16,torch-fp16+cuda_graphs=false,torch-fp16+unpad=false+overlap=50,torch-fp16+cudnn_attention"
+    assert today == f" (now `distill bench --device cuda --backends {backends}`)"
+    for name in backends.split(","):
+        variant(name, "cuda")  # each spelling is one the bench takes
+    assert results_pages.now("distill bench --backends torch-fp16+cudnn_attention") == ""
