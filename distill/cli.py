@@ -66,7 +66,11 @@ class Command:
 
 COMMANDS: dict[str, Command] = {
     "teach": Command(
-        "score candidates with a causal-LM teacher and save triplets", "distill.stages.teach", "TeachConfig", "teach"
+        "score candidates with a causal-LM teacher and save triplets",
+        "distill.stages.teach",
+        "TeachConfig",
+        "teach",
+        takes_command=True,
     ),
     "train": Command(
         "distil the teacher's scores into a cross-encoder (LightningCLI: distill train --help)",

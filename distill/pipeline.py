@@ -375,7 +375,8 @@ def run_pipeline(pipeline: Pipeline, force: set[str] | None = None) -> PipelineR
     run, folder = pipeline.run, pipeline.folder
     teacher = resolve_model(pipeline.teach.teacher).identity
     taught = Stage("teach", _key(asdict(pipeline.teach), [], folder, teacher), Path(pipeline.teach.output))
-    runner.run(taught, lambda: teach(replace(pipeline.teach, overwrite=True)))  # its folder is the pipeline's
+    command = f"distill run (teach stage of {pipeline.name})"
+    runner.run(taught, lambda: teach(replace(pipeline.teach, overwrite=True), command))  # its folder is the pipeline's
     trained = _train(pipeline, runner, taught)
     exported = Stage("export", _key(asdict(pipeline.export), [trained], folder), run.export / "card.json", run.export)
     runner.run(exported, lambda: export(pipeline.export))

@@ -32,7 +32,7 @@ FIRST_STAGE = "first_stage"
 """The run name of the input ranking (column ``first_stage_score``)."""
 
 
-OPTIONAL = ("reused", "queries", "corpus")
+OPTIONAL = ("reused", "queries", "corpus", "command")
 """The :class:`TeacherMetadata` keys a ``teacher.json`` may lack (they are written only when set)."""
 
 
@@ -55,6 +55,8 @@ class TeacherMetadata:
     """For a TREC run input, the queries file it was read with, as given; None (and absent) otherwise."""
     corpus: str | None = None
     """For a TREC run input, the corpus it was read with, as given; None (and absent) otherwise."""
+    command: str | None = None
+    """The command line that made it (``distill teach ...``), where it was recorded; None (and absent) otherwise."""
 
     @classmethod
     def read(cls, folder: Path) -> TeacherMetadata:

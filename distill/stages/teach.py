@@ -252,8 +252,9 @@ class TeachReport:
         return "\n".join(lines)
 
 
-def teach(cfg: TeachConfig) -> TeachReport:
-    """Run the teacher stage (in every process of an ``accelerate launch``).
+def teach(cfg: TeachConfig, command: str | None = None) -> TeachReport:
+    """Run the teacher stage (in every process of an ``accelerate launch``); ``command``, the command line, is
+    recorded in the dataset's ``teacher.json``.
 
     Raises:
         ExistingOutputError: another job is writing ``output`` now (or an earlier result is in the way).
@@ -272,13 +273,15 @@ def teach(cfg: TeachConfig) -> TeachReport:
             f"{output}: another distill teach is writing it now: wait for it to end, or choose another --output"
         )
     try:
-        return _teach_held(cfg, state, options, output, cache_root)
+        return _teach_held(cfg, state, options, output, cache_root, command)
     finally:
         if lock is not None:
             lock.release()
 
 
-def _teach_held(cfg: TeachConfig, state: Any, options: ScorerOptions, output: Path, cache_root: Path) -> TeachReport:
+def _teach_held(
+    cfg: TeachConfig, state: Any, options: ScorerOptions, output: Path, cache_root: Path, command: str | None
+) -> TeachReport:
     """The stage, once this job holds ``output``."""
     # Each process reads all of the inputs, so that a bad record stops every process alike, and keeps its share.
     share = Share(state.process_index, state.num_processes, cfg.chunk_size)
@@ -288,8 +291,8 @@ def _teach_held(cfg: TeachConfig, state: Any, options: ScorerOptions, output: Pa
     pairs = PairRows(rows_folder)
     try:
         if cfg.similarity:
-            return _teach_similarity(cfg, state, share, options, output, pairs)
-        return _teach(cfg, state, share, options, output, cache_root, pairs)
+            return _teach_similarity(cfg, state, share, options, output, pairs, command)
+        return _teach(cfg, state, share, options, output, cache_root, pairs, command)
     finally:  # done, up to date or failed: the rows go (a rerun reads the inputs again)
         pairs.close()
         shutil.rmtree(rows_folder, ignore_errors=True)
@@ -433,6 +436,7 @@ def _teach(
     output: Path,
     cache_root: Path,
     pairs: PairRows,
+    command: str | None,
 ) -> TeachReport:
     """The stage once its share of the inputs is in ``pairs``: load the teacher, then score what is not done yet."""
     from accelerate.utils import gather_object
@@ -482,7 +486,8 @@ def _teach(
     _score_pairs(teacher, pairs, share, keys, cache, query_values, reuse, work, cfg, state)
     state.wait_for_everyone()
     if state.is_main_process:
-        _merge(work, output, summary.pairs, cfg, fingerprint, reuse.summary(cfg.reuse, summary.pairs, reused))
+        reuse_summary = reuse.summary(cfg.reuse, summary.pairs, reused)
+        _merge(work, output, summary.pairs, cfg, fingerprint, reuse_summary, command)
     return dataclasses.replace(report, up_to_date=False)
 
 
@@ -709,7 +714,13 @@ def _pair_columns(rows: dict[str, Any]) -> dict[str, Any]:
 
 
 def _teach_similarity(
-    cfg: TeachConfig, state: Any, share: Share, options: ScorerOptions, output: Path, pairs: PairRows
+    cfg: TeachConfig,
+    state: Any,
+    share: Share,
+    options: ScorerOptions,
+    output: Path,
+    pairs: PairRows,
+    command: str | None,
 ) -> TeachReport:
     """The stage for an embedding teacher: score this process's share of pair chunks not on disk yet by
     :data:`~teachers.embedding.SIMILARITY`, then merge them as :func:`_teach` does."""
@@ -742,7 +753,7 @@ def _teach_similarity(
             write_chunk(pa.table({**_pair_columns(rows), SIMILARITY: similarity}), work / "chunks", j)
     state.wait_for_everyone()
     if state.is_main_process:
-        _merge(work, output, summary.pairs, cfg, fingerprint, None)
+        _merge(work, output, summary.pairs, cfg, fingerprint, None, command)
     return dataclasses.replace(report, up_to_date=False)
 
 
@@ -753,13 +764,14 @@ def _merge(
     cfg: TeachConfig,
     fingerprint: dict[str, Any],
     reused: dict[str, Any] | None,
+    command: str | None,
 ) -> None:
     """Join the chunks, a record batch at a time, into the final dataset folder, then swap it into place."""
     staging = work / "dataset"
     if staging.exists():
         shutil.rmtree(staging)
     metadata = TeacherMetadata(
-        cfg.scores[0], cfg.score_columns, cfg.input, fingerprint, reused, cfg.queries, cfg.corpus
+        cfg.scores[0], cfg.score_columns, cfg.input, fingerprint, reused, cfg.queries, cfg.corpus, command
     )
     sizes = [len(chunk) for chunk in _chunks(n_pairs, cfg.chunk_size)]
     TeacherDataset.write_batches(chunk_batches(work / "chunks", sizes), metadata, staging, work / "merged.arrow")

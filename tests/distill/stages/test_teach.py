@@ -428,6 +428,9 @@ def test_config_file_and_flag_overrides(tiny_llama: Path, sample_file: Path, tmp
     assert main(["teach", "--config", str(cfg), "--max-queries", "2", "--output", str(tmp_path / "flag")]) == 0
     ds = datasets.load_from_disk(str(tmp_path / "flag"))
     assert ds.num_rows == 24 and "upr" in ds.column_names and metadata(tmp_path / "flag").score == "upr"
+    # the command that made it, recorded with it
+    expected = f"distill teach --config {cfg} --max-queries 2 --output {tmp_path / 'flag'}"
+    assert metadata(tmp_path / "flag").command == expected
     cfg.write_text("input: x\nbogus: 1\n")
     assert main(["teach", "--nonsense"]) == 2
     assert main(["teach", "--config", str(cfg)]) == 2
