@@ -459,7 +459,7 @@ def create_app(models: ServedModel | Sequence[ServedModel], options: HttpOptions
             JsonCors,
             allow_origins=list(options.cors_allow_origin),
             allow_methods=["GET", "POST"],
-            allow_headers=["authorization", "content-type"],
+            allow_headers=["*"],  # each preflight's own: clients add theirs (Cohere's SDKs send X-Fern-*)
             expose_headers=["retry-after", *TIMING_HEADERS],
         )
     errors: dict[int | str, dict[str, Any]] = {

@@ -313,24 +313,25 @@ class Gate:
         self.metrics.in_flight.inc()
         headers = dict(scope["headers"])
         reranks = scope["method"] == "POST" and route in JSON_ROUTES
+        # a refusal sent before the body is read ends the connection (the body's bytes would come next on it), and
+        # says so, so that a client does not send its next request there
+        refuse = _closing if length not in ("", "0") or b"transfer-encoding" in headers else error_response
         admitted = False
         try:
             if self.state.draining:
                 await _closing(503, "the server is shutting down")(scope, receive, exchange.send)
             elif self.api_key and scope["path"] not in OPEN_ROUTES and not _authorised(headers, self.api_key):
-                refusal = error_response(
-                    401, "authorization: a missing or wrong bearer token (Authorization: Bearer <key>)"
-                )
+                refusal = refuse(401, "authorization: a missing or wrong bearer token (Authorization: Bearer <key>)")
                 refusal.headers["www-authenticate"] = "Bearer"
                 await refusal(scope, receive, exchange.send)
             elif reranks and (wrong := _not_json(headers)):
-                await error_response(415, wrong)(scope, receive, exchange.send)
+                await refuse(415, wrong)(scope, receive, exchange.send)
             elif length.isdigit() and int(length) > self.max_body_bytes:
                 limit = f"over this server's limit of {self.max_body_bytes} bytes"
-                await error_response(413, f"body: {int(length)} bytes, {limit}")(scope, receive, exchange.send)
+                await refuse(413, f"body: {int(length)} bytes, {limit}")(scope, receive, exchange.send)
             elif reranks and self.state.reranking >= self.max_queued:
                 queued = self.state.reranking
-                busy = error_response(429, f"busy: {queued} requests queued, this server's limit (max_queued_requests)")
+                busy = refuse(429, f"busy: {queued} requests queued, this server's limit (max_queued_requests)")
                 busy.headers["retry-after"] = str(RETRY_AFTER_S)
                 await busy(scope, receive, exchange.send)
             else:
