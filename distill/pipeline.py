@@ -259,9 +259,10 @@ def _key(options: Any, upstream: list[Stage], folder: Path, *extra: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def _input_files(options: Any, folder: Path) -> list[tuple[str, int, int]]:
-    """``(absolute path, size, modification time)`` of each existing regular file that a string among ``options``
-    (nested in dicts and lists) names, but those inside ``folder`` (the pipeline's, which its stages make)."""
+def _input_files(options: Any, folder: Path) -> list[tuple[str, str]]:
+    """``(absolute path, its stat digest)`` (:func:`~distill.core.checksums.stat_digest`: size and modification
+    time) of each existing regular file that a string among ``options`` (nested in dicts and lists) names, but those
+    inside ``folder`` (the pipeline's, which its stages make)."""
     found = []
     stack = [options]
     while stack:
@@ -275,11 +276,11 @@ def _input_files(options: Any, folder: Path) -> list[tuple[str, int, int]]:
             try:
                 if not path.is_file():
                     continue
-                path, stat = path.resolve(), path.stat()
+                path = path.resolve()
             except (OSError, ValueError):  # not a path (too long, a NUL character)
                 continue
             if folder not in path.parents:
-                found.append((str(path), stat.st_size, stat.st_mtime_ns))
+                found.append((str(path), stat_digest(path)))
     return sorted(set(found))
 
 
