@@ -112,6 +112,7 @@ class DistillCLI(LightningCLI):
         """The config's contracts and paths, checked before anything is built or loaded (and by
         :func:`check_train_args`)."""
         check_loss_groups(self.config.model.loss, self.config.data.group_size)
+        check_trainer_names(self.config.trainer)
         check_train_paths(self.config, self.run_dir, self.reads_files)
         if self.reads_files:
             self.resume_from = resume_checkpoint(self.config.ckpt_path, RunLayout(self.run_dir).checkpoints)
@@ -444,6 +445,26 @@ def check_loss_groups(loss: str, group_size: int | None) -> None:
             f"data.group_size: model.loss {loss} compares the candidates of one query, so a group needs 2 or more, "
             f"got {group_size}"
         )
+
+
+def check_trainer_names(trainer: Any) -> None:
+    """``trainer.strategy`` and ``trainer.accelerator``, given as names, are ones Lightning knows: the Trainer that
+    would refuse them is built only after the data is read (and, in a pipeline, after the teacher has run).
+
+    Raises:
+        InputError: ``trainer.<key>: <name> is not ...`` with the names Lightning takes.
+    """
+    from pytorch_lightning.accelerators import AcceleratorRegistry
+    from pytorch_lightning.strategies import StrategyRegistry
+
+    known = {
+        "strategy": ["auto", *StrategyRegistry.available_strategies()],
+        "accelerator": ["auto", "gpu", *AcceleratorRegistry.available_accelerators()],
+    }
+    for key, names in known.items():
+        value = trainer.get(key)
+        if isinstance(value, str) and value.lower() not in names:
+            raise InputError(f"trainer.{key}: {value!r} is not a name Lightning knows; one of: {', '.join(names)}")
 
 
 def _world_size(trainer: dict[str, Any]) -> int:

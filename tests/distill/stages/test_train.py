@@ -386,6 +386,9 @@ def test_a_second_job_on_the_same_run_stops_before_it_writes(
         (["--checkpointing.every_n_steps", "-2"], "checkpointing.every_n_steps: expected PositiveInt | None, got '-2'"),
         (["--model.loss", "listwise_kl", "--data.group_size", "1"], "data.group_size: model.loss listwise_kl compares"),
         (["--data.val_fold", "1"], "data.val_fold: 1 without data.val_folds (the number of folds) picks no fold"),
+        # Lightning's ValueError came only once the data was read, after a pipeline's teacher had run
+        (["--trainer.strategy", "dpp"], "trainer.strategy: 'dpp' is not a name Lightning knows; one of: auto, ddp"),
+        (["--trainer.accelerator", "cdua"], "trainer.accelerator: 'cdua' is not a name Lightning knows; one of: auto"),
     ],
 )
 def test_an_option_out_of_range_is_one_line_before_the_data_loads(
