@@ -354,7 +354,11 @@ def _requeue_slurm_job() -> None:
     """``scontrol requeue`` this SLURM job (an array job's task included), as Lightning's SLURMEnvironment does."""
     array_job = os.environ.get("SLURM_ARRAY_JOB_ID")
     job = f"{array_job}_{os.environ['SLURM_ARRAY_TASK_ID']}" if array_job else os.environ["SLURM_JOB_ID"]
-    done = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True)
+    try:
+        done = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True)
+    except OSError as e:  # no scontrol here: the checkpoint is saved all the same, and the job ends as preempted
+        log.warning("scontrol requeue %s failed: %s", job, e)
+        return
     if done.returncode == 0:
         log.info("requeued SLURM job %s", job)
     else:

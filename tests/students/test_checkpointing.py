@@ -109,3 +109,26 @@ def test_a_validation_saves_last_ckpt_only_when_a_save_is_due(
     assert [s.split("step ")[1].split(")")[0] for s in saved] == ["2", "4", "6", "8", "9"]
     last = torch.load(tmp_path / "runs" / "tiny" / "checkpoints" / "last.ckpt", weights_only=False)
     assert last["global_step"] == 9
+
+
+def test_a_slurm_requeue_names_the_job_and_a_missing_scontrol_is_a_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from students.checkpointing import _requeue_slurm_job
+
+    calls = tmp_path / "calls"
+    scontrol = tmp_path / "bin" / "scontrol"
+    scontrol.parent.mkdir()
+    scontrol.write_text(f'#!/bin/sh\necho "$@" >> {calls}\n')
+    scontrol.chmod(0o755)
+    monkeypatch.setenv("PATH", str(scontrol.parent))
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    _requeue_slurm_job()
+    monkeypatch.setenv("SLURM_ARRAY_JOB_ID", "17")
+    monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "3")
+    _requeue_slurm_job()
+    assert calls.read_text().splitlines() == ["requeue 4242", "requeue 17_3"]
+    monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))  # srun's node without scontrol: the save still stands
+    with caplog.at_level("WARNING", "students.checkpointing"):
+        _requeue_slurm_job()
+    assert "scontrol requeue 17_3 failed" in caplog.text
