@@ -113,6 +113,7 @@ class DistillCLI(LightningCLI):
         :func:`check_train_args`)."""
         check_loss_groups(self.config.model.loss, self.config.data.group_size)
         check_trainer_names(self.config.trainer)
+        check_launched_processes(self.config.trainer)
         check_train_paths(self.config, self.run_dir, self.reads_files)
         if self.reads_files:
             self.resume_from = resume_checkpoint(self.config.ckpt_path, RunLayout(self.run_dir).checkpoints)
@@ -465,6 +466,29 @@ def check_trainer_names(trainer: Any) -> None:
         value = trainer.get(key)
         if isinstance(value, str) and value.lower() not in names:
             raise InputError(f"trainer.{key}: {value!r} is not a name Lightning knows; one of: {', '.join(names)}")
+
+
+def check_launched_processes(trainer: Any) -> None:
+    """Under a launcher that says how many processes it started (torchrun's ``WORLD_SIZE`` and
+    ``LOCAL_WORLD_SIZE``), ``trainer.num_nodes`` is its node count and ``trainer.devices``, where it is a count, its
+    processes a node: Lightning refuses a mismatch only once the data is read, with a traceback.
+
+    Raises:
+        InputError: ``trainer.num_nodes: ...`` or ``trainer.devices: ...`` with the launcher's counts.
+    """
+    world, local = os.environ.get("WORLD_SIZE", ""), os.environ.get("LOCAL_WORLD_SIZE", "")
+    if not (world.isdigit() and local.isdigit()) or int(local) == 0 or int(world) % int(local):
+        return
+    launched = f"the launcher started {world} processes, {local} a node"
+    nodes = trainer.get("num_nodes") or 1
+    if nodes != int(world) // int(local):
+        raise InputError(
+            f"trainer.num_nodes: {nodes}, but {launched}: give --trainer.num_nodes {int(world) // int(local)}"
+        )
+    devices = trainer.get("devices")
+    counted = isinstance(devices, int | list | tuple) or (isinstance(devices, str) and devices.isdigit())
+    if counted and devices not in (-1, "-1") and _world_size(trainer) != int(world):
+        raise InputError(f"trainer.devices: {devices}, but {launched}: give --trainer.devices {local}")
 
 
 def _world_size(trainer: dict[str, Any]) -> int:

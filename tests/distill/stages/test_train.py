@@ -401,6 +401,41 @@ def test_an_option_out_of_range_is_one_line_before_the_data_loads(
     assert not (tmp_path / "runs" / "tiny" / "logs").exists()
 
 
+@pytest.mark.parametrize(
+    ("launched", "options", "expected"),
+    [
+        (
+            "2 1",
+            ["--trainer.devices", "1"],
+            "trainer.num_nodes: 1, but the launcher started 2 processes, 1 a node: give",
+        ),
+        (
+            "4 2",
+            ["--trainer.num_nodes", "2"],
+            "trainer.devices: 1, but the launcher started 4 processes, 2 a node: give",
+        ),
+    ],
+)
+def test_a_config_that_does_not_match_torchruns_processes_is_one_line_before_the_data_loads(
+    tmp_path: Path,
+    tiny_bert: Path,
+    teacher_dataset: Path,
+    capsys,
+    monkeypatch: pytest.MonkeyPatch,
+    launched: str,
+    options: list[str],
+    expected: str,
+) -> None:
+    """torchrun --nnodes 2 without --trainer.num_nodes 2: Lightning's traceback came after the data was read."""
+    world, local = launched.split()
+    monkeypatch.setenv("WORLD_SIZE", world)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", local)
+    config = write_config(tmp_path, tiny_bert, teacher_dataset)
+    assert main(["train", "--config", str(config), *options]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"distill train: error: {expected}") and err.count("\n") == 1, err
+
+
 def test_full_size_bert_large_config_runs_a_step(tmp_path: Path, teacher_dataset: Path) -> None:
     """bert-large-uncased builds offline from its embedded config (random weights) and trains a step (unvalidated:
     the best checkpoint's save is other tests' concern); its last checkpoint (4 GB with the optimiser's state) is
