@@ -225,6 +225,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     prog = f"distill {name}"
     try:
+        return _run(name, rest, argv, prog)
+    finally:
+        leave_process_group()
+
+
+def _run(name: str, rest: list[str], argv: list[str], prog: str) -> int:
+    """:func:`main` of the command ``name`` (``prog``) with its arguments ``rest``."""
+    try:
         try:
             report = COMMANDS[name].run(rest, "distill " + shlex.join(argv), prog)
         except ModuleNotFoundError as e:
@@ -232,7 +240,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UserError as e:
         message = _without_hint(_without_prefix(str(e), prog), COMMANDS[name])
         print(f"{prog}: error: {message}", file=sys.stderr)
-        return 2
+        return e.exit_status
     except KeyboardInterrupt:  # Ctrl-C: what each stage has saved so far stays (a teach goes on from it)
         print(f"\n{prog}: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
@@ -263,6 +271,15 @@ def _drop_stdout() -> None:
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, sys.stdout.fileno())
     os.close(devnull)
+
+
+def leave_process_group() -> None:
+    """Destroy this process's ``torch.distributed`` group, if it has one: a process that ends with its gloo group
+    alive could abort at exit (``terminate called without an active exception``) once its peers had gone, turning
+    one line and its exit status into a core dump."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def ready_to_exit() -> None:

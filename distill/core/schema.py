@@ -18,6 +18,9 @@ class UserError(Exception):
     Anything else that escapes a command is a bug and keeps its traceback.
     """
 
+    exit_status = 2
+    """The command's exit status."""
+
 
 class InputError(UserError, ValueError):
     """Bad input: data, options or files. The message names the file and the line, entry, key or field at fault."""
@@ -29,6 +32,13 @@ class MissingFileError(InputError, FileNotFoundError):
 
 class ExistingOutputError(InputError, FileExistsError):
     """An output path holds something the command must not overwrite; the message names it."""
+
+
+class PeerProcessFailed(UserError):
+    """Another process of the same multi-process job failed at a step this one waits on; that process's own error
+    (in its log) says why, this one's message where."""
+
+    exit_status = 1
 
 
 def text_fault(text: str) -> str | None:

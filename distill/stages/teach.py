@@ -23,6 +23,8 @@ import json
 import logging
 import os
 import shutil
+import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,7 +36,8 @@ from tqdm.auto import tqdm
 from distill.core.config import options_of
 from distill.core.output_files import hold_output
 from distill.core.path_checks import input_path, output_folder
-from distill.core.schema import ExistingOutputError, InputError
+from distill.core.rank_agreement import check_ranks_agree
+from distill.core.schema import ExistingOutputError, InputError, PeerProcessFailed
 from distill.data.loaders.irds import is_irds
 from distill.data.teacher_data import DATASET_INFO, TeacherDataset, TeacherMetadata
 from distill.model.resolver import DEFAULT_TEACHER, cache_home
@@ -55,6 +58,8 @@ from teachers.terms import (
 )
 
 log = logging.getLogger(__name__)
+SHARED_WAIT_S = 30.0
+"""How long a process looks for the main process's marker in a folder that must be shared (:func:`check_shared`)."""
 
 
 @dataclass
@@ -265,6 +270,9 @@ def teach(cfg: TeachConfig, command: str | None = None) -> TeachReport:
     options = options_of(ScorerOptions, cfg).for_device(state.device)
     output = Path(cfg.output)
     cache_root = Path(cfg.cache_dir) if cfg.cache_dir else cache_home() / "pk"
+    # the nodes of a job, each launched by its own command line, split one job's work: they must agree on it
+    where = {"output": output.absolute(), "cache_dir": cache_root.absolute()}
+    check_ranks_agree({**dataclasses.asdict(cfg), **where}, "distill teach")
     check_paths(cfg, output, cache_root)  # before anything is loaded or scored, a bad path loses nothing
     lock = hold_output(output) if state.is_main_process else None
     [busy] = broadcast_object_list([state.is_main_process and lock is None])  # every process stops alike
@@ -468,13 +476,16 @@ def _teach(
     if _is_complete(output, fingerprint, cfg.overwrite):
         return report
 
+    check_ranks_agree({"fingerprint": fingerprint}, "distill teach")  # the same inputs and teacher on every node
     if state.is_main_process:
         _prepare_work_dir(work, fingerprint, cfg.overwrite)
     state.wait_for_everyone()
+    check_shared(work, state, "output", output)
 
     keys = _passage_keys(teacher, pairs, cfg.chunk_size)
     cache_setting = {k: setting[k] for k in ("teacher", "dtype", "start_token_id")}
     cache = PassageLogProbCache(cache_root, cache_setting)
+    check_shared(cache_root, state, "cache_dir", cache_root)
     reuse.seed(keys, pairs, cache)
     _write_passage_requests(keys, share, summary.pairs, work)
     state.wait_for_everyone()
@@ -485,9 +496,8 @@ def _teach(
     query_values = _score_queries(teacher, pairs, cfg, state, reuse.query_values)
     _score_pairs(teacher, pairs, share, keys, cache, query_values, reuse, work, cfg, state)
     state.wait_for_everyone()
-    if state.is_main_process:
-        reuse_summary = reuse.summary(cfg.reuse, summary.pairs, reused)
-        _merge(work, output, summary.pairs, cfg, fingerprint, reuse_summary, command)
+    reuse_summary = reuse.summary(cfg.reuse, summary.pairs, reused)
+    _merge_on_main(state, work, output, summary.pairs, cfg, fingerprint, reuse_summary, command)
     return dataclasses.replace(report, up_to_date=False)
 
 
@@ -738,9 +748,11 @@ def _teach_similarity(
     report = TeachReport(output, summary.pairs, summary.queries, cfg.score_columns, True, summary.skipped)
     if _is_complete(output, fingerprint, cfg.overwrite):
         return report
+    check_ranks_agree({"fingerprint": fingerprint}, "distill teach")
     if state.is_main_process:
         _prepare_work_dir(work, fingerprint, cfg.overwrite)
     state.wait_for_everyone()
+    check_shared(work, state, "output", output)
     mine = [
         (j, rows)
         for j, chunk, rows in share.chunks(summary.pairs)
@@ -752,9 +764,70 @@ def _teach_similarity(
             similarity = teacher.similarity(rows["query"], rows["passage"], on_batch=bar.update)
             write_chunk(pa.table({**_pair_columns(rows), SIMILARITY: similarity}), work / "chunks", j)
     state.wait_for_everyone()
-    if state.is_main_process:
-        _merge(work, output, summary.pairs, cfg, fingerprint, None, command)
+    _merge_on_main(state, work, output, summary.pairs, cfg, fingerprint, None, command)
     return dataclasses.replace(report, up_to_date=False)
+
+
+def check_shared(folder: Path, state: Any, option: str, given: Path) -> None:
+    """Every process sees ``folder`` as the main process writes it (nothing to do in one process): a path that is
+    local to each node would split the job's partial results, or its log p(K) cache, node by node. A marker that
+    the main process writes is looked for by every other one, for up to :data:`SHARED_WAIT_S` seconds (a network
+    file system may show a new file late).
+
+    Raises:
+        InputError: ``teach: <option>: <path>: process <rank> does not see ...``, on every process.
+    """
+    from accelerate.utils import broadcast_object_list, gather_object
+
+    if state.num_processes == 1:
+        return
+    [token] = broadcast_object_list([uuid.uuid4().hex if state.is_main_process else None])
+    marker = folder / f".shared-{token}"
+    if state.is_main_process:
+        folder.mkdir(parents=True, exist_ok=True)
+        marker.touch()
+    state.wait_for_everyone()
+    deadline = time.monotonic() + SHARED_WAIT_S
+    seen = _lists(folder, marker.name)
+    while not seen and time.monotonic() < deadline:
+        time.sleep(0.5)
+        seen = _lists(folder, marker.name)
+    everyone = gather_object([seen])
+    if state.is_main_process:
+        marker.unlink()
+    blind = [rank for rank, ok in enumerate(everyone) if not ok]
+    if blind:
+        raise InputError(
+            f"teach: {option}: {given}: process {blind[0]} does not see what process 0 writes there: give every node "
+            "the same folder on a shared file system"
+        )
+
+
+def _lists(folder: Path, name: str) -> bool:
+    """Whether ``folder`` lists ``name`` (listing, not a lookup that a network file system may answer from cache)."""
+    return folder.is_dir() and name in os.listdir(folder)
+
+
+def _merge_on_main(state: Any, *args: Any) -> None:
+    """:func:`_merge` by the main process; every other one learns whether it wrote the dataset, so that none reports
+    a dataset that is not there.
+
+    Raises:
+        PeerProcessFailed: on a process other than the main one, when the main one's merge failed.
+    """
+    from accelerate.utils import broadcast_object_list
+
+    error = None
+    if state.is_main_process:
+        try:
+            _merge(*args)
+        except BaseException as e:  # told to the other processes, then raised here
+            error = e
+    [failed] = broadcast_object_list([error is not None])
+    if error is not None:
+        raise error
+    if failed:
+        raise PeerProcessFailed(f"{args[1]}: process 0 failed to write the dataset: its error says why")
 
 
 def _merge(
