@@ -2,8 +2,9 @@
 
 Chunk ``j`` is written as ``<j:06d>-xxh3-<32 hex digits>.parquet``, named by the XXH3-128 of its bytes
 (:mod:`distill.core.checksums`), atomically (a temporary file, then a rename). A resumed run takes a chunk only
-if its bytes match its name: a chunk changed since it was written (a flipped byte, a zeroed block) is deleted
-with one warning line naming it and scored again; every other chunk is kept. A chunk of an earlier version
+if its bytes match its name and it holds its chunk's pairs: a chunk changed since it was written (a flipped byte,
+a zeroed block), or written under another chunk size, is deleted with one warning line naming it and scored again;
+every other chunk is kept. A chunk of an earlier version
 (``<j:06d>.parquet``, no checksum) is taken if it reads as a table of its chunk's rows, and renamed under its
 checksum.
 """
@@ -35,11 +36,14 @@ def chunk_file(folder: Path, j: int, rows: int) -> Path | None:
     for path in _checked(folder, j):
         expected = path.name[len(f"{j:06d}{INFIX}") : -len(".parquet")]
         try:
-            if file_digest(path) == expected:
+            if file_digest(path) != expected:
+                _drop(path, "does not match the checksum in its name (changed since it was written)")
+            elif (held := pq.ParquetFile(path).metadata.num_rows) != rows:
+                _drop(path, f"holds {held} pairs, not the {rows} of this run's chunk {j} (another chunk size wrote it)")
+            else:
                 return path
         except FileNotFoundError:
             continue
-        _drop(path, "does not match the checksum in its name (changed since it was written)")
     legacy = folder / f"{j:06d}.parquet"
     if legacy.is_file():
         try:

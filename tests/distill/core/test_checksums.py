@@ -139,3 +139,20 @@ def test_a_damaged_teacher_chunk_is_scored_again_on_resume_and_nothing_else(
     # the segment's passages were scored again: the same values, so the same bytes under the same name
     assert sorted((tmp_path / "cache").rglob("seg-*.jsonl")) == segments
     assert segments[0].name == f"{PREFIX}{file_digest(segments[0])}.jsonl"
+
+
+def test_a_chunk_written_under_another_chunk_size_is_dropped_and_scored_again(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A node launched with --chunk_size 3 beside one with 2 left size-3 chunks under the size-2 fingerprint: every
+    later merge stopped with a RuntimeError, --overwrite true included."""
+    from distill.stages.teach_chunks import chunk_file, write_chunk
+
+    written = write_chunk(pa.table({"qid": ["q1", "q1", "q2"]}), tmp_path, 1)
+    with caplog.at_level("WARNING", logger="distill.stages.teach_chunks"):
+        assert chunk_file(tmp_path, 1, 2) is None
+    [warning] = warnings_of(caplog)
+    assert str(written) in warning and "holds 3 pairs, not the 2 of this run's chunk 1" in warning
+    assert not written.exists()
+    kept = write_chunk(pa.table({"qid": ["q1", "q1"]}), tmp_path, 1)
+    assert chunk_file(tmp_path, 1, 2) == kept
