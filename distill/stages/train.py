@@ -31,6 +31,7 @@ from pytorch_lightning import Trainer
 from pytorch_lightning.cli import LightningCLI
 from pytorch_lightning.loggers import WandbLogger
 
+from distill.core.checksums import stat_digest
 from distill.core.config import argument_error, help_formatter, read_yaml_file
 from distill.core.output_files import hold_output
 from distill.core.run_folder import CHECKPOINT_ROOT, RunLayout
@@ -48,6 +49,7 @@ from students.data import StudentDataModule
 from students.hf_folder import ExportBestToHF
 from students.module import CrossEncoderModule
 from students.progress import LogProgress
+from students.same_job import SameJobOnEveryRank
 
 log = logging.getLogger(__name__)
 BEST = "best"
@@ -180,11 +182,19 @@ class DistillCLI(LightningCLI):
         )
         every = self.config.checkpointing
         last = LastCheckpoint(layout.checkpoints, every.every_minutes, every.every_n_steps)
-        callbacks = [best, last, ExportBestToHF(best, layout.hf, self.config.interpolate)]
+        callbacks = [self._same_job(), best, last, ExportBestToHF(best, layout.hf, self.config.interpolate)]
         if not config.get("enable_progress_bar", True) or not sys.stderr.isatty():
             callbacks.append(LogProgress())  # a log file gets a line a minute instead of a progress bar
         extra = [self._get(self.config_init, key) for key in self._parser(self.subcommand).callback_keys]
         return self._instantiate_trainer(config, [*extra, *callbacks])
+
+    def _same_job(self) -> SameJobOnEveryRank:
+        """The check that every process of the job has this one's config and resumes from this one's checkpoint
+        (its path and a digest of its files' sizes and times)."""
+        settings = {key: value for key, value in self.config.as_dict().items() if key != "config"}  # its keys stay
+        resume = self.resume_from
+        settings["ckpt_path (resolved)"] = None if resume is None else f"{resume} {stat_digest(resume)}"
+        return SameJobOnEveryRank(settings)
 
 
 @dataclass(frozen=True)

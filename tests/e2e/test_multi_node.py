@@ -42,9 +42,10 @@ def node_env(node: int, root: Path) -> dict[str, str]:
     }
 
 
-def teacher_nodes(command: list[str], root: Path) -> list[subprocess.Popen]:
+def teacher_nodes(command: list[str], root: Path, last_node: tuple[str, ...] = ()) -> list[subprocess.Popen]:
     """``accelerate launch`` of ``command`` on each of :data:`NODES` nodes, one process per node, with progress bars
-    (which name each process's rank) into ``root/teacher-node<i>.log``."""
+    (which name each process's rank) into ``root/teacher-node<i>.log``; the last node's command line ends with
+    ``last_node``."""
     launcher = shutil.which("accelerate", path=str(Path(sys.executable).parent))
     port = free_port()
     return [
@@ -58,6 +59,7 @@ def teacher_nodes(command: list[str], root: Path) -> list[subprocess.Popen]:
                 *["--mixed_precision", "no", "--dynamo_backend", "no"],
                 *command,
                 *["--progress", "true"],
+                *(last_node if node == NODES - 1 else ()),
             ],
             env=node_env(node, root),
             cwd=REPO,
@@ -102,6 +104,38 @@ def test_two_node_teacher_gives_one_process_dataset(tiny_llama: Path, sample_fil
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(
+    ("cache_dir", "last_node", "expected"),
+    [
+        (True, ("--prompt", "Question: {query} Answer:"), "prompt: process 0 has 'Q: {query} A:', process 1 has 'Ques"),
+        (
+            True,
+            ("--chunk-size", "3"),
+            "chunk_size: process 0 has 2, process 1 has 3: the processes of one distill teach",
+        ),
+        # the nodes' own homes: each default log p(K) cache would hold half of the passages (a KeyError once scored)
+        (False, (), "cache_dir: process 0 has PosixPath("),
+    ],
+    ids=["prompt", "chunk-size", "default-cache"],
+)
+def test_nodes_launched_with_other_options_stop_alike_before_scoring(
+    tiny_llama: Path, sample_file: Path, tmp_path: Path, cache_dir: bool, last_node: tuple[str, ...], expected: str
+) -> None:
+    """Half of the chunks scored under each prompt, with exit 0; a chunk size that broke the partial folder for
+    every later run."""
+    out = tmp_path / "out"
+    command = _cli(tiny_llama, sample_file, out, tmp_path / "c2")
+    if not cache_dir:
+        at = command.index("--cache-dir")
+        del command[at : at + 2]
+    assert wait_all(teacher_nodes(command, tmp_path, last_node)) == [1, 1]  # the launcher's, for a failed process
+    for node in range(NODES):  # the process's one line, then the launcher's report of its exit status
+        log = (tmp_path / f"teacher-node{node}.log").read_text()
+        assert log.startswith(f"distill teach: error: {expected}") and "exitcode  : 2" in log, log[-2000:]
+    assert not out.exists() and not out.with_name("out.partial").exists()
+
+
+@pytest.mark.slow
 def test_a_node_killed_mid_run_then_both_relaunched_gives_the_same_dataset(tiny_llama: Path, tmp_path: Path) -> None:
     """Three DL19 queries' top 60 (180 pairs in 60 chunks), so that a node dies with most chunks to score."""
     sample_file = tmp_path / "sample.json"
@@ -124,12 +158,18 @@ def test_a_node_killed_mid_run_then_both_relaunched_gives_the_same_dataset(tiny_
 
 
 def student_nodes(
-    config: Path, root: Path, run_name: str, launch: str, caches: list[Path | None], *options: str
+    config: Path,
+    root: Path,
+    run_name: str,
+    launch: str,
+    caches: list[Path | None],
+    *options: str,
+    last_node: tuple[str, ...] = (),
 ) -> list[subprocess.Popen]:
     """``distill train --config config *options`` on each of :data:`NODES` nodes, one process per node, launched by
     ``torchrun`` or, with ``launch`` ``slurm``, as ``srun`` starts a task: the ``SLURM_*`` variables of a 2-node job
     and no launcher (Lightning's SLURM environment). Node ``i`` keeps its token store in ``caches[i]``
-    (``CIS_DISTILL_CACHE``), or where ``options`` say."""
+    (``CIS_DISTILL_CACHE``), or where ``options`` say. The last node's command line ends with ``last_node``."""
     port = free_port()
     train = ["-m", "distill", "train", "--config", str(config), "--run_name", run_name, *options]
     train += ["--trainer.num_nodes", str(NODES), "--trainer.devices", "1", "--trainer.strategy", "ddp"]
@@ -156,6 +196,7 @@ def student_nodes(
                 SLURM_NODEID=str(node),
                 MASTER_PORT=str(port),
             )
+        command += list(last_node) if node == NODES - 1 else []
         log = (root / f"{run_name}-node{node}.log").open("w")
         nodes.append(subprocess.Popen(command, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT))
     return nodes
@@ -248,3 +289,23 @@ def test_a_node_killed_then_both_resumed_from_last_ends_with_the_one_node_weight
     assert wait_all(nodes) == [0, 0], node_logs(root, run_name)[-3000:]
     assert "resumed at epoch" in node_logs(root, run_name)
     assert_same_weights(root / "runs" / run_name, reference)
+
+
+@pytest.mark.slow
+def test_student_nodes_launched_with_another_option_stop_alike_before_training(
+    tiny_bert: Path, teacher_dataset: Path, tmp_path: Path
+) -> None:
+    """Another learning rate on one node trained with exit 0; another batch size hung at the first uneven step."""
+    from tests.distill.stages.test_train import write_config
+
+    config = write_config(tmp_path, tiny_bert, teacher_dataset, max_epochs=1)
+    options = ("--checkpoint_root", str(tmp_path / "runs"))
+    nodes = student_nodes(
+        config, tmp_path, "split", "torchrun", [None, None], *options, last_node=("--model.lr", "1e-2")
+    )
+    assert wait_all(nodes) == [1, 1]  # torchrun's, for a failed process
+    for node in range(NODES):
+        log = (tmp_path / f"split-node{node}.log").read_text()
+        line = "distill train: error: model.lr: process 0 has 0.001, process 1 has 0.01: the processes of one"
+        assert line in log and "exitcode  : 2" in log and "Traceback" not in log.split(line)[0], log[-3000:]
+    assert not list((tmp_path / "runs" / "split").rglob("*.ckpt"))
