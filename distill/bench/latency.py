@@ -40,7 +40,7 @@ from distill.bench.ndcg import REFERENCE, QualitySet
 from distill.bench.timing import time_method
 from distill.bench.workload import TOKEN_COUNTS, Workload, rerank_workload, token_count_workloads
 from distill.core.devices import MATMUL_SIZE, compute_dtype, resolve_device
-from distill.core.files import read_json_object
+from distill.core.files import check_model_folder, read_json_object
 from distill.core.output_files import write_whole
 from distill.core.path_checks import output_folder
 from distill.core.project_files import CANDIDATES, DL19, QRELS, shipped
@@ -54,7 +54,6 @@ from distill.serving.options import RuntimeOptions
 log = logging.getLogger(__name__)
 
 DEFAULT_INPUT = str(DL19 / CANDIDATES)
-DEFAULT_QRELS = str(DL19 / QRELS)
 RANDOM_TEACHER = "meta-llama/Meta-Llama-3-8B"
 PEER_REFERENCE = f"{BASELINE} (peer)"
 """sentence-transformers' PyTorch ``CrossEncoder`` on ``--peer_student``, where it is not the student: the reference
@@ -78,8 +77,9 @@ class BenchConfig(RuntimeOptions):
     input: str = DEFAULT_INPUT
     """The candidates the calls are made of, with their texts: a rank_llm or multi-hop QA JSON file, a BEIR folder
     or an ``irds:`` id (a TREC run has no texts, and bench takes no queries or corpus)."""
-    qrels: str | None = DEFAULT_QRELS
-    """Qrels of ``input`` for the quality pass (default: DL19's, which judge the default input's 43 queries)."""
+    qrels: str | None = None
+    """Qrels of ``input`` for the quality pass (default: the ``qrels.txt`` beside it, as the shipped data keep them,
+    else those the input carries: a BEIR folder's, an ``irds:`` id's; DL19's for the default input)."""
     quality: bool = True
     """Also rerank every judged query of ``input`` with each student method and the baseline (untimed) and report
     its nDCG@10 and the change from the student's PyTorch fp32."""
@@ -139,6 +139,8 @@ class BenchConfig(RuntimeOptions):
             raise InputError(f"bench: max_seconds must be positive, got {self.max_seconds}")
         if any(count < 1 for count in self.token_counts):
             raise InputError(f"bench: token_counts must be positive, got {self.token_counts}")
+        if twice := sorted({count for count in self.token_counts if self.token_counts.count(count) > 1}):
+            raise InputError(f"bench: token_counts: {twice} given twice; each workload is timed once under its count")
         if self.matmul_size is not None and self.matmul_size < 1:
             raise InputError(f"bench: matmul_size must be positive, got {self.matmul_size}")
         if self.backends == [] and self.teacher == "none":
@@ -272,6 +274,27 @@ def _students(
     return loaders, skipped, references
 
 
+def _qrels_beside(source: str) -> str | None:
+    """The ``qrels.txt`` beside the candidates file ``source``, if there is one (as the shipped data keep them)."""
+    beside = Path(source).parent / QRELS
+    return str(beside) if Path(source).is_file() and beside.is_file() else None
+
+
+def _check_student_files(folder: Path) -> None:
+    """The files of the student folder that every method needs: a tokenizer vocabulary (without it the workloads
+    would be made of ``[UNK]``) and safetensors weights, which its FLOPs and parameters are counted from.
+
+    Raises:
+        MissingFileError: the file missing, named.
+    """
+    check_model_folder(folder)
+    if not any(folder.glob("*.safetensors")):
+        raise MissingFileError(
+            f"{folder}: missing model.safetensors: bench counts the student's parameters and FLOPs from its weights "
+            "(an export folder holds them); copy the folder again, or export the student again"
+        )
+
+
 def _workloads(config: BenchConfig, data: RerankingData, tokenizer: Any) -> list[Workload]:
     workloads = token_count_workloads(data, tokenizer, config.token_counts, config.qid) if config.token_counts else []
     if config.rerank_queries:
@@ -310,18 +333,24 @@ def run_bench(config: BenchConfig, command: str | None = None) -> dict[str, Any]
         given = None if config.random_weights else student_folder(config.student)
         out = default_output(config, given, device)
         source = shipped(config.input, "input") if config.input == DEFAULT_INPUT else config.input
-        qrels = shipped(config.qrels, "qrels") if config.qrels == DEFAULT_QRELS else config.qrels
+        qrels = config.qrels or _qrels_beside(source)
         # Before any work or model: a file there, a folder that takes no file, an input or inside one.
         inputs = [("student", given), ("input", source), ("qrels", qrels), ("peer_student", config.peer_student)]
         output_folder(out, "bench", "output", inputs)
+        if given is not None:
+            _check_student_files(given)
         folder = given or _random_student(config, Path(scratch))
         try:
             data = load_candidates(source, qrels=qrels)
         except RunWithoutTexts:  # bench has no --queries or --corpus: the loader's hint would not work
             raise InputError(f"{source}: a TREC run has no texts; give bench candidates with theirs") from None
         workloads = _workloads(config, data, load_tokenizer(folder))
-        quality = QualitySet.of(data) if config.quality else None
         loaders, skipped, references = _students(config, folder, device, Path(scratch))
+        quality = QualitySet.of(data) if config.quality else None
+        if config.quality and quality is None:
+            skipped["nDCG@10"] = (
+                f"no query of {source} is judged ({qrels or 'no qrels'}): give --qrels, or --quality false"
+            )
         if config.teacher != "none":
             loaders.append(("teacher", partial(_teacher, config, device)))
         rate_dtype = compute_dtype(device)
@@ -354,7 +383,7 @@ def run_bench(config: BenchConfig, command: str | None = None) -> dict[str, Any]
             "quality": None
             if quality is None
             else {
-                "qrels": config.qrels,
+                "qrels": str(qrels),
                 "queries": len(quality.candidates),
                 "reference": REFERENCE,
                 "references": references,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -205,6 +206,8 @@ def test_bench_bad_arguments(exported: Path, capsys) -> None:
         assert f"bench: {option} must be {expected}, got {value}" in capsys.readouterr().err
     assert main(["bench", "--student", str(exported), "--token-counts", "100,0"]) == 2  # a ValueError's traceback
     assert "bench: token_counts must be positive, got [100, 0]" in capsys.readouterr().err
+    assert main(["bench", "--student", str(exported), "--token-counts", "500,500,1000"]) == 2  # tables showed one
+    assert "bench: token_counts: [500] given twice; each workload is timed once" in capsys.readouterr().err
     assert main(["bench", "--student", str(exported), "--backends", "onnx-fp32,torch-fp32,onnx-fp32"]) == 2
     assert "--backends: ['onnx-fp32'] named twice; each method is timed once" in capsys.readouterr().err
     for value in ("-3", "0"):  # a RuntimeError's traceback (negative dimension); 0 went on
@@ -214,6 +217,48 @@ def test_bench_bad_arguments(exported: Path, capsys) -> None:
     assert "bench: nothing to time: backends is empty and teacher is none" in capsys.readouterr().err
     assert main(["bench", "--student", str(exported), "--qrels", "/nonexistent/qrels.txt"]) == 2  # FileNotFoundError
     assert "/nonexistent/qrels.txt: no such qrels file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("missing", "expected"),
+    [
+        ("tokenizer.json", "missing tokenizer.json: the tokenizer's vocabulary"),  # timed [UNK]s, exit 0
+        ("model.safetensors", "missing model.safetensors: bench counts the student's parameters and FLOPs"),
+    ],
+)
+def test_a_student_folder_without_a_file_bench_needs_is_one_line(
+    exported: Path, tmp_path: Path, capsys, missing: str, expected: str
+) -> None:
+    folder = tmp_path / "student"
+    shutil.copytree(exported, folder)
+    (folder / missing).unlink()
+    argv = ["bench", "--student", str(folder), "--teacher", "none", "--output", str(tmp_path / "out")]
+    assert main([*argv, "--backends", "onnx-fp32"]) == 2  # the ONNX backend ran without the weights: a traceback
+    err = capsys.readouterr().err
+    assert err == f"distill bench: error: {folder}: {expected}" + err.split(expected, 1)[1] and err.count("\n") == 1
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_quality_pass_takes_the_qrels_beside_the_input_and_says_when_none_judge_it(
+    exported: Path, tmp_path: Path, capsys
+) -> None:
+    """Another input than DL19's kept DL19's qrels: its nDCG@10 column was empty, with nothing said."""
+    judged, unjudged = tmp_path / "judged", tmp_path / "unjudged"
+    for folder in (judged, unjudged):
+        folder.mkdir()
+        (folder / "candidates.json").write_text(json.dumps(json.loads(DL19.read_text())[:2]))
+    shutil.copy(DL19.parent / "qrels.txt", judged / "qrels.txt")
+    argv = ["bench", "--student", str(exported), "--teacher", "none", "--backends", "onnx-fp32", "--repeats", "1"]
+    argv += ["--token-counts", "[]", "--rerank_queries", "1"]
+    for folder in (judged, unjudged):
+        assert main([*argv, "--input", str(folder / "candidates.json"), "--output", str(folder / "bench")]) == 0
+    quality = json.loads((judged / "bench" / "bench.json").read_text())["quality"]
+    assert quality["qrels"] == str(judged / "qrels.txt") and quality["queries"] == 2
+    assert 0 < quality["ndcg10"]["student onnx-fp32"] <= 100
+    result = json.loads((unjudged / "bench" / "bench.json").read_text())
+    assert result["quality"] is None
+    reason = f"no query of {unjudged / 'candidates.json'} is judged (no qrels): give --qrels, or --quality false"
+    assert result["skipped"]["nDCG@10"] == reason and f"skipped nDCG@10: {reason}" in capsys.readouterr().out
 
 
 def test_bench_refuses_a_trec_run_without_a_hint_it_cannot_take(exported: Path, tmp_path: Path, capsys) -> None:
