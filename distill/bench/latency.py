@@ -25,6 +25,7 @@ from distill.bench.measure import dtype_name, environment, int8_matmul_ops_per_s
 from distill.bench.methods import (
     AUTO,
     BASELINE,
+    BF16,
     DEFAULT_BACKENDS,
     FLOAT,
     INT8,
@@ -49,6 +50,7 @@ from distill.core.schema import InputError, MissingFileError, RerankingData
 from distill.data.loaders import RunWithoutTexts, load_candidates
 from distill.model.resolver import DEFAULT_TEACHER, PAPER_STUDENT
 from distill.serving.encoding import load_tokenizer
+from distill.serving.hardware import CPUINFO, CpuFeatures
 from distill.serving.options import RuntimeOptions
 
 log = logging.getLogger(__name__)
@@ -358,11 +360,19 @@ def run_bench(config: BenchConfig, command: str | None = None) -> dict[str, Any]
         rates = {FLOAT: matmul_flops_per_s(device, rate_dtype, size, 10)}
         if device.type == "cpu":
             rates[INT8] = int8_matmul_ops_per_s(size, 10, config.threads or 0)
+            rates[BF16] = rates[FLOAT]
+            if {"avx512_bf16", "amx_bf16"} & CpuFeatures.read(CPUINFO).flags:  # this machine's, whatever the profile
+                rates[BF16] = max(rates[FLOAT], matmul_flops_per_s(device, torch.bfloat16, size, 10))
         result = {
             "command": command,
             "config": asdict(config),
             "environment": environment(device, rate_dtype),
-            "matmul": {"dtype": dtype_name(rate_dtype), "flops_per_s": rates[FLOAT], "int8_ops_per_s": rates.get(INT8)},
+            "matmul": {
+                "dtype": dtype_name(rate_dtype),
+                "flops_per_s": rates[FLOAT],
+                "int8_ops_per_s": rates.get(INT8),
+                "bf16_flops_per_s": rates.get(BF16),
+            },
             "student": {
                 "name": f"random {config.student or PAPER_STUDENT}" if config.random_weights else str(config.student),
                 "folder": None if config.random_weights else str(folder),

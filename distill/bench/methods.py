@@ -60,8 +60,9 @@ DEFAULT_BACKENDS = {
 }
 """What runs by default on each device type (those whose files are there, OpenVINO where it is installed, the
 peers where their optimum package is)."""
-FLOAT, INT8 = "float", "int8"
-"""The arithmetic of matmul FLOPs: the device's float compute dtype (fp32 on a CPU), or int8."""
+FLOAT, INT8, BF16 = "float", "int8", "bfloat16"
+"""The arithmetic of matmul FLOPs: the device's float compute dtype (fp32 on a CPU), int8, or a CPU's bf16 (the
+faster of its bf16 and fp32 rates: a bf16 backend computes in fp32 where the CPU has no bf16 instructions)."""
 OVERLAP = "overlap"
 """The lever every backend takes: :meth:`Reranker.load`'s ``overlap``, written ``+overlap=N``."""
 TRUE, FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
@@ -155,20 +156,29 @@ def count_parameters(folder: Path) -> int:
 
 @dataclass(frozen=True)
 class EncoderFlops:
-    """The matmul FLOPs a BERT-style cross-encoder's score needs: every layer at every position, but the last layer
-    beyond its keys and values only at the ``[CLS]`` position the score reads (see :mod:`distill.export.cls_tail`),
-    then the pooler and the classifier once per pair."""
+    """The matmul FLOPs a BERT-style cross-encoder's score needs. The [CLS] head (``cls_tail``): every layer at every
+    position, but the last layer beyond its keys and values only at the ``[CLS]`` position the score reads (see
+    :mod:`distill.export.cls_tail`), then the pooler and the classifier once per pair. The segment-cosine head
+    (:mod:`distill.model.segment_cosine`) reads every position of the last layer, and its first ``segment_layers``
+    layers need attention within each segment only (the query's, with its start and separator tokens, and the
+    passage's)."""
 
     layers: int
     hidden: int
     intermediate: int
     head_weights: int
     """Entries of the 2-D weights applied once per pair (names with ``pooler`` or ``classifier``)."""
+    cls_tail: bool = True
+    """The score reads the last layer at ``[CLS]`` only (False: at every position)."""
+    segment_layers: int = 0
+    """The first layers whose attention stays within each segment."""
 
     @classmethod
     def of(cls, folder: Path) -> EncoderFlops:
         """The shapes of the HF folder ``folder`` (``config.json`` and safetensors weights)."""
         from safetensors import safe_open
+
+        from distill.model.segment_cosine import MODEL_TYPE, MPNET_MODEL_TYPE
 
         head = 0
         for file in sorted(folder.glob("*.safetensors")):
@@ -178,16 +188,42 @@ class EncoderFlops:
                     if len(shape) == 2 and ("pooler" in name or "classifier" in name):
                         head += int(np.prod(shape))
         config = read_json_object(folder / "config.json")
-        return cls(config["num_hidden_layers"], config["hidden_size"], config["intermediate_size"], head)
+        segment_head = config.get("model_type") in (MODEL_TYPE, MPNET_MODEL_TYPE)
+        return cls(
+            config["num_hidden_layers"],
+            config["hidden_size"],
+            config["intermediate_size"],
+            head,
+            cls_tail=not segment_head,
+            segment_layers=config.get("segment_layers", 0) if segment_head else 0,
+        )
 
-    def __call__(self, lengths: Sequence[int]) -> tuple[float, float]:
-        """(FLOPs of the weight matmuls, FLOPs of attention's QK^T and AV) for pairs of ``lengths`` tokens."""
+    def __call__(self, lengths: Sequence[int], query_lengths: Sequence[int] | None = None) -> tuple[float, float]:
+        """(FLOPs of the weight matmuls, FLOPs of attention's QK^T and AV) for pairs of ``lengths`` tokens, of
+        which the first ``query_lengths`` are the query's segment (None: every layer counted across the pair)."""
         hidden, layer = self.hidden, 4 * self.hidden**2 + 2 * self.hidden * self.intermediate
-        per_token = (self.layers - 1) * layer + 2 * hidden**2  # the last layer's keys and values
-        per_pair = layer - 2 * hidden**2 + self.head_weights  # its query, output and feed-forward at [CLS]
+        if self.cls_tail:
+            per_token = (self.layers - 1) * layer + 2 * hidden**2  # the last layer's keys and values
+            per_pair = layer - 2 * hidden**2 + self.head_weights  # its query, output and feed-forward at [CLS]
+            across, tail = self.layers - 1, sum(lengths)  # [CLS] attends to every key of the last layer
+        else:
+            per_token, per_pair = self.layers * layer, self.head_weights
+            across, tail = self.layers, 0
         weights = 2 * (per_token * sum(lengths) + per_pair * len(lengths))
-        attention = 4 * hidden * ((self.layers - 1) * sum(n * n for n in lengths) + sum(lengths))
+        apart = min(self.segment_layers, across) if query_lengths is not None else 0
+        squares = sum(n * n for n in lengths)
+        apart_squares = 0
+        if apart:
+            apart_squares = sum(q * q + (n - q) ** 2 for n, q in zip(lengths, query_lengths, strict=True))
+        attention = 4 * hidden * ((across - apart) * squares + apart * apart_squares + tail)
         return float(weights), float(attention)
+
+
+def query_segments(tokenizer: Any, query: str, lengths: list[int]) -> list[int]:
+    """The tokens of each pair's query segment (the query with its start and separator tokens), for pairs of
+    ``lengths`` tokens."""
+    query_tokens = len(tokenizer(query)["input_ids"])
+    return [min(query_tokens, n) for n in lengths]
 
 
 def student_method(
@@ -218,9 +254,12 @@ def student_method(
         return encode_pairs(reranker.tokenizer, queries, call.passages, reranker.max_length).lengths
 
     def matmul_flops(call: Call) -> dict[str, float]:
-        weights, attention = counts(lengths(call))
+        pairs = lengths(call)
+        weights, attention = counts(pairs, query_segments(reranker.tokenizer, call.query, pairs))
         if dtype == "int8":  # int8 weights; the activation-by-activation matmuls stay fp32
             return {INT8: weights, FLOAT: attention}
+        if dtype == "bfloat16" and device == "cpu":  # at the CPU's bf16 rate, where it has one
+            return {BF16: weights + attention}
         return {FLOAT: weights + attention}
 
     n_params = count_parameters(folder)
@@ -266,7 +305,8 @@ def crossencoder_method(name: str, encoder: Any, folder: Path, dtype: str) -> Me
         return list(map(len, encoded["input_ids"]))
 
     def matmul_flops(call: Call) -> dict[str, float]:
-        weights, attention = counts(lengths(call))
+        pairs = lengths(call)
+        weights, attention = counts(pairs, query_segments(tokenizer, call.query, pairs))
         return {INT8: weights, FLOAT: attention} if dtype == "int8" else {FLOAT: weights + attention}
 
     counts = EncoderFlops.of(folder)

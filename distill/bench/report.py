@@ -82,6 +82,8 @@ def summary_table(result: dict[str, Any]) -> str:
     rate_text = f"{rates['dtype']} {rates['flops_per_s'] / 1e9:.0f} GFLOP/s"
     if rates.get("int8_ops_per_s"):
         rate_text += f", int8 {rates['int8_ops_per_s'] / 1e9:.0f} GOP/s"
+    if rates.get("bf16_flops_per_s"):  # absent from results saved before bf16 backends had their own rate
+        rate_text += f", bf16 {rates['bf16_flops_per_s'] / 1e9:.0f} GFLOP/s"
     header = f"{name}, p50 per call; FLOP floor at the matmul rates of this run ({rate_text})"
     if ndcg:
         header += f"; nDCG@10 on {quality['queries']} judged queries"

@@ -113,12 +113,29 @@ def test_matmul_flops_of_a_student(exported: Path, dl19, tokenizer) -> None:
     assert set(fp32) == {"float"} and int8["int8"] + int8["float"] == pytest.approx(fp32["float"])
 
 
+def test_matmul_flops_of_a_segment_cosine_student(tmp_path: Path) -> None:
+    """The segment-cosine head reads every position of the last layer (no [CLS] tail) and its first
+    ``segment_layers`` layers attend within the query's and the passage's segments: counted as the [CLS] head's,
+    a segment student's FLOPs were off both ways."""
+    hidden, inner = 32, 64
+    config = {"num_hidden_layers": 3, "hidden_size": hidden, "intermediate_size": inner, "segment_layers": 2}
+    (tmp_path / "config.json").write_text(json.dumps({**config, "model_type": "bert-segment-cosine"}))
+    counts = EncoderFlops.of(tmp_path)
+    assert counts == EncoderFlops(3, hidden, inner, 0, cls_tail=False, segment_layers=2)
+    layer = 4 * hidden * hidden + 2 * hidden * inner
+    lengths, queries = [10, 6], [4, 4]
+    apart, across = 16 + 36 + 16 + 4, 100 + 36
+    assert counts(lengths, queries) == (2 * 3 * layer * 16, 4 * hidden * (2 * apart + 1 * across))
+    assert counts(lengths) == (2 * 3 * layer * 16, 4 * hidden * 3 * across)  # no segments known: all across
+
+
 def test_bench_times_every_method_and_writes_json_csv_png(exported: Path, tiny_llama: Path, tmp_path: Path) -> None:
     queries = json.loads(DL19.read_text())[:2]  # a quality pass over 2 judged queries
     (tmp_path / "dl19-2.json").write_text(json.dumps(queries))
     config = BenchConfig(
         student=str(exported),
         input=str(tmp_path / "dl19-2.json"),
+        qrels=str(DL19.parent / "qrels.txt"),
         teacher=str(tiny_llama),
         token_counts=[200, 400],
         rerank_queries=2,
@@ -146,8 +163,10 @@ def test_bench_times_every_method_and_writes_json_csv_png(exported: Path, tiny_l
         assert cell["pairs_per_s"] == pytest.approx(cell["pairs_per_call"] * cell["n"] / sum(cell["seconds"]))
         assert cell["peak_memory_bytes"] > 0 and cell["flop_floor_s"] > 0
         assert cell["floor_fraction"] == pytest.approx(cell["flop_floor_s"] / cell["p50_s"])
-        int8 = cell["dtype"] == "int8"
-        assert set(cell["matmul_flops_per_call"]) == ({"int8", "float"} if int8 else {"float"}), cell["method"]
+        kinds = {"int8": {"int8", "float"}, "bfloat16": {"bfloat16"}}.get(cell["dtype"], {"float"})
+        assert set(cell["matmul_flops_per_call"]) == kinds, cell["method"]
+    # a bf16 backend's floor at the faster of the two rates: at the fp32 rate, openvino-bf16 reached "213%" of it
+    assert result["matmul"]["bf16_flops_per_s"] >= result["matmul"]["flops_per_s"] > 0
     quality = result["quality"]
     assert quality["queries"] == 2 and set(quality["ndcg10"]) == set(expected)  # every judged query of the input
     reference = quality["ndcg10"]["student torch-fp32"]
