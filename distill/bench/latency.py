@@ -402,7 +402,9 @@ def run_bench(config: BenchConfig, command: str | None = None) -> dict[str, Any]
             "complete": False,
         }
         out.mkdir(parents=True, exist_ok=True)
-        for name, load in loaders:  # one method in memory at a time, so its peak memory is its own
+        # one method in memory at a time; a CPU cell's peak RSS is the process's, which keeps what earlier methods
+        # left to its allocators (--backends NAME alone measures a method's own)
+        for name, load in loaders:
             try:
                 method = load()
             except (ImportError, ValueError) as e:  # no sentence-transformers or optimum, no CUDA provider, ...

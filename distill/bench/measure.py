@@ -130,17 +130,19 @@ def int8_matmul_ops_per_s(size: int, reps: int, threads: int = 0) -> float:
 
 
 def environment(device: torch.device, dtype: torch.dtype) -> dict[str, Any]:
-    """Device, the CPU's features that ``backend="auto"`` reads, library versions, threads (torch's, and
-    ``TOKENIZERS_PARALLELISM``: unset or true, fast tokenizers encode in parallel), compute dtype, git commit and UTC
-    time of this run."""
+    """Device, the CPU's features that ``backend="auto"`` reads (and this CPU's, which a profile may differ from),
+    library versions, threads (torch's, and ``TOKENIZERS_PARALLELISM``: unset or true, fast tokenizers encode in
+    parallel), compute dtype, git commit and UTC time of this run."""
     import transformers
 
-    from distill.serving.hardware import CpuFeatures
+    from distill.serving.hardware import CPUINFO, CpuFeatures
 
     return {
         "device": str(device),
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else cpu_name(),
         "cpu_features": CpuFeatures.read().describe(),
+        # what the CPU is, where CIS_DISTILL_CPU_PROFILE made the decisions for another: the timings are this one's
+        "cpu_features_measured": CpuFeatures.read(CPUINFO).describe(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "cuda": torch.version.cuda,

@@ -48,6 +48,13 @@ def category(name: str) -> str:
     return "other"
 
 
+UNSEEN = (
+    "torch.profiler recorded no operator in this span: the work ran outside torch (onnxruntime's or OpenVINO's "
+    "kernels), which it cannot see; their own profilers can"
+)
+"""The table of a span with no torch operator in it."""
+
+
 class StageProfile:
     """A ``torch.profiler`` recording of a span of work on ``device``, written to ``path`` (see the module)."""
 
@@ -77,7 +84,8 @@ class StageProfile:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.path.with_suffix(".json").write_text(json.dumps(self.summary, indent=2) + "\n")
         sort = "self_device_time_total" if self.cuda else "self_cpu_time_total"
-        table = self.profiler.key_averages().table(sort_by=sort, row_limit=TABLE_ROWS, max_name_column_width=80)
+        averages = self.profiler.key_averages()
+        table = averages.table(sort_by=sort, row_limit=TABLE_ROWS, max_name_column_width=80) if averages else UNSEEN
         self.path.write_text(format_summary(self.summary) + "\n\n" + table + "\n")
         return self.summary
 

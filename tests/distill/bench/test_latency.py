@@ -20,7 +20,7 @@ from distill.cli import main
 from distill.core.schema import InputError
 from distill.data.loaders import load_candidates
 from distill.serving.auto import choose_backend
-from distill.serving.hardware import CpuFeatures
+from distill.serving.hardware import CPUINFO, CpuFeatures
 from distill.serving.reranker import Reranker
 from teachers.teacher import CausalLMTeacher
 from tests.conftest import DL19
@@ -310,3 +310,22 @@ def test_a_failing_method_keeps_the_figures_already_taken(exported: Path, tmp_pa
     assert not (out / "bench.png").exists()
     assert main(["bench", "--results", str(out / "bench.json")]) == 0  # its tables, said to be incomplete
     assert "incomplete: the run stopped before every method was timed" in capsys.readouterr().out
+
+
+def test_a_profile_of_a_runtime_torch_cannot_see_says_so_and_a_cpu_profile_keeps_the_cpus_features(
+    exported: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """onnxruntime's calls left an empty table ("self CPU time 0.000 s"), and CIS_DISTILL_CPU_PROFILE replaced the
+    only record of the CPU the timings ran on."""
+    from distill.bench.profile import UNSEEN
+
+    monkeypatch.setenv("CIS_DISTILL_CPU_PROFILE", "avx2")
+    out = tmp_path / "bench"
+    argv = ["bench", "--student", str(exported), "--teacher", "none", "--backends", "onnx-fp32,torch-fp32"]
+    argv += ["--token-counts", "[100]", "--rerank_queries", "0", "--repeats", "1", "--quality", "false"]
+    assert main([*argv, "--profile", "true", "--output", str(out)]) == 0
+    assert UNSEEN in (out / "profile" / "student_onnx-fp32-100_tokens.txt").read_text()
+    assert UNSEEN not in (out / "profile" / "student_torch-fp32-100_tokens.txt").read_text()
+    environment = json.loads((out / "bench.json").read_text())["environment"]
+    assert environment["cpu_features"].startswith("profile avx2: ")
+    assert environment["cpu_features_measured"] == CpuFeatures.read(CPUINFO).describe()
