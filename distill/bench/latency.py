@@ -306,6 +306,21 @@ def _workloads(config: BenchConfig, data: RerankingData, tokenizer: Any) -> list
     return workloads
 
 
+def _warn_if_truncated(method: str, workload: Workload, tokens_fed: float) -> None:
+    """One warning line where ``method`` reads fewer tokens a call than the calls of ``workload`` hold passage tokens
+    (its ``max_length`` cut them): the workload's name then says more than was timed (``bench.json``'s
+    ``tokens_fed_per_call`` says what was)."""
+    held = workload.passage_tokens_per_call
+    if tokens_fed < held:
+        log.warning(
+            "%s reads %.0f tokens a call of the %.0f passage tokens of %s: its max_length cuts the passages",
+            method,
+            tokens_fed,
+            held,
+            workload.name,
+        )
+
+
 def _write_json(result: dict[str, Any], out: Path) -> None:
     """``bench.json``, written whole (:func:`distill.core.output_files.write_whole`); ``complete`` is false until
     every method has been timed."""
@@ -422,6 +437,7 @@ def run_bench(config: BenchConfig, command: str | None = None) -> dict[str, Any]
                     method, workload, device, config.warmup, config.repeats, config.max_seconds, rates, profile
                 )
                 result["cells"].append(cell.to_json())
+                _warn_if_truncated(method.name, workload, cell.tokens_fed_per_call)
             if config.scores and method.role != "teacher":
                 result["scores"][method.name] = {
                     w.name: [[float(x) for x in method.score(c.query, c.passages)] for c in w.calls] for w in workloads

@@ -329,3 +329,19 @@ def test_a_profile_of_a_runtime_torch_cannot_see_says_so_and_a_cpu_profile_keeps
     environment = json.loads((out / "bench.json").read_text())["environment"]
     assert environment["cpu_features"].startswith("profile avx2: ")
     assert environment["cpu_features_measured"] == CpuFeatures.read(CPUINFO).describe()
+
+
+def test_a_workload_cut_by_max_length_is_named_in_a_warning(
+    exported: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """ "10000 tokens" fed 2944 at --max_length 32, tabled as 10000 with nothing said."""
+    argv = ["bench", "--student", str(exported), "--teacher", "none", "--backends", "onnx-fp32", "--repeats", "1"]
+    argv += ["--token-counts", "[300]", "--rerank_queries", "0", "--quality", "false", "--output", str(tmp_path / "b")]
+    with caplog.at_level("WARNING", "distill.bench.latency"):
+        assert main(argv) == 0
+        assert not caplog.records  # a max_length of 512 reads every token of 300
+        assert main([*argv, "--max_length", "32"]) == 0
+    [record] = caplog.records
+    fed = json.loads((tmp_path / "b" / "bench.json").read_text())["cells"][0]["tokens_fed_per_call"]
+    assert record.getMessage().startswith(f"student onnx-fp32 reads {fed:.0f} tokens a call of the 30")
+    assert "passage tokens of 300 tokens: its max_length cuts the passages" in record.getMessage()
