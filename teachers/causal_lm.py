@@ -47,7 +47,8 @@ LEVERS = ("bucket", "packing", "compile", "cudnn_attention")
 @dataclass
 class ScorerOptions:
     """The scorer's batch budget and speed levers. None takes the device type's default (:meth:`for_device`,
-    :data:`distill.core.devices.TEACHER_LEVERS`): the exact path on a CPU, whose scores never change; on CUDA,
+    :data:`distill.core.devices.TEACHER_LEVERS`): the exact path on a CPU, whose scores are the fingerprint's
+    reference (they still move with a batch's shape within rounding: see :mod:`teachers.batch_plan`); on CUDA,
     larger batches, 64-token buckets, packing and compile. ``bucket``, ``packing`` and ``compile`` change the scores
     within rounding, ``cudnn_attention`` too on CUDA."""
 
