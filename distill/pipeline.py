@@ -487,8 +487,13 @@ class PipelineReport:
             lines.append(f"== latency, {workload} (p50) ==")
             width = max(map(len, times))
             for method, seconds in times.items():
-                speedup = "" if method == "teacher cis" else f"  {teacher / seconds:6.1f}x faster than the teacher"
+                speedup = "" if method == "teacher cis" else f"  {_against(teacher / seconds)} the teacher"
                 lines.append(f"  {method:<{width}}  {seconds * 1e3:9.1f} ms{speedup}")
         lines.append("== artefacts ==")
         lines += [f"  {what}: {where}" for what, where in s["artefacts"].items()]
         return "\n".join(lines)
+
+
+def _against(speedup: float) -> str:
+    """``2.5x faster than`` or, for a method slower than its reference, ``1.4x slower than``."""
+    return f"{speedup:6.1f}x faster than" if speedup >= 1 else f"{1 / speedup:6.1f}x slower than"

@@ -23,14 +23,23 @@ class LogProgress(Callback):
         self._epoch_start = 0.0
         self._done = 0
         """Batches of this epoch done: fewer than the epoch's where ``trainer.max_steps`` ends it early."""
+        self._first: int | None = None
+        """The epoch's first batch this process trained (past 0 on a resumed run): the time left counts from it."""
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        # a run resumed mid-epoch starts here, at a batch past 0, with no epoch start of its own
+        self.on_train_epoch_start(trainer, pl_module)
 
     def on_train_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._epoch_start = self._last = time.monotonic()
         self._done = 0
+        self._first = None
 
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
+        if self._first is None:
+            self._first = batch_idx
         self._done = batch_idx + 1
         now = time.monotonic()
         if now - self._last >= self.every_seconds:
@@ -49,7 +58,7 @@ class LogProgress(Callback):
         for key, label in (("train/loss", "loss"), ("train/samples_per_s", "samples/s")):
             if key in metrics:
                 parts.append(f"{label} {float(metrics[key]):.4g}")
-        elapsed = now - self._epoch_start
-        if 0 < done < total:
-            parts.append(f"epoch left {elapsed / done * (total - done) / 60:.1f} min")
+        elapsed, trained = now - self._epoch_start, done - (self._first or 0)
+        if trained > 0 and done < total:
+            parts.append(f"epoch left {elapsed / trained * (total - done) / 60:.1f} min")
         print("train: " + ", ".join(parts), file=sys.stderr, flush=True)

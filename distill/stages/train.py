@@ -459,8 +459,9 @@ def check_loss_groups(loss: str, group_size: int | None) -> None:
 
 
 def check_trainer_names(trainer: Any) -> None:
-    """``trainer.strategy`` and ``trainer.accelerator``, given as names, are ones Lightning knows: the Trainer that
-    would refuse them is built only after the data is read (and, in a pipeline, after the teacher has run).
+    """``trainer.strategy`` and ``trainer.accelerator``, given as names, are ones Lightning knows, and a GPU
+    accelerator has a GPU: the Trainer that would refuse them is built only after the data is read (and, in a
+    pipeline, after the teacher has run).
 
     Raises:
         InputError: ``trainer.<key>: <name> is not ...`` with the names Lightning takes.
@@ -476,6 +477,13 @@ def check_trainer_names(trainer: Any) -> None:
         value = trainer.get(key)
         if isinstance(value, str) and value.lower() not in names:
             raise InputError(f"trainer.{key}: {value!r} is not a name Lightning knows; one of: {', '.join(names)}")
+    accelerator = trainer.get("accelerator")
+    gpu = torch.cuda.is_available() or torch.backends.mps.is_available()
+    if isinstance(accelerator, str) and accelerator.lower() in ("gpu", "cuda") and not gpu:
+        raise InputError(
+            f"trainer.accelerator: {accelerator}, but torch {torch.__version__} sees no GPU here: give "
+            "--trainer.accelerator cpu (or auto)"
+        )
 
 
 def check_launched_processes(trainer: Any) -> None:

@@ -255,3 +255,10 @@ def test_the_paper_pipeline_learns_its_own_teachers_labels_judged_by_its_inputs(
     assert pipeline.teach.qrels is None and pipeline.eval.qrels == inputs == pipeline.train["data"]["qrels"]
     assert pipeline.train["data"]["teacher_data"] == [str(pipeline.teach.output)]
     check_inputs(pipeline)
+
+
+def test_a_method_slower_than_the_teacher_is_said_to_be_slower() -> None:
+    """The summary said "0.7x faster than the teacher" of a student slower than it."""
+    from distill.pipeline import _against
+
+    assert _against(2.5).strip() == "2.5x faster than" and _against(0.5).strip() == "2.0x slower than"
