@@ -136,6 +136,7 @@ def load_pipeline(path: str | Path) -> Pipeline:
     """
     import importlib
 
+    from distill.serving.hardware import serving_device
     from distill.stages.train import check_train_args
 
     path = Path(path)
@@ -208,6 +209,11 @@ def load_pipeline(path: str | Path) -> Pipeline:
     # teacher has no CIS to time: the bench's own default then)
     teacher = {} if SIMILARITY in teach.scores else {"teacher": teach.teacher}
     bench = build("bench", {"student": str(run.root), "output": str(run.bench)}, teacher)
+    for name, config in (("rerank", rerank), ("bench", bench)):  # a GPU that is not here, before the teacher runs
+        try:
+            serving_device(config.device)
+        except InputError as e:
+            raise InputError(f"{where[name]}: {e}") from None
     return Pipeline(
         top.name, folder, top.eval_queries, teach, train, train_joined, export, bench, rerank, evaluate, rerank_fused
     )

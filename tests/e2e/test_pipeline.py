@@ -9,6 +9,7 @@ from pathlib import Path
 import datasets
 import numpy as np
 import pytest
+import torch
 import yaml
 
 from distill.cli import main
@@ -170,6 +171,12 @@ def one_line_error(capsys) -> str:
         ({"teach": "nope.yaml"}, "nope.yaml: config file not found"),
         ({"train": {"config": 5}}, "{path}: train: config: expected a YAML file's path or a list of them, got 5"),
         ({"train": {"config": ["a.yaml", 5]}}, "{path}: train: config: expected a YAML file's path or a list of"),
+        # configs/paper.yaml on a CPU machine: teach, train, export and bench ran first
+        pytest.param(
+            {"rerank": {"device": "cuda"}},
+            "{path}: rerank: device cuda: torch sees 0 GPU(s) here",
+            marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU"),
+        ),
     ],
 )
 def test_pipeline_config_errors_are_one_line_naming_the_file_and_key(
