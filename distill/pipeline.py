@@ -136,7 +136,6 @@ def load_pipeline(path: str | Path) -> Pipeline:
     """
     import importlib
 
-    from distill.serving.hardware import serving_device
     from distill.stages.train import check_train_args
 
     path = Path(path)
@@ -209,11 +208,6 @@ def load_pipeline(path: str | Path) -> Pipeline:
     # teacher has no CIS to time: the bench's own default then)
     teacher = {} if SIMILARITY in teach.scores else {"teacher": teach.teacher}
     bench = build("bench", {"student": str(run.root), "output": str(run.bench)}, teacher)
-    for name, config in (("rerank", rerank), ("bench", bench)):  # a GPU that is not here, before the teacher runs
-        try:
-            serving_device(config.device)
-        except InputError as e:
-            raise InputError(f"{where[name]}: {e}") from None
     return Pipeline(
         top.name, folder, top.eval_queries, teach, train, train_joined, export, bench, rerank, evaluate, rerank_fused
     )
@@ -427,7 +421,24 @@ def run(cfg: RunConfig) -> PipelineReport:
     """``distill run``: read the pipeline, check the inputs its stages do not make, then run it."""
     pipeline = load_pipeline(cfg.config)
     check_inputs(pipeline)
+    check_devices(pipeline, cfg.config)
     return run_pipeline(pipeline, set(cfg.force))
+
+
+def check_devices(pipeline: Pipeline, path: str) -> None:
+    """The rerank and bench devices are on this machine (a check of the machine, not of the config, which parses
+    anywhere), before the teacher runs: a GPU that is not there was found once teach, train, export and bench had.
+
+    Raises:
+        InputError: ``<path>: <stage>: device cuda: torch sees 0 GPU(s) here ...``.
+    """
+    from distill.serving.hardware import serving_device
+
+    for name, config in (("rerank", pipeline.rerank), ("bench", pipeline.bench)):
+        try:
+            serving_device(config.device)
+        except InputError as e:
+            raise InputError(f"{path}: {name}: {e}") from None
 
 
 # ----------------------------------------------------------------------------- the summary

@@ -117,7 +117,8 @@ class DistillCLI(LightningCLI):
         check_trainer_names(self.config.trainer)
         check_launched_processes(self.config.trainer)
         check_train_paths(self.config, self.run_dir, self.reads_files)
-        if self.reads_files:
+        if self.reads_files:  # a run on this machine, not a config parsed
+            check_accelerator_here(self.config.trainer)
             self.resume_from = resume_checkpoint(self.config.ckpt_path, RunLayout(self.run_dir).checkpoints)
             if self.resume_from is not None and self.config.ckpt_path == "last":
                 check_resumed_config(self.run_dir, self.config.as_dict())
@@ -459,9 +460,8 @@ def check_loss_groups(loss: str, group_size: int | None) -> None:
 
 
 def check_trainer_names(trainer: Any) -> None:
-    """``trainer.strategy`` and ``trainer.accelerator``, given as names, are ones Lightning knows, and a GPU
-    accelerator has a GPU: the Trainer that would refuse them is built only after the data is read (and, in a
-    pipeline, after the teacher has run).
+    """``trainer.strategy`` and ``trainer.accelerator``, given as names, are ones Lightning knows: the Trainer that
+    would refuse them is built only after the data is read (and, in a pipeline, after the teacher has run).
 
     Raises:
         InputError: ``trainer.<key>: <name> is not ...`` with the names Lightning takes.
@@ -477,6 +477,15 @@ def check_trainer_names(trainer: Any) -> None:
         value = trainer.get(key)
         if isinstance(value, str) and value.lower() not in names:
             raise InputError(f"trainer.{key}: {value!r} is not a name Lightning knows; one of: {', '.join(names)}")
+
+
+def check_accelerator_here(trainer: Any) -> None:
+    """A GPU accelerator (``gpu``, ``cuda``) has a GPU on this machine: Lightning finds it has none only after the
+    data is read, with a traceback. A check of the machine, not of the config (which parses anywhere).
+
+    Raises:
+        InputError: ``trainer.accelerator: gpu, but torch ... sees no GPU here``.
+    """
     accelerator = trainer.get("accelerator")
     gpu = torch.cuda.is_available() or torch.backends.mps.is_available()
     if isinstance(accelerator, str) and accelerator.lower() in ("gpu", "cuda") and not gpu:

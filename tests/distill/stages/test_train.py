@@ -390,7 +390,7 @@ def test_a_second_job_on_the_same_run_stops_before_it_writes(
         (["--trainer.strategy", "dpp"], "trainer.strategy: 'dpp' is not a name Lightning knows; one of: auto, ddp"),
         (["--trainer.accelerator", "cdua"], "trainer.accelerator: 'cdua' is not a name Lightning knows; one of: auto"),
         pytest.param(
-            ["--trainer.accelerator", "gpu"],  # configs/train/bert-large-gpu.yaml on a CPU machine: a traceback
+            ["--trainer.accelerator", "gpu"],  # configs/train/bert-large-gpu.yaml run on a CPU machine: a traceback
             "trainer.accelerator: gpu, but torch ",
             marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU"),
         ),
