@@ -808,7 +808,16 @@ def _lists(folder: Path, name: str) -> bool:
     return folder.is_dir() and name in os.listdir(folder)
 
 
-def _merge_on_main(state: Any, *args: Any) -> None:
+def _merge_on_main(
+    state: Any,
+    work: Path,
+    output: Path,
+    n_pairs: int,
+    cfg: TeachConfig,
+    fingerprint: dict[str, Any],
+    reused: dict[str, Any] | None,
+    command: str | None,
+) -> None:
     """:func:`_merge` by the main process; every other one learns whether it wrote the dataset, so that none reports
     a dataset that is not there.
 
@@ -820,14 +829,14 @@ def _merge_on_main(state: Any, *args: Any) -> None:
     error = None
     if state.is_main_process:
         try:
-            _merge(*args)
+            _merge(work, output, n_pairs, cfg, fingerprint, reused, command)
         except BaseException as e:  # told to the other processes, then raised here
             error = e
     [failed] = broadcast_object_list([error is not None])
     if error is not None:
         raise error
     if failed:
-        raise PeerProcessFailed(f"{args[1]}: process 0 failed to write the dataset: its error says why")
+        raise PeerProcessFailed(f"{output}: process 0 failed to write the dataset: its error says why")
 
 
 def _merge(
