@@ -13,11 +13,14 @@ Tokens are counted with the student's tokenizer, passages only (no query, no spe
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from distill.core.schema import Candidates, InputError, RerankingData
+
+log = logging.getLogger(__name__)
 
 TOKEN_COUNTS = (500, 1000, 2000, 3000, 5000, 10000)
 """The paper's total candidate-token counts."""
@@ -105,6 +108,8 @@ def rerank_workload(data: RerankingData, tokenizer: Any, queries: int) -> Worklo
         Call(c.query.qid, c.query.text, [p.text for p in c.passages], sum(map(len, _passage_ids(tokenizer, c))))
         for c in data.candidates[:queries]
     ]
+    if len(calls) < queries:
+        log.warning("rerank_queries %d: %s holds %d queries; timing those", queries, data.source, len(calls))
     sizes = sorted({len(c.passages) for c in calls})
     size = str(sizes[0]) if len(sizes) == 1 else f"{sizes[0]}-{sizes[-1]}"
     return Workload(f"{size} candidates", calls)

@@ -345,3 +345,12 @@ def test_a_workload_cut_by_max_length_is_named_in_a_warning(
     fed = json.loads((tmp_path / "b" / "bench.json").read_text())["cells"][0]["tokens_fed_per_call"]
     assert record.getMessage().startswith(f"student onnx-fp32 reads {fed:.0f} tokens a call of the 30")
     assert "passage tokens of 300 tokens: its max_length cuts the passages" in record.getMessage()
+
+
+def test_more_rerank_queries_than_the_input_holds_is_a_warning(dl19, tokenizer, caplog) -> None:
+    """--rerank_queries 1000 timed DL19's 43 queries, its figures labelled as asked, with nothing said."""
+    with caplog.at_level("WARNING", "distill.bench.workload"):
+        assert len(rerank_workload(dl19, tokenizer, 43).calls) == 43 and not caplog.records
+        assert len(rerank_workload(dl19, tokenizer, 1000).calls) == 43
+    [record] = caplog.records
+    assert record.getMessage() == f"rerank_queries 1000: {dl19.source} holds 43 queries; timing those"
