@@ -497,7 +497,7 @@ def _teach(
     _score_pairs(teacher, pairs, share, keys, cache, query_values, reuse, work, cfg, state)
     state.wait_for_everyone()
     reuse_summary = reuse.summary(cfg.reuse, summary.pairs, reused)
-    _merge_on_main(state, work, output, summary.pairs, cfg, fingerprint, reuse_summary, command)
+    _merge(state, work, output, summary.pairs, cfg, fingerprint, reuse_summary, command)
     return dataclasses.replace(report, up_to_date=False)
 
 
@@ -764,7 +764,7 @@ def _teach_similarity(
             similarity = teacher.similarity(rows["query"], rows["passage"], on_batch=bar.update)
             write_chunk(pa.table({**_pair_columns(rows), SIMILARITY: similarity}), work / "chunks", j)
     state.wait_for_everyone()
-    _merge_on_main(state, work, output, summary.pairs, cfg, fingerprint, None, command)
+    _merge(state, work, output, summary.pairs, cfg, fingerprint, None, command)
     return dataclasses.replace(report, up_to_date=False)
 
 
@@ -808,7 +808,7 @@ def _lists(folder: Path, name: str) -> bool:
     return folder.is_dir() and name in os.listdir(folder)
 
 
-def _merge_on_main(
+def _merge(
     state: Any,
     work: Path,
     output: Path,
@@ -818,8 +818,8 @@ def _merge_on_main(
     reused: dict[str, Any] | None,
     command: str | None,
 ) -> None:
-    """:func:`_merge` by the main process; every other one learns whether it wrote the dataset, so that none reports
-    a dataset that is not there.
+    """Join the chunks into the final dataset folder, by the main process (:func:`_write_dataset`); every other one
+    learns whether it wrote the dataset, so that none reports a dataset that is not there.
 
     Raises:
         PeerProcessFailed: on a process other than the main one, when the main one's merge failed.
@@ -829,7 +829,10 @@ def _merge_on_main(
     error = None
     if state.is_main_process:
         try:
-            _merge(work, output, n_pairs, cfg, fingerprint, reused, command)
+            metadata = TeacherMetadata(
+                cfg.scores[0], cfg.score_columns, cfg.input, fingerprint, reused, cfg.queries, cfg.corpus, command
+            )
+            _write_dataset(work, output, metadata, [len(chunk) for chunk in _chunks(n_pairs, cfg.chunk_size)])
         except BaseException as e:  # told to the other processes, then raised here
             error = e
     [failed] = broadcast_object_list([error is not None])
@@ -839,23 +842,12 @@ def _merge_on_main(
         raise PeerProcessFailed(f"{output}: process 0 failed to write the dataset: its error says why")
 
 
-def _merge(
-    work: Path,
-    output: Path,
-    n_pairs: int,
-    cfg: TeachConfig,
-    fingerprint: dict[str, Any],
-    reused: dict[str, Any] | None,
-    command: str | None,
-) -> None:
-    """Join the chunks, a record batch at a time, into the final dataset folder, then swap it into place."""
+def _write_dataset(work: Path, output: Path, metadata: TeacherMetadata, sizes: list[int]) -> None:
+    """Join the chunks of ``sizes`` pairs, a record batch at a time, into the final dataset folder, then swap it
+    into place."""
     staging = work / "dataset"
     if staging.exists():
         shutil.rmtree(staging)
-    metadata = TeacherMetadata(
-        cfg.scores[0], cfg.score_columns, cfg.input, fingerprint, reused, cfg.queries, cfg.corpus, command
-    )
-    sizes = [len(chunk) for chunk in _chunks(n_pairs, cfg.chunk_size)]
     TeacherDataset.write_batches(chunk_batches(work / "chunks", sizes), metadata, staging, work / "merged.arrow")
     if output.exists():
         shutil.rmtree(output)

@@ -39,7 +39,7 @@ def attempt(case, step):
 attempt("local", lambda: teach.check_shared(root / f"node{state.process_index}", state, "output", root / "out"))
 attempt("shared", lambda: teach.check_shared(root / "shared", state, "cache_dir", root / "shared"))
 # the main process's merge fails (no config to write the dataset's metadata from)
-attempt("merge", lambda: teach._merge_on_main(state, root / "work", root / "out", 4, None, {}, None, None))
+attempt("merge", lambda: teach._merge(state, root / "work", root / "out", 4, None, {}, None, None))
 leave_process_group()  # as the command line's main does
 """
 
