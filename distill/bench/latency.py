@@ -221,7 +221,7 @@ def _students(
     another student: against ``st-crossencoder (peer)``). ``scratch`` holds the peers' exports."""
     from distill.bench.peers import peer_folder, require_optimum, st_peer_method
     from distill.serving.backends import OPENVINO_DTYPES
-    from distill.serving.scorers import FORMAT_FILES
+    from distill.serving.scorers import FORMAT_FILES, int8_graph
 
     requested = config.backends is not None
     names = config.backends if requested else list(DEFAULT_BACKENDS[device.type])
@@ -243,8 +243,14 @@ def _students(
     for name in names:
         kind, dtype = STUDENT_BACKENDS.get(name.split("+")[0], ("torch", None))
         fmt = OPENVINO_DTYPES[dtype] if kind in ("onnx", "openvino") else kind
+        runtime = "onnxruntime" if kind == "onnx" else kind
         if fmt in FORMAT_FILES and not (folder / FORMAT_FILES[fmt]).is_file() and not requested:
             skipped[name] = f"no {FORMAT_FILES[fmt]} in {folder}"
+        elif fmt == "onnx-int8" and not requested and (graph := int8_graph(folder)).get("runtime", runtime) != runtime:
+            skipped[name] = (
+                f"{folder / FORMAT_FILES[fmt]} (int8_mode {graph.get('mode')}) was made and checked for "
+                f"{graph['runtime']}, not {runtime}: name {name} in --backends to time it anyway"
+            )
         elif name == BASELINE:
             loaders.append((name, partial(baseline_method, folder, str(device), config.max_length)))
         elif name in PEERS:

@@ -480,13 +480,14 @@ class TorchScriptScorer:
         return scores.float().cpu().numpy()
 
 
-def _int8_mode(folder: Path) -> str | None:
-    """The ``int8_mode`` the export in ``folder`` made its int8 graph with, as its ``card.json`` records it (None
-    where there is no card or no int8 graph)."""
+def int8_graph(folder: Path) -> dict[str, Any]:
+    """How the export in ``folder`` made its int8 graph, as its ``card.json`` records it: ``mode`` (its
+    ``int8_mode``) and ``runtime`` (the runtime it was made for and checked on); empty where there is no card or no
+    int8 graph."""
     card = folder / "card.json"
     if not card.is_file():
-        return None
-    return (read_json_object(card).get("optimizations") or {}).get("onnx-int8", {}).get("mode")
+        return {}
+    return (read_json_object(card).get("optimizations") or {}).get("onnx-int8") or {}
 
 
 def load_scorer(
@@ -526,7 +527,9 @@ def load_scorer(
         if fmt == "onnx-int8":  # int8 matmuls, the rest in OPENVINO_INT8_PRECISION
             if dtype not in (None, "int8"):
                 raise InputError(f"{path} is int8; dtype={dtype!r} does not apply")
-            if _int8_mode(folder) == "dynamic":  # onnxruntime's own quantised ops, which OpenVINO cannot convert
+            if (
+                int8_graph(folder).get("mode") == "dynamic"
+            ):  # onnxruntime's own quantised ops, which OpenVINO cannot convert
                 raise InputError(
                     f"{path}: an int8 graph of int8_mode dynamic is onnxruntime's (its QAttention OpenVINO cannot "
                     "convert): use the onnx backend, or export --int8_mode weights"
