@@ -26,6 +26,7 @@ whitespace, the sentences are joined with ``" "`` instead.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +41,8 @@ from distill.data.loaders._common import (
     require,
     require_text,
 )
+
+log = logging.getLogger(__name__)
 
 
 class _Skip(Exception):
@@ -91,6 +94,8 @@ def stream_multihop(path: Path, bad: BadInput, repair: bool, qrels: Qrels) -> It
         except _Skip:
             continue
         seen[qid] = where
+        if not paragraphs:
+            log.warning("%s: no paragraphs for question %s: nothing to score for it", where, qid)
         builder = CandidatesBuilder(bad)
         for k, p in enumerate(paragraphs):
             builder.add(p.where, qid, query, p.docid, _passage_text(p.title, p.body, repair), float(-k))

@@ -4,6 +4,7 @@ JSON list, or as JSON lines of one ``{query, hits}`` entry each; :func:`stream_r
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +19,8 @@ from distill.data.loaders._common import (
     require,
     require_text,
 )
+
+log = logging.getLogger(__name__)
 
 
 def is_rank_llm(data: object) -> bool:
@@ -50,6 +53,8 @@ def _add_entry(builder: CandidatesBuilder, entry: object, where: str, bad: BadIn
     if not isinstance(hits, list):
         bad(where, f"hits: expected a list of hits, got {type(hits).__name__}")
         return
+    if not hits:  # no hit names the query's qid: it leaves no trace downstream but this line
+        log.warning("%s: no hits for query %r: nothing to score for it", where, clean_text(query, repair))
     for j, hit in enumerate(hits):
         hit_where = f"{where} hit [{j}]"
         fields = [require(hit, k, hit_where, bad) for k in ("qid", "docid")]

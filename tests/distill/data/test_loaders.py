@@ -93,6 +93,17 @@ def test_a_query_that_comes_back_in_a_later_list_entry_is_named(tmp_path: Path) 
     assert len(skipped.candidates) == 3 and sum(skipped.skipped.values()) == 1
 
 
+def test_a_query_without_hits_is_named_in_a_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Its qid is on its hits only, so nothing downstream (a rerank, an eval) would show the query had none."""
+    entries = json.loads(shipped(DL19 / "bm25_top100.json").read_text())[:3]
+    entries[1]["hits"] = []
+    path = write(tmp_path / "empty.json", json.dumps(entries))
+    with caplog.at_level("WARNING", logger="distill.data.loaders.rank_llm"):
+        data = load_candidates(path)
+    assert len(data.candidates) == 2
+    assert caplog.messages == [f"{path}: entry [1]: no hits for query {entries[1]['query']!r}: nothing to score for it"]
+
+
 def test_several_inputs_are_joined_a_query_at_a_time_through_files(tmp_path: Path) -> None:
     entries = json.loads(shipped(DL19 / "bm25_top100.json").read_text())
     first = write(tmp_path / "a.jsonl", "".join(json.dumps(e) + "\n" for e in entries[:3]))
@@ -458,6 +469,18 @@ def test_2wiki_sentences_without_leading_space(tmp_path: Path) -> None:
     data = load_candidates(write(tmp_path / "2wiki.json", json.dumps([question])))
     assert texts(data) == {"w1-0": "Alpha. Alpha is a film. It was made in 1990.", "w1-1": "Beta. Beta is a town."}
     assert data.qrels == {"w1": {"w1-0": 0, "w1-1": 1}}
+
+
+def test_a_question_without_paragraphs_is_named_in_a_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    questions = [
+        {"_id": "h1", "question": "Who?", "context": [["A", ["a."]]]},
+        {"_id": "h2", "question": "What?", "context": []},
+    ]
+    path = write(tmp_path / "hotpot.json", json.dumps(questions))
+    with caplog.at_level("WARNING", logger="distill.data.loaders.multihop"):
+        data = load_candidates(path)
+    assert [c.query.qid for c in data.candidates] == ["h1"]
+    assert caplog.messages == [f"{path}: entry [1]: no paragraphs for question h2: nothing to score for it"]
 
 
 def test_multihop_supporting_title_not_in_context(tmp_path: Path) -> None:
