@@ -104,6 +104,8 @@ class Pipeline:
     """``config``: train YAML files, composed in order; the other keys override them (a train YAML's keys)."""
     train_joined: dict[str, Any]
     """The train options the pipeline sets: the run's folder and the teacher data."""
+    trainer: dict[str, Any]
+    """The train stage's ``trainer`` section, parsed (its files and keys composed)."""
     export: Any
     bench: Any
     rerank: Any
@@ -175,7 +177,7 @@ def load_pipeline(path: str | Path) -> Pipeline:
     if data:
         train_joined["data"] = data
     with train_arguments(train, train_joined) as argv:
-        check_train_args(argv, where["train"])
+        trainer = check_train_args(argv, where["train"])
     rerank_input = sections["rerank"].get("input") or teach.input
     rerank_input = [rerank_input] if isinstance(rerank_input, str) else rerank_input
     # Teach's inputs, reranked, come with the files their texts or candidates are in (a TREC run's queries and
@@ -209,7 +211,18 @@ def load_pipeline(path: str | Path) -> Pipeline:
     teacher = {} if SIMILARITY in teach.scores else {"teacher": teach.teacher}
     bench = build("bench", {"student": str(run.root), "output": str(run.bench)}, teacher)
     return Pipeline(
-        top.name, folder, top.eval_queries, teach, train, train_joined, export, bench, rerank, evaluate, rerank_fused
+        top.name,
+        folder,
+        top.eval_queries,
+        teach,
+        train,
+        train_joined,
+        trainer,
+        export,
+        bench,
+        rerank,
+        evaluate,
+        rerank_fused,
     )
 
 
@@ -426,14 +439,18 @@ def run(cfg: RunConfig) -> PipelineReport:
 
 
 def check_devices(pipeline: Pipeline, path: str) -> None:
-    """The rerank and bench devices are on this machine (a check of the machine, not of the config, which parses
-    anywhere), before the teacher runs: a GPU that is not there was found once teach, train, export and bench had.
+    """The train, rerank and bench devices are on this machine (a check of the machine, not of the config, which
+    parses anywhere), before the teacher runs: a GPU that is not there was found only once the stages before the one
+    that needs it had run.
 
     Raises:
-        InputError: ``<path>: <stage>: device cuda: torch sees 0 GPU(s) here ...``.
+        InputError: ``<path>: <stage>: ...`` (``train: trainer.accelerator: gpu, but torch ... sees no GPU here``,
+            ``rerank: device cuda: torch sees 0 GPU(s) here ...``).
     """
     from distill.serving.hardware import serving_device
+    from distill.stages.train import check_train_machine
 
+    check_train_machine(pipeline.trainer, f"{path}: train")
     for name, config in (("rerank", pipeline.rerank), ("bench", pipeline.bench)):
         try:
             serving_device(config.device)

@@ -601,10 +601,22 @@ class _ParseOnly(DistillCLI):
         pass
 
 
-def check_train_args(argv: list[str], where: str) -> None:
-    """Check ``distill train`` arguments without building anything.
+def check_train_args(argv: list[str], where: str) -> dict[str, Any]:
+    """Check ``distill train`` arguments without building anything; their ``trainer`` section, parsed.
 
     Raises:
         InputError: ``<where>: <key>: <what is wrong>``.
     """
-    build_cli(argv, where, _ParseOnly)
+    return dict(build_cli(argv, where, _ParseOnly).config["trainer"])
+
+
+def check_train_machine(trainer: dict[str, Any], where: str) -> None:
+    """The ``trainer`` section of :func:`check_train_args` can run on this machine (its accelerator is here).
+
+    Raises:
+        InputError: ``<where>: trainer.accelerator: ...``.
+    """
+    try:
+        check_accelerator_here(trainer)
+    except InputError as e:
+        raise InputError(f"{where}: {e}") from None

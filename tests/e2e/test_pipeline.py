@@ -177,6 +177,12 @@ def one_line_error(capsys) -> str:
             "{path}: rerank: device cuda: torch sees 0 GPU(s) here",
             marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU"),
         ),
+        # a GPU train config on a CPU machine: found once the teacher had run
+        pytest.param(
+            {"train": {"trainer": {"accelerator": "gpu"}}},
+            "{path}: train: trainer.accelerator: gpu, but torch ",
+            marks=pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU"),
+        ),
     ],
 )
 def test_pipeline_config_errors_are_one_line_naming_the_file_and_key(
