@@ -330,3 +330,17 @@ def test_a_recorded_bench_command_in_older_spelling_is_shown_as_it_runs_today() 
     for name in backends.split(","):
         variant(name, "cuda")  # each spelling is one the bench takes
     assert results_pages.now("distill bench --backends torch-fp16+cudnn_attention") == ""
+
+
+def test_a_bench_record_counted_before_todays_floor_shows_no_floor_column() -> None:
+    """A record without ``matmul.bf16_flops_per_s`` floored its int8 and bf16 backends at the fp32 rate."""
+    cell = {"workload": "100 candidates", "p50_s": 0.1, "flop_floor_s": 0.25}
+    result = {
+        "workloads": [{"name": "100 candidates"}],
+        "cells": [{**cell, "method": "student onnx-int8"}, {**cell, "method": "student torch-fp32", "p50_s": 0.5}],
+        "matmul": {"flops_per_s": 1e11},
+    }
+    old = results_pages.bench_table(result)
+    assert "FLOP floor" not in old and "250" not in old and "| 5.00× |" in old  # the other columns stay
+    new = results_pages.bench_table({**result, "matmul": {"flops_per_s": 1e11, "bf16_flops_per_s": None}})
+    assert "of FLOP floor (100 candidates)" in new and "| 250.0% |" in new and "| 50.0% |" in new
