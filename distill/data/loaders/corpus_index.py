@@ -2,7 +2,7 @@
 
 The corpus (a TSV or JSONL file, as :mod:`.trec` reads it, or an ir_datasets docs iterator) is read once into a
 folder of the cache, ``$CIS_DISTILL_CACHE/corpus/<name>-<key>/``, keyed by what its texts depend on (a file's path,
-size and modification time, its layout and whether mojibake is repaired):
+size, modification time and a sample of its bytes, its layout and whether mojibake is repaired):
 
 - ``texts.bin``: every passage's cleaned text (UTF-8), one after another;
 - ``ids.bin``: every docid (UTF-8), one after another;
@@ -64,15 +64,34 @@ def docid_hash(docid: bytes) -> int:
 
 def index_folder(name: str, identity: list[object]) -> Path:
     """The cache folder of an index: ``name`` (for people), then a hash of ``identity`` (everything its texts depend
-    on, such as a file's resolved path, size and modification time, its layout and whether mojibake is repaired)."""
+    on, such as a file's resolved path, size, modification time and content sample, its layout and whether mojibake
+    is repaired)."""
     key = json.dumps([VERSION, *identity], default=str)
     return cache_home() / "corpus" / f"{name}-{xxhash.xxh3_128_hexdigest(key.encode())}"
 
 
+SAMPLE_BLOCKS, SAMPLE_BYTES = 17, 4096
+"""A corpus file's content sample: this many blocks of this many bytes, evenly spaced from its start to its end."""
+
+
 def file_index_folder(path: Path, layout: str, repair: bool) -> Path:
-    """:func:`index_folder` of corpus file ``path`` (``layout`` ``tsv`` or ``jsonl``)."""
+    """:func:`index_folder` of corpus file ``path`` (``layout`` ``tsv`` or ``jsonl``): keyed by its resolved path,
+    size, modification time and :func:`content_sample`, so that an edit that keeps its size and time (a copy that
+    keeps times, ``touch -d``) is seen wherever it changes a sampled block."""
     stat = path.stat()
-    return index_folder(path.name, [path.resolve(), stat.st_size, stat.st_mtime_ns, layout, repair])
+    identity = [path.resolve(), stat.st_size, stat.st_mtime_ns, content_sample(path, stat.st_size), layout, repair]
+    return index_folder(path.name, identity)
+
+
+def content_sample(path: Path, size: int) -> str:
+    """The XXH3-128 of :data:`SAMPLE_BLOCKS` blocks of ``path`` (``size`` bytes), its first and its last among them:
+    microseconds for any size, where a checksum of the whole file would take seconds a gigabyte."""
+    digest = xxhash.xxh3_128()
+    last = max(size - SAMPLE_BYTES, 0)
+    with path.open("rb") as file:
+        for i in range(SAMPLE_BLOCKS):
+            digest.update(os.pread(file.fileno(), SAMPLE_BYTES, last * i // (SAMPLE_BLOCKS - 1)))
+    return digest.hexdigest()
 
 
 class CorpusIndex:

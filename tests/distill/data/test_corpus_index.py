@@ -13,7 +13,7 @@ import pytest
 from distill.core.schema import InputError
 from distill.data.loaders import load_candidates
 from distill.data.loaders._common import BadInput
-from distill.data.loaders.corpus_index import TextRecord, file_index_folder, open_index
+from distill.data.loaders.corpus_index import TextRecord, content_sample, file_index_folder, open_index
 from distill.data.loaders.trec import open_corpus, read_corpus
 
 DL19 = Path(__file__).resolve().parents[3] / "data" / "trec-dl19"
@@ -81,6 +81,29 @@ def test_the_index_is_built_once_and_reopened_without_reading_the_corpus(tmp_pat
     assert file_index_folder(path, "tsv", True) != folder
     with open_corpus(path, BadInput("error"), True) as index:
         assert index.get("d1", BadInput("error")) == "one, changed"
+    # So is one edited in place with its size and time kept (a copy that keeps times, touch -d).
+    folder = file_index_folder(path, "tsv", True)
+    path.write_text("d1\tone, CHANGED\nd2\ttwo\n")
+    os.utime(path, ns=(0, 1))
+    assert file_index_folder(path, "tsv", True) != folder
+    with open_corpus(path, BadInput("error"), True) as index:
+        assert index.get("d1", BadInput("error")) == "one, CHANGED"
+
+
+def test_a_content_sample_reads_blocks_from_the_first_byte_to_the_last(tmp_path: Path) -> None:
+    path = tmp_path / "corpus.tsv"
+    data = bytearray(os.urandom(100_000))
+    path.write_bytes(data)
+    before = content_sample(path, len(data))
+    for where in (0, len(data) - 1):  # an edit of the first or the last byte changes it
+        changed = bytearray(data)
+        changed[where] ^= 1
+        path.write_bytes(changed)
+        assert content_sample(path, len(data)) != before
+    path.write_bytes(b"d1\tx\n")  # shorter than a block
+    short = content_sample(path, 6)
+    path.write_bytes(b"d1\ty\n")
+    assert content_sample(path, 6) != short
 
 
 def test_processes_opening_a_new_index_at_once_build_it_once(tmp_path: Path, cache: Path) -> None:
