@@ -1,12 +1,13 @@
 """Writing a command's output file whole: a reader of its path sees the old file or the new one, never half of one;
-a device or a pipe given as the path (``/dev/null``, ``/dev/stdout``, a named pipe) is written, not replaced; and an
-output held by one job at a time."""
+a device, a pipe or a standard stream given as the path (``/dev/null``, a named pipe, ``/dev/stdout``) is written,
+not replaced; and an output held by one job at a time."""
 
 from __future__ import annotations
 
 import errno
 import fcntl
 import os
+import re
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,10 +18,33 @@ NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 """The errors of a write that found its disk (or its quota) full."""
 
 
+STREAM_PATHS = {"/dev/stdin": 0, "/dev/stdout": 1, "/dev/stderr": 2}
+"""The paths of the standard streams -> their file descriptors (``/dev/fd/N`` and ``/proc/self/fd/N`` name ``N``)."""
+MAX_LINKS = 40
+"""Symbolic links followed at most, as the kernel follows them."""
+
+
+def stream_descriptor(path: str | Path) -> int | None:
+    """The file descriptor of this process that ``path`` names (``/dev/stdout``, ``/dev/fd/3``,
+    ``/proc/self/fd/3``, or a symbolic link to one), whatever it points to (a terminal, a pipe, or a file a shell's
+    ``>`` or ``>>`` opened); None for any other path."""
+    text = os.path.abspath(path)
+    for _ in range(MAX_LINKS):
+        if text in STREAM_PATHS:
+            return STREAM_PATHS[text]
+        if match := re.fullmatch(r"/(?:dev|proc/self)/fd/(\d+)", text):
+            return int(match.group(1))
+        if not os.path.islink(text):
+            return None
+        text = os.path.abspath(os.path.join(os.path.dirname(text), os.readlink(text)))
+    return None
+
+
 def written_in_place(path: Path) -> bool:
-    """Whether ``path`` is written where it is: it exists (a symbolic link followed) and is neither a regular file
-    nor a folder (a device, a pipe, a socket), which a rename over it would replace."""
-    return path.exists() and not path.is_file() and not path.is_dir()
+    """Whether ``path`` is written where it is: it names one of this process's file descriptors
+    (:func:`stream_descriptor`), or it exists (a symbolic link followed) and is neither a regular file nor a folder
+    (a device, a pipe, a socket): a rename over it would replace what it points to."""
+    return stream_descriptor(path) is not None or (path.exists() and not path.is_file() and not path.is_dir())
 
 
 def is_stdout(path: str | Path | None) -> bool:
@@ -39,8 +63,22 @@ def open_whole(path: Path) -> Iterator[TextIO]:
     """``path`` open for writing text. A regular file (or a new one) is written as a hidden file beside it, renamed
     over it once the block ends, or removed if the block raises; a symbolic link is followed first, as a shell's
     ``>`` follows it, so that the file it points to is replaced, not the link. A device or a pipe
-    (:func:`written_in_place`) is opened as it is. An ``OSError`` that names no file (a write that found the disk
+    (:func:`written_in_place`) is opened as it is, and a path that names a file descriptor of this process
+    (``/dev/stdout``) is written through that descriptor, so that a file a shell opened for it keeps what is in it and
+    is written at the shell's offset (``>>`` appends). An ``OSError`` that names no file (a write that found the disk
     full) is given ``path``'s name."""
+    descriptor = stream_descriptor(path)
+    if descriptor is not None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        try:
+            with os.fdopen(os.dup(descriptor), "w") as f:
+                yield f
+        except OSError as e:
+            if e.filename is None:
+                e.filename = str(path)
+            raise
+        return
     in_place = written_in_place(path)
     final = path.resolve() if path.is_symlink() and not in_place else path
     target = final if in_place else final.with_name(f".{final.name}.tmp{os.getpid()}")

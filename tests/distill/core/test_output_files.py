@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from distill.cli import main
-from distill.core.output_files import hold_output, open_whole, written_in_place
+from distill.core.output_files import hold_output, open_whole, stream_descriptor, written_in_place
 from tests.conftest import DISTILL, REPO
 
 
@@ -132,3 +132,38 @@ def test_a_hold_taken_as_its_file_is_removed_is_taken_again_on_the_new_file(tmp_
     assert second is not None and (tmp_path / ".out.lock").is_file()
     os.close(stale)
     second.release()
+
+
+@pytest.mark.parametrize("through_link", [False, True])
+def test_a_run_to_standard_output_that_a_shell_sent_to_a_file_is_appended_there(
+    tmp_path: Path, tiny_bert: Path, sample_file: Path, through_link: bool
+) -> None:
+    """``--output /dev/stdout >> log``: the run is written through the shell's descriptor, after what the log held
+    (a rename over ``/dev/stdout``'s file replaced the log with the run)."""
+    out = tmp_path / "out"
+    out.mkdir()
+    log = out / "log.txt"
+    log.write_text("earlier line\n")
+    output = Path("/dev/stdout")
+    if through_link:
+        output = out / "stdout.trec"
+        output.symlink_to("/dev/stdout")
+    command = [DISTILL, "rerank", "--model", str(tiny_bert), "--backend", "torch", "--input", str(sample_file)]
+    with log.open("a") as appended:
+        done = subprocess.run(
+            [*command, "--output", str(output)], stdout=appended, stderr=subprocess.PIPE, text=True, timeout=600
+        )
+    assert done.returncode == 0, done.stderr
+    lines = log.read_text().splitlines()
+    assert lines[0] == "earlier line" and len(lines) == 37 and all(len(line.split()) == 6 for line in lines[1:])
+    assert f"wrote {output}: 3 queries, 36 pairs, 0 truncated" in done.stderr
+    assert sorted(os.listdir(out)) == (["log.txt", "stdout.trec"] if through_link else ["log.txt"])
+
+
+def test_a_path_names_a_descriptor_through_its_links_only(tmp_path: Path) -> None:
+    link = tmp_path / "err"
+    link.symlink_to("/dev/stderr")
+    assert [stream_descriptor(p) for p in ("/dev/stdout", "/dev/fd/7", "/proc/self/fd/3", link)] == [1, 7, 3, 2]
+    regular = tmp_path / "run.trec"
+    assert stream_descriptor(regular) is None and stream_descriptor("/dev/shm/run.trec") is None
+    assert written_in_place(Path("/dev/stdout")) and not written_in_place(regular)

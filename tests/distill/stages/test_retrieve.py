@@ -17,6 +17,7 @@ from distill.eval.metrics import evaluate
 from distill.model.embeddings import Encoder
 from distill.retrieval import RetrievalResult, retrieve
 from distill.retrieval.index_cache import MANIFEST, index_key, save_atomically
+from distill.retrieval.retrieve import default_index_dir
 
 DL19 = Path(__file__).resolve().parents[3] / "data" / "trec-dl19"
 
@@ -106,6 +107,9 @@ def test_an_output_that_is_a_device_keeps_the_index_in_the_cache(
     assert (first.reused_index, again.reused_index) == (False, True) and os.listdir(out) == ["null.trec"]
     beside = retrieve(inputs / "corpus.jsonl", inputs / "queries.tsv", out / "run.trec", "bm25", k=5)
     assert beside.index_dir == out / "run.bm25-index"
+    # /dev/stdout, whatever a shell sent it to (a file, under pytest's capture), is no folder for it either
+    stdout = default_index_dir(Path("/dev/stdout"), inputs / "corpus.jsonl", "bm25")
+    assert stdout == first.index_dir
 
 
 def test_bm25_run_loads_with_teachs_loader_and_beats_a_shuffle(
