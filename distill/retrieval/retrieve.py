@@ -13,7 +13,7 @@ from typing import Literal
 
 from distill.core.output_files import write_whole, written_in_place
 from distill.core.schema import InputError
-from distill.data.loaders._common import BadInput
+from distill.data.loaders._common import BadInput, id_fault
 from distill.data.loaders.beir import is_beir_dir
 from distill.data.loaders.trec import check_file, read_corpus, read_queries
 from distill.eval.trec_runs import Run, write_trec_run
@@ -136,9 +136,13 @@ def retrieve(
 
 
 def require_texts(path: Path, kind: str, texts: dict[str, str]) -> dict[str, str]:
-    """``texts`` (id -> text), checked to be there and non-empty, as ``distill teach``'s loaders require."""
+    """``texts`` (id -> text), checked to be there, non-empty and under ids a run can hold, as ``distill teach``'s
+    loaders require."""
     if not texts:
         raise InputError(f"{path}: no {kind} texts")
+    id_name = "qid" if kind == "query" else "docid"
+    if fault := next(filter(None, (id_fault(id_name, key) for key in texts)), None):
+        raise InputError(f"{path}: {fault}")
     empty = [key for key, text in texts.items() if not text]
     if empty:
         more = f" (and {len(empty) - 1} more)" if len(empty) > 1 else ""

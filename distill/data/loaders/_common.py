@@ -196,12 +196,20 @@ def json_entries(path: Path) -> Iterator[tuple[str, Any]]:
 _ANY_SPACE = re.compile(r"\s")
 
 
+def id_fault(id_name: str, id_value: str) -> str | None:
+    """What is wrong with a ``qid`` or ``docid``, naming it; None where nothing is: an id must be non-empty and
+    without whitespace (a TREC run's fields are whitespace-separated)."""
+    if not id_value or _ANY_SPACE.search(id_value):
+        return f"{id_name} {id_value!r}: an id must be non-empty, without whitespace (a TREC run field)"
+    return None
+
+
 def _pair_part_fault(id_name: str, id_value: str, text_name: str, text: str) -> str | None:
     """What is wrong with one side of a pair (``docid`` and its ``passage``, or ``qid`` and its ``query``), in a
     few words naming it; None where nothing is. An id must be non-empty and without whitespace (a TREC run's fields
     are whitespace-separated); a text non-empty, and one a tokenizer takes (:func:`text_fault`)."""
-    if not id_value or _ANY_SPACE.search(id_value):
-        return f"{id_name} {id_value!r}: an id must be non-empty, without whitespace (a TREC run field)"
+    if (fault := id_fault(id_name, id_value)) is not None:
+        return fault
     if not text:
         return f"empty {text_name} text for {id_name} {id_value}"
     if (fault := text_fault(text)) is not None:

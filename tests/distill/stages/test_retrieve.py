@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 from pathlib import Path
 
 import pytest
@@ -228,6 +229,15 @@ def test_bad_corpus_line_is_named(tmp_path: Path):
     corpus.write_text("d1\tfirst passage\nd2\t \n")
     with pytest.raises(InputError, match=f"{corpus}: empty passage text for id d2"):
         retrieve(corpus, queries, tmp_path / "run.trec", "bm25")
+    # ids a TREC run cannot hold as one field: the run was written, and no reader took it
+    corpus.write_text("d1\tfirst passage\nd 2\tsecond passage\n")
+    with pytest.raises(InputError, match=re.escape(f"{corpus}: docid 'd 2': an id must be non-empty, without")):
+        retrieve(corpus, queries, tmp_path / "run.trec", "bm25")
+    corpus.write_text("d1\tfirst passage\nd2\tsecond passage\n")
+    spaced = write_queries(tmp_path / "spaced.tsv", {"q 1": "passage"})
+    with pytest.raises(InputError, match=re.escape(f"{spaced}: qid 'q 1': an id must be non-empty, without")):
+        retrieve(corpus, spaced, tmp_path / "run.trec", "bm25")
+    assert not (tmp_path / "run.trec").exists()
 
 
 def test_cli_retrieve(tmp_path: Path, inputs: Path, capsys: pytest.CaptureFixture[str]):
