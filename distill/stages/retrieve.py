@@ -32,13 +32,15 @@ class RetrieveConfig:
     format: OutputFormat = "trec"
     """``trec`` (a TREC run) or ``rank_llm`` (self-contained JSON with the texts)."""
     device: str = "cpu"
-    """Dense: ``cpu`` or ``cuda[:N]``."""
+    """Dense: ``cpu``, ``cuda[:N]`` or ``auto`` (a GPU where torch sees one)."""
     max_batch_tokens: int = DENSE_BATCH_TOKENS
     """Dense: padded tokens per batch."""
 
     def __post_init__(self) -> None:
         if self.corpus is None or self.output is None:
             raise InputError("retrieve: corpus and output are required")
+        if self.max_batch_tokens < 1:
+            raise InputError(f"retrieve: max_batch_tokens must be positive, got {self.max_batch_tokens}")
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,14 @@ def retrieve(cfg: RetrieveConfig) -> RetrieveReport:
     if cfg.index:
         output_folder(cfg.index, "retrieve", "index", inputs)
     output_file(cfg.output, "retrieve", "output", [*inputs, ("index", cfg.index)])
+    device = cfg.device
+    if cfg.method == "dense":  # this machine has it, before the encoder loads
+        from distill.serving.hardware import serving_device
+
+        try:
+            device = serving_device(cfg.device)
+        except InputError as e:
+            raise InputError(f"retrieve: {e}") from None
     result = run_retrieval(
         cfg.corpus,
         cfg.queries,
@@ -79,7 +89,7 @@ def retrieve(cfg: RetrieveConfig) -> RetrieveReport:
         k=cfg.k,
         index_dir=cfg.index,
         encoder=cfg.encoder,
-        device=cfg.device,
+        device=device,
         max_batch_tokens=cfg.max_batch_tokens,
         output_format=cfg.format,
     )

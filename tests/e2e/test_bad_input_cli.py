@@ -364,6 +364,24 @@ CASES = [
         lambda w: f"queries: {w.root / 'q.tsv'}: no such file",
     ),
     Case(
+        "retrieve",
+        "dense on a device torch has no name for",
+        lambda w: [
+            *["--corpus", str(w.sample), "--queries", str(w.run), "--output", str(w.root / "o.trec")],
+            *["--method", "dense", "--device", "tpu"],
+        ],
+        lambda w: "retrieve: device 'tpu': expected auto, cpu, cuda or cuda:N",
+    ),
+    Case(
+        "retrieve",
+        "no tokens a batch",
+        lambda w: [
+            *["--corpus", str(w.sample), "--queries", str(w.run), "--output", str(w.root / "o.trec")],
+            *["--method", "dense", "--max_batch_tokens", "0"],
+        ],
+        lambda w: "retrieve: max_batch_tokens must be positive, got 0",
+    ),
+    Case(
         "bench",
         "output is a file",
         lambda w: ["--student", str(w.export), "--output", str(w.sample), "--teacher", "none"],
