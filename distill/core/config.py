@@ -163,7 +163,9 @@ def _parser(cls: type, prog: str) -> Any:
     from jsonargparse import ActionConfigFile, ArgumentParser, set_parsing_settings
 
     set_parsing_settings(docstring_parse_attribute_docstrings=True)
-    parser = ArgumentParser(prog=prog, description=cls.__doc__, exit_on_error=False, formatter_class=help_formatter())
+    parser = ArgumentParser(
+        prog=prog, description=cls.__doc__, exit_on_error=False, allow_abbrev=False, formatter_class=help_formatter()
+    )
     if "config" not in _hints(cls):  # a config whose own option is named config (distill run) has no files
         parser.add_argument("--config", action=ActionConfigFile, help="a YAML file of options; flags override it")
     parser.add_class_arguments(_with_resolved_init(cls), as_group=False)

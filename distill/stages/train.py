@@ -266,7 +266,12 @@ def build_cli(argv: list[str], where: str = "", cli: type[DistillCLI] = DistillC
                 args=argv,
                 run=False,
                 seed_everything_default=0,
-                parser_kwargs={"prog": "distill train", "exit_on_error": False, "formatter_class": help_formatter()},
+                parser_kwargs={
+                    "prog": "distill train",
+                    "exit_on_error": False,
+                    "allow_abbrev": False,
+                    "formatter_class": help_formatter(),
+                },
                 **kwargs,
             )
     except ArgumentError as e:

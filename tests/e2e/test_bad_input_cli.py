@@ -457,6 +457,18 @@ CASES = [
     ),
     Case(
         "teach",
+        "an option it has not, a prefix of one it has (--device for --device_map)",
+        lambda w: ["--input", str(w.sample), "--output", str(w.root / "t"), "--device", "cuda"],
+        lambda w: "distill teach: error: unrecognized arguments: --device cuda",
+    ),
+    Case(
+        "train",
+        "an option a prefix of one it has",
+        lambda w: ["--config", str(_world_train_config(w)), "--trainer.max_ep", "1"],
+        lambda w: "unrecognized arguments: --trainer.max_ep 1",
+    ),
+    Case(
+        "teach",
         "a tab in the config YAML",
         lambda w: ["--config", str(_with_a_tab(_yaml(w, "teach.yaml")))],
         lambda w: f"{w.root / 'teach.yaml'}:3:1: malformed YAML",
