@@ -66,15 +66,28 @@ class TeacherMetadata:
             raise MissingFileError(f"{folder}: no {METADATA_FILE}; not a teacher dataset{hint}")
         from distill.core.files import read_json_object
 
-        values = read_json_object(path)
+        return cls.from_values(read_json_object(path), str(path))
+
+    @classmethod
+    def from_values(cls, values: dict[str, Any], where: str) -> TeacherMetadata:
+        """The metadata of ``values`` (``teacher.json``'s keys, read at ``where``), checked.
+
+        Raises:
+            InputError: ``<where>: ...``: a key missing, or one of another type.
+        """
         known = {f.name for f in fields(cls)}
         if missing := sorted(known - set(values) - set(OPTIONAL)):
-            raise InputError(f"{path}: missing key(s) {missing}")
+            raise InputError(f"{where}: missing key(s) {missing}")
+        values = dict(values)
         if isinstance(values["input"], str):  # written so by older versions: one input
             values["input"] = [values["input"]]
         for key in ("input", "scores"):
             if not (isinstance(values[key], list) and all(isinstance(v, str) for v in values[key])):
-                raise InputError(f"{path}: {key}: expected a list of strings, got {values[key]!r}")
+                raise InputError(f"{where}: {key}: expected a list of strings, got {values[key]!r}")
+        if not isinstance(values["score"], str) or values["score"] not in values["scores"]:
+            raise InputError(f"{where}: score: expected one of scores {values['scores']}, got {values['score']!r}")
+        if not isinstance(values["fingerprint"], dict):
+            raise InputError(f"{where}: fingerprint: expected a mapping, got {values['fingerprint']!r}")
         return cls(**{k: v for k, v in values.items() if k in known})
 
     def write(self, folder: Path) -> None:
@@ -270,7 +283,7 @@ def migration(folder: str | Path) -> Callable[[], None] | None:
 
     Raises:
         MissingFileError: ``folder`` is not a teacher dataset of either format.
-        InputError: a legacy description that lacks a field ``teacher.json`` needs.
+        InputError: a legacy description that lacks a field ``teacher.json`` needs, or holds one of another type.
     """
     folder = Path(folder)
     if (folder / METADATA_FILE).is_file():
@@ -281,11 +294,9 @@ def migration(folder: str | Path) -> Callable[[], None] | None:
     values = _legacy(folder)
     if values is None:
         raise MissingFileError(f"{folder}: not a teacher dataset (no {METADATA_FILE}, no metadata in {DATASET_INFO})")
-    missing = [key for key in ("score", "scores", "input") if key not in values]
-    if missing:
-        raise InputError(f"{folder / DATASET_INFO}: description: missing {', '.join(map(repr, missing))}")
-    inputs = [values["input"]] if isinstance(values["input"], str) else values["input"]
-    metadata = TeacherMetadata(values["score"], values["scores"], inputs, values["fingerprint"])
+    where = f"{folder / DATASET_INFO}: description"
+    legacy = {key: values[key] for key in ("score", "scores", "input", "fingerprint") if key in values}
+    metadata = TeacherMetadata.from_values(legacy, where)
 
     def write() -> None:
         metadata.write(folder)

@@ -35,7 +35,10 @@ def migrate(cfg: MigrateConfig) -> MigrateReport:
         raise InputError("migrate: give the teacher dataset folders to migrate: distill migrate FOLDER...")
     for path in cfg.paths:
         input_path(path, "migrate", "paths", "folder")
-    plans = [(Path(path), migration(path)) for path in cfg.paths]  # every folder checked: none is written if one is bad
+    folders: dict[Path, Path] = {}  # each folder once, under the first name it is given
+    for path in cfg.paths:
+        folders.setdefault(Path(path).resolve(), Path(path))
+    plans = [(path, migration(path)) for path in folders.values()]  # all checked: none is written if one is bad
     for _, write in plans:
         if write is not None:
             write()

@@ -558,9 +558,24 @@ def test_migrate_moves_legacy_metadata_to_teacher_json_and_keeps_every_row(
     partial = {k: v for k, v in metadata.items() if k not in ("scores", "input")}
     (broken / "dataset_info.json").write_text(json.dumps({**info, "description": json.dumps(partial)}))
     assert main(["migrate", str(legacy), str(broken)]) == 2
-    message = f"distill migrate: error: {broken / 'dataset_info.json'}: description: missing 'scores', 'input'\n"
+    message = (
+        f"distill migrate: error: {broken / 'dataset_info.json'}: description: missing key(s) ['input', 'scores']\n"
+    )
     assert capsys.readouterr().err == message  # one line, not a KeyError; and the first folder is not written
     assert (legacy / "dataset_info.json").read_bytes() == before and not (legacy / "teacher.json").exists()
+    # a field of another type: checked as teacher.json is read, before anything is written (its scores were
+    # written as given, in a teacher.json no command could read, and the description cleared)
+    (broken / "dataset_info.json").write_text(
+        json.dumps({**info, "description": json.dumps({**metadata, "scores": "cis"})})
+    )
+    assert main(["migrate", str(legacy), str(broken)]) == 2
+    message = f"{broken / 'dataset_info.json'}: description: scores: expected a list of strings, got 'cis'\n"
+    assert capsys.readouterr().err == f"distill migrate: error: {message}"
+    assert (legacy / "dataset_info.json").read_bytes() == before and not (broken / "teacher.json").exists()
+    assert main(["migrate", str(legacy), f"{legacy}/", str(legacy / ".." / "legacy")]) == 0  # one folder, once
+    assert capsys.readouterr().out.splitlines() == [f"migrated {legacy}"]
+    (legacy / "teacher.json").unlink()
+    (legacy / "dataset_info.json").write_bytes(before)
     assert main(["migrate", "--paths", str(legacy), str(teacher_dataset)]) == 0
     assert capsys.readouterr().out.splitlines() == [f"migrated {legacy}", f"already current: {teacher_dataset}"]
     assert {f.name: f.read_bytes() for f in legacy.glob("*.arrow")} == arrow  # every score bit-identical
