@@ -101,6 +101,6 @@ def find_run_files(given: list[str | Path]) -> dict[str, Path]:
     for f in files:
         if f.resolve() in {p.resolve() for p in named.values()}:
             continue
-        name = f"{f.parent.parent.name}/{f.stem}" if f.parent.name == "runs" else str(f)
+        name = f"{f.absolute().parent.parent.name}/{f.stem}" if f.parent.name == "runs" else str(f)
         named[str(f) if name in named else name] = f
     return named

@@ -8,6 +8,7 @@ import math
 import re
 import shutil
 import warnings
+from pathlib import Path
 
 import ir_measures
 import numpy as np
@@ -25,7 +26,7 @@ from distill.eval.metrics import (
     parse_metrics,
 )
 from distill.eval.significance import TESTS, compare, randomization_test
-from distill.eval.trec_runs import read_trec_run, write_trec_run
+from distill.eval.trec_runs import find_run_files, read_trec_run, write_trec_run
 from tests.conftest import DL19, DL19_QRELS, REPO
 
 TEACHER = REPO / "data" / "teacher" / "dl19-bm25-smollm2"
@@ -329,3 +330,11 @@ def test_per_query_rows_come_in_numeric_then_text_order_whatever_the_ids() -> No
     report = evaluate_runs({"r": {q: {"d": 1.0} for q in qids}}, {q: {"d": 1} for q in qids}, ["P@1"], 1, "t")
     rows = [line.split()[0] for line in format_per_query(report).splitlines()[2:]]
     assert rows == ["9", "10", "1²", "b"]
+
+
+def test_a_run_in_a_relative_runs_folder_is_named_by_the_folder_that_holds_it(
+    tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_trec_run(tmp_path / "work" / "runs" / "bm25.trec", {"q1": {"d1": 1.0}}, "t")
+    monkeypatch.chdir(tmp_path / "work")
+    assert find_run_files(["runs/bm25.trec"]) == {"work/bm25": Path("runs/bm25.trec")}  # not "/bm25"
