@@ -79,6 +79,8 @@ def retrieve(
     max_batch_tokens: int = DENSE_BATCH_TOKENS,
     output_format: OutputFormat = "trec",
     repair_mojibake: bool = True,
+    k1: float = bm25.K1,
+    b: float = bm25.B,
 ) -> RetrievalResult:
     """Retrieve each query's top ``k`` passages of ``corpus`` and write them to ``output``.
 
@@ -94,6 +96,7 @@ def retrieve(
         max_batch_tokens: for ``dense``: padded tokens per forward pass.
         output_format: ``trec`` or ``rank_llm``.
         repair_mojibake: undo UTF-8-read-as-Latin-1 damage in all texts, as the loaders do.
+        k1, b: for ``bm25``: its term-frequency saturation and length normalisation.
     """
     if method not in METHODS:
         raise InputError(f"--method: unknown method {method!r}; choose from {', '.join(METHODS)}")
@@ -111,8 +114,8 @@ def retrieve(
     check_index_folder(index_dir)  # before an encoder loads: a folder that is no index is never replaced
 
     if method == "bm25":
-        settings = bm25.settings()
-        build, load = bm25.BM25Index.build, bm25.BM25Index.load
+        settings = bm25.settings(k1, b)
+        build, load = partial(bm25.BM25Index.build, k1=k1, b=b), bm25.BM25Index.load
     else:
         model = Encoder(encoder, device, max_batch_tokens)
         settings = model.settings()

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from distill.core.schema import InputError
 from distill.model.embeddings import DEFAULT_ENCODER, DENSE_BATCH_TOKENS
+from distill.retrieval.bm25 import K1, B
 from distill.retrieval.retrieve import DEFAULT_K, Method, OutputFormat, RetrievalResult
 
 
@@ -21,7 +22,11 @@ class RetrieveConfig:
     output: str | None = None
     """The candidates file to write (required)."""
     method: Method = "bm25"
-    """``bm25`` (bm25s: Lucene BM25, English stop words, Snowball stemming) or ``dense``."""
+    """``bm25`` (bm25s: Lucene's BM25 formula, English stop words, Snowball stemming) or ``dense``."""
+    k1: float = K1
+    """BM25: term-frequency saturation (Pyserini's default; Lucene's own is 1.2)."""
+    b: float = B
+    """BM25: length normalisation, 0 to 1 (Pyserini's default; Lucene's own is 0.75)."""
     encoder: str = DEFAULT_ENCODER
     """Dense: the encoder (alias, folder or hub id)."""
     k: int = DEFAULT_K
@@ -39,6 +44,10 @@ class RetrieveConfig:
     def __post_init__(self) -> None:
         if self.corpus is None or self.output is None:
             raise InputError("retrieve: corpus and output are required")
+        if self.k1 < 0:
+            raise InputError(f"retrieve: k1 must be at least 0, got {self.k1}")
+        if not 0 <= self.b <= 1:
+            raise InputError(f"retrieve: b must be between 0 and 1, got {self.b}")
         if self.max_batch_tokens < 1:
             raise InputError(f"retrieve: max_batch_tokens must be positive, got {self.max_batch_tokens}")
 
@@ -92,5 +101,7 @@ def retrieve(cfg: RetrieveConfig) -> RetrieveReport:
         device=device,
         max_batch_tokens=cfg.max_batch_tokens,
         output_format=cfg.format,
+        k1=cfg.k1,
+        b=cfg.b,
     )
     return RetrieveReport(result, cfg.method, cfg.output)
