@@ -77,6 +77,16 @@ def stream_trec_run(
 
 
 def check_file(path: Path, what: str) -> None:
+    """``path`` is a regular file: a pipe or a device (``<(...)``, ``/dev/stdin``) is read more than once (an index,
+    then the texts a run needs), which only a file allows.
+
+    Raises:
+        InputError: ``<path>: <what> file not found``, or ``... is a pipe or a device, not a file ...``.
+    """
+    if path.exists() and not path.is_file() and not path.is_dir():
+        raise InputError(
+            f"{path}: {what}: a pipe or a device, not a file (it is read more than once): save it to a file"
+        )
     if not path.is_file():
         raise InputError(f"{path}: {what} file not found")
 

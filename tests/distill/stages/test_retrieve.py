@@ -234,6 +234,11 @@ def test_bad_corpus_line_is_named(tmp_path: Path):
         retrieve(corpus, queries, tmp_path / "run.trec", "bm25")
     with pytest.raises(InputError, match="queries file not found"):
         retrieve(corpus, tmp_path / "missing.tsv", tmp_path / "run.trec", "bm25")
+    os.mkfifo(tmp_path / "queries.fifo")  # as a shell's <(...) gives it
+    with pytest.raises(
+        InputError, match=re.escape("queries: a pipe or a device, not a file (it is read more than once)")
+    ):
+        retrieve(corpus, tmp_path / "queries.fifo", tmp_path / "run.trec", "bm25")
     with pytest.raises(InputError, match="needs --queries"):
         retrieve(corpus, None, tmp_path / "run.trec", "bm25")
     corpus.write_text("d1\tfirst passage\nd2\t \n")
