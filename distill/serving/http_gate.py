@@ -133,8 +133,15 @@ RETRY_AFTER_S = 1
 
 
 def api_key(options: HttpOptions) -> str | None:
-    """The key the server requires: ``options.api_key``, else ``$CIS_DISTILL_API_KEY``, else None (no auth)."""
-    return options.api_key or os.environ.get(API_KEY_ENV) or None
+    """The key the server requires: ``options.api_key``, else ``$CIS_DISTILL_API_KEY``, else None (no auth); without
+    the whitespace around it (a key read from a file ends in a newline)."""
+    return (options.api_key or os.environ.get(API_KEY_ENV) or "").strip() or None
+
+
+def _open(scope: dict[str, Any]) -> bool:
+    """Whether a request needs no key: a route of :data:`OPEN_ROUTES`, or an ``OPTIONS`` request (a browser's CORS
+    preflight carries no credentials; without ``cors_allow_origin`` it gets the app's 405, as with no key)."""
+    return scope["path"] in OPEN_ROUTES or scope["method"] == "OPTIONS"
 
 
 def _authorised(headers: dict[bytes, bytes], key: str) -> bool:
@@ -320,7 +327,7 @@ class Gate:
         try:
             if self.state.draining:
                 await _closing(503, "the server is shutting down")(scope, receive, exchange.send)
-            elif self.api_key and scope["path"] not in OPEN_ROUTES and not _authorised(headers, self.api_key):
+            elif self.api_key and not _open(scope) and not _authorised(headers, self.api_key):
                 refusal = refuse(401, "authorization: a missing or wrong bearer token (Authorization: Bearer <key>)")
                 refusal.headers["www-authenticate"] = "Bearer"
                 await refusal(scope, receive, exchange.send)

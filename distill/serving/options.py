@@ -148,7 +148,8 @@ class HttpOptions:
     ``Retry-After``, so that overload shows as refusals a client can back off from, not as growing latency."""
     api_key: str | None = None
     """The bearer token every route but ``/health`` requires (``Authorization: Bearer <key>``); a missing or wrong
-    one gets a 401. Default: ``$CIS_DISTILL_API_KEY`` where it is set, else no authentication."""
+    one gets a 401. Default: ``$CIS_DISTILL_API_KEY`` where it is set, else no authentication. Whitespace around it
+    (a key read from a file ends in a newline) is not part of it."""
     cors_allow_origin: list[str] | None = None
     """Origins a browser may call the server from (``["https://app.example.com"]``, or ``["*"]``); CORS preflights
     are answered for them. Default: none (a preflight gets 405)."""
@@ -162,6 +163,11 @@ class HttpOptions:
             raise InputError(
                 f"serve: ${API_KEY_ENV} is set but empty: give it a key, or unset it for no authentication"
             )
+        given = (
+            ("api_key", self.api_key) if self.api_key is not None else (f"${API_KEY_ENV}", os.environ.get(API_KEY_ENV))
+        )
+        if given[1] is not None and re.search(r"\s", given[1].strip()):
+            raise InputError(f"serve: {given[0]} holds whitespace, which no bearer token can: give a key without it")
         for origin in self.cors_allow_origin or ():
             if origin != "*" and not ORIGIN.match(origin):
                 raise InputError(

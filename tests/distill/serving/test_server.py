@@ -80,13 +80,30 @@ def test_the_key_comes_from_the_environment_where_no_option_gives_it(tiny_bert, 
         assert httpx.post(f"{url}/rerank", json=BODY).status_code == 200  # no key: no authentication
 
 
+def test_a_key_read_from_a_file_is_the_key_without_its_line_end(tiny_bert, tiny, monkeypatch) -> None:
+    """A secret mounted as a file ends in a newline: kept, no token matched it, and every request got a 401."""
+    monkeypatch.setenv("CIS_DISTILL_API_KEY", "from-file\n")
+    for options in (HttpOptions(), HttpOptions(api_key=" s3cret\n")):
+        key = options.api_key.strip() if options.api_key else "from-file"
+        with running(create_app(ServedModel(tiny_bert, tiny), options)) as url:
+            right = httpx.post(f"{url}/rerank", json=BODY, headers={"Authorization": f"Bearer {key}"})
+            wrong = httpx.post(f"{url}/rerank", json=BODY, headers={"Authorization": f"Bearer {key}x"})
+        assert (right.status_code, wrong.status_code) == (200, 401)
+    with pytest.raises(InputError, match="serve: api_key holds whitespace, which no bearer token can"):
+        HttpOptions(api_key="two words")
+    monkeypatch.setenv("CIS_DISTILL_API_KEY", "two\twords\n")
+    with pytest.raises(InputError, match=r"serve: \$CIS_DISTILL_API_KEY holds whitespace"):
+        HttpOptions()
+
+
 def test_cors_preflights_are_answered_for_the_allowed_origins(tiny_bert: Path, tiny: Reranker) -> None:
     # with the headers Cohere's SDK adds (a preflight that named them got a 400)
     asked = "authorization, content-type, x-client-name, x-fern-language"
     preflight = {"Origin": "https://app.example", "Access-Control-Request-Method": "POST",
                  "Access-Control-Request-Headers": asked}  # fmt: skip
-    with running(create_app(ServedModel(tiny_bert, tiny), HttpOptions())) as url:
-        assert httpx.options(f"{url}/rerank", headers=preflight).status_code == 405
+    for key in (None, "k"):  # a preflight carries no key: a 405 with a key as without (it got a 401)
+        with running(create_app(ServedModel(tiny_bert, tiny), HttpOptions(api_key=key))) as url:
+            assert httpx.options(f"{url}/rerank", headers=preflight).status_code == 405
     options = HttpOptions(cors_allow_origin=["https://app.example"], api_key="k")
     with running(create_app(ServedModel(tiny_bert, tiny), options)) as url:
         allowed = httpx.options(f"{url}/rerank", headers=preflight)
