@@ -17,7 +17,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from distill.core.schema import MissingFileError
+from distill.core.schema import InputError, MissingFileError
 
 MODEL_CONFIG = "config.json"
 CHECKPOINT_ROOT = "checkpoints"
@@ -108,14 +108,17 @@ def student_folder(path: str | Path, *, exported: bool = True, revision: str | N
 
     Raises:
         MissingFileError: no model folder there (nor a hub model of that id).
+        InputError: a ``revision`` for a local path, which has none.
     """
     from distill.model.resolver import HUB_REPO, hub_snapshot
 
     path = Path(path)
-    if (path / MODEL_CONFIG).is_file():
-        return path
     if not path.exists():
         if HUB_REPO.match(str(path)):
             return hub_snapshot(str(path), revision)
         raise MissingFileError(f"{path}: no such run or model folder")
+    if revision is not None:
+        raise InputError(f"revision {revision}: a hub id's (org/name); {path} is a local folder, which has none")
+    if (path / MODEL_CONFIG).is_file():
+        return path
     return RunLayout(path).student(exported=exported)

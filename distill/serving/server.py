@@ -20,12 +20,13 @@ import logging
 import os
 import socket
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from distill.core.config import REPEATABLE, options_of
 from distill.core.schema import InputError
+from distill.model.resolver import HUB_REPO
 from distill.serving.http_gate import ServingState
 from distill.serving.options import HttpOptions, ServingOptions
 
@@ -46,7 +47,7 @@ class ServeConfig(ServingOptions, HttpOptions):
     """The student (required): an export folder (``distill export``), a training run (its export), a Hugging Face
     folder (torch backend), or a hub id (``org/name``, at ``revision``) in or into the Hugging Face cache. Several
     students: ``--model NAME=PATH`` once each (or a YAML list), which a request's ``model`` picks by ``NAME`` (the
-    first by default); a bare ``PATH`` is named by its last part."""
+    first by default); a bare ``PATH`` is named by its last part, a bare hub id by itself (as clients send it)."""
     host: str = "127.0.0.1"
     """The address to listen on (``0.0.0.0``: every interface)."""
     port: int = 8080
@@ -82,7 +83,8 @@ class ServeConfig(ServingOptions, HttpOptions):
             if eq and "/" not in name and (not name or not where) and not Path(entry).exists():
                 raise InputError(f"serve: model: {entry!r}: NAME=PATH needs a name and a path (or give a path alone)")
             if not eq or "/" in name or not name or not where:  # a bare path or hub id (which may hold "=")
-                name, where = entry.rstrip("/").rsplit("/", 1)[-1], entry
+                hub = not Path(entry).exists() and HUB_REPO.match(entry)
+                name, where = entry if hub else entry.rstrip("/").rsplit("/", 1)[-1], entry
             named.append((name, where))
         return named
 
@@ -270,14 +272,19 @@ def serve(config: ServeConfig) -> None:
     from distill.serving.http_api import ServedModel, create_app
     from distill.serving.reranker import Reranker
 
-    folders = [(name, student_folder(where, revision=config.revision)) for name, where in config.models]
+    local = [Path(where).exists() for _, where in config.models]
+    if config.revision is not None and all(local):  # no hub id for it to pick a snapshot of
+        student_folder(config.models[0][1], revision=config.revision)
+    folders = [
+        (name, student_folder(where, revision=None if here else config.revision))
+        for (name, where), here in zip(config.models, local, strict=True)
+    ]
     fusions = [Fusion.of(folder, config.interpolation, config.first_stage) for _, folder in folders]
+    serving = replace(config.serving(), revision=None)  # each folder resolved: a hub id's to its snapshot
     sock = bind(config.host, config.port, listen=False)  # a bad address fails before a model loads
     try:
         models = [
-            ServedModel(
-                folder, Reranker.load(folder, config.serving(), interpolation=False, first_stage=None), fusion, name
-            )
+            ServedModel(folder, Reranker.load(folder, serving, interpolation=False, first_stage=None), fusion, name)
             for (name, folder), fusion in zip(folders, fusions, strict=True)
         ]
         devices = [str(model.reranker.settings.get("device", "cpu")) for model in models]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -123,7 +123,7 @@ def rerank(cfg: RerankConfig) -> RerankReport:
             )
     candidates = candidates[: cfg.max_queries]
     folder = student_folder(cfg.model, revision=cfg.revision)
-    reranker = Reranker.load(folder, cfg.serving())
+    reranker = Reranker.load(folder, replace(cfg.serving(), revision=None))  # the folder its revision resolved to
     run = rerank_run(reranker, candidates)
     interp = f"-interp{reranker.alpha:g}" if reranker.alpha is not None else ""
     name = re.sub(r"\s+", "_", Path(cfg.model).name)  # a TREC tag is one whitespace-free field

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from distill.core.run_folder import CHECKPOINT_ROOT, RunLayout
+from distill.core.run_folder import CHECKPOINT_ROOT, RunLayout, student_folder
+from distill.core.schema import InputError
 
 
 def test_a_model_folder_s_run_is_the_folder_above_it_however_it_is_named(
@@ -30,3 +31,11 @@ def test_a_hub_snapshot_s_run_is_a_checkpoint_folder_not_the_hub_cache(tmp_path:
     snapshot.mkdir(parents=True)
     (snapshot / "config.json").write_text("{}")
     assert RunLayout.of(snapshot).root == Path(CHECKPOINT_ROOT) / "acme--reranker"
+
+
+def test_a_revision_for_a_local_folder_is_refused(tmp_path: Path) -> None:
+    """A local folder has no revisions: ``Reranker.load(folder, revision="v1")`` scored the folder as it is."""
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(InputError, match=f"revision v1: a hub id's \\(org/name\\); {tmp_path} is a local folder"):
+        student_folder(tmp_path, revision="v1")
+    assert student_folder(tmp_path) == tmp_path

@@ -84,11 +84,13 @@ def test_rerank_and_serve_take_a_hub_id(hub_cache: Path, exported: Path, sample_
     for key, value in offline(hub_cache).items():
         monkeypatch.setenv(key, value)
     command = [DISTILL, "serve", "--model", "acme/reranker", "--revision", "v0", "--backend", "onnx", "--port", "0"]
-    with serve_process(command) as (_, url):
+    with serve_process([*command, "--model", f"local={exported}"]) as (_, url):
         info = httpx.get(f"{url}/info").json()
         answer = httpx.post(f"{url}/rerank", json={"query": "q", "texts": ["a", "b"]})
+        by_id = httpx.post(f"{url}/rerank", json={"query": "q", "texts": ["a"], "model": "acme/reranker"})
     assert info["model"] == str(hub_cache / "models--acme--reranker" / "snapshots" / OTHER)
     assert answer.status_code == 200 and info["score_calibration"] is None
+    assert by_id.status_code == 200  # a bare hub id is named by itself, as a client sends it
 
 
 def test_a_hub_id_not_in_the_cache_offline_is_one_line(hub_cache: Path, sample_file: Path, tmp_path: Path) -> None:
