@@ -86,11 +86,22 @@ from distill.serving.reranker import Reranker
 
 log = logging.getLogger(__name__)
 
-SCORES = {
-    "/v1/rerank": "relevance_score = the calibrated probability, in (0, 1); the raw score with raw_scores: true",
-    "/rerank": "score = the calibrated probability, in (0, 1); the raw score with raw_scores: true (as TEI)",
-}
-"""What each rerank route's scores are (``/info`` shows it; ``/v2/rerank`` is ``/v1/rerank``'s)."""
+
+def score_meanings(calibrated: bool) -> dict[str, str]:
+    """What each rerank route's scores are, for a model with a score calibration or without (``/info`` shows it;
+    ``/v2/rerank`` is ``/v1/rerank``'s)."""
+    normalised = (
+        "the calibrated probability of relevance, in (0, 1) (of a request fused with first-stage scores: the "
+        "sigmoid of the fused score)"
+        if calibrated
+        else "the sigmoid of the raw score, in (0, 1) (this model's export fitted no score calibration)"
+    )
+    return {
+        "/v1/rerank": f"relevance_score = {normalised}; the raw score with raw_scores: true",
+        "/rerank": f"score = {normalised}; the raw score with raw_scores: true (as TEI)",
+    }
+
+
 TIMING_HEADERS = ("x-total-time", "x-tokenization-time", "x-queue-time", "x-inference-time", "x-compute-tokens")
 """TEI's timing headers on every rerank answer: the request's milliseconds in all, tokenising, queued and scoring,
 then its pairs' tokens (query, document and special tokens); a browser may read them where CORS allows."""
@@ -350,7 +361,6 @@ def model_info(folder: Path, reranker: Reranker | WholeRequests, options: HttpOp
         "quality_gate": None if gate is None else {"backend": gate.get(reranker.backend), "backends": gate},
         "settings": reranker.settings,
         "options": {**asdict(options), "api_key": "set" if api_key(options) else None},
-        "scores": SCORES,
     }
 
 
@@ -404,6 +414,7 @@ def _served_models(models: ServedModel | Sequence[ServedModel], options: HttpOpt
             "interpolation": fusion.interpolation,
         }
         info["score_calibration"] = calibration.to_dict() if calibration else None
+        info["scores"] = score_meanings(calibration is not None)
         served[name] = _Served(name, model, fusion, calibration, info)
     return served
 

@@ -637,7 +637,8 @@ def test_health_info_metrics_and_openapi(exported: Path, server: str) -> None:
     assert info["backend"] == "onnx-fp32" and info["backend_reason"] == "named by --backend"
     assert info["quality_gate"]["backends"] == card["quality_gate"]["backends"]
     assert info["options"]["max_documents"] == 120 and info["settings"]["max_length"] == 512
-    assert set(info["scores"]) == {"/v1/rerank", "/rerank"}
+    assert set(info["scores"]) == {"/v1/rerank", "/rerank"} and card["score_calibration"]
+    assert info["scores"]["/rerank"].startswith("score = the calibrated probability of relevance")
     httpx.post(f"{server}/rerank", json={"query": "q", "texts": ["a", "b"]})
     assert metric(server, "distill_documents_total", route="/rerank") >= 2
     assert metric(server, "distill_tokens_total") > 0

@@ -52,6 +52,13 @@ def test_a_key_variable_set_but_empty_is_refused_not_taken_for_no_authentication
     assert HttpOptions(api_key="k").api_key == "k"  # the option wins over the variable
 
 
+def test_info_of_a_model_without_a_calibration_says_its_scores_are_the_plain_sigmoid(tiny_bert, tiny) -> None:
+    with running(create_app(ServedModel(tiny_bert, tiny), HttpOptions())) as url:
+        info = httpx.get(f"{url}/info").json()
+    assert info["score_calibration"] is None
+    assert info["scores"]["/v1/rerank"].startswith("relevance_score = the sigmoid of the raw score")
+
+
 def test_a_missing_or_wrong_bearer_token_gets_a_401(tiny_bert: Path, tiny: Reranker) -> None:
     with running(create_app(ServedModel(tiny_bert, tiny), HttpOptions(api_key="s3cret"))) as url:
         missing = httpx.post(f"{url}/rerank", json=BODY)
