@@ -328,9 +328,18 @@ def _ranked(raw: np.ndarray, top_n: int | None) -> list[int]:
 
 def _keep_last_tokens(tokenizer: Any, text: str, tokens: int) -> str:
     """``text`` from where its last ``tokens`` tokens start (all of it if it has no more): a text cut on its left,
-    which the pair's own truncation then leaves whole."""
+    which the pair's own truncation then leaves whole. A cut inside a word can tokenise into more pieces than it
+    held in the whole text (``€uro`` alone is not ``€uro`` after ``a``), so the cut moves right a token at a time
+    until the text that is left holds at most ``tokens``."""
     offsets = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
-    return text if len(offsets) <= tokens else text[offsets[len(offsets) - tokens][0] :]
+    start = len(offsets) - tokens
+    if start <= 0:
+        return text
+    while True:
+        cut = text[offsets[start][0] :]
+        if start == len(offsets) - 1 or len(tokenizer(cut, add_special_tokens=False)["input_ids"]) <= tokens:
+            return cut
+        start += 1
 
 
 def _validation_message(error: RequestValidationError) -> tuple[int, str]:

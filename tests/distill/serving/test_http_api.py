@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import re
 import signal
 import socket
@@ -24,8 +25,8 @@ import pytest
 
 from distill.cli import main
 from distill.serving.batcher import BatchStats, DynamicBatcher
-from distill.serving.encoding import encode_pairs
-from distill.serving.http_api import HttpOptions, ServedModel, create_app
+from distill.serving.encoding import encode_pairs, load_tokenizer
+from distill.serving.http_api import HttpOptions, ServedModel, _keep_last_tokens, create_app
 from distill.serving.reranker import Reranker
 from distill.serving.server import bind, drain_server, uvicorn_config
 from tests.conftest import REPO
@@ -699,3 +700,22 @@ def test_sigterm_finishes_requests_in_flight_and_refuses_new_ones(exported: Path
             i: pytest.approx(s, abs=TOLERANCE) for i, s in enumerate(raw)
         }
         assert process.wait(30) == 0
+
+
+def test_a_text_cut_on_its_left_keeps_at_most_the_tokens_asked_and_its_end(tiny_bert: Path) -> None:
+    """A cut inside a word tokenises into more pieces than the word held in the whole text: the pair's own
+    truncation then cut the text's last tokens, the very ones ``truncation_direction: Left`` keeps."""
+    tokenizer = load_tokenizer(tiny_bert)
+    words = ["unbelievableness", "antidisestablishmentarianism", "flea", "xylophonist", "€uro", "naïve", "ca'nt"]
+    rng = random.Random(0)
+    for _ in range(200):
+        text = " ".join(rng.choice(words) for _ in range(60)) + " zebra"
+        tokens = rng.randint(3, 40)
+        cut = _keep_last_tokens(tokenizer, text, tokens)
+        ids = tokenizer(cut, add_special_tokens=False)["input_ids"]
+        assert text.endswith(cut) and len(ids) <= tokens and cut.endswith("zebra")
+        longer = text[: len(text) - len(cut)].rstrip()  # one word more than the cut kept is over the count
+        assert (
+            len(tokenizer(text[len(longer) - len(longer.split()[-1]) :], add_special_tokens=False)["input_ids"])
+            > tokens
+        )
