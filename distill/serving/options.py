@@ -88,6 +88,11 @@ class ServingOptions(TorchOptions, RuntimeOptions):
         if self.streams > 1 and self.backend not in ("auto", "openvino"):
             raise InputError(f"streams {self.streams}: the openvino backend's option, not the {self.backend} backend's")
         RuntimeOptions.__post_init__(self)
+        if self.interpolation is not None and not isinstance(self.interpolation, bool | int | float):
+            raise InputError(
+                f"interpolation: true, false or an alpha in [0, 1], not {self.interpolation!r} "
+                f"({type(self.interpolation).__name__})"
+            )
         if self.first_stage is not None and self.interpolation is not None and self.interpolation is not True:
             raise InputError(
                 f"first_stage {self.first_stage!r} takes its alpha from the student's card: interpolation "

@@ -200,8 +200,12 @@ class Reranker:
         ``first_stage_scores`` (one finite number per passage) are needed, and used, when the reranker interpolates;
         given to one that does not, they are refused rather than ignored.
         """
+        if isinstance(passages, Iterator):  # a generator: read once, here
+            passages = list(passages)
         if isinstance(passages, str) or not all(isinstance(p, str) for p in passages) or not isinstance(query, str):
             raise TypeError("score(query, passages) takes a query string and a sequence of passage strings")
+        if not query.strip():
+            raise InputError("query: must not be empty")
         for where, text in (("query", query), *((f"passages[{i}]", p) for i, p in enumerate(passages))):
             if (fault := text_fault(text)) is not None:
                 raise InputError(f"{where}: {fault}")
@@ -277,8 +281,12 @@ class Reranker:
     ) -> list[tuple[int, float]]:
         """``(index into passages, score)`` of the ``top_k`` best passages (all by default), best first; ties keep
         the input order."""
+        if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int | np.integer)):
+            raise TypeError(f"top_k must be an int or None, got {top_k!r}")
         if top_k is not None and top_k < 0:
             raise ValueError(f"top_k must be >= 0, got {top_k}")
+        if isinstance(passages, Iterator):  # a generator: read once, here
+            passages = list(passages)
         scores = self.score(query, passages, first_stage_scores)
         order = sorted(range(len(scores)), key=lambda i: (-scores[i], i))
         return [(i, scores[i]) for i in order[:top_k]]

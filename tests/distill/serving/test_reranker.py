@@ -101,3 +101,22 @@ def test_a_hub_id_not_in_the_cache_offline_is_one_line(hub_cache: Path, sample_f
         )
         assert done.returncode != 0 and "Traceback" not in done.stderr
         assert f"cannot find model {model!r}" in done.stderr and "not in the hub cache" in done.stderr
+
+
+def test_the_python_api_checks_its_input_as_the_http_routes_do(tiny_bert: Path) -> None:
+    from distill.core.schema import InputError
+    from distill.serving.reranker import Reranker
+
+    reranker = Reranker.load(tiny_bert, backend="torch")
+    passages = ["fleas are insects", "cats are mammals", "a flea jumps"]
+    expected = reranker.score("flea", passages)
+    assert reranker.score("flea", (p for p in passages)) == expected  # a generator is read once, not consumed twice
+    assert reranker.rerank("flea", iter(passages)) == reranker.rerank("flea", passages)
+    for query in ("", "   "):
+        with pytest.raises(InputError, match="query: must not be empty"):
+            reranker.score(query, passages)
+    for top_k in (1.5, "2", True):
+        with pytest.raises(TypeError, match=f"top_k must be an int or None, got {top_k!r}"):
+            reranker.rerank("flea", passages, top_k=top_k)
+    with pytest.raises(InputError, match="interpolation: true, false or an alpha in \\[0, 1\\], not 'yes' \\(str\\)"):
+        Reranker.load(tiny_bert, backend="torch", interpolation="yes")
