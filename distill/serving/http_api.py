@@ -326,6 +326,12 @@ def _ranked(raw: np.ndarray, top_n: int | None) -> list[int]:
     return np.lexsort((np.arange(len(raw)), -raw))[:top_n].tolist()
 
 
+def _returned(body: CohereRequest, i: int) -> CohereDocument:
+    """Document ``i`` as ``return_documents`` returns it: the object the request sent, whole, or its string."""
+    sent = body.objects[i] if i < len(body.objects) else None
+    return CohereDocument(**sent) if sent is not None else CohereDocument(text=body.documents[i])
+
+
 def _keep_last_tokens(tokenizer: Any, text: str, tokens: int) -> str:
     """``text`` from where its last ``tokens`` tokens start (all of it if it has no more): a text cut on its left,
     which the pair's own truncation then leaves whole. A cut inside a word can tokenise into more pieces than it
@@ -526,7 +532,7 @@ def create_app(models: ServedModel | Sequence[ServedModel], options: HttpOptions
             CohereResult(
                 index=i,
                 relevance_score=float(shown[i]),
-                document=CohereDocument(text=body.documents[i]) if body.return_documents else None,
+                document=_returned(body, i) if body.return_documents else None,
             )
             for i in _ranked(raw, body.top_n)
         ]

@@ -3,7 +3,7 @@ OpenAPI schema (``GET /openapi.json``, ``/docs``).
 
 Cohere's rerank (``POST /v1/rerank``, ``/v2/rerank``), which also takes Jina's requests (documents as ``{"text":
 ...}`` objects), and text-embeddings-inference's (``POST /rerank``). Unknown fields are ignored, as those servers'
-clients send fields of their own (``rank_fields``, ...). Cohere's ``model`` picks one of the models served; TEI's
+clients send fields of their own (``max_chunks_per_doc``, ...). Cohere's ``model`` picks one of the models served; TEI's
 request takes it too.
 
 Both APIs take two fields of cis-distill's own: ``first_stage_scores``, the first stage's score of each document, which
@@ -24,6 +24,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic.json_schema import SkipJsonSchema
 from pydantic_core import PydanticCustomError
 
 from distill.core.schema import text_fault
@@ -64,8 +65,8 @@ Document = Annotated[
 
 class _Request(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
-    """Fields not known are ignored (the clients' own, such as Cohere's ``rank_fields``); known ones take their JSON
-    type only (``"top_n": "1"`` or ``true`` is a 422, not 1)."""
+    """Fields not known are ignored (the clients' own, such as Cohere's ``max_chunks_per_doc``); known ones take
+    their JSON type only (``"top_n": "1"`` or ``true`` is a 422, not 1)."""
 
     query: str = Field(description="The query; not empty.")
     model: str | None = Field(
@@ -111,7 +112,41 @@ class _Request(BaseModel):
 class CohereRequest(_Request):
     """Cohere's rerank request (``/v1/rerank``, ``/v2/rerank``), which Jina's also fits."""
 
-    documents: list[Document] = Field(description="The documents to score: strings, or objects with a 'text'.")
+    documents: list[Document] = Field(
+        description="The documents to score: strings, or objects with a 'text' (or the rank_fields)."
+    )
+    rank_fields: list[str] | None = Field(
+        None,
+        min_length=1,
+        description="For object documents: the keys whose values are scored, as 'key: value' lines in this order "
+        "(default: 'text' alone, as Cohere v1).",
+    )
+    objects: SkipJsonSchema[list[dict[str, Any] | None]] = Field(default_factory=list, exclude=True)
+    """Each document as the request sent it where it is an object (None for a string): what ``return_documents``
+    returns. Set from ``documents``, not sent."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _ranked_fields(cls, body: Any) -> Any:
+        """Object documents kept for ``return_documents``, and scored by their ``rank_fields``."""
+        if not isinstance(body, dict) or not isinstance(body.get("documents"), list):
+            return body
+        documents, fields = body["documents"], body.get("rank_fields")
+        body = {**body, "objects": [d if isinstance(d, dict) else None for d in documents]}
+        if isinstance(fields, list) and fields and all(isinstance(f, str) for f in fields):
+            texts = []
+            for i, document in enumerate(documents):
+                if isinstance(document, dict):
+                    if missing := [f for f in fields if not isinstance(document.get(f), str | int | float)]:
+                        raise PydanticCustomError(
+                            "rank_fields", "documents[{i}] has no rank field {field} (a string or a number)",
+                            {"i": i, "field": repr(missing[0])},
+                        )  # fmt: skip
+                    document = "\n".join(f"{f}: {document[f]}" for f in fields)
+                texts.append(document)
+            body["documents"] = texts
+        return body
+
     top_n: int | None = Field(None, ge=1, description="Return the best top_n documents (default: all).")
     return_documents: bool = Field(False, description="Return each result's document text (as Cohere v1 does).")
     max_tokens_per_doc: int | None = Field(
@@ -126,7 +161,10 @@ class CohereRequest(_Request):
 
 
 class CohereDocument(BaseModel):
-    text: str
+    """A returned document: its text, or the object the request sent, whole (as Cohere v1 returns it)."""
+
+    model_config = ConfigDict(extra="allow")
+    text: str | None = None
 
 
 class CohereResult(BaseModel):

@@ -151,6 +151,28 @@ def test_jina_documents_and_raw_scores(server: str, reference: Reranker, call) -
     assert answer["usage"]["total_tokens"] == answer["meta"]["tokens"]["input_tokens"] > 0
 
 
+def test_object_documents_come_back_whole_and_rank_fields_choose_what_is_scored(
+    server: str, reference: Reranker, call
+) -> None:
+    """As Cohere v1: ``return_documents`` returns each object as sent (it returned its text alone), and
+    ``rank_fields`` scores the named keys as 'key: value' lines (it was ignored)."""
+    query, passages = call
+    objects = [{"text": p, "title": f"T{i}", "id": f"d{i}"} for i, p in enumerate(passages[:6])]
+    body = {"query": query, "documents": objects, "return_documents": True}
+    answer = httpx.post(f"{server}/v1/rerank", json=body).json()
+    assert sorted((r["index"], r["document"]["id"]) for r in answer["results"]) == [(i, f"d{i}") for i in range(6)]
+    assert all(r["document"] == objects[r["index"]] for r in answer["results"])
+    fields = ["title", "text"]
+    ranked = httpx.post(f"{server}/v1/rerank", json={**body, "rank_fields": fields, "raw_scores": True}).json()
+    texts = [f"title: T{i}\ntext: {p}" for i, p in enumerate(passages[:6])]
+    raw = reference.score(query, texts)
+    for result in ranked["results"]:
+        assert result["relevance_score"] == pytest.approx(raw[result["index"]], abs=TOLERANCE)
+        assert result["document"] == objects[result["index"]]
+    missing = httpx.post(f"{server}/v1/rerank", json={**body, "rank_fields": ["body"]})
+    assert missing.status_code == 422 and "documents[0] has no rank field 'body'" in missing.json()["error"]
+
+
 def test_tei_rerank_is_sorted_and_calibrated_unless_raw(server: str, reference: Reranker, call) -> None:
     query, passages = call
     texts = passages[30:45]
