@@ -393,7 +393,7 @@ def test_reranker_bad_input(exported: Path, tmp_path: Path) -> None:
     as_array = np.array(["a passage", "another passage"])  # numpy's strings are str: scored as the list is
     assert reranker.score("a query", as_array) == reranker.score("a query", as_array.tolist())
     assert reranker.score("a query", np.array([], dtype=str)) == []
-    scores = reranker.score("", ["", "a passage", "word " * 300])
+    scores = reranker.score("a query", ["", "a passage", "word " * 300])  # an empty passage is scored
     assert len(scores) == 3 and all(math.isfinite(s) for s in scores)
     assert reranker.truncated == 1
     assert len(reranker.score("word " * 100, ["a passage"])) == 1  # a query over the max length too

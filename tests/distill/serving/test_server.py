@@ -241,8 +241,8 @@ def test_two_models_may_not_share_a_name(tiny_bert: Path, tiny: Reranker) -> Non
 
 def test_serve_takes_model_name_path_once_per_model() -> None:
     config = parse_config(ServeConfig, ["--model", "a=out/x", "--model", "org/hub-id", "--model", "/srv/b=c"], "serve")
-    assert config.models == [("a", "out/x"), ("hub-id", "org/hub-id"), ("b=c", "/srv/b=c")]
-    assert ServeConfig(model="out/export").models == [("export", "out/export")]
+    assert config.models == [("a", "out/x"), ("org/hub-id", "org/hub-id"), ("b=c", "/srv/b=c")]
+    assert ServeConfig(model="runs/out/export").models == [("export", "runs/out/export")]  # no org/name: a path
     with pytest.raises(InputError, match="serve: model: two models are named 'x'"):
         ServeConfig(model=["x=a", "x=b"])
     for entry in ("=out/x", "a="):
