@@ -141,11 +141,12 @@ class DistillCLI(LightningCLI):
 
     def _trainer_of_run(self, **kwargs: Any) -> Trainer:
         """The trainer, its loggers and its checkpoints in the run folder, once this job holds it."""
-        claim_run_folder(self.run_dir, self.config.ckpt_path, self.config.overwrite)
-        # The data is read and checked before any logger (or wandb run) exists: bad data fails fast and cleanly.
+        # The data is read and checked before any logger (or wandb run) exists: bad data fails fast and cleanly,
+        # and before an earlier run is replaced (--overwrite): a run that cannot start removes nothing.
         self.datamodule.setup("fit")
         config = {**self._get(self.config_init, "trainer", default={}), **kwargs}
         check_intervals(config, self.datamodule)
+        claim_run_folder(self.run_dir, self.config.ckpt_path, self.config.overwrite)
         warn_small_groups(self.datamodule)
         if config.get("precision") is None:
             config["precision"] = "bf16-mixed" if torch.cuda.is_available() else "32-true"

@@ -327,6 +327,10 @@ def test_a_finished_run_is_resumed_or_replaced_when_asked_never_silently(
         "distill train: error: --ckpt_path last resumes the run and --overwrite true replaces it: give one of them\n"
     )  # it resumed, and --overwrite was silently ignored
     assert {p: p.read_bytes() for p in before} == before
+    # a replacement that cannot start (a label naming no score) leaves the earlier run: it removed it first
+    assert main(["train", "--config", str(config), "--data.label", "nosuchscore", "--overwrite", "true"]) == 2
+    assert "nosuchscore" in capsys.readouterr().err
+    assert {p: p.read_bytes() for p in before} == before
     assert main(["train", "--config", str(config), "--model.lr", "1e-2", "--overwrite", "true"]) == 0
     assert yaml.safe_load((run / "logs" / "config.yaml").read_text())["model"]["lr"] == 1e-2  # the new run's
     assert (run / "hf" / "model.safetensors").read_bytes() != before[run / "hf" / "model.safetensors"]
