@@ -125,12 +125,42 @@ def find_last(folder: Path) -> Path | None:
 
 
 class AtomicModelCheckpoint(ModelCheckpoint):
-    """Lightning's ``ModelCheckpoint``, each save written by :func:`atomic_save`."""
+    """Lightning's ``ModelCheckpoint``, each save written by :func:`atomic_save`; resumed in a run folder that was
+    copied or moved, its paths are this folder's."""
 
     def _save_checkpoint(self, trainer: Trainer, filepath: str) -> None:
         with atomic_save(trainer, Path(filepath)) as tmp:
             super()._save_checkpoint(trainer, str(tmp))
         self._last_checkpoint_saved = filepath
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Lightning's, with the checkpoint's paths moved from the folder it was saved in to :attr:`dirpath`: a
+        run folder copied or moved keeps its checkpoints where they were in it, and Lightning kept the old
+        folder's absolute ``best_model_path`` (another run's weights exported into this run's ``hf/``, or a
+        missing file at the end) and dropped the best score (a worse validation became the best)."""
+        saved = state_dict.get("dirpath")
+        if saved and self.dirpath and saved != self.dirpath:
+            state_dict = {
+                **state_dict,
+                "dirpath": self.dirpath,
+                **{key: _moved(state_dict.get(key), saved, self.dirpath) for key in MOVED_PATHS},
+                "best_k_models": {
+                    _moved(path, saved, self.dirpath): score
+                    for path, score in (state_dict.get("best_k_models") or {}).items()
+                },
+            }
+        super().load_state_dict(state_dict)
+
+
+MOVED_PATHS = ("best_model_path", "kth_best_model_path", "last_model_path")
+"""The paths in a ``ModelCheckpoint``'s state that name its checkpoint files."""
+
+
+def _moved(path: str | None, old: str, new: str) -> str | None:
+    """``path`` in folder ``new`` where it was in folder ``old``; any other path (or none) as it is."""
+    if not path or Path(path).parent != Path(old):
+        return path
+    return str(Path(new) / Path(path).name)
 
 
 # ----------------------------------------------------------------------------- the callback

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from distill.cli import main
-from students.checkpointing import RESUME_KEY, atomic_save, find_last
+from students.checkpointing import RESUME_KEY, AtomicModelCheckpoint, atomic_save, find_last
 from students.csv_logger import ResumableCSVLogger
 from tests.distill.stages.test_train import write_config
 
@@ -132,3 +132,21 @@ def test_a_slurm_requeue_names_the_job_and_a_missing_scontrol_is_a_warning(
     with caplog.at_level("WARNING", "students.checkpointing"):
         _requeue_slurm_job()
     assert "scontrol requeue 17_3 failed" in caplog.text
+
+
+def test_a_resume_in_a_copied_or_moved_run_folder_takes_its_own_checkpoints(tmp_path: Path) -> None:
+    """Lightning kept the old folder's absolute best_model_path and dropped the best score: the copy exported the
+    original's (retrained) best weights into its hf/, with exit 0; a moved folder failed at the end."""
+    old, new = tmp_path / "runA" / "checkpoints", tmp_path / "runB" / "checkpoints"
+    saved = AtomicModelCheckpoint(dirpath=old, filename="best", monitor="val/nDCG@10", mode="max")
+    saved.best_model_path, saved.best_model_score = str(old / "best.ckpt"), torch.tensor(61.5)
+    saved.best_k_models = {str(old / "best.ckpt"): torch.tensor(61.5)}
+    saved.last_model_path = str(old / "last.ckpt")
+    state = saved.state_dict()
+    resumed = AtomicModelCheckpoint(dirpath=new, filename="best", monitor="val/nDCG@10", mode="max")
+    resumed.load_state_dict(state)
+    assert resumed.best_model_path == str(new / "best.ckpt") and float(resumed.best_model_score) == 61.5
+    assert list(resumed.best_k_models) == [str(new / "best.ckpt")] and resumed.last_model_path == str(new / "last.ckpt")
+    same = AtomicModelCheckpoint(dirpath=old, filename="best", monitor="val/nDCG@10", mode="max")
+    same.load_state_dict(state)  # resumed where it was saved: as Lightning loads it
+    assert same.best_model_path == str(old / "best.ckpt") and float(same.best_model_score) == 61.5
