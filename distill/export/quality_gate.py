@@ -24,6 +24,8 @@ training's qrels; never DL19, the project's test set.
 from __future__ import annotations
 
 import importlib.util
+import logging
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from distill.core.project_files import CANDIDATES, DL21, shipped
+from distill.core.project_files import CANDIDATES, DL19, DL21, shipped
 from distill.core.schema import Candidates, InputError, MissingFileError, Qrels, RerankingData
 from distill.core.student_card import StudentCard
 from distill.data.teacher_data import TeacherDataset
@@ -54,6 +56,8 @@ QRELS_FILE = "qrels.txt"
 """The qrels beside a candidates file, as the shipped data keep them (``data/trec-dl21/qrels.txt``)."""
 NO_OPENVINO = "OpenVINO is not installed (pip install openvino)"
 NO_BF16 = "this CPU has no bf16 (avx512_bf16/amx_bf16)"
+
+log = logging.getLogger(__name__)
 
 
 def int8_backend(runtime: str) -> str:
@@ -102,6 +106,7 @@ VERDICTS = {
     "same_order": "passed: the interval straddles the bound (too few queries to tell) and Spearman >= the floor "
     "(the backend orders candidates as the reference does: only near-ties moved)",
     "reordered": "failed: the interval straddles the bound and Spearman < the floor (the backend reorders them)",
+    "unordered": "failed: no validation query has two candidates, so no ordering was compared (too few to tell)",
 }
 """What decided a backend's verdict (``verdict`` in card.json) -> what it means."""
 PASSING = frozenset({"within", "same_order"})
@@ -133,7 +138,7 @@ class BackendQuality:
             "ndcg10": round(self.ndcg10, 4),
             "delta": round(self.delta, 4),
             "interval": [round(end, 4) for end in self.interval],
-            "spearman": round(self.spearman, 5),
+            "spearman": round(self.spearman, 5) if math.isfinite(self.spearman) else None,  # strict JSON
             "verdict": self.verdict,
             "passed": self.passed,
         }
@@ -211,11 +216,13 @@ def judge(reference: Run, run: Run, qrels: Qrels, rule: GateRule = RULE) -> Back
     ndcg = float(np.mean([ours[qid] for qid in queries]))
     low, high = delta_interval(deltas, rule)
     spearman = mean_fidelity(fidelity_per_query(run, reference))["spearman"]
-    if low > rule.bound or high < -rule.bound:
+    if not math.isfinite(spearman):  # no query with two candidates: a backend's ordering was never compared
+        verdict = "unordered"
+    elif low > rule.bound or high < -rule.bound:
         verdict = "beyond"
     elif -rule.bound <= low and high <= rule.bound:
         verdict = "within"
-    elif spearman >= rule.spearman_floor:  # NaN (no query to correlate) is no agreement
+    elif spearman >= rule.spearman_floor:
         verdict = "same_order"
     else:
         verdict = "reordered"
@@ -333,9 +340,21 @@ def validation_set(folder: Path, input: str | None = None, qrels: str | list[str
     """
     card = StudentCard.find(folder)
     if input is not None:
+        if Path(input).resolve().is_relative_to(DL19.resolve()):
+            log.warning(
+                "validation_input %s: TREC DL19, this project's test year: a gate (and a calibration) fitted on it "
+                "makes its DL19 figures no test; give held-out queries of another year",
+                shown_path(input),
+            )
         data = _load(input, qrels)
         judged = [c for c in data.candidates if c.query.qid in data.qrels]
         where = f"judged queries of {shown_path(input)}"
+        if not judged and qrels:
+            given = ", ".join(map(shown_path, [qrels] if isinstance(qrels, str) else qrels))
+            raise InputError(
+                f"validation_qrels {given} judge none of the {len(data.candidates)} queries of validation_input "
+                f"{shown_path(input)}"
+            )
     elif card is None:
         data = _load(shipped(DL21 / CANDIDATES, "validation_input"), None)
         judged = [c for c in data.candidates if c.query.qid in data.qrels]

@@ -127,6 +127,27 @@ def test_validation_sets_that_cannot_be_built_are_one_line_errors(student: Path,
         validation_set(missing)
     with pytest.raises(MissingFileError, match=r"nowhere\.json: no such candidates file"):
         validation_set(folder, str(tmp_path / "nowhere.json"))
+    dl21 = "data/trec-dl21/bm25_top100.json"  # qrels of another year: given, and judging none of its queries
+    with pytest.raises(InputError, match=r"^validation_qrels data/trec-dl19/qrels.txt judge none of the 53 queries"):
+        validation_set(folder, dl21, "data/trec-dl19/qrels.txt")
+
+
+def test_a_gate_on_the_test_year_is_named_in_a_warning(student: Path, tmp_path: Path, caplog) -> None:
+    folder = with_card(student, tmp_path, teacher_data=[DL21_TEACHER])
+    with caplog.at_level("WARNING", logger="distill.export.quality_gate"):
+        validation_set(folder, "data/trec-dl19/bm25_top100.json", "data/trec-dl19/qrels.txt")
+    assert any("TREC DL19, this project's test year" in message for message in caplog.messages)
+
+
+def test_a_gate_of_queries_with_one_candidate_each_passes_no_backend() -> None:
+    """One pair a query: the interval is [0, 0] and no ordering is compared (Spearman NaN): every backend passed,
+    and card.json held a bare NaN that strict JSON readers refuse."""
+    reference = {f"q{i}": {"d0": float(i)} for i in range(5)}
+    flipped = {qid: {"d0": -docs["d0"]} for qid, docs in reference.items()}
+    quality = judge(reference, flipped, {q: {"d0": 1} for q in reference})
+    assert quality.verdict == "unordered" and not quality.passed
+    record = json.dumps(quality.to_dict(), allow_nan=False)  # strict JSON
+    assert json.loads(record)["spearman"] is None
 
 
 def test_the_gate_is_recorded_in_card_json_as_the_serving_side_reads_it(exported: Path, parity: ParitySet) -> None:
