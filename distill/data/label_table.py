@@ -238,7 +238,7 @@ def _union(folders: list[str], scores: list[str], name: str | None, lists: dict[
         dataset = TeacherDataset.open(path)
         frame = dataset.to_pandas(list(dict.fromkeys(columns)), arrow_strings=True)
         frame[CANDIDATES] = np.int32(lists.setdefault(tuple(dataset.metadata.input), len(lists)))
-        for score in dict.fromkeys(scores):
+        for score in dict.fromkeys([*scores, FIRST_STAGE_COLUMN]):  # the first stage's: in labels and validation
             bad = ~np.isfinite(frame[score].to_numpy(dtype=np.float64))
             if bad.any():
                 rows = np.flatnonzero(bad)[:5].tolist()

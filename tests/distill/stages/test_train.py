@@ -191,6 +191,14 @@ def test_nan_targets_are_rejected(tmp_path: Path, tiny_bert: Path, teacher_datas
     shutil.copy(teacher_dataset / "teacher.json", broken)
     assert main(["train", "--config", str(write_config(tmp_path, tiny_bert, broken))]) == 2
     assert "NaN/inf" in capsys.readouterr().err
+    # a first-stage score too, which labels and validation use: a traceback from the labels or the first validation
+    stage = tmp_path / "stage"
+    ds.map(
+        lambda row, i: {"first_stage_score": float("nan") if i == 5 else row["first_stage_score"]}, with_indices=True
+    ).save_to_disk(stage)
+    shutil.copy(teacher_dataset / "teacher.json", stage)
+    assert main(["train", "--config", str(write_config(tmp_path, tiny_bert, stage))]) == 2
+    assert f"{stage}: column 'first_stage_score' has 1 NaN/inf value(s), rows [5]" in capsys.readouterr().err
 
 
 def test_a_max_length_with_no_room_for_a_passage_is_one_line(
