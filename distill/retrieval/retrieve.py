@@ -96,7 +96,8 @@ def retrieve(
         max_batch_tokens: for ``dense``: padded tokens per forward pass.
         output_format: ``trec`` or ``rank_llm``.
         repair_mojibake: undo UTF-8-read-as-Latin-1 damage in all texts, as the loaders do.
-        k1, b: for ``bm25``: its term-frequency saturation and length normalisation.
+        k1: for ``bm25``: its term-frequency saturation.
+        b: for ``bm25``: its length normalisation (0 to 1).
     """
     if method not in METHODS:
         raise InputError(f"--method: unknown method {method!r}; choose from {', '.join(METHODS)}")
