@@ -749,7 +749,11 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--model", required=True, help="an export folder (make demo writes the quickstart's)")
     bench.add_argument("--backend", default="auto", help="distill serve's --backend")
     bench.add_argument("--out", type=Path, default=RESULTS / "serve-cpu")
-    bench.add_argument("--servers", default=",".join(SERVERS), help=f"some of {','.join(SERVERS)}")
+    bench.add_argument(
+        "--servers",
+        default=",".join(SERVERS),
+        help=f"some of {','.join(SERVERS)}, and streams-N (batched on N OpenVINO streams)",
+    )
     bench.add_argument("--documents", type=_ints, default=Plan.documents, help="documents a request (10,100)")
     bench.add_argument("--requests", type=_ints, default=Plan.requests, help="requests a cell, one per size")
     bench.add_argument("--concurrency", type=_ints, default=Plan.concurrency)
