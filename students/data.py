@@ -415,6 +415,11 @@ class StudentDataModule(LightningDataModule):
         store = self._store(labelled)
         qrels = self.judgments()
         pool = table.qid.unique().tolist()
+        if qrels and not any(q in qrels for q in pool):  # validation ranks by qrels no held-out query has
+            raise InputError(
+                f"data.qrels: {h.qrels} judge none of the teacher data's {len(pool)} queries: give the qrels of its "
+                "queries (or none, to validate by the teacher's ranking alone)"
+            )
         if h.val_pool == "judged":
             if not qrels:
                 raise InputError("data.val_pool: judged needs data.qrels")

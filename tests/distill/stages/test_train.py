@@ -180,6 +180,11 @@ def test_bad_teacher_data_is_named(tmp_path: Path, tiny_bert: Path, teacher_data
     assert "no teacher dataset here" in capsys.readouterr().err
     assert main(["train", "--config", str(path), "--data.val_queries", "3"]) == 2
     assert "holds out every query" in capsys.readouterr().err
+    # qrels of another year: validation by nDCG@10 found no judged query, a traceback once training had started
+    other = str(DL19_QRELS).replace("trec-dl19", "trec-dl21")
+    for pool in ("any", "judged"):
+        assert main(["train", "--config", str(path), "--data.qrels", other, "--data.val_pool", pool]) == 2
+        assert f"data.qrels: {other} judge none of the teacher data's 3 queries" in capsys.readouterr().err
 
 
 def test_nan_targets_are_rejected(tmp_path: Path, tiny_bert: Path, teacher_dataset: Path, capsys) -> None:
