@@ -243,15 +243,45 @@ def _union(folders: list[str], scores: list[str], name: str | None, lists: dict[
             if bad.any():
                 rows = np.flatnonzero(bad)[:5].tolist()
                 raise InputError(f"{path}: column {score!r} has {int(bad.sum())} NaN/inf value(s), rows {rows}...")
+        if (again := frame.duplicated(list(ID_COLUMNS)).to_numpy()).any():  # the teacher stage writes each once
+            first = int(np.flatnonzero(again)[0])
+            raise InputError(
+                f"{path}: {int(again.sum())} rows repeat an earlier row's (qid, docid), first row {first} "
+                f"({frame.qid.iat[first]}, {frame.docid.iat[first]}): a teacher dataset holds each pair once"
+            )
         frame[SOURCE] = np.int32(index)
         frame[SOURCE_ROW] = np.arange(len(frame), dtype=np.int64)
         frames.append(frame)
-    if len(frames) == 1:  # a teacher dataset holds each pair once: the teacher stage refuses duplicates
+    if len(frames) == 1:
         table = frames[0]
     else:
-        table = pd.concat(frames, ignore_index=True).drop_duplicates(list(KEY_COLUMNS), keep="first")
-        table = table.reset_index(drop=True)
+        table = pd.concat(frames, ignore_index=True)
+        again = table.duplicated(list(KEY_COLUMNS), keep="first").to_numpy()
+        _warn_of_other_scores(table, again, folders, list(dict.fromkeys(scores)))
+        table = table[~again].reset_index(drop=True)
     return table.rename(columns={score: f"{name}.{score}" for score in scores}) if name else table
+
+
+def _warn_of_other_scores(table: Any, again: np.ndarray, folders: list[str], scores: list[str]) -> None:
+    """One warning where pairs that several of ``folders`` hold (``again``: the rows after a pair's first) have
+    other ``scores`` than the first folder's, which are kept: folders of one teacher agree where they overlap
+    (``distill teach --reuse`` copies a pair's scores), so a difference means folders of different teachers."""
+    if not again.any() or not scores:
+        return
+    first = table[~again].set_index(list(KEY_COLUMNS))[scores]
+    later = table[again].set_index(list(KEY_COLUMNS))[scores]
+    kept = first.loc[later.index]
+    differ = ~np.isclose(later.to_numpy(np.float64), kept.to_numpy(np.float64), rtol=0, atol=1e-4).all(axis=1)
+    if differ.any():
+        pair = later.index[int(np.flatnonzero(differ)[0])]
+        log.warning(
+            "%d pairs held by several of %s have other scores there (first: qid %s, docid %s): the first folder's "
+            "are kept; give one teacher's folders to one name",
+            int(differ.sum()),
+            ", ".join(folders),
+            pair[1],
+            pair[2],
+        )
 
 
 def _join(tables: dict[str, Any], folders: dict[str, list[str]], key: str) -> Any:

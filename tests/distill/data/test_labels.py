@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pytest
 
@@ -213,6 +214,41 @@ def test_teachers_of_different_pairs_are_a_one_line_error(teachers: dict[str, li
     in_first = sum((q, d) in sources for q, d in zip(missing.qid, missing.docid, strict=True))
     counted = [f"{n} from {f}" for n, f in zip((in_first, 2 - in_first), teachers["smollm2"], strict=True) if n]
     assert ", ".join(counted) in message  # the folders the missing pairs come from, counted
+
+
+def test_a_folder_that_repeats_a_pair_is_one_line(teacher_dataset: Path, tmp_path: Path) -> None:
+    """A named teacher's repeated rows ended in pandas' MergeError; one unnamed folder's trained on both."""
+    table = TeacherDataset.open(teacher_dataset).to_pandas()
+    repeated = write_teacher(pd.concat([table, table.iloc[[4]]]), tmp_path / "repeated", "package:smollm2")
+    first = table.iloc[4]
+    for teachers, label in (({"a": [str(teacher_dataset)], "b": [str(repeated)]}, "z(a.cis) + z(b.cis)"),
+                            ([str(repeated)], "cis")):  # fmt: skip
+        with pytest.raises(InputError, match=re.escape(
+            f"{repeated}: 1 rows repeat an earlier row's (qid, docid), first row {len(table)} ({first.qid}, "
+            f"{first.docid}): a teacher dataset holds each pair once"
+        )):  # fmt: skip
+            load_label_table(teachers, label)
+
+
+def test_folders_of_one_name_that_score_a_pair_otherwise_are_named_in_a_warning(
+    teacher_dataset: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The first folder's scores are kept, as before, but no longer silently: folders of another teacher under
+    one name flipped the student's labels by their order."""
+    table = TeacherDataset.open(teacher_dataset).to_pandas()
+    # folders of one input's candidates (a pair of two inputs' lists is a row of each, not a repeat)
+    first = write_teacher(table, tmp_path / "first", "package:smollm2")
+    same = write_teacher(table, tmp_path / "same", "package:smollm2")
+    other = write_teacher(table.assign(cis=-table.cis), tmp_path / "negated", "package:smollm2")
+    with caplog.at_level("WARNING", logger="distill.data.label_table"):
+        load_label_table([str(first), str(same)], "cis")
+    assert not caplog.messages  # the same scores twice (a --reuse): nothing to say
+    with caplog.at_level("WARNING", logger="distill.data.label_table"):
+        kept = load_label_table([str(first), str(other)], "cis").table
+    assert len(caplog.messages) == 1 and caplog.messages[0].startswith(
+        f"{(table.cis != 0).sum()} pairs held by several of {first}, {other} have other scores there"
+    )
+    assert sorted(kept.cis) == sorted(table.cis)  # the first folder's
 
 
 def test_a_judgment_term_weighs_the_qrels_grades_of_the_judged_queries(teacher_dataset: Path) -> None:
