@@ -41,8 +41,10 @@ a scorer that ``takes_packed``), each with the indices (into the call's passages
 class Reranker:
     """A cross-encoder student that scores (query, passage) pairs.
 
-    Passages are encoded as in training (the passage truncated to ``max_length``), sorted by length into
-    batches of at most ``max_batch_tokens`` padded tokens, and their scores returned in input order.
+    Passages are encoded as in training, as pairs with the query (the passage cut so that the pair fits
+    ``max_length``: by default the model's limit, which can be longer than the ``data.max_length`` the student
+    trained and validated at, its card's ``student.max_length``), sorted by length into batches of at most
+    ``max_batch_tokens`` padded tokens, and their scores returned in input order.
 
     With ``overlap`` set, a call's passages are taken in spans of that many, in input order: each span is encoded,
     sorted and padded on a background thread while the previous span's batches run, so tokenisation overlaps
