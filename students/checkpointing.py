@@ -49,7 +49,8 @@ EXIT_PREEMPTED = 75
 """Exit status of a run stopped by SIGTERM or SIGUSR1 after writing ``last.ckpt`` (``EX_TEMPFAIL``: try again)."""
 PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 CTRL_C_NOTICE = (
-    "Ctrl-C: saving last.ckpt at the end of this optimiser step, then stopping (Ctrl-C again: stop now, unsaved)"
+    "Ctrl-C: saving last.ckpt at the end of this optimiser step (or validation), then stopping (Ctrl-C again: "
+    "stop now, unsaved)"
 )
 RESUME_KEY = "exact_resume"
 """The checkpoint entry of :class:`LastCheckpoint`: sampler position, world size and every rank's RNG states."""
@@ -276,6 +277,9 @@ class LastCheckpoint(Checkpoint):
         else:
             self._save(trainer)
             self._flush, self._stop = True, signum
+
+    def on_validation_batch_end(self, trainer: Trainer, *args: Any, **kwargs: Any) -> None:
+        self._tell_ctrl_c(trainer)  # a validation can outlast many steps: the notice comes within a batch
 
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if trainer.sanity_checking or trainer.state.fn != TrainerFn.FITTING:

@@ -150,3 +150,17 @@ def test_a_resume_in_a_copied_or_moved_run_folder_takes_its_own_checkpoints(tmp_
     same = AtomicModelCheckpoint(dirpath=old, filename="best", monitor="val/nDCG@10", mode="max")
     same.load_state_dict(state)  # resumed where it was saved: as Lightning loads it
     assert same.best_model_path == str(old / "best.ckpt") and float(same.best_model_score) == 61.5
+
+
+def test_a_ctrl_c_during_validation_is_acknowledged_within_a_validation_batch(tmp_path: Path, caplog) -> None:
+    """The notice came at the next optimiser step, a minute into a long validation, and a second Ctrl-C meanwhile
+    (the user, unanswered) stopped the run unsaved."""
+    from students.checkpointing import CTRL_C_NOTICE, LastCheckpoint
+
+    callback = LastCheckpoint(tmp_path)
+    callback._on_ctrl_c(signal.SIGINT, None)
+    trainer = SimpleNamespace(is_global_zero=True)
+    with caplog.at_level("WARNING", logger="students.checkpointing"):
+        callback.on_validation_batch_end(trainer, None, None, None, 0)
+        callback.on_validation_batch_end(trainer, None, None, None, 1)
+    assert caplog.messages == [CTRL_C_NOTICE] and "(or validation)" in CTRL_C_NOTICE
