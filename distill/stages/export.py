@@ -57,6 +57,8 @@ class ExportConfig:
         for name in ("parity_queries", "parity_depth"):
             if getattr(self, name) < 1:
                 raise InputError(f"export: {name} must be positive, got {getattr(self, name)}")
+        if not self.formats:
+            raise InputError("export: formats is empty: name onnx, torchscript or both (an export with no graph)")
 
 
 def export(cfg: ExportConfig) -> ExportReport:

@@ -305,6 +305,12 @@ CASES = [
     ),
     Case(
         "export",
+        "no format (it wrote an export of no graph, exit 0)",
+        lambda w: ["--checkpoint", str(w.hf), "--formats", "[]", "--output", str(w.root / "x")],
+        lambda w: "export: formats is empty: name onnx, torchscript or both",
+    ),
+    Case(
+        "export",
         "malformed config.json",
         lambda w: ["--checkpoint", str(_malformed_config(w)), "--output", str(w.root / "x")],
         lambda w: str(w.root / "bad-config" / "config.json") + ":2:",
