@@ -268,6 +268,8 @@ class _Parser:
         names = [term.name for term, _, _ in terms]
         if twice := [n for n in dict.fromkeys(names) if names.count(n) > 1]:
             raise self.fail(f"{twice[0]!r} appears more than once")
+        if all(term.weight == 0 for term, _, _ in terms):
+            raise self.fail("every weight is 0: the label would be the same for every pair, and teach nothing")
         bare = [term for term, z, _ in terms if not z]
         if not bare:
             return LabelExpression(tuple(term for term, _, _ in terms), True)

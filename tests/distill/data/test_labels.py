@@ -109,6 +109,8 @@ def test_label_expressions_parse(text: str, teachers: tuple[str, ...], terms: li
         ("z(gemma.cis) * 2", TEACHERS, "data.label: unexpected '*' after a term"),
         ("  ", TEACHERS, "data.label: empty"),
         ("1e400*z(gemma.cis) + z(smollm2.cis)", TEACHERS, "data.label: the weight 1e400 is not a finite number"),
+        ("0*z(cis)", (), "data.label: every weight is 0: the label would be the same for every pair"),
+        ("0*z(gemma.cis) - 0*z(first_stage)", TEACHERS, "data.label: every weight is 0"),
     ],
 )
 def test_bad_label_expressions_are_one_line_errors_naming_the_token(
