@@ -345,6 +345,7 @@ FIXED_ON_RESUME = (
     "data.label",
     "data.first_stages",
     "data.target_scaling",
+    "data.max_length",
     "data.qrels",
     "data.val_queries",
     "data.val_pool",
@@ -354,9 +355,9 @@ FIXED_ON_RESUME = (
     "data.train_queries",
     "data.seed",
 )
-"""The options a resumed run keeps: what the student is, what it learns from and what it is validated on (its best
-checkpoint is the best of one validation). The optimiser's options, the length of training and the batches may
-change."""
+"""The options a resumed run keeps: what the student is, what it learns from (the pairs, as long as they are cut)
+and what it is validated on (its best checkpoint is the best of one validation). The optimiser's options, the length
+of training and the batches may change."""
 
 
 def check_resumed_config(run_dir: Path, config: dict[str, Any]) -> None:

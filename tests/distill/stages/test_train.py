@@ -365,6 +365,8 @@ def test_a_resumed_run_keeps_what_it_learns_from(
         "another --run_name for a new run\n"
     )
     assert (run / "logs" / "config.yaml").read_text() == saved
+    assert main(["train", "--config", str(config), "--ckpt_path", "last", "--data.max_length", "64"]) == 2
+    assert "data.max_length is 64 here and 128 in the run it resumes" in capsys.readouterr().err  # its inputs cut so
     assert main(["train", "--config", str(config), "--ckpt_path", "last", "--trainer.max_epochs", "2"]) == 0  # longer
 
 
