@@ -385,9 +385,11 @@ def _build(
                 sizes = [len(ids) for ids in tokenizer(queries, add_special_tokens=False)["input_ids"]]
                 longest = int(np.argmax(sizes))
                 shutil.rmtree(work, ignore_errors=True)
+                query = queries[longest] if len(queries[longest]) <= 80 else queries[longest][:77] + "..."
                 raise InputError(
-                    f"data.max_length: {max_length} tokens leave no room for a passage after the query "
-                    f"{queries[longest]!r} ({sizes[longest]} tokens): raise data.max_length"
+                    f"data.max_length: {max_length} tokens leave no room for a passage after the query {query!r} "
+                    f"({sizes[longest]} tokens) of {sources[int(source[start + longest])]}, row "
+                    f"{int(source_row[start + longest])}: raise data.max_length"
                 ) from None
             ids = [e.ids for e in encodings]
             lengths[start:end] = np.fromiter(map(len, ids), dtype=np.int32, count=len(ids))
