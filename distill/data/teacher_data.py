@@ -218,7 +218,9 @@ def _check_row_files(path: Path) -> None:
     if not state.is_file():
         raise MissingFileError(f"{state}: missing: {path} is incomplete; run `distill teach` again with --overwrite")
     files = read_json_object(state).get("_data_files")
-    if not isinstance(files, list) or not files or not all(isinstance(f, dict) and "filename" in f for f in files):
+    if files == []:  # datasets' save_to_disk of no rows
+        raise InputError(f"{path}: holds no rows ({state} lists no file of rows): a teacher dataset of no pair")
+    if not isinstance(files, list) or not all(isinstance(f, dict) and "filename" in f for f in files):
         raise InputError(f"{state}: _data_files: expected a list of {{filename}} objects, got {files!r}")
     for entry in files:
         rows = path / str(entry["filename"])

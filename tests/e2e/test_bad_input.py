@@ -422,6 +422,19 @@ def test_a_teacher_dataset_missing_or_damaging_its_rows_is_one_line_not_up_to_da
     assert not (tmp_path / "pk").exists()  # refused before any work
 
 
+def test_a_teacher_dataset_of_no_rows_says_so(teacher_dataset: Path, tmp_path: Path) -> None:
+    """It said "state.json: _data_files: expected a list of {filename} objects, got []"."""
+    import datasets
+
+    from distill.data.teacher_data import TeacherDataset
+
+    empty = tmp_path / "empty"
+    datasets.load_from_disk(str(teacher_dataset)).select([]).save_to_disk(str(empty))
+    shutil.copy(teacher_dataset / "teacher.json", empty)
+    with pytest.raises(InputError, match=re.escape(f"{empty}: holds no rows ({empty / 'state.json'} lists no file")):
+        TeacherDataset.open(empty)
+
+
 GEMMA_CONFIG = REPO / "configs" / "teach" / "dl21-gemma3.yaml"
 
 
