@@ -13,6 +13,7 @@ plain HF folder that ``AutoModelForSequenceClassification`` and sentence-transfo
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -85,4 +86,15 @@ def save_student(model: PreTrainedModel, tokenizer: Any, path: str | Path, card:
     model.config.sentence_transformers = {"activation_fn": IDENTITY_ACTIVATION}
     model.save_pretrained(path, safe_serialization=True)
     tokenizer.save_pretrained(path)
+    _readable_as_umask_allows(path)
     return path
+
+
+def _readable_as_umask_allows(folder: Path) -> None:
+    """Give the files of ``folder`` the mode a plain write gives (``0o666`` less the umask): safetensors writes its
+    file ``0o600``, which another user (a server's) cannot read, nor copies of it (the export's)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    for file in folder.iterdir():
+        if file.is_file():
+            os.chmod(file, 0o666 & ~mask)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -71,6 +72,10 @@ def test_a_segment_cosine_student_exports_and_serves_with_parity(tiny_bert: Path
     reloaded = AutoModelForSequenceClassification.from_pretrained(folder)
     assert float(reloaded.scale) == 7.0 and float(reloaded.bias) == -2.0
     report = export_student(folder, tmp_path / "export", formats=("onnx", "torchscript"), fp16=True, parity=parity)
+    mask = os.umask(0)
+    os.umask(mask)
+    for weights in (folder / "model.safetensors", tmp_path / "export" / "model.safetensors"):  # safetensors: 0o600
+        assert weights.stat().st_mode & 0o777 == 0o666 & ~mask, weights  # a server of another user reads them
     assert set(report.formats) == {"onnx", "onnx-fp16", "torchscript"}
     features = encode_pairs(tokenizer, [QUERY] * 3, PASSAGES, 512).features
     torch_scores = TorchScorer(folder)(pad_batch(tokenizer, features))
