@@ -264,7 +264,7 @@ def _precisions(gate: dict[str, Any] | None, formats: dict[str, str]) -> str:
             interval = record.get("interval")
             shown = f"[{interval[0]:+.2f}, {interval[1]:+.2f}]" if interval else "-"
             rows.append(
-                f"| {name} | {record['ndcg10']:.2f} | {record['delta']:+.2f} | {shown} | {record['spearman']:.4f} "
+                f"| {name} | {record['ndcg10']:.2f} | {record['delta']:+.2f} | {shown} | {_spearman(record)} "
                 f"| {passed}{verdict} |"
             )
     if "spearman_floor" in gate:
@@ -379,3 +379,9 @@ def _limitations(student: dict[str, Any], remote: bool, max_length: int) -> str:
             "load it as above."
         )
     return "## Limitations\n\n" + "\n".join(f"- {item}" for item in items)
+
+
+def _spearman(record: dict[str, Any]) -> str:
+    """A gate record's Spearman, or ``-`` where it is undefined (``null``: no ordering compared)."""
+    value = record.get("spearman")
+    return "-" if value is None else f"{value:.4f}"

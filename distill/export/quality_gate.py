@@ -106,7 +106,8 @@ VERDICTS = {
     "same_order": "passed: the interval straddles the bound (too few queries to tell) and Spearman >= the floor "
     "(the backend orders candidates as the reference does: only near-ties moved)",
     "reordered": "failed: the interval straddles the bound and Spearman < the floor (the backend reorders them)",
-    "unordered": "failed: no validation query has two candidates, so no ordering was compared (too few to tell)",
+    "unordered": "failed: no query's ordering could be compared (one candidate each, or every candidate of a query "
+    "scored alike): Spearman is undefined",
 }
 """What decided a backend's verdict (``verdict`` in card.json) -> what it means."""
 PASSING = frozenset({"within", "same_order"})
@@ -216,7 +217,7 @@ def judge(reference: Run, run: Run, qrels: Qrels, rule: GateRule = RULE) -> Back
     ndcg = float(np.mean([ours[qid] for qid in queries]))
     low, high = delta_interval(deltas, rule)
     spearman = mean_fidelity(fidelity_per_query(run, reference))["spearman"]
-    if not math.isfinite(spearman):  # no query with two candidates: a backend's ordering was never compared
+    if not math.isfinite(spearman):  # no query with two candidates scored apart: no ordering was compared
         verdict = "unordered"
     elif low > rule.bound or high < -rule.bound:
         verdict = "beyond"
