@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
 import sys
 from pathlib import Path
 
@@ -290,3 +291,18 @@ def test_the_servers_socket_refuses_connections_until_it_listens() -> None:
         socket.create_connection(("127.0.0.1", port), timeout=5).close()
     finally:
         sock.close()
+
+
+def test_the_loaded_heap_is_frozen_so_that_full_collections_no_longer_scan_it() -> None:
+    script = (
+        "import gc, json, transformers, torch\n"
+        "from distill.serving.server import freeze_loaded_heap\n"
+        "before = len(gc.get_objects())\n"
+        "frozen = freeze_loaded_heap()\n"
+        "print(json.dumps([before, frozen, len(gc.get_objects())]))\n"
+    )
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=120)
+    before, frozen, scanned = json.loads(run.stdout)
+    assert before > 10_000  # torch's and transformers' objects
+    assert frozen >= 0.9 * before
+    assert scanned < 0.01 * before  # what a full collection still scans
