@@ -269,7 +269,7 @@ def backend_of(method: str) -> str:
 GPU_RUNS = {"gpu-h100.md": "gpu-suite-h100", "gpu-h200.md": "gpu-suite-h200"}
 """Results page -> the GPU suite's run folder: the H100's with every stage's default flags, and the H200's first run,
 before those defaults (its teacher figures with the levers given as flags), whose page lists the H200's later runs."""
-GPU = "gpu-suite-h200/2026-11-28-fa670fa/suite/stages"
+GPU = "gpu-suite-h200/2026-11-30-6910ee6/call1-eccd358/stages"
 """The GPU run the headline reads: the newest of every stage at its default flags (its record's ``README.md`` is one
 folder up, and the H200 page shows it with the later runs)."""
 GPU_LEVERS = "gpu-suite-h200"
