@@ -180,7 +180,11 @@ def export_student(
             shutil.copytree(hf_dir, staging, ignore=shutil.ignore_patterns(*FORMAT_FILES.values(), CARD))
             remote_code = write_remote_code(staging)
             written, optimizations = _write_formats(staging, formats, fp16, int8, calibration)
+            if parity.ranking:
+                queries = len({pair.qid for pair in parity.ranking})
+                log.info("quality gate: %d pairs of %d queries, on each runtime", len(parity.ranking), queries)
             gate = measure_quality_gate(staging, parity, int8_runtime)
+            log.info("parity: %d pairs, each file against PyTorch", len(parity.pairs))
             results = verify_export(staging, parity, int8_runtime, gate)
             report = ExportReport(out_dir, written, optimizations, results, gate, remote_code)
             report.score_calibration = fit_score_calibration(gate, parity.qrels)
@@ -304,6 +308,7 @@ def _write_formats(
         eager = AutoModelForSequenceClassification.from_pretrained(
             folder, dtype=torch.float32, attn_implementation="eager"
         )
+        log.info("ONNX: exporting %s and fusing its graph", FORMAT_FILES["onnx"])
         export_onnx(eager.eval(), example, path)
         del eager
         fused = fuse_transformer(path, config)
@@ -317,18 +322,21 @@ def _write_formats(
             "first_token_tail_ops": tail,
         }
         if fp16:
+            log.info("fp16: converting into %s", FORMAT_FILES["onnx-fp16"])
             convert_fp16(path, folder / FORMAT_FILES["onnx-fp16"])
             written["onnx-fp16"] = FORMAT_FILES["onnx-fp16"]
             optimizations["onnx-fp16"] = {"from": FORMAT_FILES["onnx"]}
         if int8:
             from distill.export.quantize import quantize_int8
 
+            log.info("int8 (%s): quantising into %s", int8, FORMAT_FILES["onnx-int8"])
             quantised = quantize_int8(path, folder / FORMAT_FILES["onnx-int8"], int8, calibration)
             written["onnx-int8"] = FORMAT_FILES["onnx-int8"]
             optimizations["onnx-int8"] = {"from": FORMAT_FILES["onnx"], **quantised}
     if "torchscript" in formats:
         from distill.export.torchscript_file import export_torchscript
 
+        log.info("TorchScript: tracing %s", FORMAT_FILES["torchscript"])
         model = AutoModelForSequenceClassification.from_pretrained(folder, dtype=torch.float32).eval()
         export_torchscript(model, example, folder / FORMAT_FILES["torchscript"])
         written["torchscript"] = FORMAT_FILES["torchscript"]

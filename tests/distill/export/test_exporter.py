@@ -439,8 +439,9 @@ def test_reranker_is_lazy_in_a_light_package() -> None:
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parents[3])
 
 
-def test_cli_export_rerank_and_eval(student: Path, tmp_path: Path, sample_file: Path, capsys) -> None:
-    """distill export (a run folder holding hf/), then distill rerank with the ONNX file, then distill eval."""
+def test_cli_export_rerank_and_eval(student: Path, tmp_path: Path, sample_file: Path, capsys, caplog) -> None:
+    """distill export (a run folder holding hf/), saying what it is doing as it goes, then distill rerank with the
+    ONNX file, then distill eval."""
     import shutil
 
     from distill.cli import main
@@ -450,6 +451,9 @@ def test_cli_export_rerank_and_eval(student: Path, tmp_path: Path, sample_file: 
     shutil.copytree(student, run / "hf")
     validation = ["--validation_input", str(sample_file), "--validation_qrels", str(DL19_QRELS)]  # its card has none
     assert main(["export", "--checkpoint", str(run), "--formats", "onnx", "--parity-queries", "1", *validation]) == 0
+    said = [r.getMessage() for r in caplog.records if r.name == "distill.export.exporter"]
+    assert [m.split(":")[0] for m in said] == ["ONNX", "quality gate", "parity"], said
+    assert said[1] == "quality gate: 36 pairs of 3 queries, on each runtime", said
     assert (run / "export" / "model.onnx").is_file() and not (run / "export" / "model.torchscript.pt").exists()
     out = tmp_path / "reranked.trec"
     args = ["rerank", "--model", str(run / "export"), "--backend", "onnx", "--input", str(sample_file)]
