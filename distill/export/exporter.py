@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from distill.core.counts import counted
 from distill.core.files import check_model_folder
 from distill.core.schema import ExistingOutputError, InputError, Qrels
 from distill.core.student_card import StudentCard
@@ -181,10 +182,10 @@ def export_student(
             remote_code = write_remote_code(staging)
             written, optimizations = _write_formats(staging, formats, fp16, int8, calibration)
             if parity.ranking:
-                queries = len({pair.qid for pair in parity.ranking})
-                log.info("quality gate: %d pairs of %d queries, on each runtime", len(parity.ranking), queries)
+                queries = counted(len({pair.qid for pair in parity.ranking}), "query", "queries")
+                log.info("quality gate: %s of %s, on each runtime", counted(len(parity.ranking), "pair"), queries)
             gate = measure_quality_gate(staging, parity, int8_runtime)
-            log.info("parity: %d pairs, each file against PyTorch", len(parity.pairs))
+            log.info("parity: %s, each file against PyTorch", counted(len(parity.pairs), "pair"))
             results = verify_export(staging, parity, int8_runtime, gate)
             report = ExportReport(out_dir, written, optimizations, results, gate, remote_code)
             report.score_calibration = fit_score_calibration(gate, parity.qrels)

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from distill.core.counts import counted
 from distill.core.schema import Candidates, InputError, RerankingData
 from distill.core.student_card import DEFAULT_FIRST_STAGE
 from distill.data.loaders._common import OnBadInput
@@ -64,9 +65,9 @@ class RerankReport:
     queries: int
     pairs: int
     truncated: int
+    """Pairs longer than the student's max length, cut."""
     skipped: int = 0
     """Bad input records skipped (``on_bad_input: skip``)."""
-    """Pairs longer than the student's max length, cut."""
     alpha: float | None = None
     """The interpolation with the first stage, if any."""
     backend: str | None = None
@@ -78,7 +79,10 @@ class RerankReport:
     def format(self) -> str:
         stage = f" {self.first_stage}" if self.first_stage not in (None, DEFAULT_FIRST_STAGE) else ""
         fused = "" if self.alpha is None else f", interpolated with the first stage{stage} (alpha {self.alpha:g})"
-        line = f"wrote {self.output}: {self.queries} queries, {self.pairs} pairs, {self.truncated} truncated{fused}"
+        line = (
+            f"wrote {self.output}: {counted(self.queries, 'query', 'queries')}, {counted(self.pairs, 'pair')}, "
+            f"{self.truncated} truncated{fused}"
+        )
         if self.skipped:
             line += f", {self.skipped} bad input record(s) skipped"
         if self.backend:

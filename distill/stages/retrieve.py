@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from distill.core.counts import counted
 from distill.core.schema import InputError
 from distill.model.embeddings import DEFAULT_ENCODER, DENSE_BATCH_TOKENS
 from distill.retrieval.bm25 import K1, B
@@ -62,9 +63,10 @@ class RetrieveReport:
         r = self.result
         pairs = sum(map(len, r.run.values()))
         return (
-            f"{'reused' if r.reused_index else 'built'} the {self.method} index {r.index_dir} ({r.num_docs} passages)\n"
-            f"wrote {self.output}: {len(r.run)} queries, {pairs} pairs, "
-            f"{r.num_queries - len(r.run)} queries without a hit"
+            f"{'reused' if r.reused_index else 'built'} the {self.method} index {r.index_dir} "
+            f"({counted(r.num_docs, 'passage')})\n"
+            f"wrote {self.output}: {counted(len(r.run), 'query', 'queries')}, {counted(pairs, 'pair')}, "
+            f"{counted(r.num_queries - len(r.run), 'query', 'queries')} without a hit"
         )
 
 

@@ -34,6 +34,7 @@ import pyarrow as pa
 from tqdm.auto import tqdm
 
 from distill.core.config import options_of
+from distill.core.counts import counted
 from distill.core.output_files import hold_output
 from distill.core.path_checks import input_path, output_folder
 from distill.core.rank_agreement import check_ranks_agree
@@ -249,7 +250,8 @@ class TeachReport:
 
     def format(self) -> str:
         done = "up to date" if self.up_to_date else "wrote"
-        lines = [f"{done} {self.output}: {self.pairs} pairs of {self.queries} queries, scores {', '.join(self.scores)}"]
+        of = f"{counted(self.pairs, 'pair')} of {counted(self.queries, 'query', 'queries')}"
+        lines = [f"{done} {self.output}: {of}, scores {', '.join(self.scores)}"]
         if self.reused:
             lines.append(f"reused {self.reused} pairs, scored {self.pairs - self.reused} new")
         if self.skipped:
