@@ -15,18 +15,20 @@ Everything goes under ``<root>/<name>/``::
 
     teacher/            the teacher's triplets (distill teach)
     student/            the training run (distill train): checkpoints/, hf/, logs/, export/, bench/; an
-                        interrupted run with unchanged options resumes from its last checkpoint
+                        interrupted run with unchanged options resumes from its last checkpoint, and a run of
+                        other options replaces it once its data is read and checked
     eval/               student.trec (distill rerank), student-fused.trec (with ``fuse``) and eval.json
                         (distill eval)
     summary.json        the final table
-    stages/<stage>.json the key each stage last finished with
+    stages/<stage>.json the key each stage last finished with (train.started: the key training last began with)
 
-A stage is skipped when its output is there and its key matches: the key hashes the stage's own options, the
-size and modification time of every input file they name outside the pipeline's folder (an edited input reruns the
-stage), the teacher's identity (new weights in a teacher folder rerun teach), and the key and output files of each
-stage it reads (a stage whose output changed reruns those after it). So changing the teacher's options, or its
-inputs, reruns everything after it, and changing only the bench's options reruns the bench alone. The teacher folder
-is the pipeline's: a teach that runs again replaces a dataset of other options or inputs there.
+A stage is skipped when its output is there and its key matches: the key hashes the stage's own options, the size and
+modification time of every input file or folder they name outside the pipeline's folder (those the train section's
+YAML files name too; an edited input reruns the stage), the teacher's identity (new weights in a teacher folder rerun
+teach), and the key and output files of each stage it reads (a stage whose output changed reruns those after it). So
+changing the teacher's options, or its inputs, reruns everything after it, and changing only the bench's options
+reruns the bench alone. The teacher folder is the pipeline's: a teach that runs again replaces a dataset of other
+options or inputs there.
 """
 
 from __future__ import annotations
@@ -34,7 +36,6 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
-import shutil
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -268,31 +269,35 @@ def _key(options: Any, upstream: list[Stage], folder: Path, *extra: str) -> str:
     pipeline's ``folder``), the ``upstream`` stages' marks (:attr:`Stage.mark`) and ``extra`` identities."""
     inputs = _input_files(options, folder.resolve())
     marks = [stage.mark for stage in upstream]
-    text = json.dumps({"options": options, "inputs": inputs, "upstream": marks, "extra": extra}, sort_keys=True)
+    text = json.dumps(
+        {"options": options, "inputs": inputs, "upstream": marks, "extra": extra}, sort_keys=True, default=str
+    )
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def _input_files(options: Any, folder: Path) -> list[tuple[str, str]]:
-    """``(absolute path, its stat digest)`` (:func:`~distill.core.checksums.stat_digest`: size and modification
-    time) of each existing regular file that a string among ``options`` (nested in dicts and lists) names, but those
-    inside ``folder`` (the pipeline's, which its stages make)."""
+    """``(absolute path, its stat digest)`` (:func:`~distill.core.checksums.stat_digest`: the size and modification
+    time of a file, or of every file under a folder) of each existing file or folder that a string among ``options``
+    (nested in dicts and lists) names, but those inside ``folder`` (the pipeline's, which its stages make), a folder
+    that holds it (the working directory, ``.``), and a cache folder (a key ending ``cache_dir``: the stages write
+    there)."""
     found = []
-    stack = [options]
+    stack: list[tuple[str, Any]] = [("", options)]
     while stack:
-        value = stack.pop()
+        key, value = stack.pop()
         if isinstance(value, dict):
-            stack.extend(value.values())
+            stack.extend((str(k), v) for k, v in value.items())
         elif isinstance(value, list | tuple):
-            stack.extend(value)
+            stack.extend((key, v) for v in value)
         elif isinstance(value, str) and value and "\n" not in value:
             path = Path(value)
             try:
-                if not path.is_file():
+                if not (path.is_file() or (path.is_dir() and not key.endswith("cache_dir"))):
                     continue
                 path = path.resolve()
             except (OSError, ValueError):  # not a path (too long, a NUL character)
                 continue
-            if folder not in path.parents:
+            if path != folder and folder not in path.parents and path not in folder.parents:
                 found.append((str(path), stat_digest(path)))
     return sorted(set(found))
 
@@ -350,24 +355,24 @@ class Runner:
 def _train(pipeline: Pipeline, runner: Runner, teach: Stage) -> Stage:
     from distill.stages.train import train
 
-    inline = {key: value for key, value in pipeline.train.items() if key != "config"}  # the files' texts instead
-    options = {"configs": [Path(f).read_text() for f in _train_files(pipeline.train)], "inline": inline}
+    inline = {key: value for key, value in pipeline.train.items() if key != "config"}
+    # the files' options, whose named inputs (qrels, teacher folders, a local backbone) are keyed as the sections' are
+    options = {"configs": [read_yaml_mapping(f) for f in _train_files(pipeline.train)], "inline": inline}
     run = pipeline.run
     stage = Stage("train", _key(options, [teach], pipeline.folder), run.hf / "config.json", run.hf)
 
     def work() -> Any:
-        # A run started with these very options (then preempted or killed) resumes from its last checkpoint;
-        # any other run's checkpoints belong to other options and go.
-        started = run.root / "pipeline-key.txt"
+        # A run started with these very options (then preempted or killed) resumes from its last checkpoint; any
+        # other run belongs to other options, and distill train replaces it once its data is read and checked (a
+        # run that cannot start removes nothing).
+        started = runner.stamp("train").with_suffix(".started")
         resume = "train" not in runner.force and started.is_file() and started.read_text().strip() == stage.key
-        if run.root.exists() and not resume:
-            shutil.rmtree(run.root)
-        run.root.mkdir(parents=True, exist_ok=True)
+        started.parent.mkdir(parents=True, exist_ok=True)
         started.write_text(stage.key + "\n")
         if resume:
             print(f"[train] resuming the interrupted run in {run.root} (--ckpt_path last)")
         with train_arguments(pipeline.train, pipeline.train_joined) as argv:
-            report = train([*argv, "--ckpt_path", "last"] if resume else argv)
+            report = train([*argv, *(("--ckpt_path", "last") if resume else ("--overwrite", "true"))])
         if not stage.output.is_file():
             raise MissingFileError(run.no_student())
         return report

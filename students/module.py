@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import time
 from typing import Any, Literal
 
@@ -35,8 +36,8 @@ def check_optimisation(loss: str, lr: float, temperature: float, weight_decay: f
     if loss not in LOSSES:
         raise InputError(f"model.loss: expected one of {sorted(LOSSES)}, got {loss!r}")
     for key, value in (("lr", lr), ("temperature", temperature)):
-        if not value > 0:
-            raise InputError(f"model.{key}: must be positive, got {value}")
+        if not 0 < value < math.inf:
+            raise InputError(f"model.{key}: must be positive and finite, got {value}")
     if not weight_decay >= 0:
         raise InputError(f"model.weight_decay: must be 0 or more, got {weight_decay}")
     if not 0 <= warmup_ratio < 1:

@@ -226,6 +226,10 @@ def argument_error(
         else:
             place, quoted = where, re.search(r"(?:Given value|Got value): (.*)", text)
             given = repr(quoted.group(1).strip()) if quoted else None
+        if choices := re.search(r"(.*) not among choices \[(.*)\]", text):  # an argument's choices, in a file
+            named = ", ".join(c.strip().strip("'") for c in choices.group(2).split(","))
+            value = given or choices.group(1).split(":", 1)[-1].strip()
+            return InputError(f"{at(place)}{key}: {value} is not one of {named}")
         listed = re.search(r"Subtypes: \[(.*)\]", text) or re.search(r"Expected an? (.*?)\.? Got", text)
         what = (expected and expected(key)) or (_type_names(listed.group(1)) if listed else "another type")
         named = place if place == f"--{key}" else f"{at(place)}{key}"

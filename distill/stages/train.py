@@ -605,7 +605,10 @@ class _ParseOnly(DistillCLI):
         pass
 
     def instantiate_classes(self) -> None:
-        pass
+        """Build the model and the datamodule alone, whose constructors check their options (sizes, the optimiser's
+        numbers) and read no file; not the trainer."""
+        self.model_class(**self.config["model"].as_dict())
+        self.datamodule_class(**self.config["data"].as_dict())
 
 
 def check_train_args(argv: list[str], where: str) -> dict[str, Any]:
@@ -614,7 +617,10 @@ def check_train_args(argv: list[str], where: str) -> dict[str, Any]:
     Raises:
         InputError: ``<where>: <key>: <what is wrong>``.
     """
-    return dict(build_cli(argv, where, _ParseOnly).config["trainer"])
+    try:
+        return dict(build_cli(argv, where, _ParseOnly).config["trainer"])
+    except InputError as e:
+        raise InputError(e.args[0] if e.args[0].startswith(f"{where}: ") else f"{where}: {e}") from None
 
 
 def check_train_machine(trainer: dict[str, Any], where: str) -> None:

@@ -22,10 +22,15 @@ from distill.serving.reranker import Reranker
 from tests.conftest import DL19_QRELS, REPO
 
 
-def write_pipeline(tmp_path: Path, sample_file: Path, tiny_llama: Path, tiny_bert: Path, **bench) -> Path:
+def write_pipeline(
+    tmp_path: Path, sample_file: Path, tiny_llama: Path, tiny_bert: Path, val_queries: int = 1, **bench
+) -> Path:
+    qrels = tmp_path / "train-qrels.txt"  # the train file's own copy, which a test may edit
+    if not qrels.exists():
+        shutil.copyfile(DL19_QRELS, qrels)
     train = {
         "model": {"backbone": str(tiny_bert), "lr": 1e-3},
-        "data": {"label": "cis", "qrels": str(DL19_QRELS), "val_queries": 1, "batch_size": 8, "max_length": 128},
+        "data": {"label": "cis", "qrels": str(qrels), "val_queries": val_queries, "batch_size": 8, "max_length": 128},
         "trainer": {"max_epochs": 1, "accelerator": "cpu", "devices": 1, "enable_progress_bar": False},
         "wandb_mode": "disabled",
     }
@@ -141,6 +146,22 @@ def test_pipeline_runs_every_stage_then_skips_what_is_up_to_date(
     texts = set(datasets.load_from_disk(str(folder / "teacher")).to_pandas().passage)
     assert "an edited passage about fleas" in texts
 
+    # A file that the train section's YAML file names (its qrels) edited: train and the stages after it rerun.
+    qrels = tmp_path / "train-qrels.txt"
+    qrels.write_text("".join(line for line in qrels.read_text().splitlines(keepends=True) if int(line.split()[3])))
+    assert main(["run", "--config", str(config)]) == 0
+    printed = capsys.readouterr().out
+    assert "[teach] up to date" in printed and "[train] running" in printed and "[eval] running" in printed
+
+    # A train option that only the data can refuse (more validation queries than there are): the student trained
+    # before is kept, and the summary, with the run's one line.
+    student = (folder / "student/hf/model.safetensors").read_bytes()
+    config = write_pipeline(tmp_path, sample_file, tiny_llama, tiny_bert, val_queries=50, repeats=1)
+    assert main(["run", "--config", str(config)]) == 2
+    assert "data.val_queries=50: cannot pick that many" in one_line_error(capsys)
+    assert (folder / "student/hf/model.safetensors").read_bytes() == student
+    assert (folder / "student/export/model.onnx").is_file() and (folder / "summary.json").is_file()
+
 
 def config_input(config: Path) -> str:
     return yaml.safe_load(config.read_text())["teach"]["input"]
@@ -170,6 +191,9 @@ def one_line_error(capsys) -> str:
         ({"teach": {"input": None}}, "{path}: teach: input is required"),  # a stage's own check, named too
         ({"teach": "nope.yaml"}, "nope.yaml: config file not found"),
         ({"train": {"config": 5}}, "{path}: train: config: expected a YAML file's path or a list of them, got 5"),
+        # found only once training began, after the teacher had run and the earlier student had been removed
+        ({"train": {"data": {"batch_size": -8}}}, "{path}: train: data.batch_size: must be positive, got -8"),
+        ({"train": {"wandb_mode": "disabld"}}, "{path}: train: wandb_mode: 'disabld' is not one of offline, online,"),
         ({"train": {"config": ["a.yaml", 5]}}, "{path}: train: config: expected a YAML file's path or a list of"),
         # configs/paper.yaml on a CPU machine: teach, train, export and bench ran first
         pytest.param(

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
 
+from distill.core.schema import InputError
 from students.losses import ADRMSE, LOSSES, ListwiseKL, MarginMSE, PointwiseMSE, RankNet, build_loss
 from students.sampling import LengthGroupedBatches, QueryGroupedBatches, ResumableLoader
 from students.scaling import TargetScaling
@@ -156,3 +159,11 @@ def test_module_trains_with_dropout_and_clips_the_global_norm(tiny_bert) -> None
     assert norm.item() == pytest.approx(1.0, rel=1e-3)
     with pytest.raises(ValueError, match="norm"):
         module.configure_gradient_clipping(None, gradient_clip_val=1.0, gradient_clip_algorithm="value")
+
+
+@pytest.mark.parametrize("lr", [math.inf, math.nan, 0.0])
+def test_a_learning_rate_that_is_not_positive_and_finite_is_refused_before_anything_is_built(lr: float) -> None:
+    from students.module import CrossEncoderModule
+
+    with pytest.raises(InputError, match=f"model.lr: must be positive and finite, got {lr}"):
+        CrossEncoderModule(backbone="all-minilm-l6-v2", lr=lr)

@@ -398,7 +398,8 @@ def test_a_second_job_on_the_same_run_stops_before_it_writes(
     ("options", "expected"),
     [
         (["--model.loss", "nosuchloss"], "model.loss: expected one of ['adr_mse', "),
-        (["--model.lr", "-1"], "model.lr: must be positive, got -1.0"),  # a traceback from AdamW, after the data loaded
+        # a traceback from AdamW, after the data loaded
+        (["--model.lr", "-1"], "model.lr: must be positive and finite, got -1.0"),
         (["--model.warmup_ratio", "1.5"], "model.warmup_ratio: must be in [0, 1), got 1.5"),
         (["--data.batch_size", "0"], "data.batch_size: must be positive, got 0"),  # trained with batches of 1, exit 0
         (["--data.group_size", "-2"], "data.group_size: must be positive, got -2"),
