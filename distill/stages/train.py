@@ -65,7 +65,13 @@ class DistillCLI(LightningCLI):
     def add_arguments_to_parser(self, parser: Any) -> None:
         parser.add_argument("--run_name", default="student", help="the run's folder under checkpoint_root")
         parser.add_argument("--checkpoint_root", default=CHECKPOINT_ROOT)
-        parser.add_argument("--wandb_mode", default="offline", choices=["offline", "online", "disabled"])
+        parser.add_argument(
+            "--wandb_mode",
+            default=None,
+            choices=list(WANDB_MODES),
+            help="W&B logging: offline (into the run folder's wandb/), online (needs `wandb login` or WANDB_API_KEY) "
+            "or disabled; default: WANDB_MODE where it is set, else offline",
+        )
         parser.add_argument("--ckpt_path", default=None, help="a checkpoint to resume from, or 'last'")
         parser.add_argument(
             "--overwrite",
@@ -113,6 +119,7 @@ class DistillCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         """The config's contracts and paths, checked before anything is built or loaded (and by
         :func:`check_train_args`)."""
+        self.config.wandb_mode = check_wandb_mode(self.config.wandb_mode)
         check_loss_groups(self.config.model.loss, self.config.data.group_size)
         check_trainer_names(self.config.trainer)
         check_launched_processes(self.config.trainer)
@@ -294,6 +301,46 @@ def yaml_files(argv: list[str]) -> list[str]:
         if (flag == "--config" and not inline) or yaml_file:
             files.append(value)
     return files
+
+
+WANDB_MODES = ("offline", "online", "disabled")
+"""``--wandb_mode``'s choices."""
+WANDB_ALIASES = {"dryrun": "offline", "run": "online"}
+"""The other names wandb takes in ``WANDB_MODE``, and what they mean."""
+
+
+def check_wandb_mode(mode: str | None) -> str:
+    """The W&B mode of a run: ``mode`` (``--wandb_mode``), else ``WANDB_MODE`` where it is set, else ``offline``; an
+    online run has an API key (``WANDB_API_KEY``, or the ``netrc`` entry ``wandb login`` writes for the host of
+    ``WANDB_BASE_URL``, default ``api.wandb.ai``), checked before any data loads.
+
+    Raises:
+        InputError: ``WANDB_MODE`` names no mode, or an online run has no API key.
+    """
+    if mode is None:
+        given = os.environ.get("WANDB_MODE", "").strip()
+        mode = WANDB_ALIASES.get(given, given) or "offline"
+        if mode not in WANDB_MODES:
+            raise InputError(f"WANDB_MODE={given!r}: expected one of {', '.join(WANDB_MODES)} (or --wandb_mode)")
+    if mode == "online" and not os.environ.get("WANDB_API_KEY", "").strip() and not _netrc_has_wandb_key():
+        raise InputError(
+            "wandb_mode online: no W&B API key here: run `wandb login` or set WANDB_API_KEY, or log offline "
+            "(--wandb_mode offline, then `wandb sync`)"
+        )
+    return mode
+
+
+def _netrc_has_wandb_key() -> bool:
+    """Whether the ``netrc`` file (``NETRC``, else ``~/.netrc``) holds a password for the W&B host."""
+    import netrc
+    from urllib.parse import urlsplit
+
+    host = urlsplit(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname or "api.wandb.ai"
+    try:
+        entry = netrc.netrc(os.environ.get("NETRC") or None).authenticators(host)
+    except (OSError, netrc.NetrcParseError):
+        return False
+    return bool(entry and entry[2])
 
 
 def finish_wandb(trainer: Trainer) -> None:

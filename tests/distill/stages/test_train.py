@@ -13,6 +13,7 @@ import torch
 import yaml
 
 from distill.cli import main
+from distill.core.schema import InputError
 from tests.conftest import DL19_QRELS
 
 
@@ -278,6 +279,51 @@ def test_bad_data_fails_before_any_logger_exists_with_one_message(
     err = capsys.readouterr().err
     assert err.count("no teacher dataset here") == 1 and "Traceback" not in err
     assert not (tmp_path / "runs" / "tiny" / "wandb").exists() and not (tmp_path / "runs" / "tiny" / "logs").exists()
+
+
+@pytest.mark.parametrize(
+    ("flag", "environment", "expected"),
+    [
+        (None, {}, "offline"),
+        (None, {"WANDB_MODE": "disabled"}, "disabled"),  # the variable was ignored: a run was still written
+        (None, {"WANDB_MODE": "dryrun"}, "offline"),  # wandb's other name for it
+        ("offline", {"WANDB_MODE": "online"}, "offline"),  # the flag first
+        (None, {"WANDB_MODE": "online", "WANDB_API_KEY": "k" * 40}, "online"),
+        ("online", {"WANDB_BASE_URL": "https://wandb.example.org"}, "online"),  # that host's netrc entry
+        ("online", {}, InputError("wandb_mode online: no W&B API key here: run `wandb login` or set WANDB_API_KEY")),
+        (None, {"WANDB_MODE": "sometimes"}, InputError("WANDB_MODE='sometimes': expected one of offline, online,")),
+    ],
+)
+def test_the_wandb_mode_is_the_flags_then_wandbs_own_variable_and_online_needs_a_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flag: str | None, environment: dict, expected: str | Exception
+) -> None:
+    from distill.stages.train import check_wandb_mode
+
+    netrc = tmp_path / "netrc"
+    netrc.write_text("machine wandb.example.org\n  login user\n  password " + "p" * 40 + "\n")
+    netrc.chmod(0o600)
+    monkeypatch.setenv("NETRC", str(netrc))
+    for name in ("WANDB_MODE", "WANDB_API_KEY", "WANDB_BASE_URL"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    if isinstance(expected, Exception):
+        with pytest.raises(InputError, match=re.escape(str(expected))):
+            check_wandb_mode(flag)
+    else:
+        assert check_wandb_mode(flag) == expected
+
+
+def test_an_online_run_without_a_key_is_one_line_before_the_data_loads(
+    tmp_path: Path, tiny_bert: Path, teacher_dataset: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    config = write_config(tmp_path, tiny_bert, teacher_dataset)
+    assert main(["train", "--config", str(config), "--wandb_mode", "online"]) == 2  # wandb's traceback, exit 1
+    err = capsys.readouterr().err
+    assert err.startswith("distill train: error: wandb_mode online: no W&B API key here") and err.count("\n") == 1
+    assert not (tmp_path / "runs" / "tiny").exists()
 
 
 def test_a_validation_split_of_one_pair_is_one_line_not_lightnings_missing_monitor(
