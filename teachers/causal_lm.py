@@ -236,10 +236,20 @@ class CausalLMScorer:
         """Summed target log-probabilities, ``[len(sequences)]`` float64 in input order.
 
         ``on_batch(n)`` is called after each forward pass is queued, with the number of sequences it scores.
+
+        Raises:
+            ValueError: a sequence with an empty prefix or target, or longer than the model's context (its
+                ``max_position_embeddings``): positions it was never trained on, scored without a word.
         """
+        context = getattr(self.model.config, "max_position_embeddings", None)
         for i, seq in enumerate(sequences):
             if not seq.prefix or not seq.target:
                 raise ValueError(f"sequence {i}: prefix and target must both be non-empty")
+            if context and len(seq) > context:
+                raise ValueError(
+                    f"sequence {i}: {len(seq)} tokens, past the teacher's context of {context} tokens (its prefix "
+                    f"{len(seq.prefix)}, a query's prompt or a passage): shorten the query"
+                )
         explicit_mask = self._explicit_mask(max((len(s) for s in sequences), default=0))
         head_device = self.head.weight.device
         result = torch.empty(len(sequences), dtype=torch.float64, device=head_device)

@@ -48,7 +48,15 @@ class SimilarityTeacher:
         self, queries: Sequence[str], passages: Sequence[str], on_batch: Callable[[int], Any] | None = None
     ) -> np.ndarray:
         """``[n]`` float64: the cosine of ``queries[i]``'s and ``passages[i]``'s embeddings. Each distinct text is
-        encoded once; ``on_batch(n)`` is called with the pairs done."""
+        encoded once; ``on_batch(n)`` is called with the pairs done.
+
+        Raises:
+            ValueError: ``queries`` and ``passages`` differ in length, or one is a string (not a list of texts).
+        """
+        if isinstance(queries, str) or isinstance(passages, str):
+            raise ValueError("similarity takes a list of queries and a list of passages, not a string")
+        if len(queries) != len(passages):
+            raise ValueError(f"{len(queries)} queries for {len(passages)} passages: one query a passage")
         distinct_queries = list(dict.fromkeys(queries))
         distinct_passages = list(dict.fromkeys(passages))
         query_vectors = self.encoder.encode(distinct_queries)  # [q, dim], unit rows

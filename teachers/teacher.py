@@ -18,6 +18,7 @@ from teachers.terms import (
     LOGIT_CHUNK_ROWS,
     MAX_PASSAGE_TOKENS,
     PAIR_TERMS,
+    QUERY_TERMS,
     UPR_PASSAGE_PREFIX,
     UPR_PASSAGE_TOKENS,
     UPR_QUESTION_PREFIX,
@@ -188,17 +189,24 @@ class CausalLMTeacher:
         }
 
     def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
-        """Token ids of each text, with no special tokens."""
+        """Token ids of each text, with no special tokens.
+
+        Raises:
+            ValueError: ``texts`` is a string, not a list of texts (its characters would be the texts).
+        """
+        _check_list(texts)
         if not texts:
             return []
         return self.tokenizer(list(texts), add_special_tokens=False)["input_ids"]
 
     def encode_passages(self, passages: Sequence[str]) -> list[list[int]]:
         """Passage ids: ``tok(" " + passage)`` truncated to ``max_passage_tokens``."""
+        _check_list(passages)
         return [ids[: self.max_passage_tokens] for ids in self.tokenize([" " + p for p in passages])]
 
     def encode_queries(self, queries: Sequence[str]) -> list[list[int]]:
         """Query ids as the query-likelihood terms score them: ``tok(" " + query)``."""
+        _check_list(queries)
         return self.tokenize([" " + q for q in queries])
 
     # The sequence layout of every term (see teachers.terms), in one place: scoring, benchmarks and
@@ -265,11 +273,19 @@ class CausalLMTeacher:
         Returns:
             term name -> ``[n]`` float64 nats, for the terms asked for that depend on the pair.
         """
+        if unknown := sorted(set(terms) - set(PAIR_TERMS) - set(QUERY_TERMS) - {"logp_uncond"}):
+            raise ValueError(f"unknown term(s) {unknown}: pair terms are {list(PAIR_TERMS)}")
         wanted = [t for t in PAIR_TERMS if t in terms]
         sequences = [seq for term in wanted for seq in self.pair_sequences(term, queries, passage_ids)]
         values = self.scorer.logprobs(sequences, on_batch)
         n = len(queries)
         return {term: values[k * n : (k + 1) * n] for k, term in enumerate(wanted)}
+
+
+def _check_list(texts: Sequence[str]) -> None:
+    """Raises ValueError where ``texts`` is a string, not a list of texts (its characters would be the texts)."""
+    if isinstance(texts, str):
+        raise ValueError(f"a list of texts, not the string {texts[:40]!r}")
 
 
 def _token_id(tokenizer: Any, token: int | str | None) -> int | None:

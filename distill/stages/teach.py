@@ -470,6 +470,7 @@ def _teach(
         logit_chunk_rows=cfg.logit_chunk_rows,
         options=options,
     )
+    _check_context(teacher, pairs.queries(), cfg)
     setting = teacher.describe()
     fingerprint = _fingerprint(setting, summary.digest, cfg, options)
     reuse = _Reuse.load(cfg, fingerprint, pairs)
@@ -636,6 +637,28 @@ def _score_passages(
     finally:
         for rows in row_files.values():
             rows.close()
+
+
+def _check_context(teacher: Any, queries: list[str], cfg: TeachConfig) -> None:
+    """Every query's sequences, with a passage of ``max_passage_tokens``, fit the teacher's context
+    (``max_position_embeddings``), before anything is scored.
+
+    Raises:
+        InputError: the longest query's, naming it.
+    """
+    context = getattr(teacher.scorer.model.config, "max_position_embeddings", None)
+    if not context or not queries:
+        return
+    lengths = [len(ids) for ids in teacher.encode_queries(queries)]
+    longest = queries[int(np.argmax(lengths))]
+    filler = [[teacher.start_token_id] * teacher.max_passage_tokens]
+    terms = [t for t in PAIR_TERMS if t in required_terms(cfg.score_columns)]
+    sizes = [len(seq) for term in terms for seq in teacher.pair_sequences(term, [longest], filler)]
+    if sizes and max(sizes) > context:
+        raise InputError(
+            f"teach: the query {longest[:60]!r}... makes sequences of {max(sizes)} tokens with a passage of "
+            f"{teacher.max_passage_tokens}, past the teacher's context of {context} tokens: shorten it or drop it"
+        )
 
 
 def _score_queries(

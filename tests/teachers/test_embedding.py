@@ -86,3 +86,13 @@ def test_a_label_sums_a_causal_lm_and_a_similarity_teacher(teacher_dataset: Path
     similarity = sim.loc[keys, "similarity"].to_numpy()
     expected = per_query_z(cis, frame.qid.to_numpy()) + 0.5 * per_query_z(similarity, frame.qid.to_numpy())
     np.testing.assert_allclose(frame["label"].to_numpy(), expected, atol=1e-9)
+
+
+def test_the_similarity_of_lists_of_other_lengths_is_refused(tiny_bert: Path) -> None:
+    from teachers.embedding import SimilarityTeacher
+
+    teacher = SimilarityTeacher.load(str(tiny_bert))
+    with pytest.raises(ValueError, match="3 queries for 1 passages: one query a passage"):
+        teacher.similarity(["q one", "q two", "q three"], ["only passage"])  # broadcast: three scores came back
+    with pytest.raises(ValueError, match="a list of queries and a list of passages, not a string"):
+        teacher.similarity("a query", ["a passage"])

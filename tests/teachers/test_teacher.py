@@ -131,3 +131,11 @@ def test_score_definitions() -> None:
     assert required_terms(["upr"]) == ["logp_cond", "logp_uncond", "logp_upr"]
     with pytest.raises(ValueError, match="unknown score"):
         required_terms(["bm25"])
+
+
+def test_a_string_for_a_list_and_an_unknown_term_are_refused(teacher: CausalLMTeacher) -> None:
+    with pytest.raises(ValueError, match="a list of texts, not the string 'hello'"):
+        teacher.encode_passages("hello")  # its five characters would have been five passages
+    ids = teacher.encode_passages(["a passage"])
+    with pytest.raises(ValueError, match=r"unknown term\(s\) \['cis'\]: pair terms are"):
+        teacher.pair_terms(["a query"], ids, ["cis"])  # a score, not a term: {} came back

@@ -666,3 +666,26 @@ def test_reuse_of_another_teacher_fingerprint_is_refused_in_one_line_before_the_
 def test_option_values_are_refused_before_anything_loads(option: dict, expected: str) -> None:
     with pytest.raises(InputError, match=re.escape(expected)):
         TeachConfig(input=["in.json"], output="out", **option)
+
+
+def test_a_query_past_the_teachers_context_is_one_line_before_anything_is_scored(
+    tiny_llama: Path, dl19_sample: list[dict], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    long = [{**dl19_sample[0], "query": "rhinoceros " * 1100}]  # the tiny Llama's context is 1,024 positions
+    path = tmp_path / "long.json"
+    path.write_text(json.dumps(long))
+    args = ["--input", str(path), "--output", str(tmp_path / "o"), "--teacher", str(tiny_llama)]
+    assert main(["teach", *args, "--cache_dir", str(tmp_path / "cache")]) == 2
+    err = capsys.readouterr().err
+    line = err.splitlines()[-1]  # after the weights' loading bar, which transformers draws outside the CLI's setting
+    assert line.startswith("distill teach: error: teach: the query 'rhinoceros rhinoceros") and "Traceback" not in err
+    assert "past the teacher's context of 1024 tokens" in line
+    assert not (tmp_path / "o.partial").exists() and not list((tmp_path / "cache").glob("**/*.npy"))
+
+
+def test_the_scorer_refuses_a_sequence_past_the_models_context(tiny_llama: Path) -> None:
+    from teachers import CausalLMTeacher
+
+    teacher = CausalLMTeacher.load(str(tiny_llama))
+    with pytest.raises(ValueError, match=r"sequence 0: .* tokens, past the teacher's context of 1024 tokens"):
+        teacher.pair_terms(["rhinoceros " * 1100], teacher.encode_passages(["a passage"]), ["logp_cond"])
