@@ -138,6 +138,8 @@ def open_candidates(
         candidates, source_qrels = load_beir(path, Path(run) if run else None, bad, repair_mojibake)
     elif path.suffix in (".json", ".jsonl"):
         first = [entry for _, entry in islice(json_entries(path), 1)]
+        if not first:
+            raise InputError(f"{path}: no entries (an empty list): nothing to read")
         if is_rank_llm(first):
             candidates = stream_rank_llm(path, bad, repair_mojibake)
         elif is_multihop(first):

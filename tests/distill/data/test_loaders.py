@@ -598,3 +598,9 @@ def test_hits_that_are_not_a_list_and_scores_given_as_text(tmp_path: Path) -> No
 def test_unknown_json_layout(tmp_path: Path) -> None:
     with raises("unknown JSON layout"):
         load_candidates(write(tmp_path / "x.json", json.dumps([{"foo": 1}])))
+
+
+def test_an_empty_json_list_says_it_holds_no_entries(tmp_path: Path) -> None:
+    path = write(tmp_path / "x.json", "[]")
+    with raises(f"{path}: no entries (an empty list): nothing to read"):  # was "unknown JSON layout"
+        load_candidates(path)
