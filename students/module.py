@@ -147,7 +147,13 @@ class CrossEncoderModule(LightningModule):
 
     def forward(self, batch: dict[str, Any]) -> torch.Tensor:
         """``[B]`` scores of a padded batch (``input_ids``, ``attention_mask``, ``token_type_ids``; with ``unpad``,
-        the collator's ``packing`` too)."""
+        the collator's ``packing`` too).
+
+        Raises:
+            RuntimeError: the backbone is not built yet (:meth:`configure_model`, which a Trainer calls).
+        """
+        if self.model is None:
+            raise RuntimeError("the student's backbone is built by configure_model(), which a Trainer calls: call it")
         inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "token_type_ids") if k in batch}
         if self._unpadder is None:
             return self.model(**inputs).logits.squeeze(-1)

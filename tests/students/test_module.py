@@ -167,3 +167,14 @@ def test_a_learning_rate_that_is_not_positive_and_finite_is_refused_before_anyth
 
     with pytest.raises(InputError, match=f"model.lr: must be positive and finite, got {lr}"):
         CrossEncoderModule(backbone="all-minilm-l6-v2", lr=lr)
+
+
+def test_a_forward_before_the_backbone_is_built_says_so(tiny_bert) -> None:
+    from students.module import CrossEncoderModule
+
+    module = CrossEncoderModule(backbone=str(tiny_bert))
+    batch = {"input_ids": torch.ones(1, 4, dtype=torch.long), "attention_mask": torch.ones(1, 4, dtype=torch.long)}
+    with pytest.raises(RuntimeError, match=r"built by configure_model\(\)"):  # was: 'NoneType' is not callable
+        module(batch)
+    module.configure_model()
+    assert module(batch).shape == (1,)
