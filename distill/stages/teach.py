@@ -43,7 +43,14 @@ from distill.data.loaders.irds import is_irds
 from distill.data.teacher_data import DATASET_INFO, TeacherDataset, TeacherMetadata
 from distill.model.resolver import DEFAULT_TEACHER, cache_home
 from distill.stages.teach_chunks import chunk_batches, chunk_file, write_chunk
-from distill.stages.teach_input import InputOptions, PairRows, Share, candidate_stream, write_pair_rows
+from distill.stages.teach_input import (
+    InputOptions,
+    InputSummary,
+    PairRows,
+    Share,
+    candidate_stream,
+    write_pair_rows,
+)
 from teachers.causal_lm import ScorerOptions
 from teachers.embedding import SIMILARITY
 from teachers.passage_cache import PassageLogProbCache, passage_key
@@ -147,7 +154,7 @@ class TeachConfig(ScorerOptions, InputOptions):
         return list(self.scores) if self.similarity else list(dict.fromkeys(["cis", *self.scores]))
 
 
-REUSE_FREE = ("input", "scores")
+REUSE_FREE = ("input", "first_stage", "scores")
 """Fingerprint keys a reused dataset may differ in: what was scored, not how."""
 REUSE_KEY = ("qid", "docid", "query", "passage")
 
@@ -349,12 +356,16 @@ def check_paths(cfg: TeachConfig, output: Path, cache_root: Path) -> None:
     output_folder(cache_root, "teach", "cache_dir", inputs)
 
 
-def _fingerprint(setting: dict[str, Any], digest: str, cfg: TeachConfig, options: ScorerOptions) -> dict[str, Any]:
+def _fingerprint(
+    setting: dict[str, Any], summary: InputSummary, cfg: TeachConfig, options: ScorerOptions
+) -> dict[str, Any]:
     """What a dataset's scores depend on: the teacher's ``setting`` (:meth:`CausalLMTeacher.describe`), the input
-    rows' ``digest`` and the stage's options."""
+    rows' digests (their pairs' texts, and their first-stage ranks and scores, which the dataset carries) and the
+    stage's options."""
     return {
         **setting,
-        "input": digest,
+        "input": summary.digest,
+        "first_stage": summary.first_stage,
         "scores": cfg.score_columns,
         "chunk_size": cfg.chunk_size,
         "max_batch_tokens": options.max_batch_tokens,
@@ -363,14 +374,21 @@ def _fingerprint(setting: dict[str, Any], digest: str, cfg: TeachConfig, options
     }
 
 
-def _fingerprint_before_load(cfg: TeachConfig, device: Any, digest: str, options: ScorerOptions) -> dict[str, Any]:
+def _fingerprint_before_load(
+    cfg: TeachConfig, device: Any, summary: InputSummary, options: ScorerOptions
+) -> dict[str, Any]:
     """The fingerprint without the keys only the loaded teacher knows (:data:`~teachers.teacher.START_TOKEN_KEYS`)."""
     from distill.model.resolver import resolve_model
     from teachers.teacher import resolve_dtype, teacher_setting
 
     dtype = resolve_dtype(cfg.dtype, device)
     setting = teacher_setting(resolve_model(cfg.teacher).identity, dtype, cfg.max_passage_tokens, cfg.prompt)
-    return _fingerprint(setting, digest, cfg, options)
+    return _fingerprint(setting, summary, cfg, options)
+
+
+LATER_KEYS = ("first_stage",)
+"""Fingerprint keys that datasets and partial results made before them lack: absent there, they match (such a dataset
+stays up to date, as it was)."""
 
 
 def _differs(theirs: dict[str, Any] | None, known: dict[str, Any]) -> list[str]:
@@ -378,7 +396,7 @@ def _differs(theirs: dict[str, Any] | None, known: dict[str, Any]) -> list[str]:
     from teachers.teacher import START_TOKEN_KEYS
 
     theirs = theirs or {}
-    keys = (set(theirs) | set(known)) - ({*START_TOKEN_KEYS} - set(known))
+    keys = (set(theirs) | set(known)) - ({*START_TOKEN_KEYS} - set(known)) - ({*LATER_KEYS} - set(theirs))
     return sorted(key for key in keys if theirs.get(key) != known.get(key))
 
 
@@ -400,9 +418,14 @@ def _check_reused(folders: list[str], known: dict[str, Any]) -> None:
             )
 
 
-def _other_output(output: Path) -> ExistingOutputError:
+def _other_output(output: Path, differs: list[str] | None = None) -> ExistingOutputError:
+    """``output`` is no dataset of this configuration: ``differs``, the fingerprint keys it was made otherwise in
+    (None: it is no complete dataset)."""
+    changed = f" (differs in {differs})" if differs else ""
+    if differs == ["first_stage"]:
+        changed = " (the input's first-stage scores changed)"
     return ExistingOutputError(
-        f"{output} exists and was not made by this configuration: pass --overwrite or another --output"
+        f"{output} exists and was not made by this configuration{changed}: pass --overwrite or another --output"
     )
 
 
@@ -428,8 +451,10 @@ def _check_earlier_results(output: Path, work: Path, known: dict[str, Any], over
     if overwrite:
         return
     if output.exists():
-        if not TeacherDataset.is_complete(output) or _differs(TeacherDataset.open(output).metadata.fingerprint, known):
+        if not TeacherDataset.is_complete(output):
             raise _other_output(output)
+        if differs := _differs(TeacherDataset.open(output).metadata.fingerprint, known):
+            raise _other_output(output, differs)
         return  # up to date, unless the start token differs
     stamp = work / "fingerprint.json"
     if work.exists():
@@ -455,7 +480,7 @@ def _teach(
 
     summary = pairs.summary
     work = output.with_name(output.name + ".partial")
-    known = _fingerprint_before_load(cfg, state.device, summary.digest, options)
+    known = _fingerprint_before_load(cfg, state.device, summary, options)
     _check_earlier_results(output, work, known, cfg.overwrite)
     _check_reused(cfg.reuse, known)
 
@@ -472,7 +497,7 @@ def _teach(
     )
     _check_context(teacher, pairs.queries(), cfg)
     setting = teacher.describe()
-    fingerprint = _fingerprint(setting, summary.digest, cfg, options)
+    fingerprint = _fingerprint(setting, summary, cfg, options)
     reuse = _Reuse.load(cfg, fingerprint, pairs)
     reused = sum(gather_object([int((reuse.rows >= 0).sum())]))
     report = TeachReport(output, summary.pairs, summary.queries, cfg.score_columns, True, summary.skipped, reused)
@@ -516,10 +541,13 @@ def _passage_keys(teacher: Any, pairs: PairRows, chunk_size: int) -> np.ndarray:
 def _is_complete(output: Path, fingerprint: dict[str, Any], overwrite: bool) -> bool:
     if not output.exists():
         return False
-    if TeacherDataset.is_complete(output) and TeacherDataset.open(output).metadata.fingerprint == fingerprint:
-        return True
+    differs = None
+    if TeacherDataset.is_complete(output):
+        differs = _differs(TeacherDataset.open(output).metadata.fingerprint, fingerprint)
+        if not differs:
+            return True
     if not overwrite:
-        raise _other_output(output)
+        raise _other_output(output, differs)
     return False
 
 
@@ -528,7 +556,7 @@ def _prepare_work_dir(work: Path, fingerprint: dict[str, Any], overwrite: bool) 
     stamp = work / "fingerprint.json"
     if work.exists():
         previous = json.loads(stamp.read_text()) if stamp.is_file() else None
-        if previous == fingerprint:
+        if previous is not None and not _differs(previous, fingerprint):
             log.info("resuming from %s", work)
             return
         if not overwrite:
@@ -767,6 +795,7 @@ def _teach_similarity(
     fingerprint = {
         **teacher.describe(),
         "input": summary.digest,
+        "first_stage": summary.first_stage,
         "scores": cfg.score_columns,
         "chunk_size": cfg.chunk_size,
     }

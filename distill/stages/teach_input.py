@@ -119,6 +119,8 @@ class InputSummary:
     skipped: dict[str, int]
     rows: int
     """Pairs in this process's row file (its :class:`Share`)."""
+    first_stage: str = ""
+    """A digest of every row's first-stage rank and score: the teacher fingerprint's ``first_stage``."""
 
 
 def write_pair_rows(
@@ -154,7 +156,7 @@ def _write_pair_rows(
     source: str,
     share: Share,
 ) -> InputSummary:
-    digest = hashlib.sha256()
+    digest, first_stage = hashlib.sha256(), hashlib.sha256()
     pairs = queries = rows = 0
     texts: dict[str, None] = {}
     columns: dict[str, list[Any]] = {name: [] for name in SCHEMA.names}
@@ -178,6 +180,7 @@ def _write_pair_rows(
                 # json.dumps([qid, docid, query, passage]), each query's strings encoded once
                 row_json = f"[{qid}, {_json_string(passage.docid)}, {text}, {_json_string(passage.text)}]"
                 digest.update(row_json.encode())
+                first_stage.update(f"{rank} {float(score)!r}\n".encode())
                 if share.owns(pairs):
                     row = (query.qid, passage.docid, query.text, passage.text, rank, score)
                     for name, value in zip(SCHEMA.names, row, strict=True):
@@ -189,7 +192,7 @@ def _write_pair_rows(
     if pairs == 0:
         raise InputError(f"{source}: no candidates left to score")
     (folder / QUERIES_FILE).write_text(json.dumps(list(texts)))
-    summary = InputSummary(pairs, queries, digest.hexdigest()[:16], dict(skipped), rows)
+    summary = InputSummary(pairs, queries, digest.hexdigest()[:16], dict(skipped), rows, first_stage.hexdigest()[:16])
     (folder / SUMMARY_FILE).write_text(json.dumps(summary.__dict__))
     return summary
 

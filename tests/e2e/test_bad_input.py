@@ -461,8 +461,8 @@ def test_teach_refuses_another_configuration_s_output_before_the_gemma_teacher_l
     cpu = (now.ru_utime - used.ru_utime) + (now.ru_stime - used.ru_stime)
     assert done.returncode == 2, done.stderr[-2000:]
     assert done.stderr == (
-        f"distill teach: error: {out} exists and was not made by this configuration: pass --overwrite or another "
-        "--output\n"
+        f"distill teach: error: {out} exists and was not made by this configuration (differs in ['scores']): pass "
+        "--overwrite or another --output\n"
     )
     assert cpu < 5, f"{cpu:.1f} s of CPU ({wall:.1f} s wall) before the refusal"
     assert {p.name: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
@@ -487,10 +487,10 @@ def test_the_shipped_teacher_data_are_up_to_date_before_their_teacher_loads(monk
         try:
             write_pair_rows(*candidate_stream(cfg, rows.with_name(rows.name + ".join")), rows, cfg.max_queries, name)
             pairs = PairRows(rows)
-            digest = pairs.summary.digest
+            summary = pairs.summary
             pairs.close()
         finally:
             shutil.rmtree(rows, ignore_errors=True)
         options = options_of(ScorerOptions, cfg).for_device(torch.device("cpu"))
-        known = teach._fingerprint_before_load(cfg, torch.device("cpu"), digest, options)
+        known = teach._fingerprint_before_load(cfg, torch.device("cpu"), summary, options)
         assert teach._differs(TeacherDataset.open(cfg.output).metadata.fingerprint, known) == [], name

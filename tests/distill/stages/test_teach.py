@@ -689,3 +689,29 @@ def test_the_scorer_refuses_a_sequence_past_the_models_context(tiny_llama: Path)
     teacher = CausalLMTeacher.load(str(tiny_llama))
     with pytest.raises(ValueError, match=r"sequence 0: .* tokens, past the teacher's context of 1024 tokens"):
         teacher.pair_terms(["rhinoceros " * 1100], teacher.encode_passages(["a passage"]), ["logp_cond"])
+
+
+def test_new_first_stage_scores_are_no_dataset_up_to_date_nor_a_partial_to_resume(
+    tiny_llama: Path, dl19_sample: list[dict], tmp_path: Path
+) -> None:
+    """The input's first-stage scores are in the dataset (its first-stage run, the labels' z(first_stage)): an input
+    rewritten with other scores, in the same order, was "up to date" with the old ones, and a resume mixed both."""
+    path = tmp_path / "input.json"
+    path.write_text(json.dumps(dl19_sample))
+    cfg = config(tiny_llama, path, tmp_path, scores=["cis"])
+    teach(cfg)
+    rescored = [{**e, "hits": [{**h, "score": h["score"] + 100} for h in e["hits"]]} for e in dl19_sample]
+    path.write_text(json.dumps(rescored))
+    with pytest.raises(ExistingOutputError, match=r"\(the input's first-stage scores changed\): pass --overwrite"):
+        teach(cfg)
+    report = teach(config(tiny_llama, path, tmp_path, scores=["cis"], overwrite=True))
+    table = datasets.load_from_disk(str(report.output)).to_pandas()
+    expected = [h["score"] for e in rescored for h in e["hits"]]
+    np.testing.assert_allclose(table.first_stage_score, expected)
+    work = tmp_path / "out.partial"  # partial results of the first scores, as an interrupted run leaves them
+    work.mkdir()
+    stamp = json.loads(json.dumps(TeacherDataset.open(report.output).metadata.fingerprint))
+    (work / "fingerprint.json").write_text(json.dumps({**stamp, "first_stage": "0" * 16}))
+    shutil.rmtree(report.output)
+    with pytest.raises(InputError, match=r"partial results of another configuration \(differs in \['first_stage'\]\)"):
+        teach(cfg)
