@@ -120,7 +120,7 @@ def load_label_table(
         if term.score not in UNTEACHED or term.teacher is not None:
             scores.setdefault(term.teacher, []).append(term.score)
     if named is None:
-        lists: dict[tuple[str, ...], int] = {}
+        lists: dict[tuple[tuple[str, ...], str | None], int] = {}
         table = _union(list(teacher_data), scores.get(None, []), None, lists)
         used: dict[str, list[str]] = {}
     else:
@@ -225,7 +225,9 @@ def query_codes(qids: Any, candidates: Any) -> np.ndarray:
     return pd.factorize(lists)[0].astype(np.int64, copy=False)
 
 
-def _union(folders: list[str], scores: list[str], name: str | None, lists: dict[tuple[str, ...], int]) -> Any:
+def _union(
+    folders: list[str], scores: list[str], name: str | None, lists: dict[tuple[tuple[str, ...], str | None], int]
+) -> Any:
     """The rows of ``folders``, each (qid, docid) once per candidate files (the first kept), with the columns
     ``scores`` (renamed ``name.score`` for a named teacher), the candidate files' number (``lists``: inputs ->
     number, shared by the teachers of one table and grown here) and where each row is (``source``, ``source_row``);
@@ -237,7 +239,8 @@ def _union(folders: list[str], scores: list[str], name: str | None, lists: dict[
         columns = [*ID_COLUMNS, "first_stage_rank", FIRST_STAGE_COLUMN, *scores]
         dataset = TeacherDataset.open(path)
         frame = dataset.to_pandas(list(dict.fromkeys(columns)), arrow_strings=True)
-        frame[CANDIDATES] = np.int32(lists.setdefault(tuple(dataset.metadata.input), len(lists)))
+        made = (tuple(dataset.metadata.input), dataset.metadata.run)  # a BEIR folder's candidates are its run's
+        frame[CANDIDATES] = np.int32(lists.setdefault(made, len(lists)))
         for score in dict.fromkeys([*scores, FIRST_STAGE_COLUMN]):  # the first stage's: in labels and validation
             bad = ~np.isfinite(frame[score].to_numpy(dtype=np.float64))
             if bad.any():

@@ -32,7 +32,7 @@ FIRST_STAGE = "first_stage"
 """The run name of the input ranking (column ``first_stage_score``)."""
 
 
-OPTIONAL = ("reused", "queries", "corpus", "command")
+OPTIONAL = ("reused", "queries", "corpus", "command", "run", "qrels")
 """The :class:`TeacherMetadata` keys a ``teacher.json`` may lack (they are written only when set)."""
 
 
@@ -57,6 +57,11 @@ class TeacherMetadata:
     """For a TREC run input, the corpus it was read with, as given; None (and absent) otherwise."""
     command: str | None = None
     """The command line that made it (``distill teach ...``), where it was recorded; None (and absent) otherwise."""
+    run: str | None = None
+    """For a BEIR folder input, the TREC run its candidates were read from, as given; None (and absent) otherwise
+    (the folder's judged pairs)."""
+    qrels: str | None = None
+    """The relevance judgements given with the candidates, as given; None (and absent) otherwise."""
 
     @classmethod
     def read(cls, folder: Path) -> TeacherMetadata:

@@ -363,7 +363,7 @@ def validation_set(folder: Path, input: str | None = None, qrels: str | list[str
     else:
         inputs = _teacher_inputs(folder, card)
         wanted = set(card.val_queries)
-        parts = [_load(path, qrels or card.qrels, queries, corpus) for path, (queries, corpus) in inputs.items()]
+        parts = [_load(path, qrels or card.qrels, *texts) for path, texts in inputs.items()]
         data = RerankingData.union(parts) if parts else RerankingData("", [], {})
         judged = [c for c in data.candidates if c.query.qid in wanted and c.query.qid in data.qrels]
         if not judged:
@@ -385,10 +385,10 @@ def _pairs(lists: list[Candidates]) -> list[Pair]:
     return [Pair(c.query.qid, p.docid, c.query.text, p.text) for c in lists for p in c.passages]
 
 
-def _teacher_inputs(folder: Path, card: StudentCard) -> dict[str, tuple[str | None, str | None]]:
+def _teacher_inputs(folder: Path, card: StudentCard) -> dict[str, tuple[str | None, str | None, str | None]]:
     """The candidate inputs of the card's teacher datasets, in order, each once, with the queries and corpus a TREC
-    run was read with (None for other inputs)."""
-    inputs: dict[str, tuple[str | None, str | None]] = {}
+    run was read with and the run a BEIR folder's candidates were read from (None for other inputs)."""
+    inputs: dict[str, tuple[str | None, str | None, str | None]] = {}
     for path in card.teacher_data:
         found = resolve_path(path)
         if found is None or not TeacherDataset.is_complete(found):
@@ -398,12 +398,16 @@ def _teacher_inputs(folder: Path, card: StudentCard) -> dict[str, tuple[str | No
             )
         metadata = TeacherDataset.open(found).metadata
         for given in metadata.input:
-            inputs.setdefault(given, (metadata.queries, metadata.corpus))
+            inputs.setdefault(given, (metadata.queries, metadata.corpus, metadata.run))
     return inputs
 
 
 def _load(
-    input: str, qrels: str | list[str] | None, queries: str | None = None, corpus: str | None = None
+    input: str,
+    qrels: str | list[str] | None,
+    queries: str | None = None,
+    corpus: str | None = None,
+    run: str | None = None,
 ) -> RerankingData:
     from distill.data.loaders import load_candidates
     from distill.data.loaders.irds import is_irds
@@ -416,7 +420,8 @@ def _load(
     if path is None:
         raise MissingFileError(f"{input}: no such candidates file or folder")
     beside = path.parent / QRELS_FILE if path.is_file() else None
-    texts = {k: resolve_path(v) or v for k, v in (("queries", queries), ("corpus", corpus)) if v is not None}
+    given_files = (("queries", queries), ("corpus", corpus), ("run", run))
+    texts = {k: resolve_path(v) or v for k, v in given_files if v is not None}
     return load_candidates(path, qrels=given or (beside if beside and beside.is_file() else None), **texts)
 
 

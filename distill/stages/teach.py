@@ -49,6 +49,7 @@ from distill.stages.teach_input import (
     PairRows,
     Share,
     candidate_stream,
+    text_sources,
     write_pair_rows,
 )
 from teachers.causal_lm import ScorerOptions
@@ -883,8 +884,18 @@ def _merge(
     error = None
     if state.is_main_process:
         try:
+            sources = text_sources(cfg)
             metadata = TeacherMetadata(
-                cfg.scores[0], cfg.score_columns, cfg.input, fingerprint, reused, cfg.queries, cfg.corpus, command
+                cfg.scores[0],
+                cfg.score_columns,
+                cfg.input,
+                fingerprint,
+                reused,
+                sources["queries"],
+                sources["corpus"],
+                command,
+                sources["run"],
+                cfg.qrels,
             )
             _write_dataset(work, output, metadata, [len(chunk) for chunk in _chunks(n_pairs, cfg.chunk_size)])
         except BaseException as e:  # told to the other processes, then raised here

@@ -57,11 +57,27 @@ class InputOptions:
     run: str | None = None
     """For a BEIR folder input: the candidates as a TREC run (default its judged pairs)."""
     qrels: str | None = None
-    """Relevance judgements (TREC qrels) to keep with the candidates."""
+    """Relevance judgements (TREC qrels) of the candidates: checked, and recorded in ``teacher.json``."""
     on_bad_input: OnBadInput = "error"
     """``error``: stop at the first bad record, naming it; ``skip``: skip bad records and count them."""
     repair_mojibake: bool = True
     """Repair MS MARCO's mojibake (``â\\x80\\x99`` for ``’``) where ``latin-1 -> utf-8`` decodes."""
+
+
+def text_sources(options: InputOptions) -> dict[str, str | None]:
+    """``queries``, ``corpus`` and ``run``, each where an input reads it (a TREC run file the first two, a BEIR
+    folder the last), else None: what ``teacher.json`` records, so that the candidates can be read again."""
+    from distill.data.loaders.beir import is_beir_dir
+    from distill.data.loaders.irds import is_irds
+
+    paths = [Path(i) for i in options.input if not is_irds(i)]
+    trec = any(p.is_file() and p.suffix not in (".json", ".jsonl") for p in paths)
+    beir = any(p.is_dir() and is_beir_dir(p) for p in paths)
+    return {
+        "queries": options.queries if trec else None,
+        "corpus": options.corpus if trec else None,
+        "run": options.run if beir else None,
+    }
 
 
 def candidate_stream(options: InputOptions, scratch: Path) -> tuple[Iterator[Candidates], Counter[str]]:

@@ -715,3 +715,31 @@ def test_new_first_stage_scores_are_no_dataset_up_to_date_nor_a_partial_to_resum
     shutil.rmtree(report.output)
     with pytest.raises(InputError, match=r"partial results of another configuration \(differs in \['first_stage'\]\)"):
         teach(cfg)
+
+
+def test_teacher_json_records_what_reads_the_candidates_again(
+    tiny_llama: Path, dl19_sample: list[dict], tmp_path: Path
+) -> None:
+    """A BEIR folder's run (the export's quality gate read the folder's judged pairs instead, other candidates) and
+    the qrels are recorded; queries given with an input that reads none (rank_llm) are not."""
+    from distill.export.quality_gate import _load
+
+    beir = tmp_path / "beir"
+    (beir / "qrels").mkdir(parents=True)
+    corpus = [{"_id": d, "title": "", "text": f"passage {d} about rain"} for d in ("d1", "d2", "d3")]
+    (beir / "corpus.jsonl").write_text("".join(json.dumps(c) + "\n" for c in corpus))
+    (beir / "queries.jsonl").write_text(json.dumps({"_id": "q1", "text": "what causes rain"}) + "\n")
+    (beir / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\nq1\td1\t1\n")
+    run = tmp_path / "run.trec"
+    run.write_text("q1 Q0 d3 1 9.0 r\nq1 Q0 d2 2 8.0 r\n")
+    qrels = tmp_path / "qrels.txt"
+    qrels.write_text("q1 0 d1 1\n")
+    cfg = config(tiny_llama, beir, tmp_path, scores=["cis"], run=str(run), qrels=str(qrels))
+    metadata = TeacherDataset.open(teach(cfg).output).metadata
+    assert (metadata.run, metadata.qrels, metadata.queries) == (str(run), str(qrels), None)
+    again = _load(metadata.input[0], None, metadata.queries, metadata.corpus, metadata.run)
+    assert [p.docid for p in again.candidates[0].passages] == ["d3", "d2"]  # the run's, not the judged d1
+    path = tmp_path / "ranked.json"
+    path.write_text(json.dumps(dl19_sample[:1]))
+    cfg = config(tiny_llama, path, tmp_path, scores=["cis"], output=str(tmp_path / "o2"), queries=str(qrels))
+    assert TeacherDataset.open(teach(cfg).output).metadata.queries is None  # rank_llm reads no queries file
