@@ -15,6 +15,7 @@ from distill.data.loaders._common import (
     BadInput,
     CandidatesBuilder,
     clean_text,
+    id_fault,
     json_entries,
     require,
     require_text,
@@ -55,6 +56,7 @@ def _add_entry(builder: CandidatesBuilder, entry: object, where: str, bad: BadIn
         return
     if not hits:  # no hit names the query's qid: it leaves no trace downstream but this line
         log.warning("%s: no hits for query %r: nothing to score for it", where, clean_text(query, repair))
+    entry_qid: str | None = None  # an entry holds one query's hits: its first hit's qid
     for j, hit in enumerate(hits):
         hit_where = f"{where} hit [{j}]"
         fields = [require(hit, k, hit_where, bad) for k in ("qid", "docid")]
@@ -65,6 +67,11 @@ def _add_entry(builder: CandidatesBuilder, entry: object, where: str, bad: BadIn
         if score is None:
             continue
         qid, docid = fields
+        if id_fault("qid", str(qid)) is None:  # a bad id is the builder's to name
+            if entry_qid is not None and str(qid) != entry_qid:
+                bad(hit_where, f"qid {qid}, but this entry's hits are of qid {entry_qid}: an entry holds one query")
+                continue
+            entry_qid = str(qid)
         text = clean_text(content, repair)
         builder.add(hit_where, str(qid), clean_text(query, repair), str(docid), text, score)
 

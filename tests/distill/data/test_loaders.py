@@ -604,3 +604,18 @@ def test_an_empty_json_list_says_it_holds_no_entries(tmp_path: Path) -> None:
     path = write(tmp_path / "x.json", "[]")
     with raises(f"{path}: no entries (an empty list): nothing to read"):  # was "unknown JSON layout"
         load_candidates(path)
+
+
+def test_a_hit_of_another_qid_in_an_entry_is_named_and_never_takes_the_entrys_query(tmp_path: Path) -> None:
+    entries = [
+        {"query": "what causes rain", "hits": [{**hit("d1"), "qid": "q1"}, {**hit("d3", rank=2), "qid": "q2"}]},
+        {"query": "how do vaccines work", "hits": [{**hit("d2"), "qid": "q2"}]},
+    ]
+    path = write(tmp_path / "mixed.json", json.dumps(entries))
+    with raises(f"{path}: entry [0] hit [1]: qid q2, but this entry's hits are of qid q1"):  # was blamed on entry [1]
+        load_candidates(path)
+    data = load_candidates(path, on_bad_input="skip")  # q2 was scored with "what causes rain"
+    assert {c.query.qid: (c.query.text, [p.docid for p in c.passages]) for c in data.candidates} == {
+        "q1": ("what causes rain", ["d1"]),
+        "q2": ("how do vaccines work", ["d2"]),
+    }
