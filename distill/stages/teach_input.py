@@ -164,6 +164,15 @@ def write_pair_rows(
         raise
 
 
+def first_stage_ranks(scores: list[float]) -> list[int]:
+    """Each candidate's rank, from 1, by its first-stage score, highest first (ties in the list's order): the ranking
+    the first-stage run file holds, also where the list is not in score order."""
+    order = np.argsort(-np.asarray(scores, dtype=np.float64), kind="stable")
+    ranks = np.empty(len(order), dtype=np.int64)
+    ranks[order] = np.arange(1, len(order) + 1)
+    return ranks.tolist()
+
+
 def _write_pair_rows(
     candidates: Iterable[Candidates],
     skipped: Counter[str],
@@ -192,7 +201,8 @@ def _write_pair_rows(
             query = cands.query
             texts[query.text] = None
             qid, text = _json_string(query.qid), _json_string(query.text)
-            for rank, (passage, score) in enumerate(zip(cands.passages, cands.scores, strict=True), start=1):
+            ranks = first_stage_ranks(cands.scores)
+            for rank, passage, score in zip(ranks, cands.passages, cands.scores, strict=True):
                 # json.dumps([qid, docid, query, passage]), each query's strings encoded once
                 row_json = f"[{qid}, {_json_string(passage.docid)}, {text}, {_json_string(passage.text)}]"
                 digest.update(row_json.encode())

@@ -57,6 +57,7 @@ def _add_entry(builder: CandidatesBuilder, entry: object, where: str, bad: BadIn
     if not hits:  # no hit names the query's qid: it leaves no trace downstream but this line
         log.warning("%s: no hits for query %r: nothing to score for it", where, clean_text(query, repair))
     entry_qid: str | None = None  # an entry holds one query's hits: its first hit's qid
+    scored: bool | None = None  # whether its hits carry a score: all or none, or their ranking would be two in one
     for j, hit in enumerate(hits):
         hit_where = f"{where} hit [{j}]"
         fields = [require(hit, k, hit_where, bad) for k in ("qid", "docid")]
@@ -66,6 +67,15 @@ def _add_entry(builder: CandidatesBuilder, entry: object, where: str, bad: BadIn
         score = _first_stage_score(hit, j, hit_where, bad)
         if score is None:
             continue
+        has_score = hit.get("score") is not None
+        if scored is not None and has_score != scored:
+            which = (
+                "a score, where this entry's first hits have none",
+                "no score, where this entry's first hits have one",
+            )
+            bad(hit_where, f"{which[not has_score]}: give every hit a score, or none (then its order ranks them)")
+            continue
+        scored = has_score
         qid, docid = fields
         if id_fault("qid", str(qid)) is None:  # a bad id is the builder's to name
             if entry_qid is not None and str(qid) != entry_qid:

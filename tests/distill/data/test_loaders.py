@@ -591,8 +591,13 @@ def test_hits_that_are_not_a_list_and_scores_given_as_text(tmp_path: Path) -> No
     path = write(tmp_path / "cands.json", json.dumps([{"query": 42, "hits": [hit("a")]}]))
     with raises(f"{path}: entry [0]: field 'query': expected text, got int"):
         load_candidates(path)
-    path = rank_llm_file(tmp_path, [{**hit("a"), "score": "2.5"}, {**hit("b", rank=2), "score": None}])
-    assert load_candidates(path).candidates[0].scores == [2.5, -2.0]  # a number as text; no score: minus the rank
+    path = rank_llm_file(tmp_path, [{**hit("a"), "score": "2.5"}, {**hit("b", rank=2), "score": "1"}])
+    assert load_candidates(path).candidates[0].scores == [2.5, 1.0]  # a number as text
+    path = rank_llm_file(tmp_path, [{**hit("a"), "score": None}, {**hit("b", rank=2), "score": None}])
+    assert load_candidates(path).candidates[0].scores == [-1.0, -2.0]  # no score: minus the rank
+    path = rank_llm_file(tmp_path, [{**hit("a"), "score": 10}, {**hit("b", rank=2), "score": None}])
+    with raises(f"{path}: entry [0] hit [1]: no score, where this entry's first hits have one: give every hit"):
+        load_candidates(path)  # scored -2 among scores of 10: the run and the ranks disagreed
 
 
 def test_unknown_json_layout(tmp_path: Path) -> None:

@@ -743,3 +743,22 @@ def test_teacher_json_records_what_reads_the_candidates_again(
     path.write_text(json.dumps(dl19_sample[:1]))
     cfg = config(tiny_llama, path, tmp_path, scores=["cis"], output=str(tmp_path / "o2"), queries=str(qrels))
     assert TeacherDataset.open(teach(cfg).output).metadata.queries is None  # rank_llm reads no queries file
+
+
+def test_first_stage_ranks_follow_the_scores_as_the_first_stage_run_does(
+    tiny_llama: Path, dl19_sample: list[dict], tmp_path: Path
+) -> None:
+    """A list not in score order (here ascending) got its ranks by position, while its first-stage run ranked by
+    score: train_depth then kept the first stage's worst candidates."""
+    from distill.stages.teach_input import first_stage_ranks
+
+    assert first_stage_ranks([1.0, 3.0, 3.0, 2.0]) == [4, 1, 2, 3]  # ties in the list's order
+    entry = {**dl19_sample[0], "hits": dl19_sample[0]["hits"][:6][::-1]}
+    path = tmp_path / "ascending.json"
+    path.write_text(json.dumps([entry]))
+    report = teach(config(tiny_llama, path, tmp_path, scores=["cis"]))
+    table = datasets.load_from_disk(str(report.output)).to_pandas()
+    assert table.first_stage_rank.tolist() == [6, 5, 4, 3, 2, 1]
+    run = read_trec_run(report.output / "runs" / "first_stage.trec")[str(entry["hits"][0]["qid"])]
+    by_rank = table.sort_values("first_stage_rank").docid.tolist()
+    assert by_rank == sorted(run, key=run.get, reverse=True)
