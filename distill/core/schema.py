@@ -5,8 +5,11 @@ Every loader in :mod:`distill.data.loaders` returns a :class:`RerankingData`; ev
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from dataclasses import dataclass, field
+
+log = logging.getLogger(__name__)
 
 EXIT_INTERRUPTED = 128 + 2
 """The exit status of a command stopped by Ctrl-C (SIGINT), as a shell gives it."""
@@ -80,18 +83,35 @@ class Candidates:
     scores: list[float]
 
     @classmethod
-    def join(cls, lists: list[Candidates]) -> Candidates:
+    def join(cls, lists: list[Candidates], differing: list[str] | None = None) -> Candidates:
         """One query's candidate ``lists`` (from several inputs) as one: in list order, each docid once (the
-        first), with the first list's query."""
+        first, with its text), with the first list's query. A docid that a later list gives another passage text
+        (real lists differ in whitespace) is appended to ``differing``, where given, for the caller to report."""
         joined = cls(lists[0].query, [], [])
-        seen: set[str] = set()
+        seen: dict[str, str] = {}
         for cands in lists:
             for passage, score in zip(cands.passages, cands.scores, strict=True):
                 if passage.docid not in seen:
-                    seen.add(passage.docid)
+                    seen[passage.docid] = passage.text
                     joined.passages.append(passage)
                     joined.scores.append(score)
+                elif differing is not None and seen[passage.docid] != passage.text:
+                    differing.append(passage.docid)
         return joined
+
+
+def warn_of_differing_texts(differing: list[str], sources: list[str]) -> None:
+    """One warning for the docids that joined ``sources`` give different passage texts (:meth:`Candidates.join`),
+    where there are any: the first input's text is the one scored."""
+    if differing:
+        shown = ", ".join(differing[:3]) + (", ..." if len(differing) > 3 else "")
+        log.warning(
+            "%d candidate(s) have another passage text in a later input than in the first (%s; of %s): the first "
+            "input's text is kept",
+            len(differing),
+            shown,
+            " + ".join(sources),
+        )
 
 
 def same_query(first: tuple[Query, str], other: tuple[Query, str]) -> None:
@@ -158,7 +178,9 @@ class RerankingData:
                     sources[cands.query.qid] = part.source
                 lists.append(cands)
             skipped.update(part.skipped)
-        joined = [Candidates.join(lists) for lists in by_qid.values()]
+        differing: list[str] = []
+        joined = [Candidates.join(lists, differing) for lists in by_qid.values()]
+        warn_of_differing_texts(differing, [p.source for p in parts])
         return cls(" + ".join(p.source for p in parts), joined, join_qrels([p.qrels for p in parts]), skipped)
 
     def first_stage_run(self) -> dict[str, dict[str, float]]:

@@ -31,6 +31,7 @@ from distill.core.schema import (
     RerankingData,
     join_qrels,
     same_query,
+    warn_of_differing_texts,
 )
 from distill.data.loaders._common import BadInput, OnBadInput, json_entries
 from distill.data.loaders.beir import is_beir_dir, load_beir
@@ -183,13 +184,15 @@ def _joined(streams: list[CandidateStream], scratch: Path, skipped: Counter[str]
             skipped.update(stream.skipped)
         files = [(scratch / f"{part}.jsonl").open("rb") for part in range(len(streams))]
         try:
+            differing: list[str] = []
             for where in places.values():
                 lists = []
                 for part, offset in where:
                     files[part].seek(offset)
                     qid, text, passages, scores = json.loads(files[part].readline())
                     lists.append(Candidates(Query(qid, text), [Passage(d, t) for d, t in passages], scores))
-                yield Candidates.join(lists)
+                yield Candidates.join(lists, differing)
+            warn_of_differing_texts(differing, [stream.source for stream in streams])
         finally:
             for f in files:
                 f.close()

@@ -624,3 +624,16 @@ def test_a_hit_of_another_qid_in_an_entry_is_named_and_never_takes_the_entrys_qu
         "q1": ("what causes rain", ["d1"]),
         "q2": ("how do vaccines work", ["d2"]),
     }
+
+
+def test_a_passage_text_that_a_later_input_gives_otherwise_is_warned_of_once(tmp_path: Path, caplog) -> None:
+    first = rank_llm_file(tmp_path / "a", [hit("a", content="Rain forms."), hit("b", rank=2)])
+    other = [hit("a", content="A completely different passage."), hit("c", rank=2)]
+    second = write(tmp_path / "b" / "other.json", json.dumps([{"query": "a query", "hits": other}]))
+    joined = RerankingData.union([load_candidates(first), load_candidates(second)])
+    assert [p.text for p in joined.candidates[0].passages] == ["Rain forms.", "some text", "some text"]
+    streamed = list(join_streams([open_candidates(first), open_candidates(second)], tmp_path / "scratch").candidates)
+    assert streamed == joined.candidates
+    warned = [r.getMessage() for r in caplog.records if "another passage text" in r.getMessage()]
+    assert len(warned) == 2 and all(m.startswith("1 candidate(s) have another passage text") for m in warned)
+    assert f"(a; of {first} + {second}): the first input's text is kept" in warned[0]  # it was kept silently
