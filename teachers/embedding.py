@@ -31,7 +31,15 @@ class SimilarityTeacher:
 
     @classmethod
     def load(cls, name: str, device: str = "cpu", max_batch_tokens: int = DENSE_BATCH_TOKENS) -> SimilarityTeacher:
-        """The teacher of ``name`` (resolved as :func:`distill.model.resolver.resolve_model` does) on ``device``."""
+        """The teacher of ``name`` (resolved as :func:`distill.model.resolver.resolve_model` does) on ``device``.
+
+        Raises:
+            InputError: ``name`` is a causal LM (:func:`~teachers.teacher.check_encoder`).
+        """
+        from distill.model.resolver import resolve_model
+        from teachers.teacher import check_encoder
+
+        check_encoder(resolve_model(name))
         return cls(Encoder(name, device=device, max_batch_tokens=max_batch_tokens))
 
     def describe(self) -> dict[str, Any]:

@@ -58,6 +58,20 @@ CAUSAL_LM_ARCHITECTURES = ("ForCausalLM", "LMHeadModel", "ForConditionalGenerati
 """Endings of the architecture names (``config.json``'s ``architectures``) of models that predict the next token."""
 
 
+def architectures_of(source: ModelSource) -> list[str]:
+    """The architectures ``source``'s ``config.json`` names; none where it names none or has none (a GGUF file, or a
+    malformed file, which transformers names as it loads it)."""
+    import json
+
+    config = Path(source.location) / "config.json"
+    if source.gguf_file or not config.is_file():
+        return []
+    try:
+        return list(json.loads(config.read_text()).get("architectures") or [])
+    except (json.JSONDecodeError, AttributeError, UnicodeDecodeError, TypeError):
+        return []
+
+
 def check_causal_lm(source: ModelSource) -> None:
     """Check that ``source`` is a causal LM where its ``config.json`` names its architectures (a GGUF file has none):
     an encoder (an embedding model such as all-MiniLM-L6-v2) loads as one with a random LM head, or fails later
@@ -66,19 +80,27 @@ def check_causal_lm(source: ModelSource) -> None:
     Raises:
         InputError: the architectures named are none of a causal LM's.
     """
-    import json
-
-    config = Path(source.location) / "config.json"
-    if source.gguf_file or not config.is_file():
-        return
-    try:
-        architectures = json.loads(config.read_text()).get("architectures") or []
-    except (json.JSONDecodeError, AttributeError, UnicodeDecodeError):
-        return  # transformers names the malformed file as it loads it
+    architectures = architectures_of(source)
     if architectures and not any(a.endswith(CAUSAL_LM_ARCHITECTURES) for a in architectures):
         raise InputError(
             f"teacher {source.name}: {', '.join(architectures)} is no causal LM, which log p(K | Q) needs; an "
             "embedding model teaches with --scores similarity"
+        )
+
+
+def check_encoder(source: ModelSource) -> None:
+    """Check that ``source`` is no causal LM (a GGUF file, or a ``config.json`` naming a causal LM's architecture):
+    as an embedding model, a causal LM's mean-pooled hidden states give a similarity that means nothing.
+
+    Raises:
+        InputError: it is one.
+    """
+    architectures = architectures_of(source)
+    if source.gguf_file or any(a.endswith(CAUSAL_LM_ARCHITECTURES) for a in architectures):
+        kind = "a GGUF causal LM" if source.gguf_file else ", ".join(architectures)
+        raise InputError(
+            f"teacher {source.name}: {kind} is no embedding model, which --scores similarity needs (give --teacher, "
+            "such as all-minilm-l6-v2); a causal LM teaches with --scores cis"
         )
 
 

@@ -96,3 +96,12 @@ def test_the_similarity_of_lists_of_other_lengths_is_refused(tiny_bert: Path) ->
         teacher.similarity(["q one", "q two", "q three"], ["only passage"])  # broadcast: three scores came back
     with pytest.raises(ValueError, match="a list of queries and a list of passages, not a string"):
         teacher.similarity("a query", ["a passage"])
+
+
+def test_a_causal_lm_is_no_similarity_teacher(tiny_llama: Path, sample_file: Path, tmp_path: Path) -> None:
+    with pytest.raises(InputError, match=r"LlamaForCausalLM is no embedding model, which --scores similarity needs"):
+        teach(similarity_config(tiny_llama, sample_file, tmp_path / "st"))  # its hidden states' cosines, exit 0
+    cfg = TeachConfig(input=[str(sample_file)], output=str(tmp_path / "default"), scores=["similarity"])
+    with pytest.raises(InputError, match="a GGUF causal LM is no embedding model"):  # the default teacher, SmolLM2
+        teach(cfg)
+    assert not (tmp_path / "st").exists() and not (tmp_path / "default").exists()
