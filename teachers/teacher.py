@@ -211,7 +211,8 @@ class CausalLMTeacher:
         }
 
     def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
-        """Token ids of each text, with no special tokens.
+        """Token ids of each text, with no special tokens: a special token's text in a query or passage
+        (``<|endoftext|>``) is split as text, never read as the control token it names.
 
         Raises:
             ValueError: ``texts`` is a string, not a list of texts (its characters would be the texts).
@@ -219,7 +220,7 @@ class CausalLMTeacher:
         _check_list(texts)
         if not texts:
             return []
-        return self.tokenizer(list(texts), add_special_tokens=False)["input_ids"]
+        return self.tokenizer(list(texts), add_special_tokens=False, split_special_tokens=True)["input_ids"]
 
     def encode_passages(self, passages: Sequence[str]) -> list[list[int]]:
         """Passage ids: ``tok(" " + passage)`` truncated to ``max_passage_tokens``."""

@@ -139,3 +139,10 @@ def test_a_string_for_a_list_and_an_unknown_term_are_refused(teacher: CausalLMTe
     ids = teacher.encode_passages(["a passage"])
     with pytest.raises(ValueError, match=r"unknown term\(s\) \['cis'\]: pair terms are"):
         teacher.pair_terms(["a query"], ids, ["cis"])  # a score, not a term: {} came back
+
+
+def test_a_special_tokens_text_in_a_passage_is_text_not_the_control_token(teacher: CausalLMTeacher) -> None:
+    special = teacher.tokenizer.all_special_tokens[0]
+    (ids,) = teacher.encode_passages([f"a passage with {special} inside"])
+    assert teacher.tokenizer.convert_tokens_to_ids(special) not in ids  # an injected BOS or EOS before
+    assert teacher.tokenizer.decode(ids).strip() == f"a passage with {special} inside"
