@@ -410,6 +410,8 @@ def _check_reused(folders: list[str], known: dict[str, Any]) -> None:
     """
     for folder in folders:
         theirs = TeacherDataset.open(folder).metadata.fingerprint
+        if theirs.get("kind") == SIMILARITY:
+            raise InputError(f"teach: reuse {folder} is an embedding model's dataset: only a causal LM's are reused")
         differs = [key for key in _differs(theirs, known) if key not in REUSE_FREE]
         if differs:
             key = differs[0]

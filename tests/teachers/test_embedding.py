@@ -105,3 +105,14 @@ def test_a_causal_lm_is_no_similarity_teacher(tiny_llama: Path, sample_file: Pat
     with pytest.raises(InputError, match="a GGUF causal LM is no embedding model"):  # the default teacher, SmolLM2
         teach(cfg)
     assert not (tmp_path / "st").exists() and not (tmp_path / "default").exists()
+
+
+def test_an_embedding_models_dataset_is_named_as_such_when_reused(
+    tiny_bert: Path, tiny_llama: Path, sample_file: Path, tmp_path: Path
+) -> None:
+    similarity = teach(similarity_config(tiny_bert, sample_file, tmp_path / "st")).output
+    cfg = TeachConfig(
+        input=[str(sample_file)], output=str(tmp_path / "lm"), teacher=str(tiny_llama), reuse=[str(similarity)]
+    )
+    with pytest.raises(InputError, match=f"reuse {similarity} is an embedding model's dataset: only a causal LM's"):
+        teach(cfg)  # "dtype is None there, 'float32' here"
