@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from distill.core.devices import job_leader
 from distill.core.output_files import NO_SPACE, is_stdout
 from distill.core.schema import EXIT_INTERRUPTED, UserError
 
@@ -254,7 +255,7 @@ def _run(name: str, rest: list[str], argv: list[str], prog: str) -> int:
         where = f"{e.filename}: " if e.filename else ""
         print(f"{prog}: error: {where}{e.strerror}: free some space and run it again", file=sys.stderr)
         return 1
-    if report is not None:
+    if report is not None and job_leader():  # one summary for a job of several processes, not one a process
         # what is written to standard output (rerank's --output /dev/stdout, eval's --json) is not followed there by
         # the summary
         try:

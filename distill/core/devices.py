@@ -6,6 +6,7 @@ torch is imported by the functions that need it, so importing this module stays 
 from __future__ import annotations
 
 import contextlib
+import os
 from typing import TYPE_CHECKING, Literal
 
 from distill.core.schema import InputError
@@ -81,3 +82,11 @@ def attention_backends(device: str | torch.device, cudnn: bool) -> contextlib.Ab
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
+
+
+def job_leader() -> bool:
+    """Whether this process is its job's first, by the launcher's environment, before any process group exists:
+    every rank that torchrun or accelerate (``RANK``, ``LOCAL_RANK``), SLURM (``SLURM_PROCID``) or Lightning's own
+    launcher (``NODE_RANK``, ``LOCAL_RANK`` of the processes it starts) sets is 0, or none is set (a process started
+    alone)."""
+    return all(os.environ.get(key, "0") == "0" for key in ("RANK", "LOCAL_RANK", "NODE_RANK", "SLURM_PROCID"))

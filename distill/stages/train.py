@@ -33,6 +33,7 @@ from pytorch_lightning.loggers import WandbLogger
 
 from distill.core.checksums import stat_digest
 from distill.core.config import argument_error, help_formatter, read_yaml_file
+from distill.core.devices import job_leader
 from distill.core.output_files import hold_output
 from distill.core.run_folder import CHECKPOINT_ROOT, RunLayout
 from distill.core.schema import EXIT_INTERRUPTED, ExistingOutputError, InputError
@@ -374,13 +375,6 @@ def claim_run_folder(run_dir: Path, ckpt_path: str | None, overwrite: bool) -> N
     if job_leader():
         log.warning("--overwrite: removing the earlier run in %s", run_dir)
         shutil.rmtree(run_dir)
-
-
-def job_leader() -> bool:
-    """Whether this process is its job's first, by the launcher's environment, before any process group exists:
-    every rank that torchrun (``RANK``, ``LOCAL_RANK``), SLURM (``SLURM_PROCID``) or Lightning's own launcher
-    (``NODE_RANK``, ``LOCAL_RANK`` of the processes it starts) sets is 0, or none is set (a process started alone)."""
-    return all(os.environ.get(key, "0") == "0" for key in ("RANK", "LOCAL_RANK", "NODE_RANK", "SLURM_PROCID"))
 
 
 FIXED_ON_RESUME = (

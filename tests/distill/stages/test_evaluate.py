@@ -338,3 +338,11 @@ def test_a_run_in_a_relative_runs_folder_is_named_by_the_folder_that_holds_it(
     write_trec_run(tmp_path / "work" / "runs" / "bm25.trec", {"q1": {"d1": 1.0}}, "t")
     monkeypatch.chdir(tmp_path / "work")
     assert find_run_files(["runs/bm25.trec"]) == {"work/bm25": Path("runs/bm25.trec")}  # not "/bm25"
+
+
+@pytest.mark.parametrize("rank", ["1", "0"])
+def test_a_job_of_several_processes_prints_its_summary_once(rank: str, monkeypatch, capsys) -> None:
+    """Each process of ``accelerate launch --num_processes 2 -m distill teach`` printed the summary."""
+    monkeypatch.setenv("RANK", rank)
+    assert main(["eval", "--qrels", str(DL19_QRELS), "--run", str(TEACHER / "runs" / "first_stage.trec")]) == 0
+    assert ("nDCG@10" in capsys.readouterr().out) == (rank == "0")
