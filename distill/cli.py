@@ -239,7 +239,7 @@ def _run(name: str, rest: list[str], argv: list[str], prog: str) -> int:
         except ModuleNotFoundError as e:
             raise missing_extra(e, prog) from None
     except UserError as e:
-        message = _without_hint(_without_prefix(str(e), prog), COMMANDS[name])
+        message = _without_hint(_without_prefix(str(e), prog, name), COMMANDS[name])
         print(f"{prog}: error: {message}", file=sys.stderr)
         return e.exit_status
     except KeyboardInterrupt:  # Ctrl-C: what each stage has saved so far stays (a teach goes on from it)
@@ -293,7 +293,7 @@ def ready_to_exit() -> None:
 
 
 def _without_prefix(message: str, *prefixes: str) -> str:
-    """``message`` without a leading ``distill eval: `` (the CLI's own prefix says it already)."""
+    """``message`` without a leading ``distill eval: `` or ``eval: `` (the CLI's own prefix says it already)."""
     for prefix in prefixes:
         if message.startswith(f"{prefix}: "):
             return message[len(prefix) + 2 :]

@@ -275,7 +275,7 @@ def test_the_shipped_teacher_data_lists_its_inputs() -> None:
 
 def test_migrate_checks_every_folder_first(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["migrate", str(tmp_path / "none")]) == 2
-    assert capsys.readouterr().err == f"distill migrate: error: migrate: paths: {tmp_path / 'none'}: no such folder\n"
+    assert capsys.readouterr().err == f"distill migrate: error: paths: {tmp_path / 'none'}: no such folder\n"
 
 
 # ----------------------------------------------------------------------------- the hub

@@ -307,7 +307,7 @@ CASES = [
         "export",
         "no format (it wrote an export of no graph, exit 0)",
         lambda w: ["--checkpoint", str(w.hf), "--formats", "[]", "--output", str(w.root / "x")],
-        lambda w: "export: formats is empty: name onnx, torchscript or both",
+        lambda w: "formats is empty: name onnx, torchscript or both",
     ),
     Case(
         "export",
@@ -376,7 +376,7 @@ CASES = [
             *["--corpus", str(w.sample), "--queries", str(w.run), "--output", str(w.root / "o.trec")],
             *["--method", "dense", "--device", "tpu"],
         ],
-        lambda w: "retrieve: device 'tpu': expected auto, cpu, cuda or cuda:N",
+        lambda w: "device 'tpu': expected auto, cpu, cuda or cuda:N",
     ),
     Case(
         "retrieve",
@@ -385,7 +385,7 @@ CASES = [
             *["--corpus", str(w.sample), "--queries", str(w.run), "--output", str(w.root / "o.trec")],
             *["--method", "dense", "--max_batch_tokens", "0"],
         ],
-        lambda w: "retrieve: max_batch_tokens must be positive, got 0",
+        lambda w: "max_batch_tokens must be positive, got 0",
     ),
     Case(
         "bench",
@@ -448,7 +448,7 @@ CASES = [
         "the run inside the teacher data",
         lambda w: ["--config", str(_world_train_config(w)), "--checkpoint_root", str(w.teacher_data)],
         lambda w: (
-            f"train: checkpoint_root/run_name: {w.teacher_data / 'r'}: is inside an input folder "
+            f"checkpoint_root/run_name: {w.teacher_data / 'r'}: is inside an input folder "
             f"(data.teacher_data: {w.teacher_data})"
         ),
     ),
@@ -459,7 +459,7 @@ CASES = [
             *["--config", str(_world_train_config(w)), "--checkpoint_root", str(w.root / "prev")],
             *["--model.backbone", str(Path(shutil.copytree(w.tiny_bert, w.root / "prev" / "r" / "hf")))],
         ],
-        lambda w: f"train: checkpoint_root/run_name: {w.root / 'prev' / 'r' / 'hf'}: is also an input (model.backbone)",
+        lambda w: f"checkpoint_root/run_name: {w.root / 'prev' / 'r' / 'hf'}: is also an input (model.backbone)",
     ),
     Case(
         "teach",

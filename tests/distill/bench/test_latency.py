@@ -231,18 +231,18 @@ def test_bench_bad_arguments(exported: Path, capsys) -> None:
     assert "no such run or model folder" in capsys.readouterr().err
     for option, value, expected in (("repeats", "0", "at least 1"), ("warmup", "-1", "at least 0")):
         assert main(["bench", "--student", str(exported), f"--{option}", value]) == 2  # an IndexError once timing
-        assert f"bench: {option} must be {expected}, got {value}" in capsys.readouterr().err
+        assert f"error: {option} must be {expected}, got {value}" in capsys.readouterr().err
     assert main(["bench", "--student", str(exported), "--token-counts", "100,0"]) == 2  # a ValueError's traceback
-    assert "bench: token_counts must be positive, got [100, 0]" in capsys.readouterr().err
+    assert "error: token_counts must be positive, got [100, 0]" in capsys.readouterr().err
     assert main(["bench", "--student", str(exported), "--token-counts", "500,500,1000"]) == 2  # tables showed one
-    assert "bench: token_counts: [500] given twice; each workload is timed once" in capsys.readouterr().err
+    assert "error: token_counts: [500] given twice; each workload is timed once" in capsys.readouterr().err
     assert main(["bench", "--student", str(exported), "--backends", "onnx-fp32,torch-fp32,onnx-fp32"]) == 2
     assert "--backends: ['onnx-fp32'] named twice; each method is timed once" in capsys.readouterr().err
     for value in ("-3", "0"):  # a RuntimeError's traceback (negative dimension); 0 went on
         assert main(["bench", "--student", str(exported), "--matmul_size", value]) == 2
-        assert f"bench: matmul_size must be positive, got {value}" in capsys.readouterr().err
+        assert f"error: matmul_size must be positive, got {value}" in capsys.readouterr().err
     assert main(["bench", "--student", str(exported), "--backends", "[]", "--teacher", "none"]) == 2  # crashed plotting
-    assert "bench: nothing to time: backends is empty and teacher is none" in capsys.readouterr().err
+    assert "error: nothing to time: backends is empty and teacher is none" in capsys.readouterr().err
     assert main(["bench", "--student", str(exported), "--qrels", "/nonexistent/qrels.txt"]) == 2  # FileNotFoundError
     assert "/nonexistent/qrels.txt: no such qrels file" in capsys.readouterr().err
 

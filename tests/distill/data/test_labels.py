@@ -325,7 +325,7 @@ def test_eval_reports_agreement_with_the_label_and_each_term(
         "130510",
     }
     assert main([*args]) == 2  # several teachers and no label
-    assert "eval: label: required with several teachers (gemma, smollm2)" in capsys.readouterr().err
+    assert "error: label: required with several teachers (gemma, smollm2)" in capsys.readouterr().err
 
 
 def test_a_student_of_named_teachers_validates_against_each_term_and_records_its_teachers(

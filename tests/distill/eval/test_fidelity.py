@@ -101,7 +101,7 @@ def test_eval_reports_agreement_with_a_teacher_label(teacher_dataset: Path, tmp_
     capsys.readouterr()
     assert main(["eval", "--qrels", str(DL19_QRELS), "--run", str(other), "--teacher", str(teacher_dataset)]) == 2
     assert capsys.readouterr().err == (
-        f"distill eval: error: eval: teacher: run {other} shares no judged query with {teacher_dataset} (two "
+        f"distill eval: error: teacher: run {other} shares no judged query with {teacher_dataset} (two "
         "candidates at least)\n"
     )
 

@@ -682,16 +682,16 @@ def test_info_names_the_backend_auto_chose_and_why(exported: Path) -> None:
 
 def test_the_cli_refuses_a_missing_model_a_bad_limit_and_a_busy_port(exported: Path, capsys) -> None:
     assert main(["serve"]) == 2
-    assert "serve: missing required option(s): model" in capsys.readouterr().err
+    assert "error: missing required option(s): model" in capsys.readouterr().err
     assert main(["serve", "--model", str(exported), "--max_documents", "0"]) == 2
-    assert "serve: max_documents must be positive, got 0" in capsys.readouterr().err
+    assert "error: max_documents must be positive, got 0" in capsys.readouterr().err
     busy = bind("127.0.0.1", 0)
     busy.listen()
     try:
         assert main(["serve", "--model", str(exported), "--port", str(busy.getsockname()[1])]) == 2
     finally:
         busy.close()
-    assert re.search(r"error: serve: cannot listen on 127\.0\.0\.1:\d+: ", capsys.readouterr().err)
+    assert re.search(r"error: cannot listen on 127\.0\.0\.1:\d+: ", capsys.readouterr().err)
 
 
 @pytest.mark.slow

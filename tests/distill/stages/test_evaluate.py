@@ -227,7 +227,7 @@ def test_cli_eval_errors_name_the_metric_and_the_run(tmp_path, capsys) -> None:
     lone = tmp_path / "lone.trec"
     write_trec_run(lone, {"1037798": {"d1": 1.0}}, tag="x")
     assert main(["eval", "--qrels", str(DL19_QRELS), "--run", str(other), str(lone), "--queries", "common"]) == 2
-    assert "eval: queries: common: the 2 runs share no judged query" in capsys.readouterr().err
+    assert "error: queries: common: the 2 runs share no judged query" in capsys.readouterr().err
     unjudged = tmp_path / "unjudged.trec"
     write_trec_run(unjudged, {"no-such-query": {"d1": 1.0}}, tag="x")
     assert main(["eval", "--qrels", str(DL19_QRELS), "--run", bm25, str(unjudged)]) == 2

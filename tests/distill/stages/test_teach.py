@@ -353,18 +353,18 @@ def test_an_output_that_cannot_be_written_is_one_line_before_the_teacher_loads(
         (
             "--output",
             regular / "x" / "out",
-            f"teach: output: {regular / 'x' / 'out'}: {regular} is a file, not a folder",
+            f"output: {regular / 'x' / 'out'}: {regular} is a file, not a folder",
         ),
-        ("--output", regular, f"teach: output: {regular}: is a file, not a folder"),
+        ("--output", regular, f"output: {regular}: is a file, not a folder"),
         (
             "--output",
             tmp_path / "dangling" / "out",
-            f"teach: output: {tmp_path / 'dangling' / 'out'}: {tmp_path / 'dangling'} is a broken link, not a folder",
+            f"output: {tmp_path / 'dangling' / 'out'}: {tmp_path / 'dangling'} is a broken link, not a folder",
         ),
-        ("--cache_dir", regular / "cache", f"teach: cache_dir: {regular / 'cache'}: {regular} is a file, not a folder"),
+        ("--cache_dir", regular / "cache", f"cache_dir: {regular / 'cache'}: {regular} is a file, not a folder"),
     ]
     if Path("/proc/self").is_dir():  # a folder that takes no new file, even for root (mkdir there: FileNotFoundError)
-        cases.append(("--output", Path("/proc/self/out"), "teach: output: /proc/self/out: cannot write in /proc/self"))
+        cases.append(("--output", Path("/proc/self/out"), "output: /proc/self/out: cannot write in /proc/self"))
     for flag, path, message in cases:
         args = ["teach", "--input", str(sample_file), "--output", str(tmp_path / "o")]
         args += ["--cache_dir", str(tmp_path / "pk")]  # beside the output: an output inside the cache is refused
@@ -646,7 +646,7 @@ def test_reuse_of_another_teacher_fingerprint_is_refused_in_one_line_before_the_
     assert main([*args, "--reuse", str(earlier), "--progress", "false"]) == 2
     errors = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
     assert errors == [
-        f"distill teach: error: teach: reuse {earlier} was made under another teacher fingerprint: "
+        f"distill teach: error: reuse {earlier} was made under another teacher fingerprint: "
         "max_passage_tokens is 64 there, 256 here"
     ]
     assert not (tmp_path / "out").exists()
@@ -678,7 +678,7 @@ def test_a_query_past_the_teachers_context_is_one_line_before_anything_is_scored
     assert main(["teach", *args, "--cache_dir", str(tmp_path / "cache")]) == 2
     err = capsys.readouterr().err
     line = err.splitlines()[-1]  # after the weights' loading bar, which transformers draws outside the CLI's setting
-    assert line.startswith("distill teach: error: teach: the query 'rhinoceros rhinoceros") and "Traceback" not in err
+    assert line.startswith("distill teach: error: the query 'rhinoceros rhinoceros") and "Traceback" not in err
     assert "past the teacher's context of 1024 tokens" in line
     assert not (tmp_path / "o.partial").exists() and not list((tmp_path / "cache").glob("**/*.npy"))
 
