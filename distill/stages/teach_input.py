@@ -216,7 +216,8 @@ def _write_pair_rows(
             flush(final=False)
         flush(final=True)
     if pairs == 0:
-        raise InputError(f"{source}: no candidates left to score")
+        counted = f" ({sum(skipped.values())} bad record(s) skipped: {dict(skipped)})" if skipped else ""
+        raise InputError(f"{source}: no candidates left to score{counted}")
     (folder / QUERIES_FILE).write_text(json.dumps(list(texts)))
     summary = InputSummary(pairs, queries, digest.hexdigest()[:16], dict(skipped), rows, first_stage.hexdigest()[:16])
     (folder / SUMMARY_FILE).write_text(json.dumps(summary.__dict__))

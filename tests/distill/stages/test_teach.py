@@ -762,3 +762,13 @@ def test_first_stage_ranks_follow_the_scores_as_the_first_stage_run_does(
     run = read_trec_run(report.output / "runs" / "first_stage.trec")[str(entry["hits"][0]["qid"])]
     by_rank = table.sort_values("first_stage_rank").docid.tolist()
     assert by_rank == sorted(run, key=run.get, reverse=True)
+
+
+def test_an_input_whose_every_record_is_skipped_says_what_was_skipped(
+    tiny_llama: Path, dl19_sample: list[dict], tmp_path: Path
+) -> None:
+    entry = {**dl19_sample[0], "hits": [{**h, "content": "  "} for h in dl19_sample[0]["hits"][:3]]}
+    path = tmp_path / "empty-passages.json"
+    path.write_text(json.dumps([entry]))
+    with pytest.raises(InputError, match=r"no candidates left to score \(3 bad record\(s\) skipped: \{'empty passage"):
+        teach(config(tiny_llama, path, tmp_path, on_bad_input="skip"))  # no count came with it
