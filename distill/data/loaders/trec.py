@@ -191,7 +191,15 @@ def read_run(path: Path, bad: BadInput) -> Run:
 
 def text_records(path: Path, fields: TextFields, repair: bool) -> Iterator[TextRecord]:
     """The records of a queries or corpus file (TSV ``id<TAB>[title<TAB>]text``, or JSONL with the keys of
-    ``fields``), texts cleaned; a bad one says why."""
+    ``fields``), texts cleaned; a bad one (an empty text too, named at its own line) says why."""
+    for record in _text_records(path, fields, repair):
+        if record.text is not None and not record.text.strip():
+            what = "query" if fields.kind == "qid" else "passage"
+            record = TextRecord(record.line, record.key, None, f"empty {what} text for {fields.kind} {record.key}")
+        yield record
+
+
+def _text_records(path: Path, fields: TextFields, repair: bool) -> Iterator[TextRecord]:
     if is_jsonl(path):
         for lineno, record in iter_jsonl(path):
             key, reason = _first_field(record, fields.id_keys)

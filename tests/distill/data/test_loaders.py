@@ -637,3 +637,12 @@ def test_a_passage_text_that_a_later_input_gives_otherwise_is_warned_of_once(tmp
     warned = [r.getMessage() for r in caplog.records if "another passage text" in r.getMessage()]
     assert len(warned) == 2 and all(m.startswith("1 candidate(s) have another passage text") for m in warned)
     assert f"(a; of {first} + {second}): the first input's text is kept" in warned[0]  # it was kept silently
+
+
+def test_an_empty_query_or_passage_is_named_at_its_own_file_s_line(trec: dict[str, Path]) -> None:
+    queries = write(trec["queries"].with_name("blank.tsv"), "q1\t   \nq2\tsecond query\n")
+    with raises(f"{queries}:1: empty query text for qid q1"):  # it was named at the run's line
+        load_candidates(trec["run"], queries=queries, corpus=trec["corpus"])
+    corpus = write(trec["corpus"].with_name("blank.tsv"), "d1\t \t \nd2\tpassage two\nd3\tpassage three\n")
+    with raises(f"{corpus}:1: empty passage text for docid d1"):
+        load_candidates(trec["run"], queries=trec["queries"], corpus=corpus)
