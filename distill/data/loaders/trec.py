@@ -238,9 +238,11 @@ def _first_field(record: Any, keys: tuple[str, ...]) -> tuple[Any | None, str]:
     return None, f"missing field {keys[0]!r} (or {', '.join(repr(k) for k in keys[1:])})"
 
 
-def read_texts(path: Path, fields: TextFields, bad: BadInput, repair: bool, needed: set[str] | None) -> dict[str, str]:
-    """id -> text of a queries or corpus file, for the ids in ``needed`` only (reading stops once all are found);
-    all, if ``None``. A repeated id keeps its first text, and a different one is bad input."""
+def read_texts(
+    path: Path, fields: TextFields, bad: BadInput, repair: bool, needed: set[str] | None, whole: bool = False
+) -> dict[str, str]:
+    """id -> text of a queries or corpus file, for the ids in ``needed`` only (reading stops once all are found,
+    unless ``whole``); all, if ``None``. A repeated id keeps its first text, and a different one is bad input."""
     texts: dict[str, str] = {}
     if needed is not None and not needed:
         return texts
@@ -254,7 +256,7 @@ def read_texts(path: Path, fields: TextFields, bad: BadInput, repair: bool, need
             bad(where, record.reason)
         elif record.key not in texts:
             texts[record.key] = record.text
-            if needed is not None and len(texts) == len(needed):
+            if needed is not None and len(texts) == len(needed) and not whole:
                 break
         elif texts[record.key] != record.text:
             bad(where, f"{fields.kind} {record.key} appears twice with different texts")
@@ -262,8 +264,9 @@ def read_texts(path: Path, fields: TextFields, bad: BadInput, repair: bool, need
 
 
 def read_queries(path: Path, bad: BadInput, repair: bool, needed: set[str] | None = None) -> dict[str, str]:
-    """qid -> query text, for the qids in ``needed`` (all, if ``None``)."""
-    return read_texts(path, QUERY_FIELDS, bad, repair, needed)
+    """qid -> query text, for the qids in ``needed`` (all, if ``None``). The whole file is read (a queries file is
+    small), so that a qid repeated with another text is found wherever it is."""
+    return read_texts(path, QUERY_FIELDS, bad, repair, needed, whole=True)
 
 
 def read_corpus(path: Path, bad: BadInput, repair: bool, needed: set[str] | None) -> dict[str, str]:

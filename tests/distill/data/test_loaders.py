@@ -646,3 +646,9 @@ def test_an_empty_query_or_passage_is_named_at_its_own_file_s_line(trec: dict[st
     corpus = write(trec["corpus"].with_name("blank.tsv"), "d1\t \t \nd2\tpassage two\nd3\tpassage three\n")
     with raises(f"{corpus}:1: empty passage text for docid d1"):
         load_candidates(trec["run"], queries=trec["queries"], corpus=corpus)
+
+
+def test_a_qid_repeated_with_another_text_is_found_after_every_needed_qid(trec: dict[str, Path]) -> None:
+    queries = write(trec["queries"].with_name("late.tsv"), "q1\tfirst query\nq2\tsecond query\nq1\tanother text\n")
+    with raises(f"{queries}:3: qid q1 appears twice with different texts"):  # reading stopped at line 2
+        load_candidates(trec["run"], queries=queries, corpus=trec["corpus"])
