@@ -140,17 +140,13 @@ def retrieve(
 
 
 def require_texts(path: Path, kind: str, texts: dict[str, str]) -> dict[str, str]:
-    """``texts`` (id -> text), checked to be there, non-empty and under ids a run can hold, as ``distill teach``'s
-    loaders require."""
+    """``texts`` (id -> text), checked to be there and under ids a run can hold, as ``distill teach``'s loaders
+    require (an empty text is a bad record of its file's line, :func:`~distill.data.loaders.trec.text_records`)."""
     if not texts:
         raise InputError(f"{path}: no {kind} texts")
     id_name = "qid" if kind == "query" else "docid"
     if fault := next(filter(None, (id_fault(id_name, key) for key in texts)), None):
         raise InputError(f"{path}: {fault}")
-    empty = [key for key, text in texts.items() if not text]
-    if empty:
-        more = f" (and {len(empty) - 1} more)" if len(empty) > 1 else ""
-        raise InputError(f"{path}: empty {kind} text for id {empty[0]}{more}")
     return texts
 
 

@@ -242,7 +242,7 @@ def test_bad_corpus_line_is_named(tmp_path: Path):
     with pytest.raises(InputError, match="needs --queries"):
         retrieve(corpus, None, tmp_path / "run.trec", "bm25")
     corpus.write_text("d1\tfirst passage\nd2\t \n")
-    with pytest.raises(InputError, match=f"{corpus}: empty passage text for id d2"):
+    with pytest.raises(InputError, match=f"{corpus}:2: empty passage text for docid d2"):
         retrieve(corpus, queries, tmp_path / "run.trec", "bm25")
     # ids a TREC run cannot hold as one field: the run was written, and no reader took it
     corpus.write_text("d1\tfirst passage\nd 2\tsecond passage\n")
