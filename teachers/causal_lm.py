@@ -219,6 +219,11 @@ class CausalLMScorer:
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
+    @property
+    def context_tokens(self) -> int | None:
+        """The longest sequence the model was trained on (``max_position_embeddings``); None where unknown."""
+        return getattr(self.model.config, "max_position_embeddings", None)
+
     def plan(self, sequences: Sequence[ScoringSequence]) -> list[BatchPlan]:
         """The batches :meth:`logprobs` runs ``sequences`` in."""
         lengths = [len(s) for s in sequences]
@@ -241,7 +246,7 @@ class CausalLMScorer:
             ValueError: a sequence with an empty prefix or target, or longer than the model's context (its
                 ``max_position_embeddings``): positions it was never trained on, scored without a word.
         """
-        context = getattr(self.model.config, "max_position_embeddings", None)
+        context = self.context_tokens
         for i, seq in enumerate(sequences):
             if not seq.prefix or not seq.target:
                 raise ValueError(f"sequence {i}: prefix and target must both be non-empty")

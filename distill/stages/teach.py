@@ -672,12 +672,12 @@ def _score_passages(
 
 def _check_context(teacher: Any, queries: list[str], cfg: TeachConfig) -> None:
     """Every query's sequences, with a passage of ``max_passage_tokens``, fit the teacher's context
-    (``max_position_embeddings``), before anything is scored.
+    (:attr:`~teachers.causal_lm.CausalLMScorer.context_tokens`), before anything is scored.
 
     Raises:
         InputError: the longest query's, naming it.
     """
-    context = getattr(teacher.scorer.model.config, "max_position_embeddings", None)
+    context = teacher.scorer.context_tokens
     if not context or not queries:
         return
     lengths = [len(ids) for ids in teacher.encode_queries(queries)]
