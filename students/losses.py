@@ -143,7 +143,8 @@ class TemperatureLoss(DistillationLoss):
 
 
 class ListwiseKL(TemperatureLoss):
-    """KL(softmax(targets / temperature) || softmax(scores)) over each query's candidates, averaged over queries.
+    """KL(softmax(targets / temperature) || softmax(scores)) over each query's candidates, averaged over the queries
+    present (a group index with no pair adds nothing).
 
     Args:
         temperature: divides the teacher scores; higher makes the teacher distribution flatter.
@@ -157,7 +158,7 @@ class ListwiseKL(TemperatureLoss):
         log_q = torch.log_softmax(student, dim=-1)
         log_p = torch.log_softmax(teacher, dim=-1)
         kl = torch.where(mask, log_p.exp() * (log_p - log_q), torch.zeros_like(log_p)).sum(-1)
-        return kl.mean()
+        return _masked_mean(kl, mask.any(-1))
 
 
 class ADRMSE(TemperatureLoss):

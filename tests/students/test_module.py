@@ -41,6 +41,9 @@ def test_listwise_kl_per_query_matches_the_definition() -> None:
     got = ListwiseKL(temperature=2.0)(scores, targets, groups)
     assert got.item() == pytest.approx(torch.stack(expected).mean().item(), rel=1e-6)
     assert ListwiseKL()(targets, targets, groups).item() == pytest.approx(0.0, abs=1e-7)
+    # A group index with no pair (sizes from the host say 3 queries; query 1 is absent) adds nothing to the mean.
+    gapped = torch.where(groups == 1, 2, groups)
+    assert ListwiseKL(temperature=2.0)(scores, targets, gapped, (3, 3)).item() == pytest.approx(got.item(), rel=1e-6)
 
 
 def test_ranknet_is_the_logistic_loss_of_the_teachers_ordered_pairs() -> None:
