@@ -69,7 +69,9 @@ def read_trec_run(path: str | Path, on_bad_input: str = "error", skipped: Counte
         scores = run[qid] = {}
         for line in sorted(lines, key=lambda line: line.lineno):
             if line.docid in scores:
-                bad(f"{path}:{line.lineno}", f"duplicate (qid, docid) = ({qid}, {line.docid})")
+                bad(
+                    f"{path}:{line.lineno}", f"duplicate (qid, docid) = ({qid}, {line.docid})", "duplicate (qid, docid)"
+                )
                 continue
             scores[line.docid] = line.score
         run[qid] = {docid: scores[docid] for docid in (line.docid for line in lines) if docid in scores}

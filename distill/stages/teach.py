@@ -39,6 +39,7 @@ from distill.core.output_files import hold_output
 from distill.core.path_checks import input_path, output_folder
 from distill.core.rank_agreement import check_ranks_agree
 from distill.core.schema import ExistingOutputError, InputError, PeerProcessFailed
+from distill.data.loaders import skip_summary
 from distill.data.loaders.irds import is_irds
 from distill.data.teacher_data import DATASET_INFO, TeacherDataset, TeacherMetadata
 from distill.model.resolver import DEFAULT_TEACHER, cache_home
@@ -263,7 +264,7 @@ class TeachReport:
         if self.reused:
             lines.append(f"reused {self.reused} pairs, scored {self.pairs - self.reused} new")
         if self.skipped:
-            lines.append(f"skipped bad input records: {self.skipped}")
+            lines.append(f"skipped {sum(self.skipped.values())} bad input record(s): {skip_summary(self.skipped)}")
         return "\n".join(lines)
 
 

@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 
 from distill.core.schema import Candidates, InputError
-from distill.data.loaders import OnBadInput, join_streams, open_candidates
+from distill.data.loaders import OnBadInput, join_streams, open_candidates, skip_summary
 
 _json_string = json.encoder.encode_basestring_ascii
 """A string as ``json.dumps`` writes it (ASCII, escaped, quoted)."""
@@ -216,7 +216,7 @@ def _write_pair_rows(
             flush(final=False)
         flush(final=True)
     if pairs == 0:
-        counted = f" ({sum(skipped.values())} bad record(s) skipped: {dict(skipped)})" if skipped else ""
+        counted = f" ({sum(skipped.values())} bad record(s) skipped: {skip_summary(skipped)})" if skipped else ""
         raise InputError(f"{source}: no candidates left to score{counted}")
     (folder / QUERIES_FILE).write_text(json.dumps(list(texts)))
     summary = InputSummary(pairs, queries, digest.hexdigest()[:16], dict(skipped), rows, first_stage.hexdigest()[:16])

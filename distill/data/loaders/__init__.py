@@ -33,7 +33,7 @@ from distill.core.schema import (
     same_query,
     warn_of_differing_texts,
 )
-from distill.data.loaders._common import BadInput, OnBadInput, json_entries
+from distill.data.loaders._common import BadInput, OnBadInput, json_entries, skip_summary
 from distill.data.loaders.beir import is_beir_dir, load_beir
 from distill.data.loaders.irds import DEFAULT_DEPTH, irds_qrels, is_irds, stream_irds
 from distill.data.loaders.multihop import is_multihop, stream_multihop
@@ -49,6 +49,7 @@ __all__ = [
     "load_qrels",
     "open_candidates",
     "read_qrels",
+    "skip_summary",
 ]
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -19,7 +19,8 @@ class BadInput:
     """Applies the ``on_bad_input`` policy: raise :class:`InputError`, or count a skip.
 
     ``where`` names the place (``file:line`` or ``file: entry [i]``), ``reason`` the
-    problem in a few words; skips are counted by reason.
+    problem in a few words, and ``kind`` the same without the record's own values (its ids, its text), where the
+    reason has them: skips are counted by kind, so that a thousand duplicates count as one reason.
     """
 
     SKIP_HINT = "--on_bad_input skip (on_bad_input: skip in YAML) skips and counts such records"
@@ -30,10 +31,21 @@ class BadInput:
         self.policy = policy
         self.skipped: Counter[str] = Counter()
 
-    def __call__(self, where: str, reason: str) -> None:
+    def __call__(self, where: str, reason: str, kind: str | None = None) -> None:
         if self.policy == "error":
             raise InputError(f"{where}: {reason} ({self.SKIP_HINT})")
-        self.skipped[reason] += 1
+        self.skipped[kind or reason] += 1
+
+
+def skip_summary(skipped: Mapping[str, int], shown: int = 8) -> str:
+    """``"N x reason; ..."`` of skipped records counted by kind, the most frequent first; past ``shown`` kinds, how
+    many more."""
+    ranked = sorted(skipped.items(), key=lambda item: -item[1])
+    parts = [f"{n} x {reason}" for reason, n in ranked[:shown]]
+    if len(ranked) > shown:
+        rest = sum(n for _, n in ranked[shown:])
+        parts.append(f"{rest} more, of {len(ranked) - shown} other kind(s)")
+    return "; ".join(parts)
 
 
 @dataclass(frozen=True)
@@ -45,6 +57,8 @@ class TextRecord:
     key: str | None
     text: str | None
     reason: str = ""
+    kind: str | None = None
+    """The reason without the record's own values, where it has them (:class:`BadInput`)."""
 
 
 def repair_mojibake(text: str) -> str:
@@ -194,26 +208,28 @@ def json_entries(path: Path) -> Iterator[tuple[str, Any]]:
 
 
 _ANY_SPACE = re.compile(r"\s")
+ID_RULE = "an id must be non-empty, without whitespace (a TREC run field)"
 
 
 def id_fault(id_name: str, id_value: str) -> str | None:
     """What is wrong with a ``qid`` or ``docid``, naming it; None where nothing is: an id must be non-empty and
     without whitespace (a TREC run's fields are whitespace-separated)."""
     if not id_value or _ANY_SPACE.search(id_value):
-        return f"{id_name} {id_value!r}: an id must be non-empty, without whitespace (a TREC run field)"
+        return f"{id_name} {id_value!r}: {ID_RULE}"
     return None
 
 
-def _pair_part_fault(id_name: str, id_value: str, text_name: str, text: str) -> str | None:
-    """What is wrong with one side of a pair (``docid`` and its ``passage``, or ``qid`` and its ``query``), in a
-    few words naming it; None where nothing is. An id must be non-empty and without whitespace (a TREC run's fields
-    are whitespace-separated); a text non-empty, and one a tokenizer takes (:func:`text_fault`)."""
+def _pair_part_fault(id_name: str, id_value: str, text_name: str, text: str) -> tuple[str, str] | None:
+    """What is wrong with one side of a pair (``docid`` and its ``passage``, or ``qid`` and its ``query``): the
+    reason in a few words naming it, and its kind (:class:`BadInput`); None where nothing is. An id must be
+    non-empty and without whitespace (a TREC run's fields are whitespace-separated); a text non-empty, and one a
+    tokenizer takes (:func:`text_fault`)."""
     if (fault := id_fault(id_name, id_value)) is not None:
-        return fault
+        return fault, f"{id_name}: {ID_RULE}"
     if not text:
-        return f"empty {text_name} text for {id_name} {id_value}"
+        return f"empty {text_name} text for {id_name} {id_value}", f"empty {text_name} text"
     if (fault := text_fault(text)) is not None:
-        return f"{text_name} of {id_name} {id_value}: {fault}"
+        return f"{text_name} of {id_name} {id_value}: {fault}", f"{text_name} text a tokenizer cannot take"
     return None
 
 
@@ -232,18 +248,18 @@ class CandidatesBuilder:
 
     def add(self, where: str, qid: str, query: str, docid: str, passage: str, score: float) -> None:
         if (fault := _pair_part_fault("docid", docid, "passage", passage)) is not None:
-            self.bad(where, fault)
+            self.bad(where, *fault)
             return
         cands = self._by_qid.get(qid)
         if cands is None:  # the query's id and text are checked once, with its first pair
             if (fault := _pair_part_fault("qid", qid, "query", query)) is not None:
-                self.bad(where, fault)
+                self.bad(where, *fault)
                 return
         elif cands.query.text != query:
-            self.bad(where, f"qid {qid} has two different query texts")
+            self.bad(where, f"qid {qid} has two different query texts", "a qid with two different query texts")
             return
         if (qid, docid) in self._seen:
-            self.bad(where, f"duplicate (qid, docid) = ({qid}, {docid})")
+            self.bad(where, f"duplicate (qid, docid) = ({qid}, {docid})", "duplicate (qid, docid)")
             return
         self._seen.add((qid, docid))
         if cands is None:

@@ -9,7 +9,8 @@ size, modification time and a sample of its bytes, its layout and whether mojiba
 - ``hashes.npy``: the XXH3-64 of every record's docid, sorted (then by line), for the binary search;
 - ``table.npy``: a row per record, in the same order: where its docid and text are (byte offset and length of
   each), its line and its state (kept, or bad where its docid is needed);
-- ``index.json``: the record count, the reasons of the bad records, the lines that are bad wherever they are (a TSV
+- ``index.json``: the record count, the reasons of the bad records (each with its kind, as :class:`BadInput` counts
+  it), the lines that are bad wherever they are (a TSV
   line without a tab, a JSONL record without an id: replayed into the bad-input policy each time the index is
   opened) and the XXH3-128 checksum of each file (:mod:`distill.core.checksums`).
 
@@ -39,7 +40,7 @@ from distill.model.resolver import cache_home
 
 log = logging.getLogger(__name__)
 
-VERSION = 3
+VERSION = 4
 """The layout of an index folder; a new layout builds anew."""
 FILES = ("texts.bin", "ids.bin", "table.npy", "hashes.npy")
 """The index's data files, each checked against its checksum when opened."""
@@ -101,8 +102,8 @@ class CorpusIndex:
         self.folder, self.source = folder, source
         meta = json.loads((folder / "index.json").read_text())
         self.records: int = meta["records"]
-        self.always_bad: list[tuple[int, str]] = [tuple(x) for x in meta["always_bad"]]
-        self.reasons: dict[int, str] = {int(k): v for k, v in meta["reasons"].items()}
+        self.always_bad: list[tuple[int, str, str | None]] = [tuple(x) for x in meta["always_bad"]]
+        self.reasons: dict[int, tuple[str, str | None]] = {int(k): tuple(v) for k, v in meta["reasons"].items()}
         self.table = np.load(folder / "table.npy", mmap_mode="r")
         self._hashes = np.load(folder / "hashes.npy", mmap_mode="r")
         self._ids = os.open(folder / "ids.bin", os.O_RDONLY)
@@ -122,8 +123,8 @@ class CorpusIndex:
 
     def replay_bad(self, bad: BadInput) -> None:
         """Report the lines that are bad wherever they are to ``bad`` (raising at the first under ``error``)."""
-        for line, reason in self.always_bad:
-            bad(f"{self.source}:{line}", reason)
+        for line, reason, kind in self.always_bad:
+            bad(f"{self.source}:{line}", reason, kind)
 
     def rows(self, docid: str) -> list[np.void]:
         """The table rows of ``docid``, in line order."""
@@ -148,15 +149,15 @@ class CorpusIndex:
         for row in self.rows(docid):
             where = f"{self.source}:{int(row['line'])}"
             if row["state"] == BAD:
-                problems.append((where, self.reasons[int(row["line"])]))
+                problems.append((where, *self.reasons[int(row["line"])]))
             elif text is None:
                 text = self.text(row)
             elif self.text(row) != text:
-                problems.append((where, f"docid {docid} appears twice with different texts"))
+                problems.append((where, f"docid {docid} appears twice with different texts", "a docid with two texts"))
         if problems and docid not in self._reported:
             self._reported.add(docid)
-            for where, reason in problems:
-                bad(where, reason)
+            for where, reason, kind in problems:
+                bad(where, reason, kind)
         return text
 
     def get_many(self, docids: list[str], bad: BadInput) -> list[str | None]:
@@ -228,12 +229,12 @@ def build_index(records: Iterator[TextRecord], folder: Path) -> None:
 def _build(records: Iterator[TextRecord], tmp: Path) -> None:
     hashes, lines = array("Q"), array("q")
     id_lens, text_lens, states = array("i"), array("i"), array("b")
-    always_bad: list[tuple[int, str]] = []
-    reasons: dict[int, str] = {}
+    always_bad: list[tuple[int, str, str | None]] = []
+    reasons: dict[int, tuple[str, str | None]] = {}
     with open(tmp / "ids.bin", "wb") as ids, open(tmp / "texts.bin", "wb") as texts:
         for record in records:
             if record.key is None:
-                always_bad.append((record.line, record.reason))
+                always_bad.append((record.line, record.reason, record.kind))
                 continue
             key = record.key.encode()
             ids.write(key)
@@ -241,7 +242,7 @@ def _build(records: Iterator[TextRecord], tmp: Path) -> None:
             lines.append(record.line)
             id_lens.append(len(key))
             if record.text is None:
-                reasons[record.line] = record.reason
+                reasons[record.line] = (record.reason, record.kind)
                 states.append(BAD)
                 text_lens.append(0)
             else:

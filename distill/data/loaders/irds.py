@@ -150,9 +150,9 @@ def _read(spec: str, dataset: Any, depth: int, bad: BadInput, repair: bool) -> I
         for docid, score in hits:
             where = f"{spec}: scoreddoc (qid {qid}, docid {docid})"
             if qid not in queries:
-                bad(where, f"qid {qid} not in the dataset's queries")
+                bad(where, f"qid {qid} not in the dataset's queries", "qid not in the dataset's queries")
             elif docid not in passages:
-                bad(where, f"docid {docid} not in the dataset's docs")
+                bad(where, f"docid {docid} not in the dataset's docs", "docid not in the dataset's docs")
             else:
                 builder.add(where, qid, queries[qid], docid, passages[docid], score)
         yield from builder.build()

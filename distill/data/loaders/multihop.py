@@ -88,9 +88,9 @@ def stream_multihop(path: Path, bad: BadInput, repair: bool, qrels: Qrels) -> It
                 paragraphs = _hotpot_paragraphs(_field(entry, ("context",), where, bad), entry, qid, where, bad)
             query = clean_text(question, repair)
             if not query:
-                _skip(bad, where, f"empty question text for id {qid}")
+                _skip(bad, where, f"empty question text for id {qid}", "empty question text")
             if qid in seen:
-                _skip(bad, where, f"qid {qid} already had its candidates at {seen[qid]}")
+                _skip(bad, where, f"qid {qid} already had its candidates at {seen[qid]}", "a qid in two entries")
         except _Skip:
             continue
         seen[qid] = where
@@ -110,9 +110,10 @@ def _passage_text(title: str, body: str, repair: bool) -> str:
     return f"{title}. {body}" if title and body else body
 
 
-def _skip(bad: BadInput, where: str, reason: str) -> NoReturn:
-    """Report ``reason`` to ``bad`` (which raises under "error") and leave the question out."""
-    bad(where, reason)
+def _skip(bad: BadInput, where: str, reason: str, kind: str | None = None) -> NoReturn:
+    """Report ``reason`` (of ``kind``: :class:`BadInput`) to ``bad`` (which raises under "error") and leave the
+    question out."""
+    bad(where, reason, kind)
     raise _Skip
 
 
@@ -164,7 +165,12 @@ def _hotpot_paragraphs(context: Any, entry: dict[str, Any], qid: str, where: str
     if support is not None:
         missing = support - {title for _, title, _ in pairs}
         if missing:
-            _skip(bad, f"{where} supporting_facts", f"supporting title {sorted(missing)[0]!r} is not in the context")
+            _skip(
+                bad,
+                f"{where} supporting_facts",
+                f"supporting title {sorted(missing)[0]!r} is not in the context",
+                "a supporting title not in the context",
+            )
     # HotpotQA's sentences carry their leading whitespace; 2WikiMultihopQA's do not.
     sep = "" if any(s[:1].isspace() for _, _, sents in pairs for s in sents[1:]) else " "
     return [

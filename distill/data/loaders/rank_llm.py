@@ -39,7 +39,7 @@ def stream_rank_llm(path: Path, bad: BadInput, repair: bool) -> Iterator[Candida
         for candidates in builder.build():
             qid = candidates.query.qid
             if qid in seen:
-                bad(where, f"qid {qid} already had its candidates at {seen[qid]}")
+                bad(where, f"qid {qid} already had its candidates at {seen[qid]}", "a qid in two entries")
                 continue
             seen[qid] = where
             yield candidates
@@ -79,7 +79,11 @@ def _add_entry(builder: CandidatesBuilder, entry: object, where: str, bad: BadIn
         qid, docid = fields
         if id_fault("qid", str(qid)) is None:  # a bad id is the builder's to name
             if entry_qid is not None and str(qid) != entry_qid:
-                bad(hit_where, f"qid {qid}, but this entry's hits are of qid {entry_qid}: an entry holds one query")
+                bad(
+                    hit_where,
+                    f"qid {qid}, but this entry's hits are of qid {entry_qid}: an entry holds one query",
+                    "a hit of another qid than its entry's",
+                )
                 continue
             entry_qid = str(qid)
         text = clean_text(content, repair)
@@ -98,7 +102,7 @@ def _first_stage_score(hit: dict[str, Any], j: int, where: str, bad: BadInput) -
         except ValueError:
             number = None
         if number is None or not math.isfinite(number):
-            bad(where, f"{key} {value!r} is not a finite number")
+            bad(where, f"{key} {value!r} is not a finite number", f"a {key} that is not a finite number")
             return None
         return sign * number
     return -float(j + 1)

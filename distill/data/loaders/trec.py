@@ -43,6 +43,8 @@ class TextFields:
         return f"{self.kind}<TAB>text' or '{self.kind}<TAB>title<TAB>text" if self.titled else f"{self.kind}<TAB>text"
 
 
+RUN_LAYOUT = "expected 6 fields 'qid Q0 docid rank score tag'"
+"""A run line's layout, as bad input names it."""
 QUERY_FIELDS = TextFields("qid", ("_id", "qid", "id"), ("text", "query"), titled=False)
 DOC_FIELDS = TextFields("docid", ("_id", "docid", "id"), ("text", "contents"), titled=True)
 
@@ -115,21 +117,21 @@ def parse_run_line(line: str, lineno: int, path: Path, bad: BadInput) -> RunLine
     where = f"{path}:{lineno}"
     parts = line.split()
     if len(parts) != 6:
-        bad(where, f"expected 6 fields 'qid Q0 docid rank score tag', got {len(parts)}")
+        bad(where, f"{RUN_LAYOUT}, got {len(parts)}", RUN_LAYOUT)
         return None
     qid, _, docid, rank, score, _ = parts
     try:
         score_value = float(score)
     except ValueError:
-        bad(where, f"score {score!r} is not a number")
+        bad(where, f"score {score!r} is not a number", "a score that is not a number")
         return None
     if not math.isfinite(score_value):
-        bad(where, f"score {score!r} is not a finite number")
+        bad(where, f"score {score!r} is not a finite number", "a score that is not a finite number")
         return None
     try:
         rank_value = int(rank)
     except ValueError:
-        bad(where, f"rank {rank!r} is not an integer")
+        bad(where, f"rank {rank!r} is not an integer", "a rank that is not an integer")
         return None
     return RunLine(qid, docid, rank_value, score_value, lineno)
 
@@ -195,7 +197,9 @@ def text_records(path: Path, fields: TextFields, repair: bool) -> Iterator[TextR
     for record in _text_records(path, fields, repair):
         if record.text is not None and not record.text.strip():
             what = "query" if fields.kind == "qid" else "passage"
-            record = TextRecord(record.line, record.key, None, f"empty {what} text for {fields.kind} {record.key}")
+            record = TextRecord(
+                record.line, record.key, None, f"empty {what} text for {fields.kind} {record.key}", f"empty {what} text"
+            )
         yield record
 
 
@@ -217,15 +221,15 @@ def _text_records(path: Path, fields: TextFields, repair: bool) -> Iterator[Text
         return
     for lineno, line in iter_lines(path):
         parts = line.split("\t") if fields.titled else line.split("\t", 1)
-        reason = f"expected '{fields.layout}', got {len(parts)} tab-separated fields"
+        reason, kind = f"expected '{fields.layout}', got {len(parts)} tab-separated fields", f"not '{fields.layout}'"
         if len(parts) == 1:
-            yield TextRecord(lineno, None, None, reason)
+            yield TextRecord(lineno, None, None, reason, kind)
         elif len(parts) == 2:
             yield TextRecord(lineno, parts[0].strip(), clean_text(parts[1], repair))
         elif len(parts) == 3:
             yield TextRecord(lineno, parts[0].strip(), passage_text(parts[1], parts[2], repair))
         else:
-            yield TextRecord(lineno, parts[0].strip(), None, reason)
+            yield TextRecord(lineno, parts[0].strip(), None, reason, kind)
 
 
 def _first_field(record: Any, keys: tuple[str, ...]) -> tuple[Any | None, str]:
@@ -249,17 +253,21 @@ def read_texts(
     for record in text_records(path, fields, repair):
         where = f"{path}:{record.line}"
         if record.key is None:
-            bad(where, record.reason)
+            bad(where, record.reason, record.kind)
         elif needed is not None and record.key not in needed:
             continue
         elif record.text is None:
-            bad(where, record.reason)
+            bad(where, record.reason, record.kind)
         elif record.key not in texts:
             texts[record.key] = record.text
             if needed is not None and len(texts) == len(needed) and not whole:
                 break
         elif texts[record.key] != record.text:
-            bad(where, f"{fields.kind} {record.key} appears twice with different texts")
+            bad(
+                where,
+                f"{fields.kind} {record.key} appears twice with different texts",
+                f"a {fields.kind} with two texts",
+            )
     return texts
 
 
@@ -302,9 +310,9 @@ def run_candidates(
             for r, text in zip(query_lines, texts, strict=True):
                 where = f"{source}:{r.lineno}"
                 if not found:
-                    bad(where, f"qid {qid} not found in {queries_path}")
+                    bad(where, f"qid {qid} not found in {queries_path}", f"qid not found in {queries_path}")
                 elif text is None:
-                    bad(where, f"docid {r.docid} not found in {corpus_path}")
+                    bad(where, f"docid {r.docid} not found in {corpus_path}", f"docid not found in {corpus_path}")
                 else:
                     builder.add(where, qid, queries[qid], r.docid, text, r.score)
             yield from builder.build()

@@ -385,8 +385,8 @@ def test_bad_records_can_be_skipped_and_counted(tiny_llama: Path, dl19_sample: l
         run_teach(config(tiny_llama, path, tmp_path))
     report = teach(config(tiny_llama, path, tmp_path, on_bad_input="skip"))
     assert datasets.load_from_disk(str(report.output)).num_rows == 35
-    assert sum(report.skipped.values()) == 2 and any("duplicate" in reason for reason in report.skipped)
-    assert "skipped bad input records" in report.format()
+    assert report.skipped == {"empty passage text": 1, "duplicate (qid, docid)": 1}
+    assert "skipped 2 bad input record(s): 1 x empty passage text; 1 x duplicate (qid, docid)" in report.format()
 
 
 def test_unknown_teacher_lists_what_was_tried(sample_file: Path, tmp_path: Path, capsys) -> None:
@@ -770,5 +770,7 @@ def test_an_input_whose_every_record_is_skipped_says_what_was_skipped(
     entry = {**dl19_sample[0], "hits": [{**h, "content": "  "} for h in dl19_sample[0]["hits"][:3]]}
     path = tmp_path / "empty-passages.json"
     path.write_text(json.dumps([entry]))
-    with pytest.raises(InputError, match=r"no candidates left to score \(3 bad record\(s\) skipped: \{'empty passage"):
+    with pytest.raises(
+        InputError, match=r"no candidates left to score \(3 bad record\(s\) skipped: 3 x empty passage text\)"
+    ):
         teach(config(tiny_llama, path, tmp_path, on_bad_input="skip"))  # no count came with it
