@@ -1,14 +1,15 @@
 """Ranking metrics with ir-measures (trec_eval convention: unjudged documents count as irrelevant).
 
 Values are ×100, but counts (``NumRet``, ``NumRel``, ``NumQ``). Means are over the queries that are both in the run
-and judged (trec_eval without ``-c``). Every metric ranks a run as trec_eval does, whichever ir-measures provider
-computes it: by score in single precision (trec_eval's C ``float``), descending, and equal scores by docid,
-descending (byte order).
+and judged (trec_eval without ``-c``); counts are summed over them, as trec_eval's ``all`` row sums them. Every
+metric ranks a run as trec_eval does, whichever ir-measures provider computes it: by score in single precision
+(trec_eval's C ``float``), descending, and equal scores by docid, descending (byte order).
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 
 import ir_measures
@@ -26,7 +27,8 @@ MULTIHOP_METRICS = ("R@3", "R@4", "R@6", "P@3", "P@4", "P@6")
 PerQuery = dict[str, dict[str, float]]
 """metric -> qid -> value × 100 (a count as it is)."""
 COUNTS = ("NumRet", "NumRel", "NumQ")
-"""Measures that count (retrieved, relevant documents or queries), reported as they are, not ×100."""
+"""Measures that count (retrieved, relevant documents or queries), reported as they are, not ×100, and summed over
+the queries, not averaged."""
 
 
 def default_rel_level(qrels: Qrels) -> int:
@@ -40,10 +42,11 @@ def parse_metrics(names: Sequence[str], rel_level: int = 1) -> dict[str, ir_meas
     """ir-measures names -> measures, keyed by their canonical names.
 
     A measure whose relevance level defaults to a grade (``RR``, ``R``, ``P``, ``AP``, ...) and that does not name
-    one gets ``rel=rel_level``; its key then says so (``RR@10`` with ``rel_level=2`` is ``RR(rel=2)@10``). Graded
-    measures (nDCG), and those for which no level means every document (``NumRet``), are left as they are. An
-    unknown name, a parameter the measure does not take, or a cutoff that is not a whole number of at least 1 raises
-    :class:`ValueError` naming it.
+    one gets ``rel=rel_level``, where an installed provider computes it at that level; its key then says so
+    (``RR@10`` with ``rel_level=2`` is ``RR(rel=2)@10``). Graded measures (nDCG), and those for which no level means
+    every document (``NumRet``), are left as they are. An unknown name, a parameter the measure does not take, a
+    cutoff that is not a whole number of at least 1, or a measure no installed ir-measures provider computes raises
+    :class:`ValueError` naming it, before any run is read.
     """
     measures: dict[str, ir_measures.Measure] = {}
     for name in names:
@@ -64,9 +67,29 @@ def parse_metrics(names: Sequence[str], rel_level: int = 1) -> dict[str, ir_meas
             raise ValueError(f"metric {name!r}: the cutoff after @ must be a whole number of at least 1")
         rel = measure.SUPPORTED_PARAMS.get("rel")
         if rel is not None and isinstance(rel.default, int) and "rel" not in measure.params:
-            measure = measure(rel=rel_level)
+            leveled = measure(rel=rel_level)
+            if _computed(leveled, name) or not _computed(measure, name):  # NumRel is computed at its own level only
+                measure = leveled
+        if not _computed(measure, name):
+            raise ValueError(
+                f"metric {name!r}: no installed ir-measures provider computes {measure}; expected names such as "
+                "nDCG@10, RR(rel=2)@10, R@100, P@5"
+            )
         measures[str(measure)] = measure
     return measures
+
+
+def _computed(measure: ir_measures.Measure, name: str) -> bool:
+    """Whether an installed ir-measures provider computes ``measure`` (given as ``name``).
+
+    Raises:
+        ValueError: a parameter it needs is missing or invalid (``SDCG`` without ``max_rel``), naming the metric.
+    """
+    try:
+        return bool(ir_measures.DefaultPipeline.supports(measure))
+    except AssertionError as e:  # ir-measures checks a measure's parameters with assert
+        problem = re.sub(r"invalid param (\w+)=<object object at \w+>", r"it needs \1", str(e))  # no value given
+        raise ValueError(f"metric {name!r}: {problem}") from None
 
 
 def evaluate_per_query(
@@ -111,8 +134,11 @@ def trec_eval_order(docs: dict[str, float]) -> dict[str, float]:
 
 
 def means(per_query: PerQuery) -> dict[str, float]:
-    """metric -> mean over its queries."""
-    return {name: sum(values.values()) / len(values) for name, values in per_query.items()}
+    """metric -> mean over its queries (a count of :data:`COUNTS`: the sum)."""
+    return {
+        name: sum(values.values()) / (1 if ir_measures.parse_measure(name).NAME in COUNTS else len(values))
+        for name, values in per_query.items()
+    }
 
 
 def evaluate(run: Run, qrels: Qrels, metrics: Sequence[str] = DEFAULT_METRICS, rel_level: int = 1) -> dict[str, float]:

@@ -25,7 +25,9 @@ class EvalReport:
     metrics: list[str]
     """Canonical ir-measures names, e.g. ``RR(rel=2)@10``."""
     binary_metrics: list[str]
-    """Those of ``metrics`` that count grades >= ``rel_level`` as relevant."""
+    """Those of ``metrics`` that count grades >= ``rel_level`` as relevant (not those naming another level)."""
+    graded_metrics: list[str]
+    """Those of ``metrics`` that take no relevance level (they use the grades, or count every document)."""
     rel_level: int
     test: Test
     per_query: dict[str, PerQuery]
@@ -65,8 +67,9 @@ def evaluate_runs(runs: dict[str, Run], qrels: Qrels, metrics: Sequence[str], re
         name: {m: compare(baseline[m], values[m], test) for m in measures}
         for name, values in list(per_query.items())[1:]
     }
-    binary = [name for name, measure in measures.items() if "rel" in measure.params]
-    return EvalReport(list(measures), binary, rel_level, test, per_query, comparisons)
+    binary = [name for name, measure in measures.items() if measure.params.get("rel") == rel_level]
+    graded = [name for name, measure in measures.items() if "rel" not in measure.params]
+    return EvalReport(list(measures), binary, graded, rel_level, test, per_query, comparisons)
 
 
 def format_table(report: EvalReport) -> str:
@@ -75,7 +78,7 @@ def format_table(report: EvalReport) -> str:
     cols = {m: max(8, len(m)) for m in report.metrics}
     lines = []
     if report.binary_metrics:
-        graded = " (graded metrics use the grades)" if len(report.binary_metrics) < len(report.metrics) else ""
+        graded = " (graded metrics use the grades)" if report.graded_metrics else ""
         lines.append(
             f"relevance level {report.rel_level}: grade >= {report.rel_level} is relevant for "
             f"{', '.join(report.binary_metrics)}{graded}"
@@ -120,7 +123,8 @@ def format_per_query(report: EvalReport) -> str:
 
 def to_json(report: EvalReport) -> dict[str, Any]:
     """The report as JSON-ready data: ``metrics``, ``rel_level``, ``results`` (means), ``queries``,
-    ``significance`` (for two or more runs) and ``per_query``; a p-value that is NaN becomes ``null``."""
+    ``significance`` (for two or more runs) and ``per_query``; a difference or p-value that is NaN (no shared query)
+    becomes ``null``."""
     record: dict[str, Any] = {
         "metrics": report.metrics,
         "rel_level": report.rel_level,
@@ -136,7 +140,7 @@ def to_json(report: EvalReport) -> dict[str, Any]:
             "results": {
                 run: {
                     m: {
-                        "difference": c.difference,
+                        "difference": None if math.isnan(c.difference) else c.difference,
                         "p_value": None if math.isnan(c.p_value) else c.p_value,
                         "significant": c.significant,
                         "queries": c.queries,
@@ -155,6 +159,8 @@ _NONE = Comparison(0.0, 1.0, 0)
 
 
 def _difference(c: Comparison) -> str:
+    if c.queries == 0:
+        return "n/a: no shared query "
     p = "p=n/a" if math.isnan(c.p_value) else "p<0.001" if c.p_value < 0.001 else f"p={c.p_value:.3f}"
     return f"{c.difference:+.2f} {p}{'*' if c.significant else ' '}"
 

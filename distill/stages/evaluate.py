@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from distill.core.output_files import write_whole
 from distill.core.schema import InputError, Qrels
-from distill.data.loaders._common import OnBadInput
+from distill.data.loaders import OnBadInput, skip_summary
 from distill.eval.report import EvalReport, evaluate_runs, to_json
 from distill.eval.trec_runs import Run
 
@@ -132,8 +132,7 @@ class EvalResult:
 
         parts = [format_table(self.report)]
         if self.skipped:
-            reasons = "; ".join(f"{n} x {reason}" for reason, n in self.skipped.items())
-            parts.insert(0, f"skipped {sum(self.skipped.values())} bad input line(s): {reasons}")
+            parts.insert(0, f"skipped {sum(self.skipped.values())} bad input line(s): {skip_summary(self.skipped)}")
         if self.fidelity is not None:
             parts.append(self.fidelity.format())
         if self.per_query:
@@ -172,7 +171,11 @@ def evaluate(cfg: EvalConfig, command: str | None = None) -> EvalResult:
             raise InputError(f"{cfg.input}: a BEIR folder has no ranking of its own: give the runs to evaluate (--run)")
     else:
         qrels = read_qrels(cfg.qrels)
+        if not qrels:
+            raise InputError(f"{cfg.qrels}: no relevance judgements")
     multihop = cfg.multihop or bool(cfg.input and is_multihop_file(Path(cfg.input)))
+    if cfg.metrics is not None and not any(name.strip() for name in cfg.metrics):
+        raise InputError("eval: metrics: no metric named (leave the option out for the default metrics)")
     metrics = cfg.metrics or list(MULTIHOP_METRICS if multihop else DEFAULT_METRICS)
     rel_level = default_rel_level(qrels) if cfg.rel_level is None else cfg.rel_level
     top = max((grade for judged in qrels.values() for grade in judged.values()), default=0)
@@ -207,6 +210,8 @@ def evaluate(cfg: EvalConfig, command: str | None = None) -> EvalResult:
     fidelity = teacher_fidelity(runs, qrels, cfg.teacher, cfg.label) if cfg.teacher else None
     if cfg.json:
         record = {"command": command, "qrels": cfg.qrels, "input": cfg.input, **to_json(report)}
+        if skipped:
+            record["skipped"] = dict(skipped)
         if fidelity is not None:
             record["fidelity"] = fidelity.to_json()
         write_whole(Path(cfg.json), json.dumps(record, indent=2) + "\n")

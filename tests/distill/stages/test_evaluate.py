@@ -125,6 +125,75 @@ def test_a_measure_is_refused_where_its_parameters_are_not_its_own(name: str, me
         parse_metrics(["nDCG@10", name])
 
 
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("RBP", "metric 'RBP': no installed ir-measures provider computes RBP"),
+        ("alpha_nDCG@10", "metric 'alpha_nDCG@10': no installed ir-measures provider computes alpha_nDCG(rel=2)@10"),
+        ("SDCG@10", "metric 'SDCG@10': it needs max_rel"),  # an AssertionError traceback before
+    ],
+)
+def test_a_measure_no_provider_computes_is_refused_before_any_run(name: str, message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        parse_metrics(["nDCG@10", name], rel_level=2)
+
+
+def test_counts_are_summed_over_the_queries_and_num_rel_keeps_its_own_level(tmp_path, capsys) -> None:
+    # NumRel(rel=2), which the relevance level made of NumRel, was computed by no provider (exit 2, naming the run)
+    assert list(parse_metrics(["NumRel", "NumRet", "NumQ", "RR@10"], rel_level=2)) == [
+        "NumRel",
+        "NumRet",
+        "NumQ",
+        "RR(rel=2)@10",
+    ]
+    bm25 = str(TEACHER / "runs" / "first_stage.trec")
+    out = tmp_path / "counts.json"
+    args = ["eval", "--qrels", str(DL19_QRELS), "--run", bm25, "--metrics", "NumRet,NumQ,NumRel,RR(rel=3)@10,R@100"]
+    assert main([*args, "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    qrels = list(ir_measures.read_trec_qrels(str(DL19_QRELS)))
+    counts = [ir_measures.NumRet, ir_measures.NumQ, ir_measures.NumRel]
+    expected = ir_measures.calc_aggregate(counts, qrels, list(ir_measures.read_trec_run(bm25)))  # sums, as trec_eval
+    means = json.loads(out.read_text())["results"]["dl19-bm25-smollm2/first_stage"]
+    assert [means[m] for m in ("NumRet", "NumQ", "NumRel")] == [expected[m] for m in counts]
+    assert expected[ir_measures.NumRet] == 4300
+    # the level line names the metrics at that level, not one that names its own
+    assert "relevance level 2: grade >= 2 is relevant for R(rel=2)@100 (graded metrics use the grades)" in printed
+
+
+def test_runs_sharing_no_query_have_no_difference_and_write_strict_json(tmp_path, capsys) -> None:
+    one, other = tmp_path / "one.trec", tmp_path / "other.trec"
+    write_trec_run(one, {"1037798": {"d1": 1.0}}, tag="x")
+    write_trec_run(other, {"19335": {"d1": 1.0}}, tag="x")
+    out = tmp_path / "eval.json"
+    assert main(["eval", "--qrels", str(DL19_QRELS), "--run", str(one), str(other), "--json", str(out)]) == 0
+    assert "n/a: no shared query" in capsys.readouterr().out
+    record = json.loads(out.read_text(), parse_constant=lambda c: pytest.fail(f"{c} is not JSON"))
+    assert record["significance"]["results"][str(other)]["nDCG@10"]["difference"] is None
+
+
+def test_skipped_lines_are_counted_by_kind_and_recorded(tmp_path, capsys) -> None:
+    bm25 = TEACHER / "runs" / "first_stage.trec"
+    twice = tmp_path / "twice.trec"
+    twice.write_text(bm25.read_text() + bm25.read_text() + "1037798 Q0 dx 1 not-a-score x\n")
+    out = tmp_path / "eval.json"
+    args = ["eval", "--qrels", str(DL19_QRELS), "--run", str(twice), "--on_bad_input", "skip", "--json", str(out)]
+    assert main(args) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first == "skipped 4301 bad input line(s): 4300 x duplicate (qid, docid); 1 x a score that is not a number"
+    assert json.loads(out.read_text())["skipped"] == {"duplicate (qid, docid)": 4300, "a score that is not a number": 1}
+
+
+def test_empty_qrels_and_no_metric_are_named(tmp_path, capsys) -> None:
+    bm25 = str(TEACHER / "runs" / "first_stage.trec")
+    empty = tmp_path / "qrels.txt"
+    empty.write_text("")
+    assert main(["eval", "--qrels", str(empty), "--run", bm25]) == 2
+    assert f"{empty}: no relevance judgements" in capsys.readouterr().err
+    assert main(["eval", "--qrels", str(DL19_QRELS), "--run", bm25, "--metrics", ""]) == 2
+    assert "error: metrics: no metric named" in capsys.readouterr().err
+
+
 def test_significance_identical_reversed_and_by_hand() -> None:
     data = load_candidates(DL19, qrels=DL19_QRELS)
     bm25 = evaluate_per_query(data.first_stage_run(), data.qrels, ["nDCG@10"])["nDCG@10"]
