@@ -60,9 +60,14 @@ def _writable_parent(path: Path, command: str, key: str) -> None:
 
 
 def is_inside(path: str | Path, folder: str | Path) -> bool:
-    """Whether ``path`` is ``folder`` or lies under it (through links and ``..``)."""
-    path, folder = Path(path).resolve(), Path(folder).resolve()
-    return path.is_relative_to(folder) or same_path(path, folder)
+    """Whether ``path`` is ``folder`` or lies under it (through links and ``..``): where it leads, or, for a link,
+    where the link itself is (a hub snapshot's files are links into its ``blobs/``: writing to one changes the
+    snapshot)."""
+    path, folder = Path(path), Path(folder).resolve()
+    places = [path.resolve()]
+    if path.is_symlink():
+        places.append(path.absolute().parent.resolve() / path.name)
+    return any(place.is_relative_to(folder) for place in places) or same_path(path, folder)
 
 
 def _not_an_input(

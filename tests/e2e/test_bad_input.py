@@ -58,6 +58,17 @@ def test_an_output_is_no_input_and_can_be_written(tmp_path: Path) -> None:
     with pytest.raises(InputError, match=r"holds an input \(checkpoint"):
         output_folder(tmp_path, "export", "output", [("checkpoint", tmp_path / "hf")], replaced=True)
     output_folder(tmp_path, "bench", "output", [("student", tmp_path / "hf")])  # written into, not replaced
+    # A hub snapshot's files are links into blobs/, outside the snapshot: writing to one changed the cached model
+    blob, snapshot = tmp_path / "hub" / "blobs" / "72d2", tmp_path / "hub" / "snapshots" / "0123"
+    blob.parent.mkdir(parents=True)
+    blob.write_text("# model card")
+    snapshot.mkdir(parents=True)
+    (snapshot / "README.md").symlink_to(Path("..") / ".." / "blobs" / "72d2")
+    with pytest.raises(InputError, match=r"is inside an input folder \(model: "):
+        output_file(snapshot / "README.md", "rerank", "output", [("model", snapshot)])
+    assert (
+        output_file(tmp_path / "link.json", "rerank", "output", [("model", tmp_path / "hub")]) == tmp_path / "link.json"
+    )
     with pytest.raises(InputError, match=r"is a file, not a folder"):
         output_folder(data, "export", "output")
     if Path("/proc/self").is_dir():  # takes no new file, even for root
