@@ -51,12 +51,18 @@ def _writable_parent(path: Path, command: str, key: str) -> None:
     if not existing.is_dir():
         what = "a broken link" if existing.is_symlink() and not existing.exists() else "a file"
         raise InputError(f"{_named(command, key, path)}: {existing} is {what}, not a folder")
+    _takes_a_file(existing, command, key, path)
+
+
+def _takes_a_file(folder: Path, command: str, key: str, path: Path) -> None:
+    """A file can be made in ``folder`` (tried: permissions, a read-only or immutable file system, which a root
+    user's ``os.access`` does not see)."""
     try:
-        fd, probe = tempfile.mkstemp(dir=existing, prefix=".distill-probe-")
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=".distill-probe-")
         os.close(fd)
         os.unlink(probe)
     except OSError as e:
-        raise InputError(f"{_named(command, key, path)}: cannot write in {existing}: {e.strerror}") from None
+        raise InputError(f"{_named(command, key, path)}: cannot write in {folder}: {e.strerror}") from None
 
 
 def is_inside(path: str | Path, folder: str | Path) -> bool:
@@ -133,8 +139,7 @@ def output_folder(
         raise InputError(f"{_named(command, key, path)}: is a file, not a folder")
     _not_an_input(path, command, key, inputs, replaced)
     if path.is_dir():
-        if not os.access(path, os.W_OK | os.X_OK):
-            raise InputError(f"{_named(command, key, path)}: not writable (permission denied)")
+        _takes_a_file(path, command, key, path)
     else:
         _writable_parent(path, command, key)
     return path

@@ -290,13 +290,14 @@ def migration(folder: str | Path) -> Callable[[], None] | None:
 
     Raises:
         MissingFileError: ``folder`` is not a teacher dataset of either format.
-        InputError: a legacy description that lacks a field ``teacher.json`` needs, or holds one of another type.
+        InputError: a legacy description or a ``teacher.json`` that lacks a field ``teacher.json`` needs, or holds
+            one of another type.
     """
     folder = Path(folder)
     if (folder / METADATA_FILE).is_file():
+        metadata = TeacherMetadata.read(folder)  # checked as loading checks it; a string input read as a list
         if not isinstance(read_json_object(folder / METADATA_FILE).get("input"), str):
             return None
-        metadata = TeacherMetadata.read(folder)  # read takes a string input as a list
         return partial(metadata.write, folder)
     values = _legacy(folder)
     if values is None:

@@ -27,7 +27,7 @@ class MigrateReport:
 
 def migrate(cfg: MigrateConfig) -> MigrateReport:
     """Migrate each folder of ``cfg.paths``; the rows (and so every score) are left bit-identical."""
-    from distill.core.path_checks import input_path
+    from distill.core.path_checks import input_path, output_folder
     from distill.core.schema import InputError
     from distill.data.teacher_data import migration
 
@@ -39,7 +39,14 @@ def migrate(cfg: MigrateConfig) -> MigrateReport:
     for path in cfg.paths:
         folders.setdefault(Path(path).resolve(), Path(path))
     plans = [(path, migration(path)) for path in folders.values()]  # all checked: none is written if one is bad
-    for _, write in plans:
-        if write is not None:
+    changed = [path for path, write in plans if write is not None]
+    for path in changed:  # and each can be written in
+        output_folder(path, "migrate", "paths")
+    writes = [write for _, write in plans if write is not None]
+    for i, (path, write) in enumerate(zip(changed, writes, strict=True)):
+        try:
             write()
+        except OSError as e:
+            migrated = f" (migrated before it: {', '.join(map(str, changed[:i]))})" if i else ""
+            raise InputError(f"migrate: {path}: cannot write: {e.strerror or e}{migrated}") from None
     return MigrateReport([path for path, write in plans if write], [path for path, write in plans if not write])

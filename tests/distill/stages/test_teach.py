@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -539,7 +540,7 @@ def test_cis_q_ranks_as_upr_within_a_query_and_is_comparable_across_queries(
 
 
 def test_migrate_moves_legacy_metadata_to_teacher_json_and_keeps_every_row(
-    teacher_dataset: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    teacher_dataset: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     legacy = tmp_path / "legacy"
     shutil.copytree(teacher_dataset, legacy)
@@ -572,6 +573,24 @@ def test_migrate_moves_legacy_metadata_to_teacher_json_and_keeps_every_row(
     message = f"{broken / 'dataset_info.json'}: description: scores: expected a list of strings, got 'cis'\n"
     assert capsys.readouterr().err == f"distill migrate: error: {message}"
     assert (legacy / "dataset_info.json").read_bytes() == before and not (broken / "teacher.json").exists()
+    # a folder that cannot be written in (a read-only or immutable file system, which root's access check passes):
+    # refused before the first folder is written (a PermissionError traceback, the first folder migrated, before)
+    sealed = shutil.copytree(legacy, tmp_path / "sealed")
+    mkstemp = tempfile.mkstemp
+
+    def refusing(*args, dir=None, **kwargs):
+        if dir is not None and Path(dir) == sealed:
+            raise PermissionError(1, "Operation not permitted")
+        return mkstemp(*args, dir=dir, **kwargs)
+
+    monkeypatch.setattr(tempfile, "mkstemp", refusing)
+    assert main(["migrate", str(legacy), str(sealed)]) == 2
+    assert (
+        capsys.readouterr().err
+        == f"distill migrate: error: paths: {sealed}: cannot write in {sealed}: Operation not permitted\n"
+    )
+    assert (legacy / "dataset_info.json").read_bytes() == before and not (legacy / "teacher.json").exists()
+    monkeypatch.undo()
     assert main(["migrate", str(legacy), f"{legacy}/", str(legacy / ".." / "legacy")]) == 0  # one folder, once
     assert capsys.readouterr().out.splitlines() == [f"migrated {legacy}"]
     (legacy / "teacher.json").unlink()
@@ -583,6 +602,11 @@ def test_migrate_moves_legacy_metadata_to_teacher_json_and_keeps_every_row(
     assert rows(legacy) == rows(teacher_dataset)
     assert main(["migrate", "--paths", str(tmp_path)]) == 2
     assert "not a teacher dataset" in capsys.readouterr().err
+    # a current teacher.json that no command could read is named, not "already current"
+    (broken / "dataset_info.json").write_text(json.dumps(info))
+    (broken / "teacher.json").write_text(json.dumps({**metadata, "input": None}))
+    assert main(["migrate", str(broken)]) == 2
+    assert f"{broken / 'teacher.json'}: input: expected a list of strings, got None" in capsys.readouterr().err
 
 
 def test_reuse_gives_the_same_dataset_as_a_fresh_run_and_scores_only_the_new_pairs(
