@@ -169,6 +169,7 @@ def export_student(
     require_file(hf_dir, "config.json")
     require_file(hf_dir, *WEIGHT_FILES)
     check_model_folder(hf_dir)  # a malformed JSON file or truncated weights: one line naming the file
+    _check_one_output(hf_dir)
     if out_dir.exists() and any(out_dir.iterdir()) and not (out_dir / CARD).is_file():
         raise ExistingOutputError(f"{out_dir} exists and is not an export folder (no {CARD}): choose another --output")
     parity = parity or dl19_parity_set().with_ranking(validation_set(hf_dir))
@@ -277,6 +278,21 @@ def _terminate_as_exit() -> Iterator[None]:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
+def _check_one_output(folder: Path) -> None:
+    """The model in ``folder`` scores a pair with one number, as a student does.
+
+    Raises:
+        InputError: naming the folder and its number of outputs.
+    """
+    from transformers import AutoConfig
+
+    import distill.model.segment_cosine  # noqa: F401  (registers the segment-cosine head)
+
+    labels = AutoConfig.from_pretrained(folder).num_labels
+    if labels != 1:
+        raise InputError(f"{folder}: a student has one output (num_labels=1), this model has {labels}")
+
+
 def _write_formats(
     folder: Path, formats: tuple[str, ...], fp16: bool, int8: Int8Mode | None, calibration: Calibration | None
 ) -> tuple[dict[str, str], dict[str, dict[str, Any]]]:
@@ -294,8 +310,6 @@ def _write_formats(
     tokenizer.save_pretrained(folder)  # writes tokenizer.json, for runtimes without transformers
     require_file(folder, "tokenizer.json")
     config = AutoConfig.from_pretrained(folder)
-    if config.num_labels != 1:
-        raise InputError(f"{folder}: a student has one output (num_labels=1), this model has {config.num_labels}")
     queries, passages = zip(*EXAMPLE_PAIRS, strict=True)
     encoded = encode_pairs(tokenizer, queries, passages, model_max_length(folder, tokenizer))
     example = {name: torch.from_numpy(array) for name, array in pad_batch(tokenizer, encoded.features).items()}

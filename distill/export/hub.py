@@ -4,11 +4,27 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from distill.core.schema import UserError
+from distill.core.schema import InputError, UserError
 
 
 class HubUploadError(UserError):
     """The upload failed (no token, no network, a bad repository id, no right to write): one line says why."""
+
+
+def check_repo_id(repo_id: str) -> None:
+    """``repo_id`` is a Hub model repository id (``name`` or ``user/name``).
+
+    Raises:
+        InputError: one line naming it and the Hub's rule.
+    """
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as e:
+        rule = str(e).strip().splitlines()[0].split(". Use `repo_type`")[0].rstrip(".")
+        raise InputError(f"export: push_to_hub: {repo_id!r}: {rule}") from None
 
 
 def push_to_hub(folder: Path, repo_id: str, private: bool = False) -> str:
@@ -33,5 +49,8 @@ def push_to_hub(folder: Path, repo_id: str, private: bool = False) -> str:
         )
     except (OSError, HTTPError, HFValidationError) as e:
         reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise HubUploadError(f"push_to_hub {repo_id}: upload of {folder} failed: {reason}") from None
+        raise HubUploadError(
+            f"push_to_hub {repo_id}: upload of {folder} failed: {reason}; the export there is complete and kept: "
+            f"upload it again with `hf upload {repo_id} {folder} .`"
+        ) from None
     return str(url)

@@ -59,6 +59,12 @@ class ExportConfig:
                 raise InputError(f"export: {name} must be positive, got {getattr(self, name)}")
         if not self.formats:
             raise InputError("export: formats is empty: name onnx, torchscript or both (an export with no graph)")
+        if self.push_to_hub is not None:
+            from distill.export.hub import check_repo_id
+
+            check_repo_id(self.push_to_hub)  # before the export, which can take long
+        elif self.private:
+            raise InputError("export: private: it applies to the repository push_to_hub creates; give push_to_hub")
 
 
 def export(cfg: ExportConfig) -> ExportReport:
@@ -95,7 +101,7 @@ def export(cfg: ExportConfig) -> ExportReport:
             f"{e.path}: a TREC run has no texts; export takes candidates with theirs (rank_llm JSON, a BEIR folder, an "
             "irds: id)"
         ) from None
-    if cfg.push_to_hub:
+    if cfg.push_to_hub is not None:
         from distill.export.hub import push_to_hub
 
         report.hub_url = push_to_hub(report.out_dir, cfg.push_to_hub, cfg.private)

@@ -89,6 +89,13 @@ def _malformed_config(world: World) -> Path:
     return folder
 
 
+def _two_outputs(world: World) -> Path:
+    folder = world.copy(world.hf, "two-outputs")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "id2label": {"0": "no", "1": "yes"}}))
+    return folder
+
+
 def _run_with_duplicate(world: World) -> Path:
     run = world.root / "dup.trec"
     lines = world.run.read_text().splitlines()
@@ -320,6 +327,12 @@ CASES = [
         "a bad record in parity_input (no --on_bad_input hint: export has no such option)",
         lambda w: ["--checkpoint", str(w.hf), "--output", str(w.root / "x"), "--parity_input", str(_bad_record(w))],
         lambda w: f"{w.root / 'bad.json'}: entry [0] hit [1]: empty passage text",
+    ),
+    Case(
+        "export",
+        "a model of two outputs (the error named the export's staging folder)",
+        lambda w: ["--checkpoint", str(_two_outputs(w)), "--output", str(w.root / "x")],
+        lambda w: f"{w.root / 'two-outputs'}: a student has one output (num_labels=1), this model has 2",
     ),
     Case(
         "export",

@@ -84,3 +84,23 @@ def test_upload_failures_are_one_line(exported: Path, fake_hub: type[FakeHub], e
     assert message.startswith(f"push_to_hub someone/tiny-reranker: upload of {exported} failed: {reason}")
     assert "\n" not in message and isinstance(caught.value, UserError)
     assert [name for name, _ in fake_hub.calls] == ["create_repo"]  # nothing uploaded
+    assert message.endswith(
+        f"the export there is complete and kept: upload it again with `hf upload someone/tiny-reranker {exported} .`"
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--push_to_hub", "bad id/x/y"], "error: push_to_hub: 'bad id/x/y': Repo id must be in the form"),
+        (["--push_to_hub", ""], "error: push_to_hub: '': Repo id must use alphanumeric chars"),
+        (["--private", "true"], "error: private: it applies to the repository push_to_hub creates"),
+    ],
+)
+def test_hub_options_are_checked_before_the_export(student: Path, tmp_path: Path, capsys, args, message) -> None:
+    from distill.cli import main
+
+    output = tmp_path / "export"
+    assert main(["export", "--checkpoint", str(student), "--output", str(output), *args]) == 2
+    assert message in capsys.readouterr().err
+    assert not output.exists()  # the export never started (it ran whole, then the upload failed)
