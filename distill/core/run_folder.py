@@ -112,11 +112,15 @@ def student_folder(path: str | Path, *, exported: bool = True, revision: str | N
     """
     from distill.model.resolver import HUB_REPO, hub_snapshot
 
+    if not str(path).strip():  # Path("") is the working folder
+        raise InputError("model: the name is empty: give a run, a model folder or a hub id (org/name)")
+    if revision is not None and not revision.strip():
+        raise InputError("revision: empty: give a branch, tag or commit, or leave it out for main")
     path = Path(path)
     if not path.exists():
         if HUB_REPO.match(str(path)):
             return hub_snapshot(str(path), revision)
-        raise MissingFileError(f"{path}: no such run or model folder")
+        raise MissingFileError(f"{path}: no such run or model folder, nor a hub id (org/name)")
     if revision is not None:
         raise InputError(f"revision {revision}: a hub id's (org/name); {path} is a local folder, which has none")
     if (path / MODEL_CONFIG).is_file():

@@ -266,7 +266,8 @@ def hub_snapshot(name: str, revision: str | None = None) -> Path:
         return Path(huggingface_hub.snapshot_download(name, revision=revision))
     except (LocalEntryNotFoundError, HfHubHTTPError, OSError, ValueError) as e:
         at = f" at revision {revision}" if revision else ""
-        why = f"not in the hub cache{at}, nor downloaded ({' '.join(f'{type(e).__name__}: {e}'.split())})"
+        reason = " ".join(f"{type(e).__name__}: {e}".split())
+        why = f"not in the hub cache ({huggingface_hub.constants.HF_HUB_CACHE}){at}, nor downloaded ({reason})"
         raise ModelNotFoundError(_not_found(name, _hub_tried(name, why))) from None
 
 

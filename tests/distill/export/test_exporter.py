@@ -380,7 +380,9 @@ def test_reranker_load_takes_a_training_run_as_serve_and_rerank_do(student: Path
     )  # fmt: skip
     shutil.rmtree(run / "export")  # a run not exported yet: its HF folder, for torch
     assert Reranker.load(run, backend="torch").score(query, passages) == torch_run.score(query, passages)
-    with pytest.raises(MissingFileError, match=f"^{tmp_path / 'nowhere'}: no such run or model folder$"):
+    with pytest.raises(
+        MissingFileError, match=rf"^{tmp_path / 'nowhere'}: no such run or model folder, nor a hub id \(org/name\)$"
+    ):
         Reranker.load(tmp_path / "nowhere")
     (tmp_path / "empty").mkdir()
     with pytest.raises(MissingFileError, match="no student here"):

@@ -100,7 +100,17 @@ def test_a_hub_id_not_in_the_cache_offline_is_one_line(hub_cache: Path, sample_f
             [*command, "--output", str(tmp_path / "x.trec")], env=offline(hub_cache), capture_output=True, text=True
         )
         assert done.returncode != 0 and "Traceback" not in done.stderr
-        assert f"cannot find model {model!r}" in done.stderr and "not in the hub cache" in done.stderr
+        assert f"cannot find model {model!r}" in done.stderr and f"not in the hub cache ({hub_cache})" in done.stderr
+    for model, revision, message in (
+        ("acme/reranker", ["--revision", ""], "revision: empty: give a branch, tag or commit"),  # read refs/ itself
+        ("", [], "model: the name is empty"),  # named the working folder
+        ("a/b/c", [], "a/b/c: no such run or model folder, nor a hub id (org/name)"),
+    ):
+        command = [DISTILL, "rerank", "--model", model, *revision, "--input", str(sample_file)]
+        done = subprocess.run(
+            [*command, "--output", str(tmp_path / "x.trec")], env=offline(hub_cache), capture_output=True, text=True
+        )
+        assert done.returncode == 2 and message in done.stderr, done.stderr
 
 
 def test_the_python_api_checks_its_input_as_the_http_routes_do(tiny_bert: Path) -> None:
