@@ -222,7 +222,7 @@ def fit_score_calibration(gate: QualityGate | None, qrels: Qrels) -> ScoreCalibr
     try:
         return fit_platt(np.array(raw), np.array(relevant), gate.pairs)
     except InputError as error:
-        log.warning("no score calibration: %s", error)
+        log.warning("%s; the export has no calibration (its normalised scores are the raw scores' sigmoid)", error)
         return None
 
 

@@ -102,8 +102,8 @@ def fit_platt(raw: np.ndarray, relevant: np.ndarray, fitted_on: str = "") -> Sco
     y = np.asarray(relevant, dtype=bool)
     positives, negatives = int(y.sum()), int((~y).sum())
     if positives == 0 or negatives == 0:
-        raise InputError(f"score calibration: {fitted_on or 'the pairs'} hold {positives} relevant and {negatives} "
-                         "non-relevant judged pairs: both are needed")  # fmt: skip
+        raise InputError(f"score calibration: the pairs ({fitted_on or 'all given'}) hold {positives} relevant and "
+                         f"{negatives} non-relevant judged pairs: both are needed")  # fmt: skip
     target = np.where(y, (positives + 1) / (positives + 2), 1 / (negatives + 2))
     mean, spread = x.mean(), x.std() or 1.0
     z = (x - mean) / spread  # Newton on standardised scores, mapped back below
@@ -119,8 +119,8 @@ def fit_platt(raw: np.ndarray, relevant: np.ndarray, fitted_on: str = "") -> Sco
             break
     scale, bias = a / spread, b - a * mean / spread
     if not scale > 0:
-        raise InputError(f"score calibration: on {fitted_on or 'the pairs'} higher scores are less often relevant: "
-                         "the student ranks against its judgments")  # fmt: skip
+        raise InputError(f"score calibration: higher scores are less often relevant on the pairs "
+                         f"({fitted_on or 'all given'}): the student ranks against its judgments")  # fmt: skip
     fitted = ScoreCalibration(float(scale), float(bias), fitted_on=fitted_on)
     return ScoreCalibration(fitted.scale, fitted.bias, fitted_on=fitted_on, quality=assess(fitted.probability(x), y))
 

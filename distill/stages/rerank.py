@@ -157,13 +157,12 @@ def check_paths(cfg: RerankConfig) -> None:
     from distill.core.path_checks import input_path, output_file
     from distill.core.run_folder import student_folder
     from distill.data.loaders.irds import is_irds
-    from distill.model.resolver import HUB_REPO
 
     inputs = [("input", path) for path in cfg.input if not is_irds(path)]
     inputs += [(key, getattr(cfg, key)) for key in ("queries", "corpus", "run") if getattr(cfg, key)]
     for key, path in inputs:
         input_path(path, "rerank", key, "any" if key == "input" else "file")
-    if not (HUB_REPO.match(cfg.model) and not Path(cfg.model).exists()):  # a hub id resolves into its cache
+    if Path(cfg.model).exists():  # else a hub id, resolved into its cache, or named as neither
         input_path(cfg.model, "rerank", "model")
     inputs.append(("model", student_folder(cfg.model, revision=cfg.revision)))
     if cfg.held_out:

@@ -384,6 +384,8 @@ def test_reranker_load_takes_a_training_run_as_serve_and_rerank_do(student: Path
         MissingFileError, match=rf"^{tmp_path / 'nowhere'}: no such run or model folder, nor a hub id \(org/name\)$"
     ):
         Reranker.load(tmp_path / "nowhere")
+    with pytest.raises(InputError, match=r"^model: the name is empty"):  # Path("") named the working folder
+        Reranker.load("")
     (tmp_path / "empty").mkdir()
     with pytest.raises(MissingFileError, match="no student here"):
         Reranker.load(tmp_path / "empty")

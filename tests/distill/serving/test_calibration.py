@@ -44,8 +44,10 @@ def test_assess_measures_a_miscalibration() -> None:
 def test_judgments_of_one_class_or_a_reversed_student_fit_nothing() -> None:
     with pytest.raises(InputError, match="0 relevant and 3 non-relevant"):
         fit_platt(np.array([1.0, 2.0, 3.0]), np.array([False] * 3), "x")
-    with pytest.raises(InputError, match="ranks against its judgments"):
-        fit_platt(np.arange(100.0), np.arange(100) < 50, "x")
+    where = "6 judged queries of val.json; 120 pairs, every candidate"  # read as one sentence with the reason before
+    message = f"^score calibration: higher scores are less often relevant on the pairs \\({where}\\): the student ranks"
+    with pytest.raises(InputError, match=message):
+        fit_platt(np.arange(100.0), np.arange(100) < 50, where)
 
 
 def test_a_card_with_a_bad_calibration_is_one_line_naming_it() -> None:

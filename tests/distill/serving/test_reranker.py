@@ -103,7 +103,6 @@ def test_a_hub_id_not_in_the_cache_offline_is_one_line(hub_cache: Path, sample_f
         assert f"cannot find model {model!r}" in done.stderr and f"not in the hub cache ({hub_cache})" in done.stderr
     for model, revision, message in (
         ("acme/reranker", ["--revision", ""], "revision: empty: give a branch, tag or commit"),  # read refs/ itself
-        ("", [], "model: the name is empty"),  # named the working folder
         ("a/b/c", [], "a/b/c: no such run or model folder, nor a hub id (org/name)"),
     ):
         command = [DISTILL, "rerank", "--model", model, *revision, "--input", str(sample_file)]
