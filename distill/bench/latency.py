@@ -117,7 +117,8 @@ class BenchConfig(RuntimeOptions):
     matmul_size: int | None = None
     """Side of the square matmul whose rate FLOP floors use (default 8192 on a GPU, 2048 on a CPU)."""
     output: str | None = None
-    """The result folder (default: ``<run>/bench``, or ``checkpoints/bench-random-<device>``)."""
+    """The result folder (default: ``<run>/bench``; for a model folder outside a run, ``<folder>-bench`` beside it;
+    with random weights, ``checkpoints/bench-random-<device>``)."""
     compare: bool = False
     """Also print the speed-up of each method over the teacher, the baseline and PyTorch fp32."""
     seed: int = 0

@@ -29,46 +29,52 @@ class RunLayout:
     """The folders of the run at ``root``."""
 
     root: Path
+    prefix: str = ""
+    """Before each folder's name: a model folder outside a run (``models/a``) has its exports and benchmarks beside
+    it under its own name (``models/a-export``), so that two such folders in one place keep theirs apart."""
 
     @property
     def checkpoints(self) -> Path:
-        return self.root / "checkpoints"
+        return self.root / f"{self.prefix}checkpoints"
 
     @property
     def hf(self) -> Path:
-        return self.root / "hf"
+        return self.root / f"{self.prefix}hf"
 
     @property
     def logs(self) -> Path:
-        return self.root / "logs"
+        return self.root / f"{self.prefix}logs"
 
     @property
     def export(self) -> Path:
-        return self.root / "export"
+        return self.root / f"{self.prefix}export"
 
     @property
     def bench(self) -> Path:
-        return self.root / "bench"
+        return self.root / f"{self.prefix}bench"
 
     @property
     def eval(self) -> Path:
-        return self.root / "eval"
+        return self.root / f"{self.prefix}eval"
 
     @classmethod
     def of(cls, path: str | Path) -> RunLayout:
         """The run a path belongs to: the run folder itself, or a model folder inside it (``hf/``, ``export/``).
 
-        A model folder that is not in a run (an HF folder anywhere) counts as a run's ``hf/``: its exports and
-        benchmarks go beside it. A hub model's snapshot (``.../models--org--name/snapshots/<revision>``) is the
-        run ``checkpoints/org--name``: the hub cache is the hub's, and a cache clean-up would take what went there.
+        A model folder that is not in a run (an HF folder anywhere, ``models/a``) has its exports and benchmarks
+        beside it, named by it (``models/a-export``, ``models/a-bench``). A hub model's snapshot
+        (``.../models--org--name/snapshots/<revision>``) is the run ``checkpoints/org--name``: the hub cache is the
+        hub's, and a cache clean-up would take what went there.
         """
         path = Path(path)
         if path.name in ("", ".."):  # "." or "..": the folder above is the named one's, not "." again
             path = Path(os.path.abspath(path))
         if path.parent.name == "snapshots" and path.parent.parent.name.startswith("models--"):
             return cls(Path(CHECKPOINT_ROOT) / path.parent.parent.name.removeprefix("models--"))
-        if path.name in ("hf", "export") or (path / MODEL_CONFIG).is_file():
+        if path.name in ("hf", "export"):
             return cls(path.parent)
+        if (path / MODEL_CONFIG).is_file():
+            return cls(path.parent, f"{path.name}-")
         return cls(path)
 
     @property

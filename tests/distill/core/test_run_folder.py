@@ -13,16 +13,23 @@ from distill.core.schema import InputError
 def test_a_model_folder_s_run_is_the_folder_above_it_however_it_is_named(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``--checkpoint .`` put the export inside the model folder (refused as inside an input) and ``..`` likewise."""
-    model = tmp_path / "student"
+    """``--checkpoint .`` put the export inside the model folder (refused as inside an input) and ``..`` likewise.
+    Two model folders side by side shared one ``bench/`` (and ``export/``): the second's replaced the first's."""
+    model, other = tmp_path / "student", tmp_path / "other"
     (model / "sub").mkdir(parents=True)
     (model / "config.json").write_text("{}")
-    assert RunLayout.of(model).export == tmp_path / "export"
+    other.mkdir()
+    (other / "config.json").write_text("{}")
+    assert RunLayout.of(model).export == tmp_path / "student-export"
+    assert RunLayout.of(other).bench == tmp_path / "other-bench" != RunLayout.of(model).bench
     monkeypatch.chdir(model)
-    assert RunLayout.of(".").export == tmp_path / "export"
+    assert RunLayout.of(".").export == tmp_path / "student-export"
     monkeypatch.chdir(model / "sub")
-    assert RunLayout.of("..").bench == tmp_path / "bench"
+    assert RunLayout.of("..").bench == tmp_path / "student-bench"
     assert RunLayout.of(tmp_path / "run").export == tmp_path / "run" / "export"  # a run folder: its own
+    (tmp_path / "run" / "hf").mkdir(parents=True)
+    (tmp_path / "run" / "hf" / "config.json").write_text("{}")
+    assert RunLayout.of(tmp_path / "run" / "hf").bench == tmp_path / "run" / "bench"  # a run's student: the run's
 
 
 def test_a_hub_snapshot_s_run_is_a_checkpoint_folder_not_the_hub_cache(tmp_path: Path) -> None:
