@@ -49,7 +49,7 @@ from distill.core.run_folder import CHECKPOINT_ROOT, RunLayout, student_folder
 from distill.core.schema import InputError, MissingFileError, RerankingData
 from distill.data.loaders import RunWithoutTexts, load_candidates
 from distill.model.resolver import DEFAULT_TEACHER, PAPER_STUDENT
-from distill.serving.encoding import load_tokenizer
+from distill.serving.encoding import load_tokenizer, model_max_length
 from distill.serving.hardware import CPUINFO, CpuFeatures
 from distill.serving.options import RuntimeOptions
 
@@ -127,7 +127,8 @@ class BenchConfig(RuntimeOptions):
     """Print the tables of a saved ``bench.json`` instead of timing anything."""
     scores: bool = False
     """Also record each student and baseline method's scores of every call, after its timed rounds (one more untimed
-    call each): ``bench.json``'s ``scores``, method -> workload -> one list per call, to compare methods' scores."""
+    call each): ``bench.json``'s ``scores``, method -> workload -> one list per call, to compare methods' scores
+    (each as it gives them: a student's raw score; ``CrossEncoder.predict``'s sigmoid of it for the baseline)."""
     profile: bool = False
     """Also record each (method, workload)'s timed calls with ``torch.profiler``: ``profile/<method>-<workload>.txt``
     and ``.json`` in the result folder, the time by kernel category (:mod:`distill.bench.profile`). The profiler
@@ -178,6 +179,7 @@ def bench(config: BenchConfig, command: str | None = None) -> BenchReport:
         result = read_json_object(path)
         if missing := [key for key in ("workloads", "cells", "skipped") if key not in result]:
             raise InputError(f"{path}: not a bench.json (no {', '.join(map(repr, missing))})")
+        report.check_result(result, path)
         return BenchReport(result, config.compare)
     return BenchReport(run_bench(config, command), config.compare)
 
@@ -245,7 +247,9 @@ def _students(
         kind, dtype = STUDENT_BACKENDS.get(name.split("+")[0], ("torch", None))
         fmt = OPENVINO_DTYPES[dtype] if kind in ("onnx", "openvino") else kind
         runtime = "onnxruntime" if kind == "onnx" else kind
-        if fmt in FORMAT_FILES and not (folder / FORMAT_FILES[fmt]).is_file() and not requested:
+        if fmt in FORMAT_FILES and not (folder / FORMAT_FILES[fmt]).is_file():
+            if requested:  # found now, not after the methods before it were timed
+                raise MissingFileError(f"--backends {name}: no {FORMAT_FILES[fmt]} in {folder}")
             skipped[name] = f"no {FORMAT_FILES[fmt]} in {folder}"
         elif fmt == "onnx-int8" and not requested and (graph := int8_graph(folder)).get("runtime", runtime) != runtime:
             skipped[name] = (
@@ -328,6 +332,26 @@ def _warn_if_truncated(method: str, workload: Workload, tokens_fed: float) -> No
         )
 
 
+FLOOR_SLACK = 4.0
+"""How far under its FLOP floor a method may seem to run before the floor is called implausible. The floor is the
+method's FLOPs at the rate of torch's matmul; a runtime with faster kernels of its own beats it (OpenVINO's bf16
+has its own), but not by this much."""
+
+
+def _warn_if_below_the_floor(method: str, workload: Workload, floor: float | None, p50: float, size: int) -> None:
+    """One warning line where ``method`` ran well under its FLOP floor: the matmul rate was measured too low (a busy
+    machine, or a ``matmul_size`` too small to reach the machine's rate), and every floor fraction overstates."""
+    if floor is not None and floor > FLOOR_SLACK * p50:
+        log.warning(
+            "%s ran %s at %.0f%% of its FLOP floor: the matmul rate (size %d) was measured too low for this machine "
+            "(busy, or --matmul_size too small), so the floor fractions overstate",
+            method,
+            workload.name,
+            100 * floor / p50,
+            size,
+        )
+
+
 def _write_json(result: dict[str, Any], out: Path) -> None:
     """``bench.json``, written whole (:func:`distill.core.output_files.write_whole`); ``complete`` is false until
     every method has been timed."""
@@ -368,7 +392,11 @@ def run_bench(config: BenchConfig, command: str | None = None) -> dict[str, Any]
             data = load_candidates(source, qrels=qrels)
         except RunWithoutTexts:  # bench has no --queries or --corpus: the loader's hint would not work
             raise InputError(f"{source}: a TREC run has no texts; give bench candidates with theirs") from None
-        workloads = _workloads(config, data, load_tokenizer(folder))
+        tokenizer = load_tokenizer(folder)
+        limit = model_max_length(folder, tokenizer)
+        if config.max_length is not None and config.max_length > limit:  # every student method would be skipped
+            raise InputError(f"max_length: {config.max_length} is over the model's {limit} ({folder})")
+        workloads = _workloads(config, data, tokenizer)
         loaders, skipped, references = _students(config, folder, device, Path(scratch))
         quality = QualitySet.of(data) if config.quality else None
         if config.quality and quality is None:
@@ -424,6 +452,8 @@ def run_bench(config: BenchConfig, command: str | None = None) -> dict[str, Any]
             "complete": False,
         }
         out.mkdir(parents=True, exist_ok=True)
+        for stale in ("bench.csv", "bench.png"):  # an earlier run's, which this run's bench.json no longer matches
+            (out / stale).unlink(missing_ok=True)
         # one method in memory at a time; a CPU cell's peak RSS is the process's, which keeps what earlier methods
         # left to its allocators (--backends NAME alone measures a method's own)
         for name, load in loaders:
@@ -445,6 +475,7 @@ def run_bench(config: BenchConfig, command: str | None = None) -> dict[str, Any]
                 )
                 result["cells"].append(cell.to_json())
                 _warn_if_truncated(method.name, workload, cell.tokens_fed_per_call)
+                _warn_if_below_the_floor(method.name, workload, cell.flop_floor_s, cell.p50_s, size)
             if config.scores and method.role != "teacher":
                 result["scores"][method.name] = {
                     w.name: [[float(x) for x in method.score(c.query, c.passages)] for c in w.calls] for w in workloads
@@ -457,6 +488,12 @@ def run_bench(config: BenchConfig, command: str | None = None) -> dict[str, Any]
             gc.collect()
             if device.type == "cuda":
                 torch.cuda.empty_cache()
+    asked = [
+        name for name in [*(name for name, _ in loaders), *skipped] if name.split("+")[0] in (*STUDENT_BACKENDS, AUTO)
+    ]
+    if asked and not any(cell["role"] == "student" for cell in result["cells"]):  # the baseline alone, exit 0
+        reasons = "; ".join(f"{name}: {why}" for name, why in skipped.items() if name in asked) or "none loaded"
+        raise InputError(f"no method of the student could be timed ({reasons})")
     result["complete"] = True
     _write_json(result, out)
     report.write_csv(result, out / "bench.csv")

@@ -175,7 +175,11 @@ class EncoderFlops:
 
     @classmethod
     def of(cls, folder: Path) -> EncoderFlops:
-        """The shapes of the HF folder ``folder`` (``config.json`` and safetensors weights)."""
+        """The shapes of the HF folder ``folder`` (``config.json`` and safetensors weights).
+
+        Raises:
+            InputError: ``config.json`` lacks a shape of a BERT-like encoder, naming it.
+        """
         from safetensors import safe_open
 
         from distill.model.segment_cosine import MODEL_TYPE, MPNET_MODEL_TYPE
@@ -188,6 +192,10 @@ class EncoderFlops:
                     if len(shape) == 2 and ("pooler" in name or "classifier" in name):
                         head += int(np.prod(shape))
         config = read_json_object(folder / "config.json")
+        if missing := [key for key in ("num_hidden_layers", "hidden_size", "intermediate_size") if key not in config]:
+            raise InputError(
+                f"{folder / 'config.json'}: no {', '.join(missing)}: bench counts a BERT-like encoder's FLOPs"
+            )
         segment_head = config.get("model_type") in (MODEL_TYPE, MPNET_MODEL_TYPE)
         return cls(
             config["num_hidden_layers"],

@@ -29,6 +29,39 @@ CSV_FIELDS = (
 )
 
 
+CELL_KEYS = (
+    "method",
+    "role",
+    "dtype",
+    "workload",
+    "p50_s",
+    "p95_s",
+    "pairs_per_s",
+    "peak_memory_bytes",
+    "flop_floor_s",
+)
+"""What every cell of a ``bench.json`` holds, and the tables and chart read."""
+
+
+def check_result(result: dict[str, Any], where: Path) -> None:
+    """``result``, read from ``where``, has the workloads and cells the tables and chart read.
+
+    Raises:
+        InputError: one line naming the file and what is missing.
+    """
+    from distill.core.schema import InputError
+
+    cells, names = result["cells"], result["workloads"]
+    if not isinstance(names, list) or not all(isinstance(w, dict) and "name" in w for w in names):
+        raise InputError(f"{where}: workloads: expected a list of objects with a name")
+    if not isinstance(cells, list) or not cells:
+        raise InputError(f"{where}: cells: no method was timed (an empty or broken run)")
+    for i, c in enumerate(cells):
+        if not isinstance(c, dict) or (missing := [key for key in CELL_KEYS if key not in c]):
+            keys = missing if isinstance(c, dict) else list(CELL_KEYS)
+            raise InputError(f"{where}: cells[{i}]: missing {', '.join(map(repr, keys))}")
+
+
 def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.1f}" if seconds < 10 else f"{seconds * 1e3:.0f}"
 

@@ -132,6 +132,9 @@ def test_a_model_folder_needs_its_tokenizer_vocabulary(tiny_bert: Path, tmp_path
     (hf / "tokenizer.json").unlink()
     with pytest.raises(MissingFileError, match=rf"^{hf}: missing tokenizer.json or vocab.txt: .*\[UNK\]"):
         Reranker.load(hf, backend="torch")
+    (hf / "tokenizer_config.json").unlink()  # no tokenizer file at all: a 5-token vocabulary, timed and scored, exit 0
+    with pytest.raises(MissingFileError, match=rf"^{hf}: missing tokenizer.json or vocab.txt: .*\[UNK\]"):
+        check_model_folder(hf)
     (hf / "vocab.txt").write_text("[PAD]\n[UNK]\n")  # a slow tokenizer's own vocabulary will do in an HF folder
     check_model_folder(hf)
     (hf / "card.json").write_text("{}")  # an export folder must have tokenizer.json, for runtimes without transformers

@@ -245,6 +245,9 @@ def test_bench_bad_arguments(exported: Path, capsys) -> None:
     assert "error: nothing to time: backends is empty and teacher is none" in capsys.readouterr().err
     assert main(["bench", "--student", str(exported), "--qrels", "/nonexistent/qrels.txt"]) == 2  # FileNotFoundError
     assert "/nonexistent/qrels.txt: no such qrels file" in capsys.readouterr().err
+    # every student method skipped as over the model's 512: the baseline alone was timed, exit 0
+    assert main(["bench", "--student", str(exported), "--max_length", "100000"]) == 2
+    assert f"error: max_length: 100000 is over the model's 512 ({exported})" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
@@ -302,6 +305,12 @@ def test_bench_results_that_are_no_bench_json(tmp_path: Path, capsys) -> None:
         ("cut.json", '{"workloads": [', "cut.json:1:16: malformed JSON"),
         ("list.json", "[1]", "list.json: expected a JSON object, got list"),
         ("empty.json", "{}", "empty.json: not a bench.json (no 'workloads', 'cells', 'skipped')"),
+        ("none.json", '{"workloads": [], "cells": [], "skipped": {}}', "none.json: cells: no method was timed"),
+        (  # a KeyError's traceback
+            "keys.json",
+            '{"workloads": [{"name": "w"}], "cells": [{"method": "m"}], "skipped": {}}',
+            "keys.json: cells[0]: missing 'role', 'dtype', 'workload'",
+        ),
     ):
         (tmp_path / name).write_text(text)
         assert main(["bench", "--results", str(tmp_path / name)]) == 2
@@ -319,6 +328,63 @@ def test_a_failing_method_keeps_the_figures_already_taken(exported: Path, tmp_pa
     assert not (out / "bench.png").exists()
     assert main(["bench", "--results", str(out / "bench.json")]) == 0  # its tables, said to be incomplete
     assert "incomplete: the run stopped before every method was timed" in capsys.readouterr().out
+
+
+def test_a_missing_graph_asked_for_is_named_before_any_timing_and_a_new_run_leaves_no_stale_table(
+    exported: Path, tmp_path: Path, capsys
+) -> None:
+    """A run asked for onnx-fp32 of a folder without model.onnx timed torch first, then failed; its partial
+    bench.json sat beside the earlier run's bench.csv and bench.png."""
+    student = Path(shutil.copytree(exported, tmp_path / "student"))
+    out = tmp_path / "out"
+    argv = ["bench", "--student", str(student), "--teacher", "none", "--device", "cpu", "--token-counts", "[100]"]
+    argv += ["--rerank-queries", "0", "--repeats", "1", "--quality", "false", "--output", str(out)]
+    assert main([*argv, "--backends", "torch-fp32"]) == 0
+    assert {"bench.json", "bench.csv", "bench.png"} <= {f.name for f in out.iterdir()}
+    before = (out / "bench.json").read_bytes()
+    (student / "model.onnx").unlink()
+    capsys.readouterr()
+    assert main([*argv, "--backends", "torch-fp32,onnx-fp32"]) == 2
+    assert f"error: --backends onnx-fp32: no model.onnx in {student}" in capsys.readouterr().err
+    assert (out / "bench.json").read_bytes() == before  # nothing was timed, nothing replaced
+    out.joinpath("bench.json").write_text('{"partial": true}')  # as a run that failed part-way leaves it
+    assert main([*argv, "--backends", "torch-fp32", "--teacher", str(tmp_path / "no-such-teacher")]) == 2
+    assert not (out / "bench.csv").exists() and not (out / "bench.png").exists()  # no table of another run
+
+
+def test_a_student_no_method_could_time_is_an_error_not_a_crash_in_the_plot(
+    exported: Path, tmp_path: Path, capsys
+) -> None:
+    student = Path(shutil.copytree(exported, tmp_path / "student"))
+    for name in ("model.onnx", "onnx", "model.int8.onnx", "model.fp16.onnx", "model.pt", "model.openvino.xml"):
+        path = student / name
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
+    (student / "config.json").write_text(json.dumps({"model_type": "nonsense"}))  # no loader takes it
+    argv = ["bench", "--student", str(student), "--teacher", "none", "--device", "cpu", "--token-counts", "[100]"]
+    argv += ["--rerank-queries", "0", "--repeats", "1", "--quality", "false", "--output", str(tmp_path / "out")]
+    assert main(argv) == 2  # a ZeroDivisionError in the plot, after bench.json and bench.csv
+    err = capsys.readouterr().err
+    assert "error: no method of the student could be timed (" in err and "Traceback" not in err
+    assert not (tmp_path / "out" / "bench.png").exists()
+
+
+def test_a_matmul_rate_too_low_for_the_timings_is_a_warning(
+    exported: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rate measured on a busy machine (0.03 GFLOP/s) printed floor fractions of 44775% without a word."""
+    from distill.bench import latency
+
+    monkeypatch.setattr(latency, "matmul_flops_per_s", lambda *args: 1e6)  # as a loaded machine measured it
+    argv = ["bench", "--student", str(exported), "--teacher", "none", "--backends", "torch-fp32", "--repeats", "1"]
+    argv += ["--token-counts", "[100]", "--rerank_queries", "0", "--quality", "false", "--output", str(tmp_path / "b")]
+    with caplog.at_level("WARNING", "distill.bench.latency"):
+        assert main(argv) == 0
+    [record] = [r for r in caplog.records if "FLOP floor" in r.getMessage()]
+    assert record.getMessage().startswith("student torch-fp32 ran 100 tokens at ")
+    assert "the matmul rate (size 2048) was measured too low for this machine" in record.getMessage()
 
 
 def test_a_profile_of_a_runtime_torch_cannot_see_says_so_and_a_cpu_profile_keeps_the_cpus_features(
