@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ import torch
 from pytorch_lightning import Callback, LightningModule, Trainer
 from pytorch_lightning.callbacks import ModelCheckpoint
 
+from distill.core.output_files import remove_stale_siblings, replace_folder, staging_path
 from distill.core.student_card import DEFAULT_FIRST_STAGE, StudentCard
 from distill.data.label_table import teacher_identities
 from students.initial_weights import blend_with_initial
@@ -83,7 +85,11 @@ class ExportBestToHF(Callback):
             initial_weight_share=share,
             extra={"validation": validation},
         )
-        save_student(model, data.tokenizer, self.dirpath, card)
+        remove_stale_siblings(self.dirpath)
+        staging = staging_path(self.dirpath)
+        shutil.rmtree(staging, ignore_errors=True)
+        save_student(model, data.tokenizer, staging, card)
+        replace_folder(staging, self.dirpath)  # a reader (a server of hf/) sees the old student or the new, whole
         log.info("exported %s to %s", best, self.dirpath)
 
 

@@ -1,18 +1,24 @@
 """Writing a command's output file whole: a reader of its path sees the old file or the new one, never half of one;
 a device, a pipe or a standard stream given as the path (``/dev/null``, a named pipe, ``/dev/stdout``) is written,
-not replaced; and an output held by one job at a time."""
+not replaced; an output folder replaced by renames, never deleted under its name; what a killed writer left beside
+an output cleaned by the next; and an output held by one job at a time."""
 
 from __future__ import annotations
 
 import errno
 import fcntl
+import glob
+import logging
 import os
 import re
+import shutil
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TextIO
+
+log = logging.getLogger(__name__)
 
 NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 """The errors of a write that found its disk (or its quota) full."""
@@ -81,9 +87,10 @@ def open_whole(path: Path) -> Iterator[TextIO]:
         return
     in_place = written_in_place(path)
     final = path.resolve() if path.is_symlink() and not in_place else path
-    target = final if in_place else final.with_name(f".{final.name}.tmp{os.getpid()}")
+    target = final if in_place else staging_path(final)
     if not in_place:
         final.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale_siblings(final)
     try:
         with target.open("w") as f:
             yield f
@@ -96,6 +103,73 @@ def open_whole(path: Path) -> Iterator[TextIO]:
     finally:
         if not in_place:
             target.unlink(missing_ok=True)
+
+
+SIBLING = re.compile(r"\.(?P<name>.+)\.(?P<kind>tmp|old)(?P<pid>\d+)")
+"""What a writer keeps beside an output ``<name>`` while it works: ``.<name>.tmp<pid>``, the new file or folder being
+written, and ``.<name>.old<pid>``, the folder it replaces, during :func:`replace_folder`."""
+
+
+def staging_path(final: Path) -> Path:
+    """Where this process writes ``final``'s new file or folder before it takes the name: ``.<name>.tmp<pid>``."""
+    return final.with_name(f".{final.name}.tmp{os.getpid()}")
+
+
+def replace_folder(staging: Path, final: Path) -> None:
+    """Give the finished folder ``staging`` the name ``final`` by renames, never deleting under that name: an
+    existing ``final`` is renamed aside (``.<name>.old<pid>``), ``staging`` renamed in, and the old one removed
+    last. A reader sees the old folder or the new one, whole; a writer killed between the renames leaves no folder
+    under the name, and the next writer's :func:`remove_stale_siblings` puts the old one back."""
+    if not final.exists():
+        staging.rename(final)
+        return
+    old = final.with_name(f".{final.name}.old{os.getpid()}")
+    shutil.rmtree(old, ignore_errors=True)
+    final.rename(old)
+    staging.rename(final)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def remove_stale_siblings(final: Path) -> list[Path]:
+    """Clean what writers of ``final`` that were killed (``SIGKILL``, a power cut: no clean-up ran) left beside it
+    (:data:`SIBLING`), where their process is gone: a folder they were replacing comes back under the name if
+    nothing is there (killed between :func:`replace_folder`'s renames), and the rest is removed.
+
+    Returns:
+        The files and folders removed.
+    """
+    found = []
+    for path in final.parent.glob(f".{glob.escape(final.name)}.*") if final.parent.is_dir() else ():
+        match = SIBLING.fullmatch(path.name)
+        if match is not None and match["name"] == final.name and not _alive(int(match["pid"])):
+            found.append((match["kind"], path))
+    removed = []
+    for kind, path in sorted(found, key=lambda found: found[0] != "old"):  # a folder to restore first
+        if kind == "old" and not final.exists() and not final.is_symlink():
+            path.rename(final)
+            log.warning("restored %s, which a writer killed while replacing it had renamed aside", final)
+            continue
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+        removed.append(path)
+    if removed:
+        log.info("removed what interrupted writers of %s left: %s", final, ", ".join(map(str, removed)))
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (this one included)."""
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def write_whole(path: Path, text: str) -> None:

@@ -14,12 +14,10 @@ into place only when every file passes the parity check, so a failed export leav
 from __future__ import annotations
 
 import contextlib
-import glob
 import importlib.util
 import json
 import logging
 import os
-import re
 import shutil
 import signal
 import threading
@@ -33,6 +31,7 @@ import numpy as np
 
 from distill.core.counts import counted
 from distill.core.files import check_model_folder
+from distill.core.output_files import remove_stale_siblings, replace_folder, staging_path
 from distill.core.schema import ExistingOutputError, InputError, Qrels
 from distill.core.student_card import StudentCard
 from distill.data.teacher_data import TeacherDataset
@@ -170,11 +169,11 @@ def export_student(
     require_file(hf_dir, *WEIGHT_FILES)
     check_model_folder(hf_dir)  # a malformed JSON file or truncated weights: one line naming the file
     _check_one_output(hf_dir)
+    remove_stale_siblings(out_dir)  # an export killed while replacing this one gets the old one back first
     if out_dir.exists() and any(out_dir.iterdir()) and not (out_dir / CARD).is_file():
         raise ExistingOutputError(f"{out_dir} exists and is not an export folder (no {CARD}): choose another --output")
     parity = parity or dl19_parity_set().with_ranking(validation_set(hf_dir))
-    staging = out_dir.with_name(f".{out_dir.name}.tmp{os.getpid()}")
-    remove_stale_staging(out_dir)
+    staging = staging_path(out_dir)
     if staging.exists():
         shutil.rmtree(staging)
     with _terminate_as_exit():  # SIGTERM too goes through the clean-up below
@@ -198,9 +197,7 @@ def export_student(
             if isinstance(e, ParityError):
                 raise ParityError(f"export of {hf_dir} to {out_dir} (nothing written)", e.failures, e.results) from None
             raise
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        staging.rename(out_dir)
+        replace_folder(staging, out_dir)
     return report
 
 
@@ -224,39 +221,6 @@ def fit_score_calibration(gate: QualityGate | None, qrels: Qrels) -> ScoreCalibr
     except InputError as error:
         log.warning("%s; the export has no calibration (its normalised scores are the raw scores' sigmoid)", error)
         return None
-
-
-STAGING = re.compile(r"\.(?P<name>.+)\.tmp(?P<pid>\d+)")
-"""An export's staging folder beside its output: ``.<output name>.tmp<pid of the export>``."""
-
-
-def remove_stale_staging(out_dir: Path) -> list[Path]:
-    """Remove the staging folders an export to ``out_dir`` left behind when it was killed (``SIGKILL``, a power
-    cut: no clean-up ran): those beside it whose process is gone. Returns the folders removed."""
-    removed = []
-    for path in out_dir.parent.glob(f".{glob.escape(out_dir.name)}.tmp*") if out_dir.parent.is_dir() else ():
-        match = STAGING.fullmatch(path.name)
-        if match is None or match["name"] != out_dir.name or not path.is_dir() or _alive(int(match["pid"])):
-            continue
-        shutil.rmtree(path, ignore_errors=True)
-        removed.append(path)
-    if removed:
-        shown = ", ".join(map(str, removed))
-        log.info("removed %d staging folder(s) of interrupted exports: %s", len(removed), shown)
-    return removed
-
-
-def _alive(pid: int) -> bool:
-    """Whether process ``pid`` runs (this one included)."""
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
 
 
 @contextlib.contextmanager

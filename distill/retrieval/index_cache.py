@@ -13,13 +13,13 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from distill.core.checksums import file_checksum
+from distill.core.output_files import remove_stale_siblings, replace_folder, staging_path
 from distill.core.schema import ExistingOutputError
 
 INDEX_FORMAT = 1
@@ -103,11 +103,12 @@ def save_atomically(
     """Replace ``directory`` with a new index: ``write(folder)`` writes the retriever's files into a temporary
     folder, which gets ``docids.json`` and ``manifest.json`` and then takes ``directory``'s name.
 
-    Between the two renames of a replacement there is briefly no folder under the name (never a partial
-    one); a call interrupted there finds no index and rebuilds.
+    The old index is replaced by renames (:func:`~distill.core.output_files.replace_folder`), never a partial one
+    under the name; what a killed build left beside it goes first.
     """
     directory.parent.mkdir(parents=True, exist_ok=True)
-    tmp = directory.with_name(f".{directory.name}.tmp{os.getpid()}")
+    remove_stale_siblings(directory)
+    tmp = staging_path(directory)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
@@ -116,13 +117,7 @@ def save_atomically(
         checksums = {str(f.relative_to(tmp)): file_checksum(f) for f in sorted(tmp.rglob("*")) if f.is_file()}
         manifest = {"key": key, "num_docs": len(docids), **settings, "checksums": checksums}
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-        if directory.exists():
-            old = directory.with_name(f".{directory.name}.old{os.getpid()}")
-            directory.rename(old)
-            tmp.rename(directory)
-            shutil.rmtree(old)
-        else:
-            tmp.rename(directory)
+        replace_folder(tmp, directory)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -57,6 +57,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 from starlette.middleware.cors import CORSMiddleware
+from starlette.requests import ClientDisconnect
 
 from distill.core.files import read_json_object
 from distill.core.interpolation import interpolate
@@ -66,7 +67,15 @@ from distill.serving.batcher import DynamicBatcher, PredictLoop, WholeRequests
 from distill.serving.calibration import ScoreCalibration, normalised, read_calibration
 from distill.serving.encoding import Encoded, encode_pairs, token_count
 from distill.serving.fusion import Fusion
-from distill.serving.http_gate import Gate, Metrics, ServingState, api_key, error_response
+from distill.serving.http_gate import (
+    CLIENT_GONE,
+    Gate,
+    Metrics,
+    ServingState,
+    api_key,
+    client_address,
+    error_response,
+)
 from distill.serving.http_schemas import (
     ApiVersion,
     BilledUnits,
@@ -501,7 +510,11 @@ def create_app(models: ServedModel | Sequence[ServedModel], options: HttpOptions
         return error_response(error.status, str(error))
 
     @app.exception_handler(HTTPException)
-    async def httperror_response(request: Request, error: HTTPException) -> JSONResponse:
+    async def httperror_response(request: Request, error: HTTPException) -> Response:
+        if isinstance(error.__cause__, ClientDisconnect):  # left while sending its body: nobody to answer
+            log.info("client gone: %s %s from %s left while sending its body", request.method, request.url.path,
+                     client_address(request.scope))  # fmt: skip
+            return Response(status_code=CLIENT_GONE)
         detail = str(error.detail)
         if error.status_code == 400 and error.__cause__ is not None:  # FastAPI's "error parsing the body", and why
             detail = f"body: not JSON this server can read ({str(error.__cause__).splitlines()[0][:200]})"

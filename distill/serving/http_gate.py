@@ -128,6 +128,8 @@ JSON_ROUTES = ("/v1/rerank", "/v2/rerank", "/rerank")
 """The routes whose POST bodies are JSON: another media type is a 415."""
 OPEN_ROUTES = ("/health",)
 """The routes that need no API key: an orchestrator's probes carry none."""
+CLIENT_GONE = 499
+"""The status (nginx's "client closed request") a request whose client left before its answer is counted under."""
 RETRY_AFTER_S = 1
 """``Retry-After`` of a 429: a batch round lasts well under a second, so a second later the queue has moved."""
 
@@ -223,7 +225,7 @@ class _Exchange:
                 "closed the connection",
                 self.scope["method"],
                 self.scope["path"],
-                _client(self.scope),
+                client_address(self.scope),
                 timeout,
                 came,
             )
@@ -269,12 +271,12 @@ class _Exchange:
             await self.task
         except asyncio.CancelledError:
             if self.gone:
-                self.status = 499  # nginx's "client closed request"
+                self.status = CLIENT_GONE
                 log.info(
                     "client gone: %s %s from %s cancelled after %.1f s",
                     self.scope["method"],
                     self.scope["path"],
-                    _client(self.scope),
+                    client_address(self.scope),
                     time.perf_counter() - self.start,
                 )
             elif state.cutting:
@@ -290,7 +292,7 @@ class _Exchange:
                 self.watch.cancel()
 
 
-def _client(scope: dict) -> str:
+def client_address(scope: dict) -> str:
     """``host:port`` of the request's client (``unknown`` where the server does not say)."""
     client = scope.get("client")
     return f"{client[0]}:{client[1]}" if client else "unknown"

@@ -35,7 +35,7 @@ from tqdm.auto import tqdm
 
 from distill.core.config import options_of
 from distill.core.counts import counted
-from distill.core.output_files import hold_output
+from distill.core.output_files import hold_output, remove_stale_siblings, replace_folder
 from distill.core.path_checks import input_path, output_folder
 from distill.core.rank_agreement import check_ranks_agree
 from distill.core.schema import ExistingOutputError, InputError, PeerProcessFailed
@@ -917,7 +917,6 @@ def _write_dataset(work: Path, output: Path, metadata: TeacherMetadata, sizes: l
     if staging.exists():
         shutil.rmtree(staging)
     TeacherDataset.write_batches(chunk_batches(work / "chunks", sizes), metadata, staging, work / "merged.arrow")
-    if output.exists():
-        shutil.rmtree(output)
-    staging.rename(output)
+    remove_stale_siblings(output)
+    replace_folder(staging, output)  # a dataset replaced (--overwrite) stays whole under its name until then
     shutil.rmtree(work)

@@ -335,11 +335,11 @@ def test_an_unknown_hub_id_fails_at_once(monkeypatch: pytest.MonkeyPatch) -> Non
     models._check_hub.cache_clear()
 
 
-# ----------------------------------------------------------------------------- the export's staging folder
+# ----------------------------------------------------------------------------- what killed writers leave
 
 
 def test_stale_staging_folders_are_removed_and_live_ones_kept(tmp_path: Path) -> None:
-    from distill.export.exporter import remove_stale_staging
+    from distill.core.output_files import remove_stale_siblings
 
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     stale, live = tmp_path / f".export.tmp{dead.stdout.strip()}", tmp_path / f".export.tmp{os.getppid()}"
@@ -347,8 +347,32 @@ def test_stale_staging_folders_are_removed_and_live_ones_kept(tmp_path: Path) ->
     for folder in (stale, live, other):
         folder.mkdir()
         (folder / "model.onnx").write_bytes(b"x" * 10)
-    assert remove_stale_staging(tmp_path / "export") == [stale]
+    assert remove_stale_siblings(tmp_path / "export") == [stale]
     assert not stale.exists() and live.is_dir() and other.is_dir()
+    run = tmp_path / f".run.trec.tmp{dead.stdout.strip()}"  # a rerank killed while writing its run (SIGKILL)
+    run.write_text("q Q0 d 1 1.0 x\n")
+    assert remove_stale_siblings(tmp_path / "run.trec") == [run]
+
+
+def test_a_folder_replaced_by_a_writer_killed_between_its_renames_comes_back(tmp_path: Path) -> None:
+    """The export deleted the old folder file by file, then renamed the new one in: killed in between, it left a
+    half-deleted export under the name (no card.json: the rerun refused it) and the new one hidden."""
+    from distill.core.output_files import remove_stale_siblings, replace_folder
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    pid = dead.stdout.strip()
+    final = tmp_path / "export"
+    old, staging = tmp_path / f".export.old{pid}", tmp_path / f".export.tmp{pid}"
+    for folder, text in ((old, "old"), (staging, "new, unchecked")):  # as the kill between the renames left them
+        folder.mkdir()
+        (folder / "card.json").write_text(text)
+    assert remove_stale_siblings(final) == [staging]
+    assert (final / "card.json").read_text() == "old" and not old.exists() and not staging.exists()
+    new = tmp_path / "new"
+    new.mkdir()
+    (new / "card.json").write_text("new")
+    replace_folder(new, final)
+    assert (final / "card.json").read_text() == "new" and sorted(p.name for p in tmp_path.iterdir()) == ["export"]
 
 
 def test_sigterm_during_an_export_runs_its_clean_up() -> None:

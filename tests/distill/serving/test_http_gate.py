@@ -255,6 +255,26 @@ def test_a_request_whose_client_has_gone_is_cancelled_before_its_next_batch(tiny
     )
 
 
+def test_a_client_that_leaves_while_sending_its_body_is_counted_gone_not_a_500(
+    tiny_bert: Path, tiny: Reranker, call, caplog
+) -> None:
+    """Starlette's ClientDisconnect, an empty message, reached the 400 handler through FastAPI: an IndexError's
+    traceback, counted as a 500."""
+    caplog.set_level(logging.INFO)
+    query, passages = call
+    body = json.dumps({"query": query, "texts": passages[:20]}).encode()
+    with running(create_app(ServedModel(tiny_bert, tiny), HttpOptions())) as url:
+        host, port = address(url)
+        with socket.create_connection((host, port), timeout=30) as leaving:
+            leaving.sendall(post_head(host, "/rerank", len(body)) + body[:100])
+        wait_for(lambda: sample(url, "distill_requests_total", route="/rerank", code="499") == 1)
+        assert sample(url, "distill_requests_total", route="/rerank", code="500") == 0
+        assert httpx.post(f"{url}/rerank", json={"query": query, "texts": passages[:2]}).status_code == 200
+    messages = [r.getMessage() for r in caplog.records]
+    assert any(re.fullmatch(r"client gone: POST /rerank from \S+ left while sending its body", m) for m in messages)
+    assert not any(r.exc_info for r in caplog.records)
+
+
 def test_the_batcher_drops_a_cancelled_request(tiny: Reranker, call) -> None:
     """A request cancelled while queued, or between its batches, is scored no further; the others are."""
     query, passages = call
