@@ -25,7 +25,7 @@ import os
 import shutil
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -506,6 +506,9 @@ def _teach(
     reused = sum(gather_object([int((reuse.rows >= 0).sum())]))
     report = TeachReport(output, summary.pairs, summary.queries, cfg.score_columns, True, summary.skipped, reused)
     if _is_complete(output, fingerprint, cfg.overwrite):
+        if state.is_main_process:
+            _record_primary(output, cfg.scores[0])
+        state.wait_for_everyone()
         return report
 
     check_ranks_agree({"fingerprint": fingerprint}, "distill teach")  # the same inputs and teacher on every node
@@ -553,6 +556,15 @@ def _is_complete(output: Path, fingerprint: dict[str, Any], overwrite: bool) -> 
     if not overwrite:
         raise _other_output(output, differs)
     return False
+
+
+def _record_primary(output: Path, primary: str) -> None:
+    """Make ``primary`` the up-to-date dataset ``output``'s primary label, where it holds another: the columns are
+    the same (``cis`` is always among them), only the label downstream commands default to differs."""
+    metadata = TeacherDataset.open(output).metadata
+    if metadata.score != primary:
+        log.info("%s: primary score now %s (was %s); the scores are unchanged", output, primary, metadata.score)
+        replace(metadata, score=primary).write(output)
 
 
 def _prepare_work_dir(work: Path, fingerprint: dict[str, Any], overwrite: bool) -> None:

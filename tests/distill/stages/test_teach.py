@@ -115,6 +115,19 @@ def test_passage_logprob_computed_once_and_cached_across_runs(
     assert sorted((tmp_path / "cache").rglob("seg-*.jsonl")) == cache_files
 
 
+def test_a_rerun_naming_another_primary_score_records_it_without_scoring_again(
+    tiny_llama: Path, sample_file: Path, tmp_path: Path
+) -> None:
+    """--scores cis,upr, then --scores upr: "up to date", and teacher.json kept cis as the primary label, which
+    eval --teacher then compared with."""
+    out = run_teach(config(tiny_llama, sample_file, tmp_path, scores=["cis", "upr"]))
+    rows = {f.name: f.read_bytes() for f in out.glob("*.arrow")}
+    report = teach(config(tiny_llama, sample_file, tmp_path, scores=["upr"]))
+    assert report.up_to_date and report.scores == ["cis", "upr"]
+    assert metadata(out).score == "upr" and metadata(out).scores == ["cis", "upr"]
+    assert {f.name: f.read_bytes() for f in out.glob("*.arrow")} == rows
+
+
 def test_new_weights_in_a_teacher_folder_are_another_teacher(
     tiny_llama: Path, sample_file: Path, tmp_path: Path
 ) -> None:
