@@ -245,6 +245,10 @@ def train(argv: list[str]) -> TrainReport | None:
         if cli.trainer.is_global_zero:
             log.warning("%s, %s saved: resume with --ckpt_path last", stop, find_last(checkpoints))
         raise SystemExit(EXIT_INTERRUPTED if stop.signum == signal.SIGINT else EXIT_PREEMPTED) from None
+    except SystemExit as e:
+        if e.code == 1 and cli.trainer.interrupted:  # Lightning's exit on Ctrl-C before training's own handler is in
+            raise KeyboardInterrupt from None
+        raise
     finally:
         if cli.run_lock is not None:
             cli.run_lock.release()

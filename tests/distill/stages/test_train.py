@@ -158,6 +158,21 @@ def test_within_query_losses_train(
     assert not torch.equal(before["classifier.weight"], after["classifier.weight"])  # it learned
 
 
+def test_ctrl_c_in_fit_before_training_is_an_interruption_not_lightnings_exit_1(
+    tmp_path: Path, tiny_bert: Path, teacher_dataset: Path, capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C inside fit, before training's own handler is in (here as the optimisers are made): Lightning caught
+    the KeyboardInterrupt and exited 1, where the docs promise "distill train: interrupted" and 130."""
+    from students.module import CrossEncoderModule
+
+    def ctrl_c(self):
+        raise KeyboardInterrupt  # what SIGINT raises in the main thread
+
+    monkeypatch.setattr(CrossEncoderModule, "configure_optimizers", ctrl_c)
+    assert main(["train", "--config", str(write_config(tmp_path, tiny_bert, teacher_dataset))]) == 130
+    assert capsys.readouterr().err.endswith("distill train: interrupted\n")
+
+
 def test_a_within_query_validation_loss_takes_each_query_whole(
     tmp_path: Path, tiny_bert: Path, teacher_dataset: Path
 ) -> None:
