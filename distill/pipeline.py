@@ -372,7 +372,8 @@ def _train(pipeline: Pipeline, runner: Runner, teach: Stage) -> Stage:
         if resume:
             print(f"[train] resuming the interrupted run in {run.root} (--ckpt_path last)")
         with train_arguments(pipeline.train, pipeline.train_joined) as argv:
-            report = train([*argv, *(("--ckpt_path", "last") if resume else ("--overwrite", "true"))])
+            resumed = ("--ckpt_path", "last") if resume else ("--overwrite", "true")
+            report = train([*argv, *resumed], resume_hint="run the pipeline again: its train stage resumes")
         if not stage.output.is_file():
             raise MissingFileError(run.no_student())
         return report

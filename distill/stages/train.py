@@ -229,8 +229,9 @@ class TrainReport:
         return "\n".join(lines)
 
 
-def train(argv: list[str]) -> TrainReport | None:
+def train(argv: list[str], resume_hint: str = "resume with --ckpt_path last") -> TrainReport | None:
     """Run ``distill train`` with these arguments; the report on the global-zero rank (None on the others).
+    ``resume_hint`` ends the line a stop by a signal prints (``distill run`` resumes by itself).
 
     Raises:
         InputError: the arguments or config files are wrong (one line naming the key), or the data is bad.
@@ -243,7 +244,7 @@ def train(argv: list[str]) -> TrainReport | None:
         cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=cli.resume_from)
     except Preempted as stop:
         if cli.trainer.is_global_zero:
-            log.warning("%s, %s saved: resume with --ckpt_path last", stop, find_last(checkpoints))
+            log.warning("%s, %s saved: %s", stop, find_last(checkpoints), resume_hint)
         raise SystemExit(EXIT_INTERRUPTED if stop.signum == signal.SIGINT else EXIT_PREEMPTED) from None
     except SystemExit as e:
         if e.code == 1 and cli.trainer.interrupted:  # Lightning's exit on Ctrl-C before training's own handler is in
