@@ -27,7 +27,7 @@ from distill.data.label_table import (
     load_label_table,
 )
 from distill.data.loaders import read_qrels
-from distill.data.teacher_data import TeacherDataset
+from distill.data.teacher_data import TeacherDataset, dataset_digest
 from distill.model.resolver import PAPER_STUDENT
 from distill.model.unpadding import lengths_packing
 from students.sampling import (
@@ -365,9 +365,32 @@ class StudentDataModule(LightningDataModule):
     def prepare_data(self) -> None:
         """Tokenise the pairs into the cache (:mod:`students.token_store`), once: Lightning calls this on each
         node's first rank, before every rank's :meth:`setup` maps the same files."""
+        read = self._digests()
         labelled = self._labelled()
         self._first_stage_folders(labelled)  # checked before the tokenising
         self._store(labelled)
+        self._check_unchanged(read)
+
+    def _digests(self) -> dict[str, str]:
+        """Each teacher dataset folder's :func:`~distill.data.teacher_data.dataset_digest`, taken before its rows are
+        read: the labels, the texts the tokens are made of and the first-stage lists are read at different moments."""
+        given = self.hparams.teacher_data
+        folders = [folder for group in given.values() for folder in group] if isinstance(given, dict) else list(given)
+        return {str(folder): dataset_digest(folder) for folder in folders}
+
+    def _check_unchanged(self, read: dict[str, str]) -> None:
+        """Each folder of ``read`` (:meth:`_digests`) holds what it held before it was read.
+
+        Raises:
+            InputError: one was rewritten meanwhile (a ``distill teach --overwrite`` of it), naming it: the labels of
+                one version would go with the texts of another.
+        """
+        for folder, digest in read.items():
+            if dataset_digest(folder) != digest:
+                raise InputError(
+                    f"data.teacher_data: {folder} was rewritten while the training read it (a distill teach "
+                    "--overwrite?): train again once it is written"
+                )
 
     def _first_stage_folders(self, labelled: LabelTable) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
         """Each teacher dataset's candidate files, and each first stage's datasets (none without ``first_stages``)."""
@@ -409,6 +432,7 @@ class StudentDataModule(LightningDataModule):
         if self.train is not None:
             return
         h = self.hparams
+        read = self._digests()
         labelled = self._labelled()
         table, self.teachers, self.members = labelled.table, labelled.teachers, labelled.labels.members
         inputs, stage_folders = self._first_stage_folders(labelled)
@@ -471,6 +495,7 @@ class StudentDataModule(LightningDataModule):
         held = table[SOURCE].to_numpy()[is_val]
         self.val_inputs = list(dict.fromkeys(i for n in np.unique(held) for i in inputs[labelled.sources[n]]))
         self.first_stage_lists = first_stage_lists(stage_folders, inputs, self.val, held_out, self.qrels)
+        self._check_unchanged(read)
         log.info(
             "student data: %d train pairs (%d queries), %d validation pairs (%d queries); "
             "%d of %d pairs truncated to max_length=%d",

@@ -49,7 +49,7 @@ import numpy as np
 from distill.core.batching import segments
 from distill.core.checksums import file_checksum
 from distill.core.schema import InputError
-from distill.data.teacher_data import METADATA_FILE, TeacherDataset
+from distill.data.teacher_data import TeacherDataset, dataset_digest
 
 log = logging.getLogger(__name__)
 
@@ -61,19 +61,6 @@ CHUNK_PAIRS = 4096
 _FILES = ("tokens.bin", "offsets.npy", "lengths.npy", "query_lengths.npy")
 _checked: dict[Path, tuple[Any, ...]] = {}
 """Stores whose files this process built or checked: folder -> the files' identity then (:func:`_identity`)."""
-
-
-def folder_fingerprint(folder: str | Path) -> str:
-    """A digest of a teacher dataset folder's contents: its ``teacher.json``, its Arrow ``state.json`` (whose
-    ``_fingerprint`` changes with every write) and its data files' names and sizes."""
-    folder = Path(folder)
-    digest = hashlib.sha256()
-    for name in (METADATA_FILE, "state.json"):
-        path = folder / name
-        digest.update(path.read_bytes() if path.is_file() else b"-")
-    for path in sorted(folder.glob("*.arrow")):
-        digest.update(f"{path.name}:{path.stat().st_size};".encode())
-    return digest.hexdigest()[:16]
 
 
 def tokenizer_fingerprint(tokenizer: Any) -> str:
@@ -94,7 +81,7 @@ def store_key(
     rows.update(np.ascontiguousarray(source_row, dtype=np.int64).tobytes())
     parts = {
         "format": FORMAT,
-        "sources": [folder_fingerprint(folder) for folder in sources],
+        "sources": [dataset_digest(folder) for folder in sources],
         "rows": rows.hexdigest()[:16],
         "pairs": len(source),
         "tokenizer": tokenizer_fingerprint(tokenizer),

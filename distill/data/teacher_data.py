@@ -14,6 +14,7 @@ A teacher dataset folder holds
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass, fields
@@ -278,6 +279,25 @@ def _legacy(folder: Path) -> dict[str, Any] | None:
     except json.JSONDecodeError:
         return None
     return values if isinstance(values, dict) and "fingerprint" in values else None
+
+
+def dataset_digest(folder: str | Path) -> str:
+    """A digest of a teacher dataset folder's contents: its ``teacher.json``, its Arrow ``state.json`` (whose
+    ``_fingerprint`` changes with every write) and its data files' names and sizes. A file that is not there (the
+    folder being replaced) counts as missing."""
+    folder = Path(folder)
+    digest = hashlib.sha256()
+    for name in (METADATA_FILE, "state.json"):
+        try:
+            digest.update((folder / name).read_bytes())
+        except OSError:
+            digest.update(b"-")
+    for path in sorted(folder.glob("*.arrow")):
+        try:
+            digest.update(f"{path.name}:{path.stat().st_size};".encode())
+        except OSError:
+            digest.update(f"{path.name}:-;".encode())
+    return digest.hexdigest()[:16]
 
 
 def migration(folder: str | Path) -> Callable[[], None] | None:

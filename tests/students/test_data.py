@@ -548,3 +548,33 @@ def test_a_judgment_label_reads_data_qrels_and_its_held_out_judgments_only_valid
     assert top == docid  # its grade-3 pair is now the query's first
     np.testing.assert_array_equal(judged.train.labels[~rows], plain.train.labels[~rows])  # unjudged: unchanged
     assert judged.qrels == {held_out: {plain.val.docid[0]: 2}}
+
+
+def test_a_teacher_dataset_rewritten_while_the_training_reads_it_is_refused(
+    teacher_dataset: Path, tiny_bert: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The labels were read from one version of the folder and the texts tokenised from the next, which a
+    ``distill teach --overwrite`` swapped in meanwhile: a student trained on mismatched pairs, exit 0."""
+    import shutil
+
+    from distill.core.output_files import replace_folder
+    from students import data
+
+    folder = Path(shutil.copytree(teacher_dataset, tmp_path / "teacher"))
+    labels = data.load_label_table
+
+    def rewritten_after_the_labels(*args, **kwargs):
+        table = labels(*args, **kwargs)
+        new = Path(shutil.copytree(folder, tmp_path / "new"))
+        metadata = json.loads((new / "teacher.json").read_text())
+        (new / "teacher.json").write_text(json.dumps({**metadata, "command": "distill teach --overwrite true"}))
+        replace_folder(new, folder)  # as teach swaps a rewritten dataset in
+        return table
+
+    monkeypatch.setattr(data, "load_label_table", rewritten_after_the_labels)
+    dm = StudentDataModule([str(folder)], backbone=str(tiny_bert), val_queries=1, cache_dir=str(tmp_path / "tokens"))
+    with pytest.raises(InputError, match=rf"data.teacher_data: {folder} was rewritten while the training read it"):
+        dm.setup("fit")
+    monkeypatch.setattr(data, "load_label_table", labels)
+    dm.setup("fit")  # read at rest, it trains
+    assert len(dm.train) > 0
