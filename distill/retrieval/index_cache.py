@@ -88,13 +88,27 @@ def check_index_folder(directory: Path) -> None:
         ExistingOutputError: ``directory`` is a file, or a folder of something else (a teacher dataset, a user's
             files), which a new index would delete.
     """
-    if directory.is_dir() and (directory / MANIFEST).is_file():
+    if directory.is_file():
+        raise ExistingOutputError(f"index: {directory} is a file, where an index is a folder: choose another --index")
+    try:
+        names = {entry.name for entry in directory.iterdir()}  # one listing: another job may swap the folder
+    except (FileNotFoundError, NotADirectoryError):  # absent, or between the renames of another job's replacement
         return
-    if directory.is_file() or (directory.is_dir() and any(directory.iterdir())):
+    if names and MANIFEST not in names:
         raise ExistingOutputError(
             f"index: {directory} exists and is no index (no {MANIFEST}), which a new index would replace: choose "
             "another --index"
         )
+
+
+def _identity(directory: Path) -> tuple[int, int] | None:
+    """The folder's device and inode: a replacement (:func:`~distill.core.output_files.replace_folder`) gives it a
+    new one; None where it is not there."""
+    try:
+        stat = directory.stat()
+    except FileNotFoundError:
+        return None
+    return stat.st_dev, stat.st_ino
 
 
 def save_atomically(
@@ -137,8 +151,12 @@ def load_or_build(
     """
     if saved_key(directory) == key:
         if _whole(directory):
-            return load(directory), load_docids(directory), True
-        log.warning("index: %s does not match its checksums (changed since it was written): rebuilt", directory)
+            before = _identity(directory)
+            index, docids = load(directory), load_docids(directory)
+            if _identity(directory) == before:  # not replaced by another job between the reads
+                return index, docids, True
+        else:
+            log.warning("index: %s does not match its checksums (changed since it was written): rebuilt", directory)
     index, docids = build()
     save_atomically(directory, key, settings, docids, index.save)
     return index, docids, False

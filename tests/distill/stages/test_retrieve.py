@@ -288,6 +288,44 @@ def test_an_index_folder_that_holds_something_else_is_never_replaced(
     assert "reused the bm25 index" in capsys.readouterr().out
 
 
+def test_an_index_another_job_replaces_while_this_one_reads_it_is_not_mixed(tmp_path: Path) -> None:
+    """Two jobs of other settings sharing one --index: one read the index files, the other swapped its own index
+    in, and the first read that one's docids; a check that fell between the swap's renames called the index
+    folder "no index"."""
+    from distill.core.output_files import replace_folder
+    from distill.retrieval.index_cache import check_index_folder, load_docids, load_or_build
+
+    directory = tmp_path / "index"
+
+    def write(ids: list[str]):
+        return lambda folder: (folder / "ids.json").write_text(json.dumps(ids))
+
+    save_atomically(directory, "mine", {}, ["a", "b"], write(["a", "b"]))
+    check_index_folder(directory)
+    check_index_folder(tmp_path / "absent")  # as between the renames of another job's replacement
+
+    def load_while_replaced(folder: Path) -> list[str]:
+        index = json.loads((folder / "ids.json").read_text())
+        other = tmp_path / "other"
+        save_atomically(other, "theirs", {}, ["x", "y", "z"], write(["x", "y", "z"]))
+        replace_folder(other, directory)  # the other job's index, swapped in between this job's reads
+        return index
+
+    class Index:
+        def save(self, folder: Path) -> None:
+            write(["a", "b"])(folder)
+
+    built = []
+
+    def build():
+        built.append(1)
+        return Index(), ["a", "b"]
+
+    _, docids, reused = load_or_build(directory, "mine", {}, load_while_replaced, build)
+    assert not reused and built == [1] and docids == ["a", "b"]  # rebuilt, not the other's docids
+    assert load_docids(directory) == ["a", "b"]
+
+
 # --- dense, with the real all-MiniLM-L6-v2 ---
 
 
