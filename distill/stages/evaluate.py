@@ -163,7 +163,9 @@ def evaluate(cfg: EvalConfig, command: str | None = None) -> EvalResult:
             raise InputError(f"{cfg.input}: a TREC run: give it with --run (and --qrels)") from None
         skipped.update(data.skipped)
         if not data.qrels:
-            raise InputError(f"{cfg.input}: no relevance judgements; give qrels")
+            beside = Path(cfg.input).parent / "qrels.txt"
+            hint = f" (--qrels {beside}, beside it?)" if Path(cfg.input).is_file() and beside.is_file() else ""
+            raise InputError(f"{cfg.input}: no relevance judgements; give qrels{hint}")
         qrels = data.qrels
         if not Path(cfg.input).is_dir():  # a BEIR folder's candidates are its judged pairs, in qrels order: no ranking
             runs[f"{Path(cfg.input).stem}/first_stage"] = data.first_stage_run()

@@ -184,6 +184,13 @@ def test_skipped_lines_are_counted_by_kind_and_recorded(tmp_path, capsys) -> Non
     assert json.loads(out.read_text())["skipped"] == {"duplicate (qid, docid)": 4300, "a score that is not a number": 1}
 
 
+def test_an_input_without_judgements_names_the_qrels_beside_it(capsys) -> None:
+    assert main(["eval", "--input", str(DL19)]) == 2  # the shipped lists keep their qrels.txt beside them
+    assert f"{DL19}: no relevance judgements; give qrels (--qrels {DL19.parent / 'qrels.txt'}, beside it?)" in (
+        capsys.readouterr().err
+    )
+
+
 def test_empty_qrels_and_no_metric_are_named(tmp_path, capsys) -> None:
     bm25 = str(TEACHER / "runs" / "first_stage.trec")
     empty = tmp_path / "qrels.txt"
