@@ -4,9 +4,10 @@ gate of each lower precision and a model card; optionally uploaded to the Huggin
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
-from distill.core.schema import InputError
+from distill.core.schema import ExistingOutputError, InputError
 from distill.export.exporter import LICENSE, ExportReport
 from distill.export.parity_set import PARITY_DEPTH, PARITY_QUERIES
 from distill.export.quantize import Calibration, Int8Mode
@@ -70,13 +71,10 @@ class ExportConfig:
 def export(cfg: ExportConfig) -> ExportReport:
     """Export the student of ``cfg.checkpoint``; nothing is written if a format breaks its parity bound."""
     from distill.core.files import check_model_folder
+    from distill.core.output_files import hold_output
     from distill.core.path_checks import output_folder
     from distill.core.run_folder import RunLayout, student_folder
-    from distill.data.loaders import RunWithoutTexts, load_candidates
     from distill.data.loaders.qrels import qrels_files
-    from distill.export.exporter import export_student
-    from distill.export.parity_set import ParitySet, dl19_parity_set
-    from distill.export.quality_gate import validation_set
 
     if cfg.checkpoint is None:
         raise InputError("export: checkpoint is required (a training run or an HF folder)")
@@ -87,6 +85,24 @@ def export(cfg: ExportConfig) -> ExportReport:
     inputs += [("validation_qrels", path) for path in qrels_files(cfg.validation_qrels)]
     inputs += [("calibration.inputs", path) for path in cfg.calibration.inputs]
     output = output_folder(cfg.output or RunLayout.of(model).export, "export", "output", inputs, replaced=True)
+    lock = hold_output(output)
+    if lock is None:
+        raise ExistingOutputError(
+            f"{output}: another distill export is writing it now: wait for it to end, or choose another --output"
+        )
+    try:
+        return _export_held(cfg, model, output, int8)
+    finally:
+        lock.release()
+
+
+def _export_held(cfg: ExportConfig, model: Path, output: Path, int8: Int8Mode | None) -> ExportReport:
+    """The export once this process holds ``output``."""
+    from distill.data.loaders import RunWithoutTexts, load_candidates
+    from distill.export.exporter import export_student
+    from distill.export.parity_set import ParitySet, dl19_parity_set
+    from distill.export.quality_gate import validation_set
+
     try:
         if cfg.parity_input:
             parity = ParitySet.from_data(load_candidates(cfg.parity_input), cfg.parity_queries, cfg.parity_depth, 0)

@@ -104,3 +104,19 @@ def test_hub_options_are_checked_before_the_export(student: Path, tmp_path: Path
     assert main(["export", "--checkpoint", str(student), "--output", str(output), *args]) == 2
     assert message in capsys.readouterr().err
     assert not output.exists()  # the export never started (it ran whole, then the upload failed)
+
+
+def test_a_second_export_into_a_folder_being_written_is_refused_at_once(student: Path, tmp_path: Path, capsys) -> None:
+    """Two exports into one folder both ran whole, the last one's files left: now the second meets the first's lock."""
+    from distill.cli import main
+    from distill.core.output_files import hold_output
+
+    output = tmp_path / "export"
+    held = hold_output(output)  # as a running export holds it
+    assert held is not None
+    try:
+        assert main(["export", "--checkpoint", str(student), "--output", str(output)]) == 2
+    finally:
+        held.release()
+    assert f"{output}: another distill export is writing it now" in capsys.readouterr().err
+    assert not output.exists()
