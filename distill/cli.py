@@ -156,8 +156,18 @@ def missing_extra(error: ModuleNotFoundError, prog: str) -> Exception:
         return error
     return UserError(
         f"{prog} needs the {extra} extra ({module} is not installed): pip install -e '.[{extra}]' in a checkout, "
-        f"or pip install '<the cis-distill wheel>[{extra}]'"
+        f"or pip install '{_wheel_name()}[{extra}]' from the wheel"
     )
+
+
+def _wheel_name() -> str:
+    """The file name of the wheel of the installed version (``cis_distill-<version>-py3-none-any.whl``)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return f"cis_distill-{version('cis-distill')}-py3-none-any.whl"
+    except PackageNotFoundError:
+        return "<the cis-distill wheel>"
 
 
 PROJECT_LOGGERS = ("distill", "teachers", "students")

@@ -42,6 +42,7 @@ class Encoder:
             device: ``cpu`` or ``cuda[:N]``.
             max_batch_tokens: padded tokens per forward pass.
         """
+        import torch  # noqa: F401  (transformers' AutoModel needs it, and says so in a plain ImportError)
         from transformers import AutoModel, AutoTokenizer
 
         self.source = resolve_model(name)

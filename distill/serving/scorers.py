@@ -407,8 +407,10 @@ class OpenVinoScorer:
     ) -> None:
         try:
             import openvino
-        except ImportError as e:
-            raise ImportError("the openvino backend needs OpenVINO: pip install openvino") from e
+        except ImportError as e:  # a ModuleNotFoundError of openvino: the command line names its extra
+            raise ModuleNotFoundError(
+                "the openvino backend needs OpenVINO: pip install openvino", name="openvino"
+            ) from e
         if precision not in OPENVINO_PRECISIONS:
             raise InputError(f"openvino precision must be one of {list(OPENVINO_PRECISIONS)}, not {precision!r}")
         require_file(path.parent, path.name)
@@ -465,9 +467,9 @@ class TorchScriptScorer:
     """A traced module taking the input arrays positionally (named in its schema) and returning ``[batch]`` scores."""
 
     def __init__(self, path: Path, device: str = "cpu") -> None:
+        require_file(path.parent, path.name)  # before torch: a missing file is not a missing extra
         import torch
 
-        require_file(path.parent, path.name)
         self.device = torch.device(device)
         self.module = torch.jit.load(str(path), map_location=self.device).eval()
         self.input_names = tuple(arg.name for arg in self.module.forward.schema.arguments[1:])

@@ -30,6 +30,24 @@ def test_a_command_whose_extra_is_missing_names_it_in_one_line() -> None:
     assert "pip install -e '.[train]'" in line
 
 
+def test_the_openvino_backend_and_dense_retrieval_name_their_extra(exported, tmp_path) -> None:
+    """Both ended in a traceback of a plain ImportError (OpenVINO's wrapped one; transformers' "AutoModel requires
+    PyTorch"), which the line of a missing extra did not catch."""
+    from tests.conftest import DL19
+
+    argv = ["rerank", "--model", str(exported), "--backend", "openvino", "--input", str(DL19)]
+    done = without("openvino", *argv, "--output", str(tmp_path / "run.trec"))
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert "needs the openvino extra (openvino is not installed)" in done.stderr
+    corpus, queries = tmp_path / "corpus.tsv", tmp_path / "queries.tsv"
+    corpus.write_text("d1\tone passage\n")
+    queries.write_text("q1\tone query\n")
+    argv = ["retrieve", "--corpus", str(corpus), "--queries", str(queries), "--method", "dense"]
+    done = without("torch", *argv, "--output", str(tmp_path / "dense.trec"))
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert "needs the train extra (torch is not installed)" in done.stderr
+
+
 def test_a_module_no_extra_installs_is_a_bug_with_its_traceback() -> None:
     error = ModuleNotFoundError("No module named 'nonesuch'", name="nonesuch")
     assert missing_extra(error, "distill x") is error
