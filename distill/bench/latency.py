@@ -44,7 +44,7 @@ from distill.core.devices import MATMUL_SIZE, compute_dtype, resolve_device
 from distill.core.files import check_model_folder, read_json_object
 from distill.core.output_files import write_whole
 from distill.core.path_checks import output_folder
-from distill.core.project_files import CANDIDATES, DL19, QRELS, shipped
+from distill.core.project_files import CANDIDATES, DL19, qrels_beside, shipped
 from distill.core.run_folder import CHECKPOINT_ROOT, RunLayout, student_folder
 from distill.core.schema import InputError, MissingFileError, RerankingData
 from distill.data.loaders import RunWithoutTexts, load_candidates
@@ -177,8 +177,6 @@ def bench(config: BenchConfig, command: str | None = None) -> BenchReport:
         if not path.is_file():
             raise MissingFileError(f"{path}: no such bench.json")
         result = read_json_object(path)
-        if missing := [key for key in ("workloads", "cells", "skipped") if key not in result]:
-            raise InputError(f"{path}: not a bench.json (no {', '.join(map(repr, missing))})")
         report.check_result(result, path)
         return BenchReport(result, config.compare)
     return BenchReport(run_bench(config, command), config.compare)
@@ -287,12 +285,6 @@ def _students(
     return loaders, skipped, references
 
 
-def _qrels_beside(source: str) -> str | None:
-    """The ``qrels.txt`` beside the candidates file ``source``, if there is one (as the shipped data keep them)."""
-    beside = Path(source).parent / QRELS
-    return str(beside) if Path(source).is_file() and beside.is_file() else None
-
-
 def _check_student_files(folder: Path) -> None:
     """The files of the student folder that every method needs: a tokenizer vocabulary (without it the workloads
     would be made of ``[UNK]``) and safetensors weights, which its FLOPs and parameters are counted from.
@@ -381,7 +373,7 @@ def run_bench(config: BenchConfig, command: str | None = None) -> dict[str, Any]
         given = None if config.random_weights else student_folder(config.student)
         out = default_output(config, given, device)
         source = shipped(config.input, "input") if config.input == DEFAULT_INPUT else config.input
-        qrels = config.qrels or _qrels_beside(source)
+        qrels = config.qrels or qrels_beside(source)
         # Before any work or model: a file there, a folder that takes no file, an input or inside one.
         inputs = [("student", given), ("input", source), ("qrels", qrels), ("peer_student", config.peer_student)]
         output_folder(out, "bench", "output", inputs)

@@ -44,13 +44,15 @@ CELL_KEYS = (
 
 
 def check_result(result: dict[str, Any], where: Path) -> None:
-    """``result``, read from ``where``, has the workloads and cells the tables and chart read.
+    """``result``, read from ``where``, is a ``bench.json`` with the workloads and cells the tables and chart read.
 
     Raises:
         InputError: one line naming the file and what is missing.
     """
     from distill.core.schema import InputError
 
+    if missing := [key for key in ("workloads", "cells", "skipped") if key not in result]:
+        raise InputError(f"{where}: not a bench.json (no {', '.join(map(repr, missing))})")
     cells, names = result["cells"], result["workloads"]
     if not isinstance(names, list) or not all(isinstance(w, dict) and "name" in w for w in names):
         raise InputError(f"{where}: workloads: expected a list of objects with a name")

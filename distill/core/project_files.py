@@ -31,6 +31,12 @@ CALIBRATION_INPUTS = (str(DL21 / CANDIDATES), str(DL22 / CANDIDATES))
 """The int8 calibration pairs' default: DL21 and DL22 candidates (never DL19, the test set)."""
 
 
+def qrels_beside(source: str | Path) -> str | None:
+    """The :data:`QRELS` beside the candidates file ``source``, if there is one (as the shipped data keep them)."""
+    beside = Path(source).parent / QRELS
+    return str(beside) if Path(source).is_file() and beside.is_file() else None
+
+
 def shipped(path: str | Path, option: str) -> str:
     """``path``, a default in the shipped data, checked: where it is not there (an installed wheel has no ``data/``),
     one line naming the option that replaces it.

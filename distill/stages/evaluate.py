@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from distill.core.output_files import write_whole
+from distill.core.project_files import qrels_beside
 from distill.core.schema import InputError, Qrels
 from distill.data.loaders import OnBadInput, skip_summary
 from distill.eval.report import EvalReport, evaluate_runs, to_json
@@ -163,8 +164,8 @@ def evaluate(cfg: EvalConfig, command: str | None = None) -> EvalResult:
             raise InputError(f"{cfg.input}: a TREC run: give it with --run (and --qrels)") from None
         skipped.update(data.skipped)
         if not data.qrels:
-            beside = Path(cfg.input).parent / "qrels.txt"
-            hint = f" (--qrels {beside}, beside it?)" if Path(cfg.input).is_file() and beside.is_file() else ""
+            beside = qrels_beside(cfg.input)
+            hint = f" (--qrels {beside}, beside it?)" if beside else ""
             raise InputError(f"{cfg.input}: no relevance judgements; give qrels{hint}")
         qrels = data.qrels
         if not Path(cfg.input).is_dir():  # a BEIR folder's candidates are its judged pairs, in qrels order: no ranking
