@@ -35,7 +35,7 @@ from tqdm.auto import tqdm
 
 from distill.core.config import options_of
 from distill.core.counts import counted
-from distill.core.output_files import hold_output, remove_stale_siblings, replace_folder
+from distill.core.output_files import hold_output, remove_stale_siblings, replace_folder, staging_path
 from distill.core.path_checks import input_path, output_folder
 from distill.core.rank_agreement import check_ranks_agree
 from distill.core.schema import ExistingOutputError, InputError, PeerProcessFailed
@@ -621,14 +621,13 @@ def _write_passage_requests(keys: np.ndarray, share: Share, pairs: int, work: Pa
     bucket = (high % np.uint64(buckets)).astype(np.int64)
     order = np.lexsort((places, bucket))
     folder = _requests(work, share.rank)
-    tmp = folder.with_name(f".{folder.name}.tmp{os.getpid()}")
+    tmp = staging_path(folder)
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     for name, values in (("key", keys[order]), ("place", places[order]), ("row", rows[order])):
         np.save(tmp / f"{name}.npy", values)
     np.save(tmp / "starts.npy", np.searchsorted(bucket[order], np.arange(buckets + 1)))
-    shutil.rmtree(folder, ignore_errors=True)
-    tmp.rename(folder)
+    replace_folder(tmp, folder)
 
 
 def _score_passages(
