@@ -23,16 +23,18 @@ def run_from_columns(qids: Sequence[str], docids: Sequence[str], scores: Sequenc
 
 
 def write_trec_run(path: str | Path, run: Run, tag: str) -> None:
-    """Write ``run`` ranked by score (ties by docid), whole (:func:`distill.core.output_files.open_whole`)."""
+    """Write ``run`` ranked by score (ties by docid), whole (:func:`distill.core.output_files.open_whole`); each
+    score as the shortest decimal that reads back as the same float, so a reader ranks the file as written."""
     queries = ((qid, list(scores), [list(scores.values())]) for qid, scores in run.items())
     write_trec_runs({tag: Path(path)}, queries)
 
 
 def write_trec_runs(paths: dict[str, Path], queries: Iterable[tuple[str, list[str], list[list[float]]]]) -> None:
     """Write one run per tag of ``paths`` (tag -> file), a query at a time: ``queries`` gives each query's id, its
-    docids and, for each tag in order, their scores. Each query is ranked by score (ties by docid); each file is
-    written whole (:func:`distill.core.output_files.open_whole`). Ids and tags are single whitespace-free fields
-    (the loaders refuse other ids).
+    docids and, for each tag in order, their scores. Each query is ranked by score (ties by docid), each score
+    written exactly (the shortest decimal that reads back as the same float); each file is written whole
+    (:func:`distill.core.output_files.open_whole`). Ids and tags are single whitespace-free fields (the loaders
+    refuse other ids).
 
     Raises:
         ValueError: a tag that is empty or holds whitespace.
@@ -46,7 +48,7 @@ def write_trec_runs(paths: dict[str, Path], queries: Iterable[tuple[str, list[st
             for (tag, f), scores in zip(files.items(), columns, strict=True):
                 ranked = sorted(zip(docids, map(float, scores), strict=True), key=lambda kv: (-kv[1], kv[0]))
                 f.writelines(
-                    f"{qid} Q0 {docid} {rank} {score:.6f} {tag}\n" for rank, (docid, score) in enumerate(ranked, 1)
+                    f"{qid} Q0 {docid} {rank} {score!r} {tag}\n" for rank, (docid, score) in enumerate(ranked, 1)
                 )
 
 

@@ -53,9 +53,19 @@ def test_run_files_round_trip(tmp_path) -> None:
     run = {"q1": {"a": 1.5, "b": 3.0}, "q2": {"c": -1.0}}
     write_trec_run(tmp_path / "r.trec", run, tag="t")
     lines = (tmp_path / "r.trec").read_text().splitlines()
-    assert lines[0] == "q1 Q0 b 1 3.000000 t" and lines[1] == "q1 Q0 a 2 1.500000 t"
+    assert lines[0] == "q1 Q0 b 1 3.0 t" and lines[1] == "q1 Q0 a 2 1.5 t"
     assert read_trec_run(tmp_path / "r.trec") == run
     assert load_qrels(DL19_QRELS)["19335"]["1017759"] == 0
+
+
+def test_scores_closer_than_a_millionth_keep_their_order_when_read_back(tmp_path) -> None:
+    """Calibrated probabilities near 1 differ past the sixth decimal: rounded, they would tie, and a reader (trec_eval
+    breaks ties by docid) would rank the file otherwise than it was written."""
+    run = {"q1": {"a": 0.99999971, "b": 0.99999993, "c": 0.9999998}}
+    write_trec_run(tmp_path / "r.trec", run, tag="t")
+    assert read_trec_run(tmp_path / "r.trec") == run
+    qrels = {"q1": {"b": 1}}
+    assert evaluate(read_trec_run(tmp_path / "r.trec"), qrels, ["RR@10"])["RR@10"] == pytest.approx(100.0)
 
 
 def test_per_query_values_by_hand() -> None:
