@@ -16,6 +16,7 @@ pairs are gathered back to back instead (:meth:`Encoded.pack`, :class:`Packed`),
 from __future__ import annotations
 
 import itertools
+import logging
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -39,9 +40,17 @@ def input_names(tokenizer: Any) -> tuple[str, ...]:
     return tuple(name for name in INPUT_NAMES if name in tokenizer.model_input_names)
 
 
+def without_torch_notice(record: logging.LogRecord) -> bool:
+    """Whether ``record`` is not transformers' "PyTorch was not found. Models won't be available ..." notice, which
+    its import logs where torch is not installed: on the light install, which scores with ONNX or OpenVINO and needs
+    transformers for its tokenizers only, the notice is wrong."""
+    return not str(record.msg).startswith("PyTorch was not found")
+
+
 def load_tokenizer(folder: str | Path) -> Any:
     """The tokenizer of a student folder, by the class its ``tokenizer_config.json`` names (that import needs no
     torch, where ``AutoTokenizer`` reads the model config, which imports it), else by ``AutoTokenizer``."""
+    logging.getLogger("transformers").addFilter(without_torch_notice)  # before the import that logs it; added once
     import transformers
 
     folder = Path(folder)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import subprocess
 import sys
 
@@ -83,3 +84,17 @@ def test_rerank_and_serve_an_onnx_export_where_torch_cannot_be_imported(exported
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert len(output.read_text().splitlines()) == 36
+
+
+@pytest.mark.slow
+def test_the_python_api_scores_an_onnx_export_without_torch_quietly(exported) -> None:
+    """transformers' import logs "PyTorch was not found. Models won't be available" where torch is missing: wrong
+    for a reranker that scores with ONNX, and shown to every user of the light install's Python API."""
+    script = (
+        BLOCK + "from distill.serving.reranker import Reranker\n"
+        "reranker = Reranker.load(sys.argv[2], backend='onnx')\n"
+        "print(reranker.probabilities('a query', ['one passage', 'another passage']))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script, "torch", str(exported)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert len(json.loads(done.stdout)) == 2 and done.stderr == "", done.stderr
