@@ -27,6 +27,7 @@ import numpy as np
 
 from distill.core.batching import segments
 from distill.core.files import read_json_object
+from distill.serving.prefixes import MARGIN, prefixes, splits_at_spaces
 
 INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
 """The inputs a cross-encoder can take, in the order of the exported graphs' inputs."""
@@ -281,12 +282,12 @@ def _encode_fast(
     which = np.zeros(count, np.int64) if len(distinct) == 1 else np.array([position[q] for q in queries], np.int64)
     query_encodings = _encode_batch(backend, distinct)
     templates = [_template(backend, q, special) for q in query_encodings]
-    encodings = _encode_batch(backend, passages)
+    query_lengths = np.array([len(q) for q in query_encodings], np.int64)[which]
+    room = max_length - special - query_lengths
+    encodings = _encode_passages(tokenizer, backend, passages, max_length, room)
     passage_rows = [e.ids for e in encodings]
     passage_lengths = np.fromiter(map(len, passage_rows), np.int64, count)
     flat = _flat(passage_rows, int(passage_lengths.sum()))
-    query_lengths = np.array([len(q) for q in query_encodings], np.int64)[which]
-    room = max_length - special - query_lengths
     truncated = int(np.sum(passage_lengths > room))
     kept = np.clip(passage_lengths, 0, np.maximum(room, 0))
     skip = passage_lengths - kept if tokenizer.truncation_side == "left" else np.zeros_like(kept)
@@ -329,6 +330,32 @@ def _encode_fast(
             size += len(row["input_ids"])
     tokens = segments(starts.ravel(), lengths.ravel())
     return Encoded(np.concatenate(ids)[tokens], np.concatenate(types)[tokens], lengths.sum(1), truncated, names)
+
+
+def _encode_passages(
+    tokenizer: Any, backend: Any, passages: Sequence[str], max_length: int, room: np.ndarray
+) -> list[Any]:
+    """Each passage encoded without special tokens, a long one from a prefix where that gives its pair's kept tokens
+    (:mod:`distill.serving.prefixes`; not where the passage is cut on the left): the prefix's encoding, at least
+    ``room[i]`` plus :data:`~distill.serving.prefixes.MARGIN` tokens, stands for the whole passage's."""
+    texts, cut = prefixes(passages, max_length) if tokenizer.truncation_side == "right" else (passages, [])
+    if cut and not _splits_at_spaces(tokenizer, backend):
+        texts, cut = passages, []
+    encodings = _encode_batch(backend, texts)
+    short = [i for i in cut if len(encodings[i]) < room[i] + MARGIN]
+    for i, encoding in zip(short, _encode_batch(backend, [passages[i] for i in short]) if short else [], strict=True):
+        encodings[i] = encoding
+    return encodings
+
+
+_SPLITS_AT_SPACES: weakref.WeakKeyDictionary[Any, bool] = weakref.WeakKeyDictionary()
+
+
+def _splits_at_spaces(tokenizer: Any, backend: Any) -> bool:
+    """:func:`~distill.serving.prefixes.splits_at_spaces` of ``tokenizer``'s Rust ``backend``, read once."""
+    if tokenizer not in _SPLITS_AT_SPACES:
+        _SPLITS_AT_SPACES[tokenizer] = splits_at_spaces(backend)
+    return _SPLITS_AT_SPACES[tokenizer]
 
 
 def token_count(tokenizer: Any, text: str) -> int:

@@ -175,8 +175,9 @@ class Scores:
 
 
 class RerankService:
-    """Tokenises requests on a thread of its own and scores them through a :class:`DynamicBatcher` (a
-    :class:`~distill.serving.reranker.Reranker`), or a :class:`PredictLoop` (a model that scores whole requests)."""
+    """Tokenises requests, one at a time, on a thread of its own (off the event loop) and scores them through a
+    :class:`DynamicBatcher` (a :class:`~distill.serving.reranker.Reranker`), or a :class:`PredictLoop` (a model that
+    scores whole requests)."""
 
     def __init__(self, reranker: Reranker | WholeRequests, options: HttpOptions, metrics: Metrics) -> None:
         self.reranker = reranker

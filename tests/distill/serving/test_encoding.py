@@ -172,3 +172,90 @@ def test_the_passages_are_encoded_in_one_parallel_call_and_joined_without_per_pa
     assert encode_pairs(tokenizer, [query] * 100, passages, 512) == want
     assert sorted(calls) == [("encode_batch_fast", 1), ("encode_batch_fast", 100), ("post_process", 1)]
     assert os.environ.get("TOKENIZERS_PARALLELISM") == before
+
+
+def long_documents(call) -> list[str]:
+    """Documents many times the pair's length, among them text with few tokens a character past the prefix's cut
+    (one unbroken word, combining marks, runs of spaces), where the prefix cannot stand for the whole."""
+    _, passages = call
+    prose = " ".join(passages)  # about 60 k characters of DL19 passages
+    return [
+        prose,
+        prose[:9000],
+        "x" * 20_000 + " " + prose,  # one word longer than the cut: an [UNK] or a few BPE tokens
+        "\u0301" * 12_000 + " " + prose,  # combining marks, which BERT's normaliser strips
+        "  " * 6_000 + prose,  # the spaces before the first word
+        "a " * 5_000,
+    ]
+
+
+@pytest.mark.parametrize("kind", ["bert", "roberta"])
+@pytest.mark.parametrize("max_length", [512, 64])
+def test_long_documents_encoded_from_a_prefix_keep_the_tokenizers_own_ids(
+    tokenizer, kind: str, max_length: int, call
+) -> None:
+    from tokenizers import processors
+
+    if kind == "roberta":
+        tokenizer = bpe_tokenizer(processors.RobertaProcessing(("</s>", 2), ("<s>", 1)))
+    documents = long_documents(call)
+    queries = [call[0]] * len(documents)
+    encoded = encode_pairs(tokenizer, queries, documents, max_length)
+    features, truncated = reference(tokenizer, queries, documents, max_length)
+    names = list(encoded.names)
+    assert encoded.features == [{name: f[name] for name in names} for f in features]
+    assert encoded.truncated == truncated == len(documents)
+
+
+def test_a_long_document_is_encoded_from_its_prefix_only(tokenizer, call, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The longest text the Rust backend gets is the cut (16 characters a token of the pair's length) and the rest
+    of its last word, not the megabytes sent; text whose prefix gives too few tokens is encoded whole."""
+    from distill.serving.encoding import _plain_backend
+    from distill.serving.prefixes import CHARS_PER_TOKEN
+
+    backend = _plain_backend(tokenizer)
+    seen: list[int] = []
+
+    class Spy:
+        def __getattr__(self, name):
+            attribute = getattr(backend, name)
+            if name.startswith("encode_batch"):
+
+                def spied(texts, *args, **kwargs):
+                    seen.extend(map(len, texts))
+                    return attribute(texts, *args, **kwargs)
+
+                return spied
+            return attribute
+
+    monkeypatch.setattr("distill.serving.encoding._plain_backend", lambda tokenizer: Spy())
+    documents = [" ".join(call[1]) * 40, "x" * 20_000 + " word"]
+    encode_pairs(tokenizer, [call[0]] * 2, documents, 128)
+    limit = CHARS_PER_TOKEN * 128
+    assert limit <= seen[1] < limit + 100  # the prose: its prefix, to the end of a word
+    # the unbroken word's prefix (20,000 characters) gave too few tokens: that document is encoded again, whole
+    assert seen[2:] == [20_000, 20_005] and len(documents[0]) > 1_000_000
+
+
+def test_only_tokenizers_that_split_words_at_spaces_are_encoded_from_a_prefix() -> None:
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
+
+    from distill.serving.prefixes import splits_at_spaces
+
+    def spec(pre_tokenizer, normalizer=None) -> bool:
+        backend = Tokenizer(models.WordLevel({"[UNK]": 0}, unk_token="[UNK]"))
+        if pre_tokenizer is not None:
+            backend.pre_tokenizer = pre_tokenizer
+        if normalizer is not None:
+            backend.normalizer = normalizer
+        return splits_at_spaces(backend)
+
+    split_gpt4 = pre_tokenizers.Split(r"\p{L}+", "isolated")
+    assert spec(pre_tokenizers.BertPreTokenizer(), normalizers.BertNormalizer())
+    assert spec(pre_tokenizers.ByteLevel()) and not spec(pre_tokenizers.ByteLevel(use_regex=False))
+    assert spec(pre_tokenizers.Metaspace()) and not spec(pre_tokenizers.Metaspace(split=False))
+    assert spec(pre_tokenizers.Sequence([pre_tokenizers.WhitespaceSplit(), pre_tokenizers.Punctuation()]))
+    assert not spec(pre_tokenizers.Sequence([split_gpt4, pre_tokenizers.ByteLevel(use_regex=False)]))
+    assert not spec(None) and not spec(pre_tokenizers.Punctuation())
+    assert not spec(pre_tokenizers.WhitespaceSplit(), normalizers.Replace(" ", ""))  # spaces removed: words join
+    assert spec(pre_tokenizers.WhitespaceSplit(), normalizers.Sequence([normalizers.NFD(), normalizers.Lowercase()]))
