@@ -39,8 +39,31 @@ def _valid_text(text: str) -> str:
     return text
 
 
+def _unencodable(value: Any, where: str = "") -> str | None:
+    """Where a string in a document object (a key or a value, at any depth: ``['meta']['tags'][0]``) holds a lone
+    UTF-16 surrogate, and what; None where none does. The answer returns the object whole, and its JSON (UTF-8)
+    could not hold that string, even in a field that is not scored."""
+    if isinstance(value, str):
+        fault = None if value.isascii() else text_fault(value.replace("\x00", ""))  # a NUL is fine in JSON
+        return f"{where.lstrip()}: {fault}" if fault else None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            found = _unencodable(key, f"{where} key {key!r}") or _unencodable(item, f"{where}[{key!r}]")
+            if found:
+                return found
+    if isinstance(value, list):
+        for i, item in enumerate(value):
+            if found := _unencodable(item, f"{where}[{i}]"):
+                return found
+    return None
+
+
 def _document_text(value: Any) -> Any:
     """A document's text: the string itself, or the ``text`` of a ``{"text": ...}`` object (Cohere v1, Jina)."""
+    if isinstance(value, dict):  # its text is checked as a text, below; the rest as what the answer returns
+        rest = {key: item for key, item in value.items() if key != "text" or not isinstance(item, str)}
+        if fault := _unencodable(rest):
+            raise PydanticCustomError("invalid_text", fault.replace("{", "{{").replace("}", "}}"))
     if isinstance(value, dict) and isinstance(value.get("text"), str):
         return value["text"]
     if not isinstance(value, str):
@@ -136,7 +159,7 @@ class CohereRequest(_Request):
         if isinstance(fields, list) and fields and all(isinstance(f, str) for f in fields):
             texts = []
             for i, document in enumerate(documents):
-                if isinstance(document, dict):
+                if isinstance(document, dict) and not _unencodable(document):  # else named where it is validated
                     if missing := [f for f in fields if not isinstance(document.get(f), str | int | float)]:
                         raise PydanticCustomError(
                             "rank_fields", "documents[{i}] has no rank field {field} (a string or a number)",

@@ -257,6 +257,24 @@ BAD_REQUESTS = {
         422,
         "documents[1]: has a lone UTF-16 surrogate (\\udc00) at character 1",
     ),
+    "lone surrogate in a field that is not scored": (
+        "/v1/rerank",
+        b'{"query": "q", "documents": [{"text": "ok", "m": "\\udc00"}], "return_documents": true}',
+        422,
+        "documents[0]: ['m']: has a lone UTF-16 surrogate (\\udc00) at character 0",
+    ),
+    "lone surrogate deep in an object": (
+        "/v2/rerank",
+        b'{"query": "q", "documents": [{"text": "ok", "m": {"deep": ["a", "\\ud800"]}}], "rank_fields": ["text"]}',
+        422,
+        "documents[0]: ['m']['deep'][1]: has a lone UTF-16 surrogate (\\ud800)",
+    ),
+    "lone surrogate in a key": (
+        "/v1/rerank",
+        b'{"query": "q", "documents": [{"text": "ok", "m\\ud800": 1}]}',
+        422,
+        "documents[0]: key 'm\\ud800': has a lone UTF-16 surrogate (\\ud800) at character 1",
+    ),
     "NUL in a text": (
         "/rerank",
         b'{"query": "q", "texts": ["a\\u0000b"]}',
