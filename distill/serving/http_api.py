@@ -592,10 +592,10 @@ def create_app(models: ServedModel | Sequence[ServedModel], options: HttpOptions
             for i in _ranked(raw, None)
         ]
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])
     async def health() -> dict[str, Any]:
         """200 while serving (503 once draining): the default model's backend and its device (each model's under
-        ``models``), and the rerank requests queued."""
+        ``models``), and the rerank requests queued; ``HEAD`` (some health checkers' method): the status alone."""
         backends = {
             name: {"backend": m.model.reranker.backend, "device": getattr(m.model.reranker, "device", None)}
             for name, m in served.items()

@@ -165,6 +165,16 @@ def _not_json(headers: dict[bytes, bytes]) -> str | None:
     return f"content-type: {media or 'empty'} is not JSON; send application/json"
 
 
+def _encoded(headers: dict[bytes, bytes]) -> str | None:
+    """Why a body's ``content-encoding`` cannot be read, in one line naming the header; None for none (or
+    ``identity``). Read as plain text, a gzip body would be a 400 about its bytes, and a ``br`` body that happened
+    to be text would be scored as sent."""
+    value = headers.get(b"content-encoding", b"").decode("latin-1").strip().lower()
+    if value in ("", "identity"):
+        return None
+    return f"content-encoding: {value} is not supported; send the body uncompressed"
+
+
 def _closing(status: int, message: str) -> JSONResponse:
     """:func:`_error`, and the connection closed after it."""
     response = error_response(status, message)
@@ -299,7 +309,8 @@ def client_address(scope: dict) -> str:
 
 
 class Gate:
-    """ASGI middleware in front of the routes: 503 while draining, 415 for a rerank body that is not JSON, 413 for a
+    """ASGI middleware in front of the routes: 503 while draining, 400 for a body framed by both its length and a
+    transfer encoding, 415 for a rerank body that is not JSON or is compressed, 413 for a
     body over the limit, 408 for a body not complete within the read timeout, a request cancelled once its client has
     gone and cut at the drain's deadline (:class:`_Exchange`), and each request's count, status and latency in the
     metrics."""
@@ -329,11 +340,15 @@ class Gate:
         try:
             if self.state.draining:
                 await _closing(503, "the server is shutting down")(scope, receive, exchange.send)
+            elif b"content-length" in headers and b"transfer-encoding" in headers:
+                # RFC 9112 6.3: a proxy and this server could frame such a body apart (request smuggling)
+                framed = "content-length and transfer-encoding: both sent; a body is framed by one of them"
+                await _closing(400, framed)(scope, receive, exchange.send)
             elif self.api_key and not _open(scope) and not _authorised(headers, self.api_key):
                 refusal = refuse(401, "authorization: a missing or wrong bearer token (Authorization: Bearer <key>)")
                 refusal.headers["www-authenticate"] = "Bearer"
                 await refusal(scope, receive, exchange.send)
-            elif reranks and (wrong := _not_json(headers)):
+            elif reranks and (wrong := _not_json(headers) or _encoded(headers)):
                 await refuse(415, wrong)(scope, receive, exchange.send)
             elif length.isdigit() and int(length) > self.max_body_bytes:
                 limit = f"over this server's limit of {self.max_body_bytes} bytes"

@@ -141,6 +141,11 @@ class HttpOptions:
     """Seconds a client has to send a request's head (from its connection or its first byte) and then its body (from
     the head): a body not complete in time gets a 408 and the connection is closed, a head not complete in time the
     connection closed (after a 408 if part of it came); each is one line in the log."""
+    keep_alive_timeout: float = 75.0
+    """Seconds a kept-alive connection may idle between requests before the server closes it. Keep it above the idle
+    timeout of a proxy or load balancer in front (nginx's upstream ``keepalive_timeout`` and AWS's ALB: 60 s; Google
+    Cloud's load balancer: 600 s): else the proxy can send a request on a connection the server is closing, and
+    answer it with a 502."""
     graceful_timeout: float = 40.0
     """Seconds the drain on SIGTERM waits for the requests in flight (new ones get 503) before it cuts those still
     open (a 503 to each not yet answered) and the process exits 0. The default is a request read within
@@ -180,7 +185,7 @@ class HttpOptions:
                     "https://app.example.com (no path), or *"
                 )
         for name in ("max_documents", "max_tokens_per_doc", "max_body_bytes", "request_read_timeout",
-                     "max_queued_requests"):  # fmt: skip
+                     "keep_alive_timeout", "max_queued_requests"):  # fmt: skip
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise InputError(f"serve: {name} must be positive, got {value}")

@@ -198,8 +198,8 @@ def timed_h11(read_timeout: float) -> type:
 
 def uvicorn_config(app: Any, **settings: Any) -> Any:
     """uvicorn's config for an app of :func:`~distill.serving.http_api.create_app`: h11 with the head's deadline of
-    its options' ``request_read_timeout`` (:func:`timed_h11`), no access log, warnings only, and :data:`CUT_GRACE`
-    for the connections left after a drain (``settings`` go to ``uvicorn.Config`` too)."""
+    its options' ``request_read_timeout`` (:func:`timed_h11`), their ``keep_alive_timeout``, no access log, warnings
+    only, and :data:`CUT_GRACE` for the connections left after a drain (``settings`` go to ``uvicorn.Config`` too)."""
     import uvicorn
 
     state: ServingState = app.state.serving
@@ -210,6 +210,7 @@ def uvicorn_config(app: Any, **settings: Any) -> Any:
             "access_log": False,
             "log_level": "warning",
             "http": timed_h11(state.options.request_read_timeout),
+            "timeout_keep_alive": state.options.keep_alive_timeout,
             "timeout_graceful_shutdown": CUT_GRACE,
             **settings,
         },

@@ -96,6 +96,9 @@ def test_the_timeouts_are_options_of_distill_serve() -> None:
         ServeConfig(model="m", request_read_timeout=0)
     with pytest.raises(InputError, match="serve: graceful_timeout must be >= 0, got -1"):
         ServeConfig(model="m", graceful_timeout=-1)
+    assert ServeConfig(model="m", keep_alive_timeout=90).options.keep_alive_timeout == 90
+    with pytest.raises(InputError, match="serve: keep_alive_timeout must be positive, got 0"):
+        ServeConfig(model="m", keep_alive_timeout=0)
 
 
 def test_a_stalled_body_gets_a_408_and_one_log_line(tiny_bert: Path, tiny: Reranker, caplog) -> None:
@@ -339,6 +342,71 @@ def test_a_body_that_is_not_json_gets_a_415(tiny_bert: Path, tiny: Reranker, con
             expected = f"content-type: {media} is not JSON" if media else "content-type: missing"
             assert answer.json() == {"error": f"{expected}; send application/json", "error_type": "validation"}
         assert client.post("/rerank", json={"query": "q", "texts": ["a"]}).status_code == 200  # the same connection
+
+
+def test_a_compressed_body_gets_a_415_naming_its_encoding(tiny_bert: Path, tiny: Reranker) -> None:
+    """Read as plain text, a gzip body was a 400 about its bytes, and a ``br`` body that was text was scored."""
+    import gzip
+
+    body = json.dumps({"query": "q", "texts": ["a"]}).encode()
+    with running(create_app(ServedModel(tiny_bert, tiny))) as url, httpx.Client(base_url=url) as client:
+        json_type = {"content-type": "application/json"}
+        for encoding, sent in (("gzip", gzip.compress(body)), ("br", body), ("GZIP, identity", gzip.compress(body))):
+            answer = client.post("/rerank", content=sent, headers={**json_type, "content-encoding": encoding})
+            assert answer.status_code == 415, answer.text
+            expected = f"content-encoding: {encoding.lower()} is not supported; send the body uncompressed"
+            assert answer.json() == {"error": expected, "error_type": "validation"}
+        with httpx.Client(base_url=url) as client:  # a refusal before the body closes its connection: a new one
+            assert client.post(
+                "/rerank", content=body, headers={**json_type, "content-encoding": "identity"}
+            ).is_success
+
+
+def test_a_body_framed_by_both_length_and_chunks_gets_a_400_and_a_closed_connection(
+    tiny_bert: Path, tiny: Reranker
+) -> None:
+    """RFC 9112 6.3: a proxy that frames the body by one header and this server by the other would disagree on where
+    the next request starts (request smuggling)."""
+    with running(create_app(ServedModel(tiny_bert, tiny))) as url:
+        host, port = address(url)
+        body = b'{"query": "q", "texts": ["a"]}'
+        chunked = f"{len(body):x}\r\n".encode() + body + b"\r\n0\r\n\r\n"
+        with socket.create_connection((host, port), timeout=10) as sock:
+            sock.sendall(
+                post_head(host, "/rerank", len(body)).replace(b"\r\n\r\n", b"\r\nTransfer-Encoding: chunked\r\n\r\n")
+            )
+            sock.sendall(chunked)
+            status, error, head = read_answer(sock)
+            assert (status, error["error"]) == (
+                400,
+                "content-length and transfer-encoding: both sent; a body is framed by one of them",
+            )
+            assert b"connection: close" in head.lower() and closed(sock)
+
+
+def test_health_answers_head_requests(tiny_bert: Path, tiny: Reranker) -> None:
+    with running(create_app(ServedModel(tiny_bert, tiny))) as url:
+        answer = httpx.head(f"{url}/health")
+        assert answer.status_code == 200 and answer.content == b""
+
+
+def test_an_idle_kept_alive_connection_is_closed_after_the_keep_alive_timeout(tiny_bert: Path, tiny: Reranker) -> None:
+    """Not after uvicorn's fixed 5 s: a proxy that keeps idle connections longer (nginx, cloud load balancers: 60 s
+    and more) would reuse one the server is closing and answer 502."""
+    assert HttpOptions().keep_alive_timeout > 60
+    body = b'{"query": "q", "texts": ["a"]}'
+    for timeout, still_open_after in ((0.5, None), (6.0, 5.5)):
+        with running(create_app(ServedModel(tiny_bert, tiny), HttpOptions(keep_alive_timeout=timeout))) as url:
+            host, port = address(url)
+            with socket.create_connection((host, port), timeout=10) as sock:
+                sock.sendall(post_head(host, "/rerank", len(body)) + body)
+                assert read_answer(sock)[0] == 200
+                if still_open_after is None:
+                    assert closed(sock, 3)
+                else:  # past uvicorn's 5 s, the connection still serves
+                    time.sleep(still_open_after)
+                    sock.sendall(post_head(host, "/rerank", len(body)) + body)
+                    assert read_answer(sock)[0] == 200
 
 
 def test_the_drain_deadline_cuts_a_stalled_request_with_a_503(tiny_bert: Path, tiny: Reranker) -> None:
