@@ -48,6 +48,7 @@ import yaml
 from distill.cli import COMMANDS
 from distill.core.checksums import stat_digest
 from distill.core.config import check_keys, load_section, read_yaml_mapping
+from distill.core.output_files import folder_identity
 from distill.core.run_folder import CHECKPOINT_ROOT, RunLayout
 from distill.core.schema import InputError, MissingFileError
 
@@ -363,17 +364,23 @@ def _train(pipeline: Pipeline, runner: Runner, teach: Stage) -> Stage:
 
     def work() -> Any:
         # A run started with these very options (then preempted or killed) resumes from its last checkpoint; any
-        # other run belongs to other options, and distill train replaces it once its data is read and checked (a
-        # run that cannot start removes nothing).
+        # other run belongs to other options, and distill train replaces it once its data is read and checked, and
+        # puts it back if the new run fails (a run that fails removes nothing).
         started = runner.stamp("train").with_suffix(".started")
         resume = "train" not in runner.force and started.is_file() and started.read_text().strip() == stage.key
         started.parent.mkdir(parents=True, exist_ok=True)
         started.write_text(stage.key + "\n")
         if resume:
             print(f"[train] resuming the interrupted run in {run.root} (--ckpt_path last)")
+        earlier = None if resume else folder_identity(run.root)
         with train_arguments(pipeline.train, pipeline.train_joined) as argv:
             resumed = ("--ckpt_path", "last") if resume else ("--overwrite", "true")
-            report = train([*argv, *resumed], resume_hint="run the pipeline again: its train stage resumes")
+            try:
+                report = train([*argv, *resumed], resume_hint="run the pipeline again: its train stage resumes")
+            except BaseException:
+                if earlier is not None and folder_identity(run.root) == earlier:  # the earlier run was put back:
+                    started.unlink(missing_ok=True)  # the next pipeline replaces it again, rather than resume it
+                raise
         if not stage.output.is_file():
             raise MissingFileError(run.no_student())
         return report

@@ -117,17 +117,43 @@ def staging_path(final: Path) -> Path:
 
 def replace_folder(staging: Path, final: Path) -> None:
     """Give the finished folder ``staging`` the name ``final`` by renames, never deleting under that name: an
-    existing ``final`` is renamed aside (``.<name>.old<pid>``), ``staging`` renamed in, and the old one removed
+    existing ``final`` is renamed aside (:func:`set_aside`), ``staging`` renamed in, and the old one removed
     last. A reader sees the old folder or the new one, whole; a writer killed between the renames leaves no folder
     under the name, and the next writer's :func:`remove_stale_siblings` puts the old one back."""
     if not final.exists():
         staging.rename(final)
         return
+    old = set_aside(final)
+    staging.rename(final)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def set_aside(final: Path) -> Path:
+    """Rename the folder ``final`` aside, to ``.<name>.old<pid>`` beside it, until what replaces it is whole; that
+    path. :func:`put_back` undoes it; a writer killed meanwhile leaves it for :func:`remove_stale_siblings`."""
     old = final.with_name(f".{final.name}.old{os.getpid()}")
     shutil.rmtree(old, ignore_errors=True)
     final.rename(old)
-    staging.rename(final)
-    shutil.rmtree(old, ignore_errors=True)
+    return old
+
+
+def folder_identity(folder: Path) -> tuple[int, int] | None:
+    """The folder's device and inode: a replacement (:func:`replace_folder`) gives the name another, a folder put
+    back (:func:`put_back`) its own again; None where nothing is there."""
+    try:
+        stat = folder.stat()
+    except FileNotFoundError:
+        return None
+    return stat.st_dev, stat.st_ino
+
+
+def put_back(old: Path, final: Path) -> None:
+    """Undo :func:`set_aside`: remove what is under the name ``final`` now, and rename ``old`` back to it."""
+    if final.is_dir() and not final.is_symlink():
+        shutil.rmtree(final)
+    else:
+        final.unlink(missing_ok=True)
+    old.rename(final)
 
 
 def remove_stale_siblings(final: Path) -> list[Path]:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from distill.core.checksums import file_checksum
-from distill.core.output_files import remove_stale_siblings, replace_folder, staging_path
+from distill.core.output_files import folder_identity, remove_stale_siblings, replace_folder, staging_path
 from distill.core.schema import ExistingOutputError
 
 INDEX_FORMAT = 1
@@ -101,16 +101,6 @@ def check_index_folder(directory: Path) -> None:
         )
 
 
-def _identity(directory: Path) -> tuple[int, int] | None:
-    """The folder's device and inode: a replacement (:func:`~distill.core.output_files.replace_folder`) gives it a
-    new one; None where it is not there."""
-    try:
-        stat = directory.stat()
-    except FileNotFoundError:
-        return None
-    return stat.st_dev, stat.st_ino
-
-
 def save_atomically(
     directory: Path, key: str, settings: dict[str, Any], docids: list[str], write: Callable[[Path], None]
 ) -> None:
@@ -151,9 +141,9 @@ def load_or_build(
     """
     if saved_key(directory) == key:
         if _whole(directory):
-            before = _identity(directory)
+            before = folder_identity(directory)
             index, docids = load(directory), load_docids(directory)
-            if _identity(directory) == before:  # not replaced by another job between the reads
+            if folder_identity(directory) == before:  # not replaced by another job between the reads
                 return index, docids, True
         else:
             log.warning("index: %s does not match its checksums (changed since it was written): rebuilt", directory)

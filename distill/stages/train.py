@@ -34,7 +34,7 @@ from pytorch_lightning.loggers import WandbLogger
 from distill.core.checksums import stat_digest
 from distill.core.config import argument_error, help_formatter, read_yaml_file
 from distill.core.devices import job_leader
-from distill.core.output_files import hold_output
+from distill.core.output_files import hold_output, put_back, remove_stale_siblings, set_aside
 from distill.core.run_folder import CHECKPOINT_ROOT, RunLayout
 from distill.core.schema import EXIT_INTERRUPTED, ExistingOutputError, InputError
 from students.checkpointing import (
@@ -116,6 +116,9 @@ class DistillCLI(LightningCLI):
     """The checkpoint ``--ckpt_path`` names, checked (:func:`resume_checkpoint`)."""
     run_lock: Any = None
     """The job's hold on its run folder (:func:`~distill.core.output_files.hold_output`), on its first process."""
+    replaced: Path | None = None
+    """Where the earlier run that ``--overwrite`` replaces waits until this run ends (:func:`claim_run_folder`), on
+    the job's first process; :meth:`settle` removes it or puts it back."""
 
     def before_instantiate_classes(self) -> None:
         """The config's contracts and paths, checked before anything is built or loaded (and by
@@ -143,9 +146,22 @@ class DistillCLI(LightningCLI):
         try:
             return self._trainer_of_run(**kwargs)
         except BaseException:
-            if self.run_lock is not None:  # train() never gets the trainer, so never releases the hold
+            self.settle(keep=False)  # train() never gets the trainer, so never settles the run nor releases the hold
+            if self.run_lock is not None:
                 self.run_lock.release()
             raise
+
+    def settle(self, keep: bool) -> None:
+        """End ``--overwrite``'s replacement of an earlier run: remove that run (``keep``: this one finished, or was
+        stopped with a checkpoint to resume from), or put it back in place of this run's folder (this run failed)."""
+        earlier, self.replaced = self.replaced, None
+        if earlier is None:
+            return
+        if keep:
+            shutil.rmtree(earlier, ignore_errors=True)
+            return
+        put_back(earlier, self.run_dir)
+        log.warning("this run did not finish: the earlier run it was to replace is back in %s", self.run_dir)
 
     def _trainer_of_run(self, **kwargs: Any) -> Trainer:
         """The trainer, its loggers and its checkpoints in the run folder, once this job holds it."""
@@ -154,7 +170,7 @@ class DistillCLI(LightningCLI):
         self.datamodule.setup("fit")
         config = {**self._get(self.config_init, "trainer", default={}), **kwargs}
         check_intervals(config, self.datamodule)
-        claim_run_folder(self.run_dir, self.config.ckpt_path, self.config.overwrite)
+        self.replaced = claim_run_folder(self.run_dir, self.config.ckpt_path, self.config.overwrite)
         warn_small_groups(self.datamodule)
         if config.get("precision") is None:
             config["precision"] = "bf16-mixed" if torch.cuda.is_available() else "32-true"
@@ -241,15 +257,25 @@ def train(argv: list[str], resume_hint: str = "resume with --ckpt_path last") ->
     cli = build_cli(argv, save_config_kwargs={"overwrite": True})
     checkpoints = RunLayout(cli.run_dir).checkpoints
     try:
-        cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=cli.resume_from)
-    except Preempted as stop:
-        if cli.trainer.is_global_zero:
-            log.warning("%s, %s saved: %s", stop, find_last(checkpoints), resume_hint)
-        raise SystemExit(EXIT_INTERRUPTED if stop.signum == signal.SIGINT else EXIT_PREEMPTED) from None
-    except SystemExit as e:
-        if e.code == 1 and cli.trainer.interrupted:  # Lightning's exit on Ctrl-C before training's own handler is in
-            raise KeyboardInterrupt from None
+        try:
+            cli.trainer.fit(cli.model, datamodule=cli.datamodule, ckpt_path=cli.resume_from)
+        except Preempted as stop:
+            if cli.trainer.is_global_zero:
+                log.warning("%s, %s saved: %s", stop, find_last(checkpoints), resume_hint)
+            raise SystemExit(EXIT_INTERRUPTED if stop.signum == signal.SIGINT else EXIT_PREEMPTED) from None
+        except SystemExit as e:
+            if e.code == 1 and cli.trainer.interrupted:  # Lightning's exit on Ctrl-C before training's handler is in
+                raise KeyboardInterrupt from None
+            raise
+    except BaseException as e:
+        # a run stopped by a signal goes on from its checkpoint, if it saved one; a failed run gives the earlier back
+        stopped = isinstance(e, KeyboardInterrupt) or (
+            isinstance(e, SystemExit) and e.code in (EXIT_INTERRUPTED, EXIT_PREEMPTED)
+        )
+        cli.settle(keep=stopped and any(checkpoints.glob("*.ckpt")))
         raise
+    else:
+        cli.settle(keep=True)
     finally:
         if cli.run_lock is not None:
             cli.run_lock.release()
@@ -359,9 +385,15 @@ def finish_wandb(trainer: Trainer) -> None:
         wandb.finish()
 
 
-def claim_run_folder(run_dir: Path, ckpt_path: str | None, overwrite: bool) -> None:
+def claim_run_folder(run_dir: Path, ckpt_path: str | None, overwrite: bool) -> Path | None:
     """Take ``run_dir`` for a new run: where it holds an earlier one (a checkpoint or ``hf/``), resume it
-    (``ckpt_path``), replace it (``overwrite``: the global-zero rank removes the folder) or refuse.
+    (``ckpt_path``), replace it (``overwrite``: the global-zero rank sets the folder aside until the new run ends,
+    :meth:`DistillCLI.settle`) or refuse. What killed writers left beside it is cleaned first
+    (:func:`~distill.core.output_files.remove_stale_siblings`: an earlier run set aside comes back if the name is
+    free).
+
+    Returns:
+        Where the earlier run was set aside (on the global-zero rank, with ``overwrite``); else None.
 
     Raises:
         ExistingOutputError: an earlier run is there, and neither ``ckpt_path`` nor ``overwrite`` is given.
@@ -369,17 +401,20 @@ def claim_run_folder(run_dir: Path, ckpt_path: str | None, overwrite: bool) -> N
     """
     if ckpt_path == "last" and overwrite:
         raise InputError("--ckpt_path last resumes the run and --overwrite true replaces it: give one of them")
+    if job_leader():
+        remove_stale_siblings(run_dir)
     layout = RunLayout(run_dir)
     if ckpt_path is not None or not (any(layout.checkpoints.glob("*.ckpt")) or (layout.hf / "config.json").is_file()):
-        return
+        return None
     if not overwrite:
         raise ExistingOutputError(
             f"{run_dir} holds an earlier training run: resume it with --ckpt_path last, replace it with "
             "--overwrite true, or choose another --run_name"
         )
-    if job_leader():
-        log.warning("--overwrite: removing the earlier run in %s", run_dir)
-        shutil.rmtree(run_dir)
+    if not job_leader():
+        return None
+    log.warning("--overwrite: the earlier run in %s is set aside, and removed once this run ends", run_dir)
+    return set_aside(run_dir)
 
 
 FIXED_ON_RESUME = (

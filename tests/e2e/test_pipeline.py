@@ -162,6 +162,18 @@ def test_pipeline_runs_every_stage_then_skips_what_is_up_to_date(
     assert (folder / "student/hf/model.safetensors").read_bytes() == student
     assert (folder / "student/export/model.onnx").is_file() and (folder / "summary.json").is_file()
 
+    # A training that fails once begun (it diverges) puts the earlier student back (it was deleted first), and the
+    # next run of that config replaces it again rather than resuming it under the new options.
+    config = write_pipeline(tmp_path, sample_file, tiny_llama, tiny_bert, repeats=1)
+    diverging = yaml.safe_load(config.read_text())
+    diverging["train"]["model"]["lr"] = 1e30
+    config.write_text(yaml.safe_dump(diverging))
+    for _ in range(2):
+        assert main(["run", "--config", str(config)]) == 2
+        assert "training diverged" in capsys.readouterr().err
+        assert (folder / "student/hf/model.safetensors").read_bytes() == student
+    assert not [p for p in folder.iterdir() if p.name.startswith(".student")]
+
 
 def config_input(config: Path) -> str:
     return yaml.safe_load(config.read_text())["teach"]["input"]

@@ -407,9 +407,16 @@ def test_a_finished_run_is_resumed_or_replaced_when_asked_never_silently(
     assert main(["train", "--config", str(config), "--data.label", "nosuchscore", "--overwrite", "true"]) == 2
     assert "nosuchscore" in capsys.readouterr().err
     assert {p: p.read_bytes() for p in before} == before
+    # nor does one that fails once training has begun (it diverges): the earlier run was deleted, then a traceback
+    assert main(["train", "--config", str(config), "--model.lr", "1e30", "--overwrite", "true"]) == 2
+    assert "training diverged" in capsys.readouterr().err
+    assert {p: p.read_bytes() for p in before} == before
+    assert yaml.safe_load((run / "logs" / "config.yaml").read_text())["model"]["lr"] != 1e30  # the earlier run's
+    assert sorted(p.name for p in run.parent.iterdir()) == ["tiny"]  # nothing set aside is left
     assert main(["train", "--config", str(config), "--model.lr", "1e-2", "--overwrite", "true"]) == 0
     assert yaml.safe_load((run / "logs" / "config.yaml").read_text())["model"]["lr"] == 1e-2  # the new run's
     assert (run / "hf" / "model.safetensors").read_bytes() != before[run / "hf" / "model.safetensors"]
+    assert sorted(p.name for p in run.parent.iterdir()) == ["tiny"]  # the earlier run, set aside, is gone
 
 
 def test_a_resumed_run_keeps_what_it_learns_from(
