@@ -421,7 +421,8 @@ def run_pipeline(pipeline: Pipeline, force: set[str] | None = None) -> PipelineR
 
 def check_inputs(pipeline: Pipeline) -> None:
     """The inputs of the later stages that no earlier stage makes are there, before the first stage loads a model:
-    the rerank candidates (and their queries and corpus), and the eval qrels, runs and teachers.
+    the rerank candidates (and their queries and corpus), the export's parity input, and the eval qrels, runs and
+    teachers.
 
     Raises:
         MissingFileError, InputError: ``<stage>: <option>: <path>: <what is wrong>``.
@@ -433,6 +434,7 @@ def check_inputs(pipeline: Pipeline) -> None:
     rerank, evaluate = pipeline.rerank, pipeline.eval
     teachers = evaluate.teacher if isinstance(evaluate.teacher, dict) else {"": [evaluate.teacher]}
     checks = [("rerank", "input", path, "any") for path in rerank.input]
+    checks.append(("export", "parity_input", pipeline.export.parity_input, "any"))
     checks += [("rerank", key, getattr(rerank, key), "file") for key in ("queries", "corpus")]
     checks += [("eval", "qrels", path, "file") for path in qrels_files(evaluate.qrels)]
     checks += [("eval", "run", path, "any") for path in evaluate.run]

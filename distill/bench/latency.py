@@ -149,6 +149,22 @@ class BenchConfig(RuntimeOptions):
             raise InputError(f"bench: matmul_size must be positive, got {self.matmul_size}")
         if self.backends == [] and self.teacher == "none":
             raise InputError("bench: nothing to time: backends is empty and teacher is none")
+        if self.backends:
+            check_backend_names(self.backends)
+
+
+def check_backend_names(names: list[str]) -> None:
+    """Each of ``names`` (``--backends``) is a method ``distill bench`` times, named once; its levers (``+unpad``)
+    are checked against the device later (:func:`~distill.bench.methods.variant`).
+
+    Raises:
+        InputError: an unknown name, or one named twice.
+    """
+    known = [*STUDENT_BACKENDS, AUTO, BASELINE, *PEERS]
+    if unknown := sorted(name for name in set(names) if name.split("+")[0] not in known):
+        raise InputError(f"--backends: unknown {unknown}; choose from {known}")
+    if twice := sorted({name for name in names if names.count(name) > 1}):
+        raise InputError(f"--backends: {twice} named twice; each method is timed once under its name")
 
 
 @dataclass(frozen=True)
@@ -226,12 +242,6 @@ def _students(
 
     requested = config.backends is not None
     names = config.backends if requested else list(DEFAULT_BACKENDS[device.type])
-    known = [*STUDENT_BACKENDS, AUTO, BASELINE, *PEERS]
-    unknown = sorted(name for name in set(names) if name.split("+")[0] not in known)
-    if unknown:
-        raise InputError(f"--backends: unknown {unknown}; choose from {known}")
-    if twice := sorted({name for name in names if names.count(name) > 1}):
-        raise InputError(f"--backends: {twice} named twice; each method is timed once under its name")
     for name in names:
         if "+" in name:
             try:

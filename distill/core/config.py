@@ -349,7 +349,8 @@ def normalize_flags(cls: type, argv: Sequence[str]) -> list[str]:
     and ``--x a --x b`` where it is :data:`REPEATABLE`) -> one list; a bool flag with no value -> ``true``.
 
     Raises:
-        InputError: a list flag that is not :data:`REPEATABLE` given twice.
+        InputError: a list flag that is not :data:`REPEATABLE` given twice; a ``config`` option of ``cls`` itself
+            given twice (the files of ``--config`` compose, but not where ``cls`` takes the option).
     """
     out: list[str] = []
     lists: dict[str, int] = {}  # a list option's index in out, for its items given again
@@ -377,6 +378,8 @@ def normalize_flags(cls: type, argv: Sequence[str]) -> list[str]:
             values = ["true"]
         if _is_list(hint) and name in given and not _repeatable(cls, name):
             raise InputError(f"--{name} given twice: give all its items once (--{name} a b, or a,b)")
+        if name == "config" and name in given:  # an option of the config itself (distill run's pipeline YAML)
+            raise InputError("--config given twice: it names one file here, not YAML files to compose")
         given.add(name)
         if _is_list(hint) and values and not (len(values) == 1 and values[0].lstrip().startswith("[")):
             items = [item.strip() for value in values for item in value.split(",") if item.strip()]

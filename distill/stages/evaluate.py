@@ -60,6 +60,19 @@ class EvalConfig:
     (``cis_q+0.5*first_stage``) or a sum of per-query z-scores (``z(gemma.cis) + 0.25*z(first_stage)``); default
     the dataset's primary score (that of a sole named teacher too)."""
 
+    def __post_init__(self) -> None:
+        """The metrics' names, checked before any file is read (a pipeline checks them before its first stage)."""
+        from distill.eval.metrics import parse_metrics
+
+        if self.metrics is None:
+            return
+        if not any(name.strip() for name in self.metrics):
+            raise InputError("eval: metrics: no metric named (leave the option out for the default metrics)")
+        try:
+            parse_metrics(self.metrics, self.rel_level or 1)
+        except ValueError as e:
+            raise InputError(f"eval: metrics: {e}") from None
+
 
 PerRun = dict[str, dict[str, dict[str, float]]]
 """run -> metric -> qid -> value."""
@@ -177,8 +190,6 @@ def evaluate(cfg: EvalConfig, command: str | None = None) -> EvalResult:
         if not qrels:
             raise InputError(f"{cfg.qrels}: no relevance judgements")
     multihop = cfg.multihop or bool(cfg.input and is_multihop_file(Path(cfg.input)))
-    if cfg.metrics is not None and not any(name.strip() for name in cfg.metrics):
-        raise InputError("eval: metrics: no metric named (leave the option out for the default metrics)")
     metrics = cfg.metrics or list(MULTIHOP_METRICS if multihop else DEFAULT_METRICS)
     rel_level = default_rel_level(qrels) if cfg.rel_level is None else cfg.rel_level
     top = max((grade for judged in qrels.values() for grade in judged.values()), default=0)

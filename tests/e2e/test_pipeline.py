@@ -207,6 +207,10 @@ def one_line_error(capsys) -> str:
         ({"train": {"data": {"batch_size": -8}}}, "{path}: train: data.batch_size: must be positive, got -8"),
         ({"train": {"wandb_mode": "disabld"}}, "{path}: train: wandb_mode: 'disabld' is not one of offline, online,"),
         ({"train": {"config": ["a.yaml", 5]}}, "{path}: train: config: expected a YAML file's path or a list of"),
+        # found only once the stages before theirs had run (a fresh pipeline: teach, train, export, bench)
+        ({"bench": {"backends": ["onnx-fp33"]}}, "{path}: bench: --backends: unknown ['onnx-fp33']; choose from"),
+        ({"eval": {"metrics": ["nDCG@1O"]}}, "{path}: eval: metrics: unknown"),
+        ({"export": {"parity_input": "nowhere.json"}}, "export: parity_input: nowhere.json: "),
         # configs/paper.yaml on a CPU machine: teach, train, export and bench ran first
         pytest.param(
             {"rerank": {"device": "cuda"}},
@@ -311,3 +315,14 @@ def test_a_method_slower_than_the_teacher_is_said_to_be_slower() -> None:
     from distill.pipeline import _against
 
     assert _against(2.5).strip() == "2.5x faster than" and _against(0.5).strip() == "2.0x slower than"
+
+
+def test_run_takes_one_pipeline_file(tmp_path: Path, capsys) -> None:
+    """``--config a.yaml --config b.yaml`` ran b.yaml alone: a.yaml's ``fuse: true`` was dropped without a word."""
+    first, second = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    for path in (first, second):
+        path.write_text("name: x\n")
+    assert main(["run", "--config", str(first), "--config", str(second)]) == 2
+    assert one_line_error(capsys) == (
+        "distill run: error: --config given twice: it names one file here, not YAML files to compose\n"
+    )
