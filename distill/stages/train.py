@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from jsonargparse.typing import PositiveFloat, PositiveInt
 from pytorch_lightning import Trainer
-from pytorch_lightning.cli import LightningCLI
+from pytorch_lightning.cli import LightningCLI, SaveConfigCallback
 from pytorch_lightning.loggers import WandbLogger
 
 from distill.core.checksums import stat_digest
@@ -254,7 +254,7 @@ def train(argv: list[str], resume_hint: str = "resume with --ckpt_path last") ->
         SystemExit: :data:`~students.checkpointing.EXIT_PREEMPTED`, stopped by SIGTERM or SIGUSR1 once
             ``last.ckpt`` was saved; :data:`~distill.core.schema.EXIT_INTERRUPTED`, stopped so by Ctrl-C.
     """
-    cli = build_cli(argv, save_config_kwargs={"overwrite": True})
+    cli = build_cli(argv, save_config_callback=SaveConfigInRun, save_config_kwargs={"overwrite": True})
     checkpoints = RunLayout(cli.run_dir).checkpoints
     try:
         try:
@@ -285,6 +285,18 @@ def train(argv: list[str], resume_hint: str = "resume with --ckpt_path last") ->
     metrics = {k: float(v) for k, v in cli.trainer.callback_metrics.items() if k.startswith("val/")}
     best = next((c for c in cli.trainer.checkpoint_callbacks if isinstance(c, AtomicModelCheckpoint)), None)
     return TrainReport(cli.run_dir, metrics, best is not None and bool(best.best_model_path))
+
+
+class SaveConfigInRun(SaveConfigCallback):
+    """LightningCLI's saving of the run's config, which goes to the first logger's folder (``logs/``), and with
+    ``--trainer.logger false`` to the run folder itself: also to ``logs/config.yaml`` always, where a resume checks
+    the options it keeps (:func:`check_resumed_config`). Without it, a resume with another label passed unchecked,
+    and the card named that label for weights trained on the first."""
+
+    def save_config(self, trainer: Trainer, pl_module: Any, stage: str) -> None:
+        logs = RunLayout(Path(trainer.default_root_dir)).logs
+        logs.mkdir(parents=True, exist_ok=True)
+        self.parser.save(self.config, logs / self.config_filename, skip_none=False, overwrite=True)
 
 
 def build_cli(argv: list[str], where: str = "", cli: type[DistillCLI] = DistillCLI, **kwargs: Any) -> DistillCLI:

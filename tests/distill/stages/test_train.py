@@ -438,6 +438,12 @@ def test_a_resumed_run_keeps_what_it_learns_from(
     assert main(["train", "--config", str(config), "--ckpt_path", "last", "--data.max_length", "64"]) == 2
     assert "data.max_length is 64 here and 128 in the run it resumes" in capsys.readouterr().err  # its inputs cut so
     assert main(["train", "--config", str(config), "--ckpt_path", "last", "--trainer.max_epochs", "2"]) == 0  # longer
+    # without a logger, Lightning saved the config in the run folder itself, and the check found none
+    unlogged = ["train", "--config", str(config), "--run_name", "nolog", "--trainer.logger", "false"]
+    assert main(unlogged) == 0
+    capsys.readouterr()
+    assert main([*unlogged, "--ckpt_path", "last", "--data.label", "upr"]) == 2
+    assert "data.label is 'upr' here and 'cis' in the run it resumes" in capsys.readouterr().err
 
 
 def test_a_second_job_on_the_same_run_stops_before_it_writes(
