@@ -138,7 +138,9 @@ class AtomicModelCheckpoint(ModelCheckpoint):
         """Lightning's, with the checkpoint's paths moved from the folder it was saved in to :attr:`dirpath`: a
         run folder copied or moved keeps its checkpoints where they were in it, and Lightning kept the old
         folder's absolute ``best_model_path`` (another run's weights exported into this run's ``hf/``, or a
-        missing file at the end) and dropped the best score (a worse validation became the best)."""
+        missing file at the end) and dropped the best score (a worse validation became the best). Resumed from
+        another run's checkpoint into a new run folder, where its best is not, the run has no best until it
+        validates."""
         saved = state_dict.get("dirpath")
         if saved and self.dirpath and saved != self.dirpath:
             state_dict = {
@@ -150,7 +152,15 @@ class AtomicModelCheckpoint(ModelCheckpoint):
                     for path, score in (state_dict.get("best_k_models") or {}).items()
                 },
             }
+            best = state_dict.get("best_model_path")
+            if best and not Path(best).is_file():  # another run's checkpoint, resumed in a new run: its best is
+                state_dict = {**state_dict, **self._no_best()}  # not here; this run's first validation is its best
         super().load_state_dict(state_dict)
+
+    def _no_best(self) -> dict[str, Any]:
+        """The state of a fresh checkpoint callback (this one, not yet loaded): no best checkpoint, no score."""
+        return {"best_model_path": "", "best_model_score": None, "best_k_models": {}, "kth_best_model_path": "",
+                "kth_value": self.kth_value}  # fmt: skip
 
 
 MOVED_PATHS = ("best_model_path", "kth_best_model_path", "last_model_path")

@@ -142,7 +142,10 @@ def test_a_resume_in_a_copied_or_moved_run_folder_takes_its_own_checkpoints(tmp_
     saved.best_model_path, saved.best_model_score = str(old / "best.ckpt"), torch.tensor(61.5)
     saved.best_k_models = {str(old / "best.ckpt"): torch.tensor(61.5)}
     saved.last_model_path = str(old / "last.ckpt")
+    saved.kth_best_model_path, saved.kth_value = str(old / "best.ckpt"), torch.tensor(61.5)
     state = saved.state_dict()
+    new.mkdir(parents=True)
+    (new / "best.ckpt").write_bytes(b"")  # the copy's
     resumed = AtomicModelCheckpoint(dirpath=new, filename="best", monitor="val/nDCG@10", mode="max")
     resumed.load_state_dict(state)
     assert resumed.best_model_path == str(new / "best.ckpt") and float(resumed.best_model_score) == 61.5
@@ -150,6 +153,13 @@ def test_a_resume_in_a_copied_or_moved_run_folder_takes_its_own_checkpoints(tmp_
     same = AtomicModelCheckpoint(dirpath=old, filename="best", monitor="val/nDCG@10", mode="max")
     same.load_state_dict(state)  # resumed where it was saved: as Lightning loads it
     assert same.best_model_path == str(old / "best.ckpt") and float(same.best_model_score) == 61.5
+    # Another run's checkpoint resumed in a new run folder (--ckpt_path runA/checkpoints/best.ckpt): its best is not
+    # there, and ended in a FileNotFoundError where the new run has not validated; the new run's first validation,
+    # whatever its score, is its best.
+    other = AtomicModelCheckpoint(dirpath=tmp_path / "runC", filename="best", monitor="val/nDCG@10", mode="max")
+    other.load_state_dict(state)
+    assert (other.best_model_path, other.best_model_score, other.best_k_models) == ("", None, {})
+    assert float(other.kth_value) == -float("inf")
 
 
 def test_a_ctrl_c_during_validation_is_acknowledged_within_a_validation_batch(tmp_path: Path, caplog) -> None:

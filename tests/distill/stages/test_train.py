@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import re
 import shutil
 from pathlib import Path
@@ -444,6 +445,23 @@ def test_a_resumed_run_keeps_what_it_learns_from(
     capsys.readouterr()
     assert main([*unlogged, "--ckpt_path", "last", "--data.label", "upr"]) == 2
     assert "data.label is 'upr' here and 'cis' in the run it resumes" in capsys.readouterr().err
+
+
+def test_a_new_run_from_another_runs_checkpoint_has_its_own_best(
+    tmp_path: Path, tiny_bert: Path, teacher_dataset: Path, capsys
+) -> None:
+    """It ended in a FileNotFoundError for ``<new run>/checkpoints/best.ckpt``, exit 1, with no ``hf/``."""
+    config = write_config(tmp_path, tiny_bert, teacher_dataset, max_epochs=1)
+    assert main(["train", "--config", str(config)]) == 0
+    best = tmp_path / "runs" / "tiny" / "checkpoints" / "best.ckpt"
+    capsys.readouterr()
+    assert main(["train", "--config", str(config), "--run_name", "same", "--ckpt_path", str(best)]) == 0
+    out, err = capsys.readouterr()
+    assert "(no student here" in out and "Traceback" not in err  # nothing left to train: no validation ran
+    longer = ["--run_name", "longer", "--ckpt_path", str(best), "--trainer.max_epochs", "2"]
+    assert main(["train", "--config", str(config), *longer]) == 0
+    card = json.loads((tmp_path / "runs" / "longer" / "hf" / "config.json").read_text())["cis_distill"]
+    assert card["checkpoint"] == "checkpoints/best.ckpt"  # its own, not the first run's
 
 
 def test_a_second_job_on_the_same_run_stops_before_it_writes(
