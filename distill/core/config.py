@@ -143,7 +143,12 @@ def plain_text(text: str) -> str:
 
 def help_formatter() -> type:
     """jsonargparse's help formatter, each option's help, each description and each group's title in
-    :func:`plain_text`: the ``formatter_class`` of every command's parser (LightningCLI's too)."""
+    :func:`plain_text`: the ``formatter_class`` of every command's parser (LightningCLI's too). Made on the first
+    call (jsonargparse is imported then) and kept as this module's ``PlainHelpFormatter``, where pickle finds it:
+    ``--trainer.strategy ddp_spawn`` pickles the parser that holds it into each process."""
+    made = globals().get("PlainHelpFormatter")
+    if made is not None:
+        return made
     from jsonargparse import DefaultHelpFormatter
 
     class PlainHelpFormatter(DefaultHelpFormatter):
@@ -156,7 +161,17 @@ def help_formatter() -> type:
         def start_section(self, heading: str | None) -> None:  # an option group's title
             super().start_section(heading and plain_text(heading))
 
+    PlainHelpFormatter.__qualname__ = PlainHelpFormatter.__name__
+    globals()["PlainHelpFormatter"] = PlainHelpFormatter
     return PlainHelpFormatter
+
+
+def __getattr__(name: str) -> Any:
+    """``PlainHelpFormatter``, made on first use (:func:`help_formatter`): a process that unpickles a parser (a
+    ``ddp_spawn`` worker) looks it up here before anything made it."""
+    if name == "PlainHelpFormatter":
+        return help_formatter()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _parser(cls: type, prog: str) -> Any:

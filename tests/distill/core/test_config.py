@@ -155,3 +155,19 @@ def test_every_commands_options_are_validated() -> None:
         assert not [dest for dest, hint in hints.items() if "Unvalidated" in hint], cls.__name__
     with pytest.raises(InputError, match=re.escape("--overwrite: expected bool, got 'maybe'")):
         parse_config(TeachConfig, ["--input", "in.json", "--output", "out", "--overwrite", "maybe"], "distill teach")
+
+
+def test_a_parser_unpickles_in_a_fresh_process() -> None:
+    """``--trainer.strategy ddp_spawn`` pickles LightningCLI's parser into each worker, and its help formatter, a
+    class made inside a function, could not be pickled (``Can't pickle local object``)."""
+    import pickle
+    import subprocess
+    import sys
+
+    from distill.core.config import help_formatter
+
+    formatter = help_formatter()
+    assert pickle.loads(pickle.dumps(formatter)) is formatter
+    load = "import pickle, sys; print(pickle.loads(sys.stdin.buffer.read()).__name__)"
+    done = subprocess.run([sys.executable, "-c", load], input=pickle.dumps(formatter), capture_output=True)
+    assert done.returncode == 0 and done.stdout.decode().strip() == "PlainHelpFormatter", done.stderr.decode()
