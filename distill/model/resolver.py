@@ -225,6 +225,8 @@ def resolve_model(name: str) -> ModelSource:
         if len(ggufs) == 1:
             return ModelSource(name, "gguf", str(path), ggufs[0].name)
         tried.append(f"local directory {path}: no config.json and not exactly one .gguf file")
+    elif path.is_file() and path.suffix != ".gguf":
+        tried.append(f"local file {path}: not a model folder (with a config.json) nor a .gguf file")
     else:
         tried.append(f"local directory {path}: not found")
     if path.suffix == ".gguf":
@@ -239,9 +241,12 @@ def resolve_model(name: str) -> ModelSource:
         raise ModelNotFoundError(_not_found(name, [*tried, source]))
     else:
         tried.append(f"installed package: {name!r} is none of {sorted(PACKAGED_MODELS)}")
-    if _HUB_ID.match(name) and path.suffix != ".gguf":
+    if _HUB_ID.match(name) and path.suffix != ".gguf" and not path.exists():
         return ModelSource(name, "hub", name)
-    tried.append(f"hub id: {name!r} is not of the form 'org/name'")
+    tried.append(
+        f"hub id: {name!r} is a local path, not taken for one" if path.exists()
+        else f"hub id: {name!r} is not of the form 'org/name'"
+    )  # fmt: skip
     raise ModelNotFoundError(_not_found(name, tried))
 
 

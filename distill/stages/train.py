@@ -560,11 +560,12 @@ def check_loss_groups(loss: str, group_size: int | None) -> None:
 
 
 def check_trainer_names(trainer: Any) -> None:
-    """``trainer.strategy`` and ``trainer.accelerator``, given as names, are ones Lightning knows: the Trainer that
-    would refuse them is built only after the data is read (and, in a pipeline, after the teacher has run).
+    """``trainer.strategy`` and ``trainer.accelerator``, given as names, are ones Lightning knows, and the options a
+    distill run cannot take are not given (checkpointing off, no batch an optimiser step, no device): the Trainer
+    that would refuse them is built only after the data is read (and, in a pipeline, after the teacher has run).
 
     Raises:
-        InputError: ``trainer.<key>: <name> is not ...`` with the names Lightning takes.
+        InputError: ``trainer.<key>: ...``, naming what Lightning or distill train takes.
     """
     from pytorch_lightning.accelerators import AcceleratorRegistry
     from pytorch_lightning.strategies import StrategyRegistry
@@ -577,14 +578,27 @@ def check_trainer_names(trainer: Any) -> None:
         value = trainer.get(key)
         if isinstance(value, str) and value.lower() not in names:
             raise InputError(f"trainer.{key}: {value!r} is not a name Lightning knows; one of: {', '.join(names)}")
+    if trainer.get("enable_checkpointing") is False:
+        raise InputError(
+            "trainer.enable_checkpointing: false, but distill train's student is its best checkpoint (best.ckpt, "
+            "exported to hf/) and it resumes from last.ckpt: leave it on"
+        )
+    accumulate = trainer.get("accumulate_grad_batches")
+    if isinstance(accumulate, int) and accumulate < 1:
+        raise InputError(f"trainer.accumulate_grad_batches: {accumulate}; at least 1 (batches an optimiser step)")
+    devices = trainer.get("devices")
+    if devices == [] or str(devices) == "0":
+        given = "[]" if devices == [] else devices
+        raise InputError(f"trainer.devices: {given} names no device; a count (1, 2), a list of ids, or auto")
 
 
 def check_accelerator_here(trainer: Any) -> None:
-    """A GPU accelerator (``gpu``, ``cuda``) has a GPU on this machine: Lightning finds it has none only after the
-    data is read, with a traceback. A check of the machine, not of the config (which parses anywhere).
+    """A GPU accelerator (``gpu``, ``cuda``) has a GPU on this machine, and a DeepSpeed or FSDP strategy has CUDA to
+    run on: Lightning refuses either only after the data is read, with a traceback. A check of the machine, not of
+    the config (which parses anywhere).
 
     Raises:
-        InputError: ``trainer.accelerator: gpu, but torch ... sees no GPU here``.
+        InputError: ``trainer.accelerator: gpu, but torch ... sees no GPU here``; ``trainer.strategy: ...``.
     """
     accelerator = trainer.get("accelerator")
     gpu = torch.cuda.is_available() or torch.backends.mps.is_available()
@@ -592,6 +606,13 @@ def check_accelerator_here(trainer: Any) -> None:
         raise InputError(
             f"trainer.accelerator: {accelerator}, but torch {torch.__version__} sees no GPU here: give "
             "--trainer.accelerator cpu (or auto)"
+        )
+    strategy = trainer.get("strategy")
+    on_cpu = accelerator == "cpu" or (accelerator in (None, "auto") and not torch.cuda.is_available())
+    if isinstance(strategy, str) and strategy.lower().startswith(("deepspeed", "fsdp")) and on_cpu:
+        raise InputError(
+            f"trainer.strategy: {strategy} shards the model over CUDA devices, and this run is on the CPU: give "
+            "--trainer.strategy ddp (or auto) here"
         )
 
 

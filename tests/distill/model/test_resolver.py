@@ -56,6 +56,19 @@ def test_nothing_found_lists_every_try(tmp_path: Path) -> None:
     assert "local directory" in message and "GGUF file" in message and "hub id" in message
 
 
+def test_a_local_path_that_is_no_model_is_not_taken_for_a_hub_id(tmp_path: Path, monkeypatch) -> None:
+    """``--model.backbone w/emptydir`` (or ``w/config.json``) looked like ``org/name``, went to transformers as a hub
+    id, and ended in its ``ValueError: Unrecognized model`` traceback."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "w" / "emptydir").mkdir(parents=True)
+    (tmp_path / "w" / "x.json").write_text("{}")
+    for name, why in (("w/emptydir", "no config.json"), ("w/x.json", "not a model folder (with a config.json)")):
+        with pytest.raises(ModelNotFoundError) as err:
+            resolve_model(name)
+        assert why in str(err.value) and f"hub id: {name!r} is a local path, not taken for one" in str(err.value)
+    assert resolve_model("w/elsewhere").kind == "hub"  # no such path: a hub id
+
+
 PARTS = [b"GGUF" + bytes(range(40)), b"\x01" * 23, b"the end"]
 PARTED = PackagedModel(
     ("tiny_gguf_part1", "tiny_gguf_part2", "tiny_gguf_part3"),

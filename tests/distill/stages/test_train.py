@@ -503,6 +503,19 @@ def test_a_second_job_on_the_same_run_stops_before_it_writes(
         # Lightning's ValueError came only once the data was read, after a pipeline's teacher had run
         (["--trainer.strategy", "dpp"], "trainer.strategy: 'dpp' is not a name Lightning knows; one of: auto, ddp"),
         (["--trainer.accelerator", "cdua"], "trainer.accelerator: 'cdua' is not a name Lightning knows; one of: auto"),
+        # tracebacks (Lightning's MisconfigurationException, a ZeroDivisionError), after the data loaded
+        (["--trainer.enable_checkpointing", "false"], "trainer.enable_checkpointing: false, but distill train's"),
+        (["--trainer.accumulate_grad_batches", "0"], "trainer.accumulate_grad_batches: 0; at least 1"),
+        (["--trainer.devices", "0"], "trainer.devices: 0 names no device"),
+        pytest.param(
+            ["--trainer.strategy", "deepspeed_stage_2", "--trainer.accelerator", "cpu"],
+            "trainer.strategy: deepspeed_stage_2 shards the model over CUDA devices, and this run is on the CPU",
+            marks=pytest.mark.skipif(
+                "deepspeed_stage_2" not in __import__("pytorch_lightning").strategies.StrategyRegistry,
+                reason="DeepSpeed is not installed",
+            ),
+        ),
+        (["--trainer.strategy", "fsdp", "--trainer.accelerator", "cpu"], "trainer.strategy: fsdp shards the model"),
         pytest.param(
             ["--trainer.accelerator", "gpu"],  # configs/train/bert-large-gpu.yaml run on a CPU machine: a traceback
             "trainer.accelerator: gpu, but torch ",
