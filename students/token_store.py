@@ -63,6 +63,10 @@ _checked: dict[Path, tuple[Any, ...]] = {}
 """Stores whose files this process built or checked: folder -> the files' identity then (:func:`_identity`)."""
 
 
+NO_LIMIT = 10**9
+"""A tokenizer's ``model_max_length`` at or past this is transformers' "no limit known" (``VERY_LARGE_INTEGER``)."""
+
+
 def tokenizer_fingerprint(tokenizer: Any) -> str:
     """A digest of a fast tokenizer's whole definition (vocabulary, normalisation, templates), without the
     truncation and padding settings a call leaves on it."""
@@ -179,7 +183,7 @@ def open_store(
 
     Raises:
         InputError: ``cache_dir`` cannot be written in, the tokenizer is not a fast one, or ``max_length`` leaves no
-            room for a query's tokens and one passage token.
+            room for a query's tokens and one passage token, or is over the backbone's (its tokenizer's limit).
     """
     if getattr(tokenizer, "backend_tokenizer", None) is None:
         raise InputError(f"{tokenizer.name_or_path}: the student data needs a fast (tokenizer.json) tokenizer")
@@ -188,6 +192,12 @@ def open_store(
         raise InputError(
             f"data.max_length: {max_length} tokens cannot hold a pair: this tokenizer's special tokens, one query "
             f"token and one passage token take {least}"
+        )
+    limit = tokenizer.model_max_length
+    if limit < NO_LIMIT and max_length > limit:
+        raise InputError(
+            f"data.max_length: {max_length} tokens is over the backbone's {limit} (its tokenizer's model_max_length): "
+            "a longer pair has no position to embed its last tokens in"
         )
     key, parts = store_key(sources, source, source_row, tokenizer, max_length)
     cache_dir = Path(cache_dir)

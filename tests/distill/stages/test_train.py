@@ -232,6 +232,8 @@ def test_a_max_length_with_no_room_for_a_passage_is_one_line(
         ("1", "data.max_length: 1 tokens cannot hold a pair: this tokenizer's special tokens, one query token and "),
         ("5", "data.max_length: 5 tokens leave no room for a passage after the query "),
         ("8", "data.max_length: 8 tokens leave no room for a passage after the query "),  # DL19's queries: 5+ tokens
+        # accepted: a passage past the backbone's positions ended in a size mismatch in its first validation
+        ("100000", "data.max_length: 100000 tokens is over the backbone's 512 (its tokenizer's model_max_length)"),
     ):
         options = ["--data.max_length", length, "--data.cache_dir", str(cache)]
         assert main(["train", "--config", str(config), *options]) == 2
