@@ -239,7 +239,7 @@ class TrainReport:
             lines = [f"run folder: {self.run_dir}  (best student as a Hugging Face folder: {layout.hf})"]
         else:
             lines = [f"run folder: {self.run_dir}  ({layout.no_student().removeprefix(f'{self.run_dir}: ')})"]
-        if self.metrics:
+        if self.metrics and self.validated:  # a fast_dev_run validates one batch, and saves no student from it
             lines.append("last validation, held-out queries:")
             lines += [f"  {key:<28} {self.metrics[key]:10.4f}" for key in sorted(self.metrics)]
         return "\n".join(lines)
@@ -582,6 +582,13 @@ def check_trainer_names(trainer: Any) -> None:
         raise InputError(
             "trainer.enable_checkpointing: false, but distill train's student is its best checkpoint (best.ckpt, "
             "exported to hf/) and it resumes from last.ckpt: leave it on"
+        )
+    limit = trainer.get("limit_val_batches")
+    if limit is not None and limit != 0 and not (isinstance(limit, float) and limit == 1.0):  # an int: batches
+        raise InputError(
+            f"trainer.limit_val_batches: {limit}: distill train validates whole queries (each held-out query's nDCG@10 "
+            "over all its candidates, and the card's alpha from them), and a share of the batches cuts queries: "
+            "lower data.val_queries instead (0 turns validation off)"
         )
     accumulate = trainer.get("accumulate_grad_batches")
     if isinstance(accumulate, int) and accumulate < 1:

@@ -377,7 +377,7 @@ def test_adamw_decays_weight_matrices_only() -> None:
 def test_train_cli_scales_the_lr_from_the_config_and_names_a_missing_budget(
     tmp_path: Path, tiny_bert: Path, teacher_dataset: Path, capsys, caplog
 ) -> None:
-    path = write_config(tmp_path, tiny_bert, teacher_dataset, max_steps=2, limit_val_batches=1)
+    path = write_config(tmp_path, tiny_bert, teacher_dataset, max_steps=2, limit_val_batches=0)
     argv = ["train", "--config", str(path), "--model.lr_scaling", "sqrt", "--model.lr_reference_tokens", "256"]
     assert main(argv) == 2
     assert "data.max_batch_tokens" in capsys.readouterr().err

@@ -449,6 +449,16 @@ def test_a_resumed_run_keeps_what_it_learns_from(
     assert "data.label is 'upr' here and 'cis' in the run it resumes" in capsys.readouterr().err
 
 
+def test_a_fast_dev_run_reports_no_validation_of_the_held_out_queries(
+    tmp_path: Path, tiny_bert: Path, teacher_dataset: Path, capsys
+) -> None:
+    """It said no validation ran, then printed one batch's figures as the held-out queries' last validation."""
+    config = write_config(tmp_path, tiny_bert, teacher_dataset)
+    assert main(["train", "--config", str(config), "--trainer.fast_dev_run", "true"]) == 0
+    out = capsys.readouterr().out
+    assert "(no student here" in out and "last validation" not in out, out
+
+
 def test_a_new_run_from_another_runs_checkpoint_has_its_own_best(
     tmp_path: Path, tiny_bert: Path, teacher_dataset: Path, capsys
 ) -> None:
@@ -509,6 +519,9 @@ def test_a_second_job_on_the_same_run_stops_before_it_writes(
         (["--trainer.enable_checkpointing", "false"], "trainer.enable_checkpointing: false, but distill train's"),
         (["--trainer.accumulate_grad_batches", "0"], "trainer.accumulate_grad_batches: 0; at least 1"),
         (["--trainer.devices", "0"], "trainer.devices: 0 names no device"),
+        # the card said its every candidate, and the alpha was chosen on the share of queries validated
+        (["--trainer.limit_val_batches", "0.5"], "trainer.limit_val_batches: 0.5: distill train validates whole"),
+        (["--trainer.limit_val_batches", "1"], "trainer.limit_val_batches: 1: distill train validates whole"),
         pytest.param(
             ["--trainer.strategy", "deepspeed_stage_2", "--trainer.accelerator", "cpu"],
             "trainer.strategy: deepspeed_stage_2 shards the model over CUDA devices, and this run is on the CPU",
