@@ -446,7 +446,8 @@ class StudentDataModule(LightningDataModule):
             )
         if h.val_pool == "judged":
             if not qrels:
-                raise InputError("data.val_pool: judged needs data.qrels")
+                given = f"data.qrels {h.qrels} judge nothing (no line)" if h.qrels else "no data.qrels are given"
+                raise InputError(f"data.val_pool: judged draws the held-out queries from judged ones, and {given}")
             pool = [q for q in pool if q in qrels]
         if h.val_folds is not None:
             held_out = fold_queries(pool, h.val_folds, h.val_fold, h.seed)

@@ -202,6 +202,11 @@ def test_bad_teacher_data_is_named(tmp_path: Path, tiny_bert: Path, teacher_data
     for pool in ("any", "judged"):
         assert main(["train", "--config", str(path), "--data.qrels", other, "--data.val_pool", pool]) == 2
         assert f"data.qrels: {other} judge none of the teacher data's 3 queries" in capsys.readouterr().err
+    # an empty qrels file: the error said judged needs data.qrels, which were given
+    empty = tmp_path / "empty-qrels.txt"
+    empty.write_text("")
+    assert main(["train", "--config", str(path), "--data.qrels", str(empty), "--data.val_pool", "judged"]) == 2
+    assert f"and data.qrels {empty} judge nothing (no line)" in capsys.readouterr().err
 
 
 def test_nan_targets_are_rejected(tmp_path: Path, tiny_bert: Path, teacher_dataset: Path, capsys) -> None:
