@@ -166,6 +166,11 @@ def load_pipeline(path: str | Path) -> Pipeline:
 
     teach = build("teach", {"output": str(folder / "teacher")})
     train = sections["train"]
+    for key in ("run_name", "checkpoint_root"):  # a train file's own are the pipeline's: it composes standalone files
+        if key in train:
+            raise InputError(
+                f"{where['train']}: {key}: the pipeline trains into {run.root} (its root and name): leave {key} out"
+            )
     files = train.get("config") or []
     paths = [files] if isinstance(files, str) else files
     if not isinstance(paths, list) or not all(isinstance(f, str) for f in paths):

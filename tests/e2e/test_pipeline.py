@@ -206,6 +206,7 @@ def one_line_error(capsys) -> str:
         # found only once training began, after the teacher had run and the earlier student had been removed
         ({"train": {"data": {"batch_size": -8}}}, "{path}: train: data.batch_size: must be positive, got -8"),
         ({"train": {"wandb_mode": "disabld"}}, "{path}: train: wandb_mode: 'disabld' is not one of offline, online,"),
+        ({"train": {"run_name": "mine"}}, "{path}: train: run_name: the pipeline trains into "),  # ignored silently
         ({"train": {"config": ["a.yaml", 5]}}, "{path}: train: config: expected a YAML file's path or a list of"),
         # found only once the stages before theirs had run (a fresh pipeline: teach, train, export, bench)
         ({"bench": {"backends": ["onnx-fp33"]}}, "{path}: bench: --backends: unknown ['onnx-fp33']; choose from"),
