@@ -11,13 +11,16 @@ line; anything else is a bug and keeps its traceback.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import importlib
 import logging
 import os
 import shlex
+import signal
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -241,8 +244,46 @@ def main(argv: Sequence[str] | None = None) -> int:
         leave_process_group()
 
 
+OWN_SIGTERM = ("train", "run", "serve")
+"""Commands that handle SIGTERM themselves: train saves ``last.ckpt`` and exits 75 (a pipeline's train stage too),
+serve drains its requests and exits 0."""
+
+
+@contextlib.contextmanager
+def said_when_terminated(prog: str) -> Iterator[None]:
+    """While in it, SIGTERM (a scheduler's time limit, ``kill``) writes ``<prog>: stopped by SIGTERM`` to standard
+    error, then ends the process as the signal ends it (status 143): the stages keep nothing half-written under an
+    output's name (:mod:`distill.core.output_files`), and a teach goes on from its saved chunks. The handler raises
+    nothing, so no clean-up that the signal lands in is cut short, and writes with ``os.write``, which takes no lock.
+    The handler before it is put back after (``main`` called in a process that goes on)."""
+    line = f"\n{prog}: stopped by SIGTERM\n".encode()
+
+    def stop(signum: int, frame: Any) -> None:
+        if job_leader():
+            os.write(sys.stderr.fileno(), line)
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+    if threading.current_thread() is not threading.main_thread():  # only the main thread sets handlers
+        yield
+        return
+    before = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
 def _run(name: str, rest: list[str], argv: list[str], prog: str) -> int:
     """:func:`main` of the command ``name`` (``prog``) with its arguments ``rest``."""
+    if name in OWN_SIGTERM:
+        return _run_command(name, rest, argv, prog)
+    with said_when_terminated(prog):
+        return _run_command(name, rest, argv, prog)
+
+
+def _run_command(name: str, rest: list[str], argv: list[str], prog: str) -> int:
+    """:func:`_run`, within its SIGTERM handling."""
     try:
         try:
             report = COMMANDS[name].run(rest, "distill " + shlex.join(argv), prog)

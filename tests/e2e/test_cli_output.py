@@ -121,3 +121,16 @@ def test_a_pipe_whose_reader_leaves_early_is_no_traceback(json_output: bool) -> 
         )
     else:
         assert (done.returncode, done.stderr) == (0, "")
+
+
+def test_a_command_run_in_a_process_that_goes_on_puts_its_sigterm_handler_back(tmp_path, capsys) -> None:
+    """A command writes one line on SIGTERM while it runs; ``main`` called in a process that goes on (a notebook, a
+    test) leaves that process's own handler in place after it."""
+    import signal
+
+    from distill.cli import main
+
+    before = signal.getsignal(signal.SIGTERM)
+    assert main(["eval", "--run", str(tmp_path / "nowhere.trec"), "--qrels", str(tmp_path / "q.txt")]) == 2
+    assert "q.txt: no such file" in capsys.readouterr().err
+    assert signal.getsignal(signal.SIGTERM) is before

@@ -308,6 +308,30 @@ def test_ctrl_c_is_one_line_and_a_rerun_goes_on_to_the_same_dataset(
     assert rows(out) == one_process
 
 
+def test_sigterm_is_one_line_and_a_rerun_goes_on_to_the_same_dataset(
+    tiny_llama: Path, sample_file: Path, tmp_path: Path, one_process: list[dict]
+) -> None:
+    """SIGTERM (a scheduler's time limit) ended the run without a word; now with one line, and the process still
+    ends by the signal (status 143 in a shell)."""
+    out, cache = tmp_path / "out", tmp_path / "cache"
+    proc = subprocess.Popen(
+        [sys.executable, *_cli(tiny_llama, sample_file, out, cache)], env=_env(), cwd=REPO, stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    while (
+        not saved(tmp_path / "out.partial", "chunks/*.parquet") and proc.poll() is None and time.monotonic() < deadline
+    ):
+        time.sleep(0.002)
+    proc.send_signal(signal.SIGTERM)
+    err = proc.communicate()[1]
+    assert not out.exists(), "the run finished before it could be stopped"
+    assert proc.returncode == -signal.SIGTERM and err.splitlines()[-1] == "distill teach: stopped by SIGTERM", err
+    assert "Traceback" not in err and saved(tmp_path / "out.partial", "chunks/*.parquet")
+    subprocess.run([sys.executable, *_cli(tiny_llama, sample_file, out, cache)], check=True, env=_env(), cwd=REPO)
+    assert rows(out) == one_process
+
+
 @pytest.mark.slow
 def test_two_processes_give_the_same_dataset_as_one(
     tiny_llama: Path, sample_file: Path, tmp_path: Path, one_process: list[dict]
