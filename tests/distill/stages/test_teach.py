@@ -280,11 +280,19 @@ def test_resume_after_kill_9_gives_the_same_dataset(
 
 
 @pytest.mark.slow
-def test_ctrl_c_is_one_line_and_a_rerun_goes_on_to_the_same_dataset(
-    tiny_llama: Path, sample_file: Path, tmp_path: Path, one_process: list[dict]
+@pytest.mark.parametrize(
+    ("signum", "status", "line"),
+    [
+        (signal.SIGINT, 130, "distill teach: interrupted"),
+        # a scheduler's time limit: it ended the run without a word; the signal still ends it (143 in a shell)
+        (signal.SIGTERM, -signal.SIGTERM, "distill teach: stopped by SIGTERM"),
+    ],
+)
+def test_a_stop_is_one_line_and_a_rerun_goes_on_to_the_same_dataset(
+    tiny_llama: Path, sample_file: Path, tmp_path: Path, one_process: list[dict], signum: int, status: int, line: str
 ) -> None:
-    """SIGINT (Ctrl-C) after the first chunk of pairs is saved: exit status 130 and one line, no traceback; the saved
-    chunks stay, and the same command again ends with the uninterrupted run's rows."""
+    """SIGINT (Ctrl-C) or SIGTERM after the first chunk of pairs is saved: one line, no traceback; the saved chunks
+    stay, and the same command again ends with the uninterrupted run's rows."""
     out, cache = tmp_path / "out", tmp_path / "cache"
     proc = subprocess.Popen(
         [sys.executable, *_cli(tiny_llama, sample_file, out, cache)],
@@ -299,34 +307,10 @@ def test_ctrl_c_is_one_line_and_a_rerun_goes_on_to_the_same_dataset(
         not saved(tmp_path / "out.partial", "chunks/*.parquet") and proc.poll() is None and time.monotonic() < deadline
     ):
         time.sleep(0.002)
-    proc.send_signal(signal.SIGINT)
-    err = proc.communicate()[1]
-    assert not out.exists(), "the run finished before it could be interrupted"
-    assert proc.returncode == 130 and err.splitlines()[-1] == "distill teach: interrupted", err
-    assert "Traceback" not in err and saved(tmp_path / "out.partial", "chunks/*.parquet")
-    subprocess.run([sys.executable, *_cli(tiny_llama, sample_file, out, cache)], check=True, env=_env(), cwd=REPO)
-    assert rows(out) == one_process
-
-
-def test_sigterm_is_one_line_and_a_rerun_goes_on_to_the_same_dataset(
-    tiny_llama: Path, sample_file: Path, tmp_path: Path, one_process: list[dict]
-) -> None:
-    """SIGTERM (a scheduler's time limit) ended the run without a word; now with one line, and the process still
-    ends by the signal (status 143 in a shell)."""
-    out, cache = tmp_path / "out", tmp_path / "cache"
-    proc = subprocess.Popen(
-        [sys.executable, *_cli(tiny_llama, sample_file, out, cache)], env=_env(), cwd=REPO, stderr=subprocess.PIPE,
-        text=True,
-    )  # fmt: skip
-    deadline = time.monotonic() + 120
-    while (
-        not saved(tmp_path / "out.partial", "chunks/*.parquet") and proc.poll() is None and time.monotonic() < deadline
-    ):
-        time.sleep(0.002)
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(signum)
     err = proc.communicate()[1]
     assert not out.exists(), "the run finished before it could be stopped"
-    assert proc.returncode == -signal.SIGTERM and err.splitlines()[-1] == "distill teach: stopped by SIGTERM", err
+    assert proc.returncode == status and err.splitlines()[-1] == line, err
     assert "Traceback" not in err and saved(tmp_path / "out.partial", "chunks/*.parquet")
     subprocess.run([sys.executable, *_cli(tiny_llama, sample_file, out, cache)], check=True, env=_env(), cwd=REPO)
     assert rows(out) == one_process
