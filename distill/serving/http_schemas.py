@@ -35,8 +35,13 @@ def _valid_text(text: str) -> str:
     (:func:`~distill.core.schema.text_fault`)."""
     fault = text_fault(text)
     if fault is not None:
-        raise PydanticCustomError("invalid_text", fault.replace("{", "{{").replace("}", "}}"))
+        raise _invalid_text(fault)
     return text
+
+
+def _invalid_text(fault: str) -> PydanticCustomError:
+    """The validation error of text that is no text, saying ``fault`` (its braces kept: pydantic formats it)."""
+    return PydanticCustomError("invalid_text", fault.replace("{", "{{").replace("}", "}}"))
 
 
 def _unencodable(value: Any, where: str = "") -> str | None:
@@ -63,7 +68,7 @@ def _document_text(value: Any) -> Any:
     if isinstance(value, dict):  # its text is checked as a text, below; the rest as what the answer returns
         rest = {key: item for key, item in value.items() if key != "text" or not isinstance(item, str)}
         if fault := _unencodable(rest):
-            raise PydanticCustomError("invalid_text", fault.replace("{", "{{").replace("}", "}}"))
+            raise _invalid_text(fault)
     if isinstance(value, dict) and isinstance(value.get("text"), str):
         return value["text"]
     if not isinstance(value, str):
