@@ -130,6 +130,7 @@ class DistillCLI(LightningCLI):
         check_train_paths(self.config, self.run_dir, self.reads_files)
         if self.reads_files:  # a run on this machine, not a config parsed
             check_accelerator_here(self.config.trainer)
+            check_node_launch(self.config.trainer)
             self.resume_from = resume_checkpoint(self.config.ckpt_path, RunLayout(self.run_dir).checkpoints)
             if self.resume_from is not None and self.config.ckpt_path == "last":
                 check_resumed_config(self.run_dir, self.config.as_dict())
@@ -623,6 +624,35 @@ def check_accelerator_here(trainer: Any) -> None:
         )
 
 
+def check_node_launch(trainer: Any) -> None:
+    """A run of ``trainer.num_nodes`` 2 or more is launched as one node of several: under torchrun, SLURM, LSF or MPI
+    (a cluster environment Lightning detects), or with ``MASTER_ADDR`` set, as Lightning's own cluster environment
+    (and Kubeflow's) takes it (with ``NODE_RANK``, 0 when unset). Launched alone, each process would wait for the other
+    nodes without end.
+
+    Raises:
+        InputError: ``trainer.num_nodes: N, but ...``, naming the launchers.
+    """
+    nodes = trainer.get("num_nodes") or 1
+    if nodes < 2 or "MASTER_ADDR" in os.environ:
+        return
+    from pytorch_lightning.plugins.environments import (
+        LSFEnvironment,
+        MPIEnvironment,
+        SLURMEnvironment,
+        TorchElasticEnvironment,
+    )
+
+    clusters = (TorchElasticEnvironment, SLURMEnvironment, LSFEnvironment, MPIEnvironment)
+    if any(cluster.detect() for cluster in clusters):
+        return
+    raise InputError(
+        f"trainer.num_nodes: {nodes}, but no launcher says which node this is, and alone it would wait for the "
+        f"others without end: launch it on each node with torchrun --nnodes {nodes} or srun, or set MASTER_ADDR, "
+        "MASTER_PORT and NODE_RANK (docs/gpu.md, Several nodes)"
+    )
+
+
 def check_launched_processes(trainer: Any) -> None:
     """Under a launcher that says how many processes it started (torchrun's ``WORLD_SIZE`` and
     ``LOCAL_WORLD_SIZE``), ``trainer.num_nodes`` is its node count and ``trainer.devices``, where it is a count, its
@@ -752,5 +782,6 @@ def check_train_machine(trainer: dict[str, Any], where: str) -> None:
     """
     try:
         check_accelerator_here(trainer)
+        check_node_launch(trainer)
     except InputError as e:
         raise InputError(f"{where}: {e}") from None

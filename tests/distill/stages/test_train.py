@@ -588,6 +588,32 @@ def test_a_config_that_does_not_match_torchruns_processes_is_one_line_before_the
     assert err.startswith(f"distill train: error: {expected}") and err.count("\n") == 1, err
 
 
+def test_several_nodes_launched_alone_is_one_line_not_a_wait_without_end(
+    tmp_path: Path, tiny_bert: Path, teacher_dataset: Path, capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--trainer.num_nodes 2 with no launcher: Lightning's own environment made it node 0 of 2, and it waited for
+    node 1 without end. Under a cluster environment, or with MASTER_ADDR given, it is one node of several."""
+    from distill.stages.train import check_node_launch
+
+    for name in ("MASTER_ADDR", "NODE_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "SLURM_NTASKS", "LSB_JOBID"):
+        monkeypatch.delenv(name, raising=False)
+    config = write_config(tmp_path, tiny_bert, teacher_dataset)
+    assert main(["train", "--config", str(config), "--trainer.num_nodes", "2"]) == 2
+    err = capsys.readouterr().err
+    expected = "distill train: error: trainer.num_nodes: 2, but no launcher says which node this is"
+    assert err.startswith(expected) and "torchrun --nnodes 2" in err and err.count("\n") == 1, err
+    assert not (tmp_path / "runs" / "tiny" / "logs").exists()
+    monkeypatch.setenv("MASTER_ADDR", "10.0.0.1")  # Lightning's environment, NODE_RANK 0 when unset
+    check_node_launch({"num_nodes": 2})
+    monkeypatch.delenv("MASTER_ADDR")
+    monkeypatch.setenv("SLURM_NTASKS", "2")  # an sbatch job's step (srun)
+    monkeypatch.setenv("SLURM_JOB_NAME", "train")
+    check_node_launch({"num_nodes": 2})
+    monkeypatch.delenv("SLURM_NTASKS")
+    with pytest.raises(InputError, match="trainer.num_nodes: 3, but no launcher"):
+        check_node_launch({"num_nodes": 3})
+
+
 def test_full_size_bert_large_config_runs_a_step(tmp_path: Path, teacher_dataset: Path) -> None:
     """bert-large-uncased builds offline from its embedded config (random weights) and trains a step (unvalidated:
     the best checkpoint's save is other tests' concern); its last checkpoint (4 GB with the optimiser's state) is
