@@ -610,7 +610,7 @@ def test_several_nodes_launched_alone_is_one_line_not_a_wait_without_end(
     monkeypatch.setenv("SLURM_JOB_NAME", "train")
     check_node_launch({"num_nodes": 2})
     monkeypatch.delenv("SLURM_NTASKS")
-    with pytest.raises(InputError, match="trainer.num_nodes: 3, but no launcher"):
+    with pytest.raises(InputError, match=r"trainer\.num_nodes: 3, but no launcher"):
         check_node_launch({"num_nodes": 3})
 
 
