@@ -244,9 +244,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         leave_process_group()
 
 
-OWN_SIGTERM = ("train", "run", "serve")
-"""Commands that handle SIGTERM themselves: train saves ``last.ckpt`` and exits 75 (a pipeline's train stage too),
-serve drains its requests and exits 0."""
+OWN_SIGTERM = ("train", "run")
+"""Commands that handle SIGTERM themselves: train saves ``last.ckpt`` and exits 75 (a pipeline's train stage too).
+(serve says it like the others while its models load; once it listens, its server's handler drains the requests in
+flight and exits 0, and puts this one back after.)"""
 
 
 @contextlib.contextmanager

@@ -742,6 +742,26 @@ def test_sigterm_finishes_requests_in_flight_and_refuses_new_ones(exported: Path
         assert process.wait(30) == 0
 
 
+def test_sigterm_while_the_model_loads_is_one_line_and_the_signals_status(exported: Path) -> None:
+    """A SIGTERM before the server listens (a deploy rolled back while the model loads): it ended the process
+    without a word. In a fresh process, whose model load sends it."""
+    script = f"""
+import os, signal, sys, time
+from distill.cli import main
+from distill.serving.reranker import Reranker
+
+def load(cls, *args, **kwargs):
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(60)
+
+Reranker.load = classmethod(load)
+sys.exit(main(["serve", "--model", {str(exported)!r}, "--port", "0"]))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == -signal.SIGTERM, done.stderr[-2000:]
+    assert done.stderr.splitlines()[-1] == "distill serve: stopped by SIGTERM" and "Traceback" not in done.stderr
+
+
 def test_a_text_cut_on_its_left_keeps_at_most_the_tokens_asked_and_its_end(tiny_bert: Path) -> None:
     """A cut inside a word tokenises into more pieces than the word held in the whole text: the pair's own
     truncation then cut the text's last tokens, the very ones ``truncation_direction: Left`` keeps."""
