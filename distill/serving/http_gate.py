@@ -308,6 +308,15 @@ def client_address(scope: dict) -> str:
     return f"{client[0]}:{client[1]}" if client else "unknown"
 
 
+def origin_form(scope: dict) -> dict:
+    """``scope`` of a request whose target is in absolute form (``POST http://host:8080/rerank``, as a forward proxy
+    sends it), with the target's path alone: RFC 9112 3.2.2 has a server take that form, and uvicorn hands the whole
+    URL on as the path, which no route matches."""
+    path = scope["path"].split("://", 1)[1].partition("/")[2]
+    raw = bytes(scope.get("raw_path") or b"").split(b"://", 1)[-1].partition(b"/")[2]
+    return {**scope, "path": "/" + path, "raw_path": b"/" + raw}
+
+
 class Gate:
     """ASGI middleware in front of the routes: 503 while draining, 400 for a body framed by both its length and a
     transfer encoding, 415 for a rerank body that is not JSON or is compressed, 413 for a
@@ -326,6 +335,8 @@ class Gate:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        if scope["path"][:8].lower().startswith(("http://", "https://")):
+            scope = origin_form(scope)
         route = scope["path"] if scope["path"] in ROUTES else "other"
         exchange = _Exchange(self, scope, receive, send)
         length = exchange.length

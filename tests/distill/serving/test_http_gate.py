@@ -384,6 +384,24 @@ def test_a_body_framed_by_both_length_and_chunks_gets_a_400_and_a_closed_connect
             assert b"connection: close" in head.lower() and closed(sock)
 
 
+def test_a_target_in_absolute_form_is_served_as_its_path(tiny_bert: Path, tiny: Reranker) -> None:
+    """RFC 9112 3.2.2: a server takes ``POST http://host/rerank`` (a forward proxy's form) as ``/rerank``; uvicorn
+    handed the whole URL on as the path, which no route matched (404)."""
+    with running(create_app(ServedModel(tiny_bert, tiny))) as url:
+        host, port = address(url)
+        body = b'{"query": "q", "texts": ["a", "b"]}'
+        with socket.create_connection((host, port), timeout=10) as sock:
+            for target in (f"{url}/rerank", f"HTTPS://{host}:{port}/rerank?x=1", "http://other.example/rerank"):
+                sock.sendall(post_head(host, target, len(body)) + body)
+                status, answer, _ = read_answer(sock)
+                assert status == 200 and sorted(r["index"] for r in answer) == [0, 1], (target, answer)
+            sock.sendall(f"GET http://{host}:{port}/health HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+            assert read_answer(sock)[0] == 200
+            sock.sendall(f"GET http://{host}:{port} HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())  # the root, /
+            assert read_answer(sock)[0] == 404
+        assert metric(url, "distill_requests_total", route="/rerank", code="200") == 3
+
+
 def test_health_answers_head_requests(tiny_bert: Path, tiny: Reranker) -> None:
     with running(create_app(ServedModel(tiny_bert, tiny))) as url:
         answer = httpx.head(f"{url}/health")
