@@ -114,11 +114,22 @@ class Pipeline:
     eval: Any
     rerank_fused: Any = None
     """``rerank`` fused with the first stage (``fuse``), or None."""
+    backbone: str | None = None
+    """The model the train stage loads (``model.backbone``), its weights or, with ``model.random_init``, its config;
+    None where that is an embedded architecture's."""
 
     @property
     def run(self) -> RunLayout:
         """The student's training run."""
         return RunLayout(self.folder / "student")
+
+
+def _weights_needed(name: str, random: bool) -> str | None:
+    """``name``, unless random weights are built from its embedded shapes (a name of
+    :data:`~distill.model.resolver.ARCHITECTURES`), which need no file."""
+    from distill.model.resolver import ARCHITECTURES
+
+    return None if random and name in ARCHITECTURES else name
 
 
 def _section(raw: dict[str, Any], name: str, path: Path) -> tuple[dict[str, Any], str]:
@@ -184,7 +195,7 @@ def load_pipeline(path: str | Path) -> Pipeline:
     if data:
         train_joined["data"] = data
     with train_arguments(train, train_joined) as argv:
-        trainer = check_train_args(argv, where["train"])
+        parsed = check_train_args(argv, where["train"])
     rerank_input = sections["rerank"].get("input") or teach.input
     rerank_input = [rerank_input] if isinstance(rerank_input, str) else rerank_input
     # Teach's inputs, reranked, come with the files their texts or candidates are in (a TREC run's queries and
@@ -224,12 +235,13 @@ def load_pipeline(path: str | Path) -> Pipeline:
         teach,
         train,
         train_joined,
-        trainer,
+        parsed["trainer"],
         export,
         bench,
         rerank,
         evaluate,
         rerank_fused,
+        _weights_needed(parsed["model"]["backbone"], parsed["model"]["random_init"]),
     )
 
 
@@ -426,8 +438,8 @@ def run_pipeline(pipeline: Pipeline, force: set[str] | None = None) -> PipelineR
 
 def check_inputs(pipeline: Pipeline) -> None:
     """The inputs of the later stages that no earlier stage makes are there, before the first stage loads a model:
-    the rerank candidates (and their queries and corpus), the export's parity input, and the eval qrels, runs and
-    teachers.
+    the rerank candidates (and their queries and corpus), the export's parity input, the eval qrels, runs and
+    teachers, and the models of the stages after the teacher (:func:`check_later_models`).
 
     Raises:
         MissingFileError, InputError: ``<stage>: <option>: <path>: <what is wrong>``.
@@ -448,6 +460,32 @@ def check_inputs(pipeline: Pipeline) -> None:
     for stage, key, path, kind in checks:
         if path is not None and not is_irds(str(path)) and not any(same_path(path, output) for output in made):
             input_path(path, stage, key, kind)
+    check_later_models(pipeline)
+
+
+def check_later_models(pipeline: Pipeline) -> None:
+    """The models that the stages after the teacher load can be had (:func:`~distill.model.resolver.check_model`):
+    the student's backbone and the bench's teacher, but where random weights are built from an embedded
+    architecture's shapes, or the bench times no teacher.
+
+    Raises:
+        ModelNotFoundError: ``<stage>: <option>: cannot find model ...``, with what was tried.
+    """
+    from distill.bench.latency import RANDOM_TEACHER
+    from distill.model.resolver import DEFAULT_TEACHER, ModelNotFoundError, check_model
+
+    bench = pipeline.bench
+    models = [("train", "model.backbone", pipeline.backbone)]
+    if bench.teacher != "none":
+        teacher = bench.teacher or (RANDOM_TEACHER if bench.random_weights else DEFAULT_TEACHER)
+        models.append(("bench", "teacher", _weights_needed(teacher, bench.random_weights)))
+    for stage, key, name in models:
+        if name is None:
+            continue
+        try:
+            check_model(name)
+        except ModelNotFoundError as e:
+            raise ModelNotFoundError(f"{stage}: {key}: {e}") from None
 
 
 def run(cfg: RunConfig) -> PipelineReport:

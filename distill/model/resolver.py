@@ -250,6 +250,28 @@ def resolve_model(name: str) -> ModelSource:
     raise ModelNotFoundError(_not_found(name, tried))
 
 
+def check_model(name: str) -> ModelSource:
+    """``name`` resolved (:func:`resolve_model`), and, where it is a hub id, in the local hub cache or on the hub:
+    a check before a run's first stage of a model that a later stage loads.
+
+    Raises:
+        ModelNotFoundError: nothing matched; or a hub id that is neither in the local hub cache nor on the hub
+            (in offline mode, ``HF_HUB_OFFLINE``: not in the cache).
+    """
+    source = resolve_model(name)
+    if source.kind != "hub":
+        return source
+    import huggingface_hub
+
+    if isinstance(huggingface_hub.try_to_load_from_cache(name, "config.json"), str):
+        return source
+    if huggingface_hub.constants.HF_HUB_OFFLINE:
+        why = f"not in the local hub cache ({huggingface_hub.constants.HF_HUB_CACHE}), and HF_HUB_OFFLINE is set"
+        raise ModelNotFoundError(_not_found(name, _hub_tried(name, why)))
+    _check_hub(name)
+    return source
+
+
 HUB_REPO = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 """A hub repository id, ``org/name``."""
 

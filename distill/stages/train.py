@@ -763,19 +763,20 @@ class _ParseOnly(DistillCLI):
 
 
 def check_train_args(argv: list[str], where: str) -> dict[str, Any]:
-    """Check ``distill train`` arguments without building anything; their ``trainer`` section, parsed.
+    """Check ``distill train`` arguments without building anything; their config, parsed (its sections ``model``,
+    ``data``, ``trainer``, ... as dicts).
 
     Raises:
         InputError: ``<where>: <key>: <what is wrong>``.
     """
     try:
-        return dict(build_cli(argv, where, _ParseOnly).config["trainer"])
+        return build_cli(argv, where, _ParseOnly).config.as_dict()
     except InputError as e:
         raise InputError(e.args[0] if e.args[0].startswith(f"{where}: ") else f"{where}: {e}") from None
 
 
 def check_train_machine(trainer: dict[str, Any], where: str) -> None:
-    """The ``trainer`` section of :func:`check_train_args` can run on this machine (its accelerator is here).
+    """The ``trainer`` section of :func:`check_train_args`' config can run on this machine (its accelerator is here).
 
     Raises:
         InputError: ``<where>: trainer.accelerator: ...``.

@@ -251,6 +251,38 @@ def test_pipeline_config_errors_are_one_line_naming_the_file_and_key(
     assert not (tmp_path / "runs").exists()  # nothing ran
 
 
+@pytest.mark.parametrize(
+    ("sections", "expected"),
+    [
+        # found only once the teacher had run, when the train stage loaded it
+        ({"train": {"model": {"backbone": "all-minilm-l6-v3"}}}, "train: model.backbone: cannot find model"),
+        # found only once the teacher, the training and the export had run
+        ({"bench": {"teacher": "smollm2-135"}}, "bench: teacher: cannot find model 'smollm2-135'"),
+    ],
+)
+def test_a_later_stages_model_that_cannot_be_had_is_refused_before_the_first_stage(
+    tmp_path: Path, sample_file: Path, capsys, sections: dict, expected: str
+) -> None:
+    from distill.pipeline import check_inputs
+
+    train = {"model": {"backbone": "all-minilm-l6-v2"}, "data": {"label": "cis"}}
+    teach = {"input": str(sample_file), "qrels": str(DL19_QRELS)}
+    config = {"name": "x", "root": str(tmp_path / "runs"), "teach": teach, "train": train, **sections}
+    config["train"] = {**train, "model": {**train["model"], **sections.get("train", {}).get("model", {})}}
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(yaml.safe_dump(config))
+    assert main(["run", "--config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"distill run: error: {expected}") and "HF_HUB_OFFLINE is set" in err, err
+    assert "Traceback" not in err and not (tmp_path / "runs").exists()  # nothing ran
+    # random weights in an embedded architecture's shapes, and a bench of the students alone, load no model
+    config["train"]["model"].update(backbone="bert-large-uncased", random_init=True)
+    for bench in ({"teacher": "none"}, {"random_weights": True}, {"random_weights": True, "teacher": "tiny-llama"}):
+        config["bench"] = bench
+        path.write_text(yaml.safe_dump(config))
+        check_inputs(load_pipeline(path))
+
+
 def test_a_pipeline_without_optional_sections_takes_their_defaults(tmp_path: Path, sample_file: Path) -> None:
     path = tmp_path / "pipeline.yaml"
     train = {"model": {"backbone": "all-minilm-l6-v2"}}

@@ -69,6 +69,29 @@ def test_a_local_path_that_is_no_model_is_not_taken_for_a_hub_id(tmp_path: Path,
     assert resolve_model("w/elsewhere").kind == "hub"  # no such path: a hub id
 
 
+def test_check_model_finds_a_hub_id_in_the_cache_and_refuses_one_not_there_offline(tmp_path: Path, monkeypatch) -> None:
+    """A pipeline's check before its first stage: a hub id in the local hub cache passes offline; one not there is
+    refused there, not once the stages before its own have run."""
+    import huggingface_hub
+
+    from distill.model.resolver import check_model
+
+    snapshot = tmp_path / "models--acme--tiny" / "snapshots" / ("0" * 40)
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text("{}")
+    (tmp_path / "models--acme--tiny" / "refs").mkdir()
+    (tmp_path / "models--acme--tiny" / "refs" / "main").write_text("0" * 40)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    assert check_model("acme/tiny").kind == "hub"
+    assert check_model("all-minilm-l6-v2").kind == "package"
+    with pytest.raises(ModelNotFoundError) as err:
+        check_model("acme/tinny")
+    assert f"hub id 'acme/tinny': not in the local hub cache ({tmp_path}), and HF_HUB_OFFLINE is set" in str(err.value)
+    with pytest.raises(ModelNotFoundError, match="GGUF file"):
+        check_model(str(tmp_path / "missing.gguf"))
+
+
 PARTS = [b"GGUF" + bytes(range(40)), b"\x01" * 23, b"the end"]
 PARTED = PackagedModel(
     ("tiny_gguf_part1", "tiny_gguf_part2", "tiny_gguf_part3"),
