@@ -180,7 +180,7 @@ def test_resuming_from_an_unreadable_last_falls_back_to_best(tmp_path: Path, cap
 
 
 def test_a_within_query_loss_needs_query_groups() -> None:
-    from distill.stages.train import check_loss_groups
+    from distill.stages.train_checks import check_loss_groups
     from students.losses import LOSSES
 
     for name, loss in LOSSES.items():
@@ -193,7 +193,7 @@ def test_a_within_query_loss_needs_query_groups() -> None:
 
 
 def test_validation_intervals_must_fit_the_epoch() -> None:
-    from distill.stages.train import check_intervals
+    from distill.stages.train_checks import check_intervals
 
     class Data:
         def train_dataloader(self):
@@ -215,7 +215,7 @@ def test_validation_intervals_must_fit_the_epoch() -> None:
 def test_group_size_over_a_query_s_candidates_is_said_once(caplog: pytest.LogCaptureFixture) -> None:
     from types import SimpleNamespace
 
-    from distill.stages.train import warn_small_groups
+    from distill.stages.train_checks import warn_small_groups
 
     data = SimpleNamespace(hparams=SimpleNamespace(group_size=4), train=SimpleNamespace(qid=list("aaaaabbbc")))
     with caplog.at_level(logging.WARNING):

@@ -326,14 +326,22 @@ def test_a_trec_run_teach_input_is_reranked_with_its_queries_and_corpus(tmp_path
 
 
 def test_the_paper_pipeline_learns_its_own_teachers_labels_judged_by_its_inputs(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """configs/paper.yaml (Llama-3-8B on DL19 and DL20 from ir_datasets): read and checked without a download; its
-    student learns the pipeline's teacher output, not bert-large.yaml's committed labels, and the inputs' qrels judge
-    its validation and evaluation."""
+    """configs/paper.yaml (Llama-3-8B on DL19 and DL20 from ir_datasets): read and checked without a download, its
+    later stages' models in the hub cache; its student learns the pipeline's teacher output, not bert-large.yaml's
+    committed labels, and the inputs' qrels judge its validation and evaluation."""
+    import huggingface_hub
+
     from distill.data.loaders.irds import is_irds
     from distill.pipeline import check_inputs
 
+    for repo in ("models--bert-large-uncased", "models--meta-llama--Meta-Llama-3-8B"):  # the later stages' models
+        (tmp_path / repo / "snapshots" / ("0" * 40)).mkdir(parents=True)
+        (tmp_path / repo / "snapshots" / ("0" * 40) / "config.json").write_text("{}")
+        (tmp_path / repo / "refs").mkdir()
+        (tmp_path / repo / "refs" / "main").write_text("0" * 40)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
     monkeypatch.chdir(REPO)
     pipeline = load_pipeline("configs/paper.yaml")
     inputs = pipeline.teach.input

@@ -320,7 +320,7 @@ def test_bad_data_fails_before_any_logger_exists_with_one_message(
 def test_the_wandb_mode_is_the_flags_then_wandbs_own_variable_and_online_needs_a_key(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flag: str | None, environment: dict, expected: str | Exception
 ) -> None:
-    from distill.stages.train import check_wandb_mode
+    from distill.stages.train_checks import check_wandb_mode
 
     netrc = tmp_path / "netrc"
     netrc.write_text("machine wandb.example.org\n  login user\n  password " + "p" * 40 + "\n")
@@ -593,7 +593,7 @@ def test_several_nodes_launched_alone_is_one_line_not_a_wait_without_end(
 ) -> None:
     """--trainer.num_nodes 2 with no launcher: Lightning's own environment made it node 0 of 2, and it waited for
     node 1 without end. Under a cluster environment, or with MASTER_ADDR given, it is one node of several."""
-    from distill.stages.train import check_node_launch
+    from distill.stages.train_checks import check_node_launch
 
     for name in ("MASTER_ADDR", "NODE_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "SLURM_NTASKS", "LSB_JOBID"):
         monkeypatch.delenv(name, raising=False)
