@@ -135,10 +135,18 @@ class CausalLMTeacher:
             raise ValueError(f"prompt {prompt!r}: {fault}")
         if max_passage_tokens < 1:
             raise ValueError(f"max_passage_tokens must be positive, got {max_passage_tokens}")
+        if logit_chunk_rows < 1:
+            raise ValueError(f"logit_chunk_rows must be positive, got {logit_chunk_rows}")
         if start_token_id is None:
             start_token_id = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
         if start_token_id is None:
             raise InputError(f"{identity}: the tokenizer has neither a BOS nor an EOS token: set start_token")
+        vocabulary = model.get_input_embeddings().num_embeddings
+        if not 0 <= int(start_token_id) < vocabulary:
+            raise InputError(
+                f"start token id {start_token_id} is not in the teacher's vocabulary of {vocabulary} ids "
+                f"(0 to {vocabulary - 1})"
+            )
         self.tokenizer = tokenizer
         self.identity = identity
         self.start_token_id = int(start_token_id)

@@ -155,10 +155,8 @@ def _teacher(metadata: dict[str, Any] | None) -> str:
     if kind == "package":
         requirement, _, file = rest.partition(":")
         name = f"{file} (pip package {requirement})"
-    elif kind == "gguf":
+    elif kind in ("gguf", "directory"):  # the path, then its file's or files' stat digest
         name = Path(rest.rsplit(":", 1)[0]).name
-    elif kind == "directory":
-        name = Path(rest).name
     else:
         name = rest or kind
     prompt = fingerprint.get("prompt")

@@ -98,14 +98,15 @@ class ModelSource:
     @property
     def identity(self) -> str:
         """A stable description of the weights, for caches and dataset metadata: an embedded model's package, a
-        GGUF file's absolute path and size, a local folder's absolute path and a digest of its files' names, sizes
-        and modification times (new weights at the same path are another model), a hub id."""
+        GGUF file's absolute path, size and modification time, a local folder's absolute path and a digest of its
+        files' names, sizes and modification times (new weights at the same path are another model), a hub id."""
         alias = _alias(self.name)
         if self.kind == "package" and alias is not None:
             return f"package:{PACKAGED_MODELS[alias].requirement}:{PACKAGED_MODELS[alias].file}"
         if self.gguf_file:
             path = Path(self.location) / self.gguf_file
-            return f"{self.kind}:{path.resolve()}:{path.stat().st_size}"
+            stat = path.stat()
+            return f"{self.kind}:{path.resolve()}:{stat.st_size}.{stat.st_mtime_ns}"
         if self.kind == "directory":
             folder = Path(self.location).resolve()
             return f"directory:{folder}:{stat_digest(folder)}"

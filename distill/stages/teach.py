@@ -127,6 +127,8 @@ class TeachConfig(ScorerOptions, InputOptions):
             raise InputError("teach: input is required (--input or input: in the config)")
         if not self.output:
             raise InputError("teach: output is required (--output or output: in the config)")
+        if not self.scores:
+            raise InputError(f"teach: scores: none given; one or more of {', '.join(SCORES)}, or {SIMILARITY}")
         if SIMILARITY in self.scores:
             if self.scores != [SIMILARITY]:
                 raise InputError(
@@ -140,7 +142,7 @@ class TeachConfig(ScorerOptions, InputOptions):
                 required_terms(self.scores)
             except ValueError as e:
                 raise InputError(f"teach: scores: {e}; or {SIMILARITY} (an embedding model)") from None
-        for name in ("chunk_size", "max_passage_tokens", "max_queries"):
+        for name in ("chunk_size", "max_passage_tokens", "max_queries", "logit_chunk_rows"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise InputError(f"teach: {name} must be positive, got {getattr(self, name)}")
         if not self.similarity and (fault := prompt_fault(self.prompt)):
@@ -371,6 +373,7 @@ def _fingerprint(
         "scores": cfg.score_columns,
         "chunk_size": cfg.chunk_size,
         "max_batch_tokens": options.max_batch_tokens,
+        "logit_chunk_rows": cfg.logit_chunk_rows,
         # Only the levers away from the exact path (the CPU's defaults): a CPU run keeps its earlier fingerprints.
         **options.changed(),
     }
@@ -388,7 +391,7 @@ def _fingerprint_before_load(
     return _fingerprint(setting, summary, cfg, options)
 
 
-LATER_KEYS = ("first_stage",)
+LATER_KEYS = ("first_stage", "logit_chunk_rows", "max_batch_tokens")
 """Fingerprint keys that datasets and partial results made before them lack: absent there, they match (such a dataset
 stays up to date, as it was)."""
 
@@ -676,10 +679,27 @@ def _score_passages(
                     for i, text in zip(at, texts, strict=True):
                         passages[i] = text
                 values = teacher.passage_logprobs(teacher.encode_passages(passages), on_batch=bar.update)
+                check_finite(values, "log p(K)", passages)
                 cache.add(keys, values)
     finally:
         for rows in row_files.values():
             rows.close()
+
+
+def check_finite(values: Any, what: str, texts: list[str]) -> None:
+    """The teacher's ``values`` of ``what`` (one a text of ``texts``) are finite numbers, before any is cached or
+    saved: broken weights, or an overflowing dtype (float16), give NaN or infinite log-probabilities.
+
+    Raises:
+        InputError: how many are not, and the text of the first.
+    """
+    bad = np.flatnonzero(~np.isfinite(np.asarray(values, dtype=np.float64)))
+    if len(bad):
+        raise InputError(
+            f"teach: the teacher gave {len(bad)} non-finite {what} value(s) of {len(texts)} (the first for "
+            f"{texts[int(bad[0])][:60]!r}): its weights or its dtype (float16 overflows) are broken; nothing of "
+            "them was saved"
+        )
 
 
 def _check_context(teacher: Any, queries: list[str], cfg: TeachConfig) -> None:
@@ -723,7 +743,9 @@ def _score_queries(
         out[term] = {q: known[q] for q in queries if q in known}
         if todo:
             with _progress(cfg, state, len(todo), "query terms", "query") as bar:
-                out[term].update(zip(todo, teacher.query_terms(todo, [term], on_batch=bar.update)[term], strict=True))
+                values = teacher.query_terms(todo, [term], on_batch=bar.update)[term]
+            check_finite(values, term, todo)
+            out[term].update(zip(todo, values, strict=True))
     return out
 
 
@@ -759,6 +781,8 @@ def _score_pairs(
             if len(new):
                 queries, ids = [rows["query"][i] for i in new], [passage_ids[i] for i in new]
                 scored = teacher.pair_terms(queries, ids, pair_terms, on_batch=bar.update)
+                for term in pair_terms:
+                    check_finite(scored[term], term, [rows["passage"][i] for i in new])
             values: dict[str, Any] = {}
             for term in pair_terms:
                 column = np.empty(len(chunk), dtype=np.float64)
@@ -813,6 +837,7 @@ def _teach_similarity(
         "first_stage": summary.first_stage,
         "scores": cfg.score_columns,
         "chunk_size": cfg.chunk_size,
+        "max_batch_tokens": options.max_batch_tokens,
     }
     report = TeachReport(output, summary.pairs, summary.queries, cfg.score_columns, True, summary.skipped)
     if _is_complete(output, fingerprint, cfg.overwrite):
@@ -831,6 +856,7 @@ def _teach_similarity(
         for j, chunk in mine:
             rows = pairs.rows(chunk)
             similarity = teacher.similarity(rows["query"], rows["passage"], on_batch=bar.update)
+            check_finite(similarity, SIMILARITY, rows["passage"])
             write_chunk(pa.table({**_pair_columns(rows), SIMILARITY: similarity}), work / "chunks", j)
     state.wait_for_everyone()
     _merge(state, work, output, summary.pairs, cfg, fingerprint, None, command)

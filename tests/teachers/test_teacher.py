@@ -115,6 +115,12 @@ def test_start_token_override_changes_the_prefix(tiny_llama: Path) -> None:
     assert default.passage_logprobs(ids)[0] != pytest.approx(by_id.passage_logprobs(ids)[0])
     with pytest.raises(ValueError, match="not in the tokenizer"):
         CausalLMTeacher.load(str(tiny_llama), start_token="<no-such-token>")
+    vocabulary = default.scorer.model.get_input_embeddings().num_embeddings
+    for token in (vocabulary, -5, str(vocabulary + 7)):  # an IndexError (an OverflowError) once scoring began
+        with pytest.raises(ValueError, match=f"start token id .* not in the teacher's vocabulary of {vocabulary} ids"):
+            CausalLMTeacher.load(str(tiny_llama), start_token=token)
+    with pytest.raises(ValueError, match="logit_chunk_rows must be positive, got 0"):
+        CausalLMTeacher.load(str(tiny_llama), logit_chunk_rows=0)
 
 
 def test_score_definitions() -> None:

