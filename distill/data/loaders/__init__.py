@@ -139,7 +139,7 @@ def open_candidates(
             raise InputError(f"{path}: a directory input must be a BEIR folder with corpus.jsonl and queries.jsonl")
         candidates, source_qrels = load_beir(path, Path(run) if run else None, bad, repair_mojibake)
     elif path.suffix in (".json", ".jsonl"):
-        first = [entry for _, entry in islice(json_entries(path), 1)]
+        first = [entry for _, entry in islice(json_entries(path, BadInput(bad.policy)), 1)]  # skips not counted twice
         if not first:
             raise InputError(f"{path}: no entries (an empty list): nothing to read")
         if is_rank_llm(first):

@@ -86,11 +86,28 @@ def decoded(raw: bytes, path: Path, lineno: int) -> str:
         raise InputError(f"{path}:{lineno}: not UTF-8 text ({e.reason} at byte {e.start})") from None
 
 
-def iter_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
-    """Yield ``(line_number, record)`` for each non-blank line of a JSON-lines file.
+MALFORMED = "malformed JSON"
+"""The kind of a skipped line that is no JSON (:class:`BadInput`)."""
+
+
+@dataclass(frozen=True)
+class Malformed:
+    """A line of a JSON-lines file that is no JSON: the column and the decoder's message."""
+
+    column: int
+    message: str
+
+    @property
+    def reason(self) -> str:
+        return f"{MALFORMED} at column {self.column}: {self.message}"
+
+
+def iter_jsonl(path: Path, keep_malformed: bool = False) -> Iterator[tuple[int, Any]]:
+    """Yield ``(line_number, record)`` for each non-blank line of a JSON-lines file; with ``keep_malformed``, a line
+    that is no JSON as a :class:`Malformed` record (the lines are independent: the others still read).
 
     Raises:
-        InputError: a line is not JSON, or not UTF-8 (naming the line).
+        InputError: a line is not UTF-8, or (without ``keep_malformed``) not JSON, naming the line.
     """
     with path.open("rb") as f:
         for lineno, raw in enumerate(f, start=1):
@@ -98,9 +115,12 @@ def iter_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
             if not line.strip():
                 continue
             try:
-                yield lineno, json.loads(line)
+                record = json.loads(line)
             except json.JSONDecodeError as e:
-                raise InputError(f"{path}:{lineno}:{e.colno}: malformed JSON: {e.msg}") from None
+                if not keep_malformed:
+                    raise InputError(f"{path}:{lineno}:{e.colno}: {MALFORMED}: {e.msg}") from None
+                record = Malformed(e.colno, e.msg)
+            yield lineno, record
 
 
 LIST_READ_CHARS = 1 << 20
@@ -199,12 +219,25 @@ def iter_json_list(path: Path) -> Iterator[Any]:
         raise InputError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
 
 
-def json_entries(path: Path) -> Iterator[tuple[str, Any]]:
+def json_entries(path: Path, bad: BadInput | None = None) -> Iterator[tuple[str, Any]]:
     """``(where, entry)`` for each entry of a JSON list (``file: entry [i]``) or JSON-lines file (``file:line``),
-    read an entry at a time."""
-    if path.suffix == ".jsonl":
-        return ((f"{path}:{lineno}", entry) for lineno, entry in iter_jsonl(path))
-    return ((f"{path}: entry [{i}]", entry) for i, entry in enumerate(iter_json_list(path)))
+    read an entry at a time. A JSON-lines line that is no JSON goes to ``bad`` (skipped and counted, under its
+    ``skip``); without ``bad``, or anywhere in a JSON list (whose entries cannot be told apart past it), it raises.
+
+    Raises:
+        InputError: the file is malformed, as above.
+    """
+    if path.suffix != ".jsonl":
+        return ((f"{path}: entry [{i}]", entry) for i, entry in enumerate(iter_json_list(path)))
+    return _jsonl_entries(path, bad)
+
+
+def _jsonl_entries(path: Path, bad: BadInput | None) -> Iterator[tuple[str, Any]]:
+    for lineno, entry in iter_jsonl(path, keep_malformed=bad is not None):
+        if isinstance(entry, Malformed):
+            bad(f"{path}:{lineno}:{entry.column}", f"{MALFORMED}: {entry.message}", MALFORMED)
+            continue
+        yield f"{path}:{lineno}", entry
 
 
 _ANY_SPACE = re.compile(r"\s")

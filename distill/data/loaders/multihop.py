@@ -76,7 +76,7 @@ def stream_multihop(path: Path, bad: BadInput, repair: bool, qrels: Qrels) -> It
     """The candidates of a file of multi-hop questions, a question at a time, each question's qrels added to
     ``qrels`` as it is read (and the ids of the questions seen held, to refuse one that comes back)."""
     seen: dict[str, str] = {}
-    for where, entry in json_entries(path):
+    for where, entry in json_entries(path, bad):
         question = require_text(entry, "question", where, bad)
         if question is None:
             continue

@@ -33,7 +33,7 @@ def stream_rank_llm(path: Path, bad: BadInput, repair: bool) -> Iterator[Candida
     (and the ids of the queries seen, to refuse one that comes back in a later entry: its candidates could not be
     joined without holding them all)."""
     seen: dict[str, str] = {}
-    for where, entry in json_entries(path):
+    for where, entry in json_entries(path, bad):
         builder = CandidatesBuilder(bad)
         _add_entry(builder, entry, where, bad, repair)
         for candidates in builder.build():

@@ -23,7 +23,16 @@ from typing import Any
 import numpy as np
 
 from distill.core.schema import Candidates, InputError
-from distill.data.loaders._common import BadInput, CandidatesBuilder, TextRecord, clean_text, decoded, iter_jsonl
+from distill.data.loaders._common import (
+    MALFORMED,
+    BadInput,
+    CandidatesBuilder,
+    Malformed,
+    TextRecord,
+    clean_text,
+    decoded,
+    iter_jsonl,
+)
 from distill.data.loaders.corpus_index import CorpusIndex, file_index_folder, open_index
 
 
@@ -205,7 +214,10 @@ def text_records(path: Path, fields: TextFields, repair: bool) -> Iterator[TextR
 
 def _text_records(path: Path, fields: TextFields, repair: bool) -> Iterator[TextRecord]:
     if is_jsonl(path):
-        for lineno, record in iter_jsonl(path):
+        for lineno, record in iter_jsonl(path, keep_malformed=True):
+            if isinstance(record, Malformed):
+                yield TextRecord(lineno, None, None, record.reason, MALFORMED)
+                continue
             key, reason = _first_field(record, fields.id_keys)
             if key is None:
                 yield TextRecord(lineno, None, None, reason)
@@ -287,7 +299,11 @@ def open_corpus(path: Path, bad: BadInput, repair: bool) -> CorpusIndex:
     ``bad``."""
     folder = file_index_folder(path, "jsonl" if is_jsonl(path) else "tsv", repair)
     index = open_index(folder, path, text_records(path, DOC_FIELDS, repair))
-    index.replay_bad(bad)
+    try:
+        index.replay_bad(bad)
+    except InputError:
+        index.close()
+        raise
     return index
 
 

@@ -178,9 +178,13 @@ def test_bad_lines_are_reported_as_a_read_of_the_file_reports_them(tmp_path: Pat
     assert many.skipped == bad.skipped
 
 
-def test_a_corpus_that_is_not_json_lines_leaves_no_index(tmp_path: Path, cache: Path) -> None:
+def test_a_corpus_line_that_is_no_json_is_named_or_skipped_as_the_other_bad_lines(tmp_path: Path, cache: Path) -> None:
+    """The lines of JSON lines are independent: one cut short stopped the run even under --on_bad_input skip."""
     path = tmp_path / "corpus.jsonl"
-    path.write_text('{"_id": "d1", "text": "one"}\n{"_id": "d2", "text": \n')
-    with pytest.raises(InputError, match=rf"{path}:2:\d+: malformed JSON"):
-        open_corpus(path, BadInput("skip"), True)
-    assert not [p for p in (cache / "corpus").iterdir() if p.is_dir()]
+    path.write_text('{"_id": "d1", "text": "one"}\n{"_id": "d2", "text": \n{"_id": "d3", "text": "three"}\n')
+    with pytest.raises(InputError, match=rf"^{path}:2: malformed JSON at column 23: Expecting value \(--on_bad"):
+        open_corpus(path, BadInput("error"), True)
+    skip = BadInput("skip")
+    with open_corpus(path, skip, True) as index:
+        assert index.get_many(["d3", "d1", "d2"], skip) == ["three", "one", None]
+    assert skip.skipped["malformed JSON"] == 1

@@ -534,6 +534,21 @@ def test_malformed_json_names_line_and_column(tmp_path: Path) -> None:
     path = write(tmp_path / "broken.json", '[\n  {"query": "q",\n   "hits": [,]}\n]\n')
     with raises(f"{path}:3:13: malformed JSON: Expecting value"):
         load_candidates(path)
+    with raises(f"{path}:3:13: malformed JSON: Expecting value"):  # a list cannot be read on past it
+        list(load_candidates(path, on_bad_input="skip").candidates)
+
+
+def test_a_json_lines_line_that_is_no_json_is_skipped_and_counted_under_skip(tmp_path: Path) -> None:
+    """A JSON-lines file's lines are independent: a line cut short stopped the run even under skip."""
+    good = [{"query": f"query {q}", "hits": [{**hit("a"), "qid": str(q)}]} for q in (1, 2)]
+    lines = [json.dumps(good[0]), '{"query": "cut', json.dumps(good[1])]
+    path = write(tmp_path / "cands.jsonl", "\n".join(lines) + "\n")
+    with raises(f"{path}:2:11: malformed JSON: Unterminated string"):
+        list(load_candidates(path).candidates)
+    stream = load_candidates(path, on_bad_input="skip")
+    assert [c.query.qid for c in stream.candidates] == ["1", "2"] and stream.skipped == {"malformed JSON": 1}
+    broken_first = write(tmp_path / "first.jsonl", "\n".join([lines[1], lines[0]]) + "\n")  # the layout's sniff
+    assert [c.query.qid for c in load_candidates(broken_first, on_bad_input="skip").candidates] == ["1"]
 
 
 def test_missing_field_names_entry_and_hit(tmp_path: Path) -> None:
