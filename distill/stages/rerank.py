@@ -156,12 +156,14 @@ def check_paths(cfg: RerankConfig) -> None:
     """
     from distill.core.path_checks import input_path, output_file
     from distill.core.run_folder import student_folder
+    from distill.data.loaders import check_text_sources
     from distill.data.loaders.irds import is_irds
 
     inputs = [("input", path) for path in cfg.input if not is_irds(path)]
     inputs += [(key, getattr(cfg, key)) for key in ("queries", "corpus", "run") if getattr(cfg, key)]
     for key, path in inputs:
         input_path(path, "rerank", key, "any" if key == "input" else "file")
+    check_text_sources(cfg.input, "rerank", queries=cfg.queries, corpus=cfg.corpus, run=cfg.run)
     if Path(cfg.model).exists():  # else a hub id, resolved into its cache, or named as neither
         input_path(cfg.model, "rerank", "model")
     inputs.append(("model", student_folder(cfg.model, revision=cfg.revision)))

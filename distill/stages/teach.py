@@ -39,7 +39,7 @@ from distill.core.output_files import hold_output, remove_stale_siblings, replac
 from distill.core.path_checks import input_path, output_folder
 from distill.core.rank_agreement import check_ranks_agree
 from distill.core.schema import ExistingOutputError, InputError, PeerProcessFailed
-from distill.data.loaders import skip_summary
+from distill.data.loaders import check_text_sources, skip_summary
 from distill.data.loaders.irds import is_irds
 from distill.data.teacher_data import DATASET_INFO, TeacherDataset, TeacherMetadata
 from distill.model.resolver import DEFAULT_TEACHER, cache_home
@@ -50,7 +50,6 @@ from distill.stages.teach_input import (
     PairRows,
     Share,
     candidate_stream,
-    text_sources,
     write_pair_rows,
 )
 from teachers.causal_lm import ScorerOptions
@@ -351,6 +350,7 @@ def check_paths(cfg: TeachConfig, output: Path, cache_root: Path) -> None:
     for key in ("queries", "corpus", "run", "qrels"):
         if getattr(cfg, key) is not None:
             input_path(getattr(cfg, key), "teach", key, "file")
+    check_text_sources(cfg.input, "teach", queries=cfg.queries, corpus=cfg.corpus, run=cfg.run)
     inputs = [(key, getattr(cfg, key)) for key in ("queries", "corpus", "run", "qrels")]
     inputs += [("input", path) for path in cfg.input if not is_irds(path)]
     inputs += [("reuse", path) for path in cfg.reuse]
@@ -924,17 +924,16 @@ def _merge(
     error = None
     if state.is_main_process:
         try:
-            sources = text_sources(cfg)
-            metadata = TeacherMetadata(
+            metadata = TeacherMetadata(  # the text sources as given: each is read by an input (check_paths)
                 cfg.scores[0],
                 cfg.score_columns,
                 cfg.input,
                 fingerprint,
                 reused,
-                sources["queries"],
-                sources["corpus"],
+                cfg.queries,
+                cfg.corpus,
                 command,
-                sources["run"],
+                cfg.run,
                 cfg.qrels,
             )
             _write_dataset(work, output, metadata, [len(chunk) for chunk in _chunks(n_pairs, cfg.chunk_size)])

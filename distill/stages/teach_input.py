@@ -64,22 +64,6 @@ class InputOptions:
     """Repair MS MARCO's mojibake (``â\\x80\\x99`` for ``’``) where ``latin-1 -> utf-8`` decodes."""
 
 
-def text_sources(options: InputOptions) -> dict[str, str | None]:
-    """``queries``, ``corpus`` and ``run``, each where an input reads it (a TREC run file the first two, a BEIR
-    folder the last), else None: what ``teacher.json`` records, so that the candidates can be read again."""
-    from distill.data.loaders.beir import is_beir_dir
-    from distill.data.loaders.irds import is_irds
-
-    paths = [Path(i) for i in options.input if not is_irds(i)]
-    trec = any(p.is_file() and p.suffix not in (".json", ".jsonl") for p in paths)
-    beir = any(p.is_dir() and is_beir_dir(p) for p in paths)
-    return {
-        "queries": options.queries if trec else None,
-        "corpus": options.corpus if trec else None,
-        "run": options.run if beir else None,
-    }
-
-
 def candidate_stream(options: InputOptions, scratch: Path) -> tuple[Iterator[Candidates], Counter[str]]:
     """The candidate lists of the inputs, a query at a time (:func:`~distill.data.loaders.open_candidates`), and the
     counter of bad records skipped (filled as the stream is read). Several inputs are joined, each (qid, docid) pair

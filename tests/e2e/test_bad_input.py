@@ -234,6 +234,20 @@ def test_rerank_refuses_max_queries_below_one() -> None:
         RerankConfig(model="m", input=["i"], output="o", max_queries=0)
 
 
+def test_rerank_refuses_a_corpus_that_no_input_reads(tiny_bert: Path, sample_file: Path, tmp_path, capsys) -> None:
+    """A corpus given with a rank_llm input (which carries its texts) was ignored without a word."""
+    corpus = tmp_path / "corpus.tsv"
+    corpus.write_text("d1\tsome text\n")
+    args = ["--model", str(tiny_bert), "--input", str(sample_file), "--corpus", str(corpus)]
+    assert main(["rerank", *args, "--output", str(tmp_path / "r.trec")]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"distill rerank: error: corpus: {corpus}: it gives a TREC run's texts, and no input is one ({sample_file}): "
+        "leave it out\n"
+    )
+    assert not (tmp_path / "r.trec").exists()
+
+
 # ----------------------------------------------------------------------------- runs
 
 

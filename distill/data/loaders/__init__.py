@@ -77,6 +77,35 @@ COMPRESSED = (".gz", ".bz2", ".xz", ".zst", ".zip")
 """Suffixes of compressed files, which no loader reads."""
 
 
+def sources_read(inputs: list[str]) -> set[str]:
+    """The text sources that ``inputs`` read: ``queries`` and ``corpus`` where one is a TREC run file, ``run`` where
+    one is a BEIR folder."""
+    paths = [Path(i) for i in inputs if not is_irds(i)]
+    read = set()
+    if any(p.is_file() and p.suffix not in (".json", ".jsonl") for p in paths):
+        read |= {"queries", "corpus"}
+    if any(p.is_dir() and is_beir_dir(p) for p in paths):
+        read.add("run")
+    return read
+
+
+def check_text_sources(inputs: list[str], where: str, **sources: str | None) -> None:
+    """Each of ``sources`` given (``queries``, ``corpus``: read with a TREC run input; ``run``: with a BEIR folder)
+    is read by one of ``inputs`` at least (:func:`sources_read`): where none reads it, it would be ignored without a
+    word.
+
+    Raises:
+        InputError: ``<where>: <option>: <path>: it gives ...``.
+    """
+    read = sources_read(inputs)
+    for key, given in sources.items():
+        if given is not None and key not in read:
+            reader = "a BEIR folder's candidates" if key == "run" else "a TREC run's texts"
+            raise InputError(
+                f"{where}: {key}: {given}: it gives {reader}, and no input is one ({', '.join(inputs)}): leave it out"
+            )
+
+
 def load_candidates(path: str | Path, **options: Any) -> RerankingData:
     """Read candidate lists (and qrels, where there are any) from ``path``, whole: :func:`open_candidates`'s
     stream (``options`` are its keyword arguments), held.

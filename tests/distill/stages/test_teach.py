@@ -813,7 +813,8 @@ def test_teacher_json_records_what_reads_the_candidates_again(
     tiny_llama: Path, dl19_sample: list[dict], tmp_path: Path
 ) -> None:
     """A BEIR folder's run (the export's quality gate read the folder's judged pairs instead, other candidates) and
-    the qrels are recorded; queries given with an input that reads none (rank_llm) are not."""
+    the qrels are recorded; queries given with an input that reads none (rank_llm) are refused, where they were
+    ignored without a word."""
     from distill.export.quality_gate import _load
 
     beir = tmp_path / "beir"
@@ -834,7 +835,12 @@ def test_teacher_json_records_what_reads_the_candidates_again(
     path = tmp_path / "ranked.json"
     path.write_text(json.dumps(dl19_sample[:1]))
     cfg = config(tiny_llama, path, tmp_path, scores=["cis"], output=str(tmp_path / "o2"), queries=str(qrels))
-    assert TeacherDataset.open(teach(cfg).output).metadata.queries is None  # rank_llm reads no queries file
+    with pytest.raises(InputError, match=rf"^teach: queries: {qrels}: it gives a TREC run's texts, and no input is"):
+        teach(cfg)  # rank_llm reads no queries file
+    cfg = config(tiny_llama, path, tmp_path, scores=["cis"], output=str(tmp_path / "o2"), run=str(run))
+    with pytest.raises(InputError, match=rf"^teach: run: {run}: it gives a BEIR folder's candidates, and no input"):
+        teach(cfg)
+    assert not (tmp_path / "o2").exists()
 
 
 def test_first_stage_ranks_follow_the_scores_as_the_first_stage_run_does(
