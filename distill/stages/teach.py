@@ -510,7 +510,7 @@ def _teach(
     report = TeachReport(output, summary.pairs, summary.queries, cfg.score_columns, True, summary.skipped, reused)
     if _is_complete(output, fingerprint, cfg.overwrite):
         if state.is_main_process:
-            _record_primary(output, cfg.scores[0])
+            _record_up_to_date(output, cfg.scores[0], cfg.qrels)
         state.wait_for_everyone()
         return report
 
@@ -561,13 +561,20 @@ def _is_complete(output: Path, fingerprint: dict[str, Any], overwrite: bool) -> 
     return False
 
 
-def _record_primary(output: Path, primary: str) -> None:
-    """Make ``primary`` the up-to-date dataset ``output``'s primary label, where it holds another: the columns are
-    the same (``cis`` is always among them), only the label downstream commands default to differs."""
+def _record_up_to_date(output: Path, primary: str, qrels: str | None) -> None:
+    """Record in the up-to-date dataset ``output`` what a rerun changes of its metadata alone: ``primary``, its
+    primary label (the columns are the same, ``cis`` always among them: only the label downstream commands default
+    to differs), and ``qrels``, where given (the judgements the export's quality gate reads)."""
     metadata = TeacherDataset.open(output).metadata
+    changed = metadata
     if metadata.score != primary:
         log.info("%s: primary score now %s (was %s); the scores are unchanged", output, primary, metadata.score)
-        replace(metadata, score=primary).write(output)
+        changed = replace(changed, score=primary)
+    if qrels is not None and metadata.qrels != qrels:
+        log.info("%s: qrels now %s (was %s); the scores are unchanged", output, qrels, metadata.qrels)
+        changed = replace(changed, qrels=qrels)
+    if changed != metadata:
+        changed.write(output)
 
 
 def _prepare_work_dir(work: Path, fingerprint: dict[str, Any], overwrite: bool) -> None:
@@ -841,6 +848,9 @@ def _teach_similarity(
     }
     report = TeachReport(output, summary.pairs, summary.queries, cfg.score_columns, True, summary.skipped)
     if _is_complete(output, fingerprint, cfg.overwrite):
+        if state.is_main_process:
+            _record_up_to_date(output, SIMILARITY, cfg.qrels)
+        state.wait_for_everyone()
         return report
     check_ranks_agree({"fingerprint": fingerprint}, "distill teach")
     if state.is_main_process:

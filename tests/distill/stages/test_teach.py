@@ -23,6 +23,7 @@ from distill.core.schema import ExistingOutputError, InputError
 from distill.data.teacher_data import TeacherDataset
 from distill.eval.trec_runs import read_trec_run
 from distill.stages.teach import TeachConfig, teach
+from tests.conftest import DL19_QRELS
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -125,6 +126,14 @@ def test_a_rerun_naming_another_primary_score_records_it_without_scoring_again(
     report = teach(config(tiny_llama, sample_file, tmp_path, scores=["upr"]))
     assert report.up_to_date and report.scores == ["cis", "upr"]
     assert metadata(out).score == "upr" and metadata(out).scores == ["cis", "upr"]
+    assert {f.name: f.read_bytes() for f in out.glob("*.arrow")} == rows
+    # qrels given to a rerun were dropped: the export's quality gate, which reads them there, found none
+    qrels = tmp_path / "qrels.txt"
+    shutil.copyfile(DL19_QRELS, qrels)
+    assert teach(config(tiny_llama, sample_file, tmp_path, scores=["upr"], qrels=str(qrels))).up_to_date
+    assert metadata(out).qrels == str(qrels) and metadata(out).score == "upr"
+    assert teach(config(tiny_llama, sample_file, tmp_path, scores=["upr"])).up_to_date
+    assert metadata(out).qrels == str(qrels)  # a rerun without qrels keeps those recorded
     assert {f.name: f.read_bytes() for f in out.glob("*.arrow")} == rows
 
 
