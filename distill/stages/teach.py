@@ -19,13 +19,12 @@ The output is a :class:`~distill.data.teacher_data.TeacherDataset` folder.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 import shutil
 import time
 import uuid
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,12 +40,21 @@ from distill.core.rank_agreement import check_ranks_agree
 from distill.core.schema import ExistingOutputError, InputError, PeerProcessFailed
 from distill.data.loaders import check_text_sources, skip_summary
 from distill.data.loaders.irds import is_irds
-from distill.data.teacher_data import DATASET_INFO, TeacherDataset, TeacherMetadata
+from distill.data.teacher_data import TeacherDataset, TeacherMetadata
 from distill.model.resolver import DEFAULT_TEACHER, cache_home
 from distill.stages.teach_chunks import chunk_batches, chunk_file, write_chunk
+from distill.stages.teach_fingerprint import (
+    changed_keys,
+    check_earlier_results,
+    dataset_fingerprint,
+    fingerprint_before_load,
+    is_up_to_date,
+    prepare_work_dir,
+    record_up_to_date,
+    similarity_fingerprint,
+)
 from distill.stages.teach_input import (
     InputOptions,
-    InputSummary,
     PairRows,
     Share,
     candidate_stream,
@@ -360,51 +368,6 @@ def check_paths(cfg: TeachConfig, output: Path, cache_root: Path) -> None:
     output_folder(cache_root, "teach", "cache_dir", inputs)
 
 
-def _fingerprint(
-    setting: dict[str, Any], summary: InputSummary, cfg: TeachConfig, options: ScorerOptions
-) -> dict[str, Any]:
-    """What a dataset's scores depend on: the teacher's ``setting`` (:meth:`CausalLMTeacher.describe`), the input
-    rows' digests (their pairs' texts, and their first-stage ranks and scores, which the dataset carries) and the
-    stage's options."""
-    return {
-        **setting,
-        "input": summary.digest,
-        "first_stage": summary.first_stage,
-        "scores": cfg.score_columns,
-        "chunk_size": cfg.chunk_size,
-        "max_batch_tokens": options.max_batch_tokens,
-        "logit_chunk_rows": cfg.logit_chunk_rows,
-        # Only the levers away from the exact path (the CPU's defaults): a CPU run keeps its earlier fingerprints.
-        **options.changed(),
-    }
-
-
-def _fingerprint_before_load(
-    cfg: TeachConfig, device: Any, summary: InputSummary, options: ScorerOptions
-) -> dict[str, Any]:
-    """The fingerprint without the keys only the loaded teacher knows (:data:`~teachers.teacher.START_TOKEN_KEYS`)."""
-    from distill.model.resolver import resolve_model
-    from teachers.teacher import resolve_dtype, teacher_setting
-
-    dtype = resolve_dtype(cfg.dtype, device)
-    setting = teacher_setting(resolve_model(cfg.teacher).identity, dtype, cfg.max_passage_tokens, cfg.prompt)
-    return _fingerprint(setting, summary, cfg, options)
-
-
-LATER_KEYS = ("first_stage", "logit_chunk_rows", "max_batch_tokens")
-"""Fingerprint keys that datasets and partial results made before them lack: absent there, they match (such a dataset
-stays up to date, as it was)."""
-
-
-def _differs(theirs: dict[str, Any] | None, known: dict[str, Any]) -> list[str]:
-    """The fingerprint keys in which ``theirs`` differs from ``known`` (which may lack the start token's keys)."""
-    from teachers.teacher import START_TOKEN_KEYS
-
-    theirs = theirs or {}
-    keys = (set(theirs) | set(known)) - ({*START_TOKEN_KEYS} - set(known)) - ({*LATER_KEYS} - set(theirs))
-    return sorted(key for key in keys if theirs.get(key) != known.get(key))
-
-
 def _check_reused(folders: list[str], known: dict[str, Any]) -> None:
     """Each reused dataset was made under the teacher setting of ``known`` (a fingerprint, which before the teacher
     loads lacks the start token's keys): they may differ only in :data:`REUSE_FREE`.
@@ -416,58 +379,13 @@ def _check_reused(folders: list[str], known: dict[str, Any]) -> None:
         theirs = TeacherDataset.open(folder).metadata.fingerprint
         if theirs.get("kind") == SIMILARITY:
             raise InputError(f"teach: reuse {folder} is an embedding model's dataset: only a causal LM's are reused")
-        differs = [key for key in _differs(theirs, known) if key not in REUSE_FREE]
+        differs = [key for key in changed_keys(theirs, known) if key not in REUSE_FREE]
         if differs:
             key = differs[0]
             raise InputError(
                 f"teach: reuse {folder} was made under another teacher fingerprint: {key} is "
                 f"{theirs.get(key)!r} there, {known.get(key)!r} here"
             )
-
-
-def _other_output(output: Path, differs: list[str] | None = None) -> ExistingOutputError:
-    """``output`` is no dataset of this configuration: ``differs``, the fingerprint keys it was made otherwise in
-    (None: it is no complete dataset)."""
-    changed = f" (differs in {differs})" if differs else ""
-    if differs == ["first_stage"]:
-        changed = " (the input's first-stage scores changed)"
-    return ExistingOutputError(
-        f"{output} exists and was not made by this configuration{changed}: pass --overwrite or another --output"
-    )
-
-
-def _other_partial(work: Path, differs: list[str]) -> InputError:
-    return InputError(
-        f"{work} holds partial results of another configuration (differs in {differs}): "
-        "pass --overwrite to discard them, or choose another --output"
-    )
-
-
-def _check_earlier_results(output: Path, work: Path, known: dict[str, Any], overwrite: bool) -> None:
-    """Before the teacher loads: refuse an output, or partial results, that another configuration made, by ``known``
-    (the fingerprint but the start token's keys); once the teacher has loaded, the whole fingerprint decides.
-
-    Raises:
-        ExistingOutputError: ``output`` is a folder of something else than a teacher dataset, even with ``overwrite``.
-        ExistingOutputError, InputError: without ``overwrite``, as :func:`_is_complete` and :func:`_prepare_work_dir`.
-    """
-    if output.is_dir() and any(output.iterdir()) and not TeacherDataset.is_teacher_output(output):
-        raise ExistingOutputError(  # --overwrite replaces a teacher dataset, never a folder of something else
-            f"{output} exists and is not a teacher dataset (no {DATASET_INFO}): choose another --output"
-        )
-    if overwrite:
-        return
-    if output.exists():
-        if not TeacherDataset.is_complete(output):
-            raise _other_output(output)
-        if differs := _differs(TeacherDataset.open(output).metadata.fingerprint, known):
-            raise _other_output(output, differs)
-        return  # up to date, unless the start token differs
-    stamp = work / "fingerprint.json"
-    if work.exists():
-        differs = _differs(json.loads(stamp.read_text()) if stamp.is_file() else None, known)
-        if differs:
-            raise _other_partial(work, differs)
 
 
 def _teach(
@@ -487,8 +405,8 @@ def _teach(
 
     summary = pairs.summary
     work = output.with_name(output.name + ".partial")
-    known = _fingerprint_before_load(cfg, state.device, summary, options)
-    _check_earlier_results(output, work, known, cfg.overwrite)
+    known = fingerprint_before_load(cfg, state.device, summary, options)
+    check_earlier_results(output, work, known, cfg.overwrite)
     _check_reused(cfg.reuse, known)
 
     teacher = CausalLMTeacher.load(
@@ -504,19 +422,19 @@ def _teach(
     )
     _check_context(teacher, pairs.queries(), cfg)
     setting = teacher.describe()
-    fingerprint = _fingerprint(setting, summary, cfg, options)
+    fingerprint = dataset_fingerprint(setting, summary, cfg, options)
     reuse = _Reuse.load(cfg, fingerprint, pairs)
     reused = sum(gather_object([int((reuse.rows >= 0).sum())]))
     report = TeachReport(output, summary.pairs, summary.queries, cfg.score_columns, True, summary.skipped, reused)
-    if _is_complete(output, fingerprint, cfg.overwrite):
+    if is_up_to_date(output, fingerprint, cfg.overwrite):
         if state.is_main_process:
-            _record_up_to_date(output, cfg.scores[0], cfg.qrels)
+            record_up_to_date(output, cfg.scores[0], cfg.qrels)
         state.wait_for_everyone()
         return report
 
     check_ranks_agree({"fingerprint": fingerprint}, "distill teach")  # the same inputs and teacher on every node
     if state.is_main_process:
-        _prepare_work_dir(work, fingerprint, cfg.overwrite)
+        prepare_work_dir(work, fingerprint, cfg.overwrite)
     state.wait_for_everyone()
     check_shared(work, state, "output", output)
 
@@ -546,50 +464,6 @@ def _passage_keys(teacher: Any, pairs: PairRows, chunk_size: int) -> np.ndarray:
         passages = pairs.rows(chunk, ["passage"])["passage"]
         keys[chunk.start : chunk.stop] = [passage_key(ids) for ids in teacher.encode_passages(passages)]
     return keys
-
-
-def _is_complete(output: Path, fingerprint: dict[str, Any], overwrite: bool) -> bool:
-    if not output.exists():
-        return False
-    differs = None
-    if TeacherDataset.is_complete(output):
-        differs = _differs(TeacherDataset.open(output).metadata.fingerprint, fingerprint)
-        if not differs:
-            return True
-    if not overwrite:
-        raise _other_output(output, differs)
-    return False
-
-
-def _record_up_to_date(output: Path, primary: str, qrels: str | None) -> None:
-    """Record in the up-to-date dataset ``output`` what a rerun changes of its metadata alone: ``primary``, its
-    primary label (the columns are the same, ``cis`` always among them: only the label downstream commands default
-    to differs), and ``qrels``, where given (the judgements the export's quality gate reads)."""
-    metadata = TeacherDataset.open(output).metadata
-    changed = metadata
-    if metadata.score != primary:
-        log.info("%s: primary score now %s (was %s); the scores are unchanged", output, primary, metadata.score)
-        changed = replace(changed, score=primary)
-    if qrels is not None and metadata.qrels != qrels:
-        log.info("%s: qrels now %s (was %s); the scores are unchanged", output, qrels, metadata.qrels)
-        changed = replace(changed, qrels=qrels)
-    if changed != metadata:
-        changed.write(output)
-
-
-def _prepare_work_dir(work: Path, fingerprint: dict[str, Any], overwrite: bool) -> None:
-    """Create (or check, to resume) the folder of partial results."""
-    stamp = work / "fingerprint.json"
-    if work.exists():
-        previous = json.loads(stamp.read_text()) if stamp.is_file() else None
-        if previous is not None and not _differs(previous, fingerprint):
-            log.info("resuming from %s", work)
-            return
-        if not overwrite:
-            raise _other_partial(work, _differs(previous, fingerprint))
-        shutil.rmtree(work)
-    (work / "chunks").mkdir(parents=True)
-    stamp.write_text(json.dumps(fingerprint, indent=2, sort_keys=True))
 
 
 def _progress(cfg: TeachConfig, state: Any, total: int, desc: str, unit: str, per_item: int = 1) -> tqdm:
@@ -838,23 +712,16 @@ def _teach_similarity(
     summary = pairs.summary
     work = output.with_name(output.name + ".partial")
     teacher = SimilarityTeacher.load(cfg.teacher, device=str(state.device), max_batch_tokens=options.max_batch_tokens)
-    fingerprint = {
-        **teacher.describe(),
-        "input": summary.digest,
-        "first_stage": summary.first_stage,
-        "scores": cfg.score_columns,
-        "chunk_size": cfg.chunk_size,
-        "max_batch_tokens": options.max_batch_tokens,
-    }
+    fingerprint = similarity_fingerprint(teacher.describe(), summary, cfg, options)
     report = TeachReport(output, summary.pairs, summary.queries, cfg.score_columns, True, summary.skipped)
-    if _is_complete(output, fingerprint, cfg.overwrite):
+    if is_up_to_date(output, fingerprint, cfg.overwrite):
         if state.is_main_process:
-            _record_up_to_date(output, SIMILARITY, cfg.qrels)
+            record_up_to_date(output, SIMILARITY, cfg.qrels)
         state.wait_for_everyone()
         return report
     check_ranks_agree({"fingerprint": fingerprint}, "distill teach")
     if state.is_main_process:
-        _prepare_work_dir(work, fingerprint, cfg.overwrite)
+        prepare_work_dir(work, fingerprint, cfg.overwrite)
     state.wait_for_everyone()
     check_shared(work, state, "output", output)
     mine = [

@@ -529,6 +529,7 @@ def test_the_shipped_teacher_data_are_up_to_date_before_their_teacher_loads(monk
     from distill.core.config import options_of, parse_config
     from distill.data.teacher_data import TeacherDataset
     from distill.stages import teach
+    from distill.stages.teach_fingerprint import changed_keys, fingerprint_before_load
     from distill.stages.teach_input import PairRows, candidate_stream, write_pair_rows
     from teachers.causal_lm import ScorerOptions
 
@@ -544,5 +545,5 @@ def test_the_shipped_teacher_data_are_up_to_date_before_their_teacher_loads(monk
         finally:
             shutil.rmtree(rows, ignore_errors=True)
         options = options_of(ScorerOptions, cfg).for_device(torch.device("cpu"))
-        known = teach._fingerprint_before_load(cfg, torch.device("cpu"), summary, options)
-        assert teach._differs(TeacherDataset.open(cfg.output).metadata.fingerprint, known) == [], name
+        known = fingerprint_before_load(cfg, torch.device("cpu"), summary, options)
+        assert changed_keys(TeacherDataset.open(cfg.output).metadata.fingerprint, known) == [], name
