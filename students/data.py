@@ -352,6 +352,8 @@ class StudentDataModule(LightningDataModule):
         self._judgments: Qrels | None = None
         self.scaling: TargetScaling | None = None
         self.tokenizer: Any = None
+        self.positions: int | None = None
+        """The backbone's positions that hold a token, read with its tokenizer (None: not known)."""
         self.truncated = 0
         self.teachers: dict[str, list[str]] = {}
         """The named teachers the label uses (name -> folders), once set up; empty for one unnamed teacher."""
@@ -412,11 +414,13 @@ class StudentDataModule(LightningDataModule):
         return self._judgments
 
     def _store(self, labelled: LabelTable) -> TokenStore:
+        from distill.model.positions import usable_positions
         from distill.model.resolver import cache_home, load_architecture
 
         h = self.hparams
         if self.tokenizer is None:
-            _, self.tokenizer = load_architecture(h.backbone)
+            config, self.tokenizer = load_architecture(h.backbone)
+            self.positions = usable_positions(config.to_dict())
         cache = Path(h.cache_dir) if h.cache_dir else cache_home() / "student-tokens"
         table = labelled.table
         return open_store(
@@ -426,6 +430,7 @@ class StudentDataModule(LightningDataModule):
             table[SOURCE_ROW].to_numpy(),
             self.tokenizer,
             h.max_length,
+            self.positions,
         )
 
     def setup(self, stage: str | None = None) -> None:

@@ -169,6 +169,7 @@ def open_store(
     source_row: np.ndarray,
     tokenizer: Any,
     max_length: int,
+    positions: int | None = None,
 ) -> TokenStore:
     """The store of these pairs' tokens: opened from the cache if a complete one is there, else built (under the
     key's lock, so that concurrent callers build it once).
@@ -180,10 +181,13 @@ def open_store(
         source_row: ``[n]`` each pair's row in its folder.
         tokenizer: a fast (Rust-backed) Hugging Face tokenizer.
         max_length: tokens per pair; a longer pair loses the end of its passage.
+        positions: the backbone's positions that hold a token (:func:`~distill.model.positions.usable_positions`),
+            where known.
 
     Raises:
         InputError: ``cache_dir`` cannot be written in, the tokenizer is not a fast one, or ``max_length`` leaves no
-            room for a query's tokens and one passage token, or is over the backbone's (its tokenizer's limit).
+            room for a query's tokens and one passage token, or is over the backbone's (its tokenizer's limit or its
+            positions).
     """
     if getattr(tokenizer, "backend_tokenizer", None) is None:
         raise InputError(f"{tokenizer.name_or_path}: the student data needs a fast (tokenizer.json) tokenizer")
@@ -193,11 +197,13 @@ def open_store(
             f"data.max_length: {max_length} tokens cannot hold a pair: this tokenizer's special tokens, one query "
             f"token and one passage token take {least}"
         )
-    limit = tokenizer.model_max_length
-    if limit < NO_LIMIT and max_length > limit:
+    limits = {"its tokenizer's model_max_length": tokenizer.model_max_length, "its position embeddings": positions}
+    known = {name: limit for name, limit in limits.items() if limit is not None and limit < NO_LIMIT}
+    if known and max_length > min(known.values()):
+        name, limit = min(known.items(), key=lambda item: item[1])
         raise InputError(
-            f"data.max_length: {max_length} tokens is over the backbone's {limit} (its tokenizer's model_max_length): "
-            "a longer pair has no position to embed its last tokens in"
+            f"data.max_length: {max_length} tokens is over the backbone's {limit} ({name}): a longer pair has no "
+            f"position to embed its last tokens in: give --data.max_length {limit} or less"
         )
     key, parts = store_key(sources, source, source_row, tokenizer, max_length)
     cache_dir = Path(cache_dir)

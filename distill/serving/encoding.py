@@ -27,6 +27,7 @@ import numpy as np
 
 from distill.core.batching import segments
 from distill.core.files import read_json_object
+from distill.model.positions import usable_positions
 from distill.serving.prefixes import MARGIN, prefixes, splits_at_spaces
 
 INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
@@ -63,9 +64,9 @@ def load_tokenizer(folder: str | Path) -> Any:
 
 def model_max_length(folder: str | Path, tokenizer: Any) -> int:
     """The longest sequence the student in ``folder`` takes, in tokens: the tokenizer's limit, capped by the
-    position embeddings of its ``config.json``."""
-    config = read_json_object(Path(folder) / "config.json")
-    return int(min(tokenizer.model_max_length, config.get("max_position_embeddings", tokenizer.model_max_length)))
+    positions of its ``config.json`` that hold a token (:func:`~distill.model.positions.usable_positions`)."""
+    positions = usable_positions(read_json_object(Path(folder) / "config.json"))
+    return int(min(tokenizer.model_max_length, positions if positions is not None else tokenizer.model_max_length))
 
 
 @dataclass(eq=False)

@@ -259,3 +259,31 @@ def test_only_tokenizers_that_split_words_at_spaces_are_encoded_from_a_prefix() 
     assert not spec(None) and not spec(pre_tokenizers.Punctuation())
     assert not spec(pre_tokenizers.WhitespaceSplit(), normalizers.Replace(" ", ""))  # spaces removed: words join
     assert spec(pre_tokenizers.WhitespaceSplit(), normalizers.Sequence([normalizers.NFD(), normalizers.Lowercase()]))
+
+
+def test_a_roberta_student_takes_as_many_tokens_as_its_positions_hold(tiny_bert, tmp_path) -> None:
+    """RoBERTa's position ids start at ``pad_token_id + 1``: of 66 embeddings, 64 hold a token. The limit was 66,
+    and a pair that long was an IndexError's traceback in export, rerank and bench."""
+    import torch
+    from transformers import RobertaConfig, RobertaForSequenceClassification
+
+    from distill.serving.reranker import Reranker
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_bert)
+    tokenizer.model_max_length = int(1e30)  # a tokenizer that names no limit: the config's positions decide
+    config = RobertaConfig(
+        vocab_size=tokenizer.vocab_size,
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=66,
+        num_labels=1,
+    )
+    torch.manual_seed(0)
+    RobertaForSequenceClassification(config).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    reranker = Reranker.load(tmp_path, backend="torch", interpolation=False)
+    assert reranker.max_length == 64
+    scores = reranker.score("how long do fleas live", ["fleas " * 300, "a short passage"])
+    assert np.isfinite(scores).all() and reranker.truncated == 1

@@ -249,6 +249,28 @@ def test_a_max_length_with_no_room_for_a_passage_is_one_line(
     assert not [p for p in cache.rglob("*") if p.is_dir()]  # no partial store is left behind
 
 
+def test_a_max_length_past_the_backbones_positions_is_one_line(
+    tmp_path: Path, tiny_bert: Path, teacher_dataset: Path, capsys
+) -> None:
+    """A backbone of 64 positions whose tokenizer says 512: a data.max_length past 64 ended in a size mismatch's
+    traceback in the first training step."""
+    from safetensors.torch import load_file, save_file
+
+    short = tmp_path / "short-bert"
+    shutil.copytree(tiny_bert, short)
+    config = json.loads((short / "config.json").read_text())
+    (short / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 64}))
+    weights = load_file(short / "model.safetensors")
+    name = next(k for k in weights if k.endswith("position_embeddings.weight"))
+    weights[name] = weights[name][:64].clone()
+    save_file(weights, short / "model.safetensors", metadata={"format": "pt"})
+    path = write_config(tmp_path, short, teacher_dataset, max_epochs=1)
+    assert main(["train", "--config", str(path), "--data.cache_dir", str(tmp_path / "cache")]) == 2
+    err = capsys.readouterr().err
+    expected = "data.max_length: 128 tokens is over the backbone's 64 (its position embeddings): "
+    assert expected in err and "give --data.max_length 64 or less" in err and "Traceback" not in err, err
+
+
 def test_a_run_that_diverges_stops_with_one_line_and_saves_no_student(
     tmp_path: Path, tiny_bert: Path, teacher_dataset: Path, capsys
 ) -> None:
