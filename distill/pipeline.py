@@ -49,7 +49,7 @@ from distill.cli import COMMANDS
 from distill.core.checksums import stat_digest
 from distill.core.config import check_keys, load_section, read_yaml_mapping
 from distill.core.output_files import folder_identity
-from distill.core.run_folder import CHECKPOINT_ROOT, RunLayout
+from distill.core.run_folder import CHECKPOINT_ROOT, EXPORT_CARD, RunLayout
 from distill.core.schema import InputError, MissingFileError
 
 STAGES = ("teach", "train", "export", "bench", "rerank", "eval")
@@ -422,7 +422,7 @@ def run_pipeline(pipeline: Pipeline, force: set[str] | None = None) -> PipelineR
     command = f"distill run (teach stage of {pipeline.name})"
     runner.run(taught, lambda: teach(replace(pipeline.teach, overwrite=True), command))  # its folder is the pipeline's
     trained = _train(pipeline, runner, taught)
-    exported = Stage("export", _key(asdict(pipeline.export), [trained], folder), run.export / "card.json", run.export)
+    exported = Stage("export", _key(asdict(pipeline.export), [trained], folder), run.export / EXPORT_CARD, run.export)
     runner.run(exported, lambda: export(pipeline.export))
     benched = Stage("bench", _key(asdict(pipeline.bench), [exported], folder), run.bench / "bench.json")
     runner.run(benched, lambda: bench(pipeline.bench, f"distill run (bench stage of {pipeline.name})"))

@@ -54,3 +54,12 @@ def stat_digest(path: str | Path) -> str:
             stat = f.stat()
             entries.append((name, stat.st_size, stat.st_mtime_ns))
     return digest(repr(sorted(entries)).encode())
+
+
+def weights_checksum(folder: str | Path) -> str | None:
+    """``xxh3_128:<digest>`` of the weights of the model folder at ``folder``: each ``*.safetensors`` file's name and
+    bytes, in name order; None where it has none."""
+    files = sorted(Path(folder).glob("*.safetensors"))
+    if not files:
+        return None
+    return f"{ALGORITHM}:{digest(repr([(f.name, file_digest(f)) for f in files]).encode())}"

@@ -13,6 +13,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+from distill.core.run_folder import EXPORT_CARD
 from distill.core.schema import InputError, MissingFileError
 
 MODEL_JSON_FILES = (
@@ -20,7 +21,7 @@ MODEL_JSON_FILES = (
     "tokenizer_config.json",
     "tokenizer.json",
     "special_tokens_map.json",
-    "card.json",
+    EXPORT_CARD,
     "model.safetensors.index.json",
 )
 """The JSON files of a model (or export) folder, each checked where it is present."""
@@ -117,7 +118,7 @@ def check_model_folder(folder: str | Path) -> None:
     for name in MODEL_JSON_FILES:
         if (folder / name).is_file():
             read_json_file(folder / name)
-    wanted = ("tokenizer.json",) if (folder / "card.json").is_file() else TOKENIZER_FILES
+    wanted = ("tokenizer.json",) if (folder / EXPORT_CARD).is_file() else TOKENIZER_FILES
     if not any((folder / name).is_file() for name in wanted):  # transformers falls back to a 5-token vocabulary
         raise MissingFileError(
             f"{folder}: missing {' or '.join(wanted[:2])}: the tokenizer's vocabulary (without it every word "

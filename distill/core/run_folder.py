@@ -13,6 +13,7 @@ A run is the folder ``<checkpoint_root>/<run_name>/`` that ``distill train`` wri
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,8 @@ from pathlib import Path
 from distill.core.schema import InputError, MissingFileError
 
 MODEL_CONFIG = "config.json"
+EXPORT_CARD = "card.json"
+"""The export's card in ``export/`` (``distill export``)."""
 CHECKPOINT_ROOT = "checkpoints"
 """Where runs go unless told otherwise, from the working folder."""
 
@@ -99,11 +102,39 @@ class RunLayout:
 
         Raises:
             MissingFileError: neither is there (:meth:`no_student` says why).
+            InputError: ``export/`` was exported from other weights than its source (``hf/``) holds now: training
+                went on after the export (:meth:`check_export_current`).
         """
         for folder in (self.export, self.hf) if exported else (self.hf,):
             if (folder / MODEL_CONFIG).is_file():
+                if folder == self.export:
+                    self.check_export_current()
                 return folder
         raise MissingFileError(self.no_student())
+
+    def check_export_current(self) -> None:
+        """``export/`` holds the student its source folder (``hf/``) holds now: its ``card.json`` records the
+        checksum of the weights it was exported from (an export made before the card had it is taken as current).
+
+        Raises:
+            InputError: the source's weights are other ones now, naming both folders and the command to export again.
+        """
+        from distill.core.checksums import weights_checksum
+
+        card = self.export / EXPORT_CARD
+        try:
+            values = json.loads(card.read_text())
+        except (OSError, ValueError):
+            return
+        recorded = values.get("source_weights") if isinstance(values, dict) else None
+        source = self.export / str(values.get("source") or "../hf") if recorded else None
+        if source is None or not source.is_dir() or weights_checksum(source) in (None, recorded):
+            return
+        raise InputError(
+            f"{self.export}: exported from an earlier student than {source.resolve()} holds now (the training went on "
+            f"after the export): export it again (distill export --checkpoint {self.root}), or name {self.export} or "
+            "the hf/ folder to load one of them"
+        )
 
 
 def student_folder(path: str | Path, *, exported: bool = True, revision: str | None = None) -> Path:

@@ -32,6 +32,7 @@ import numpy as np
 from distill.core.counts import counted
 from distill.core.files import check_model_folder
 from distill.core.output_files import remove_stale_siblings, replace_folder, staging_path
+from distill.core.run_folder import EXPORT_CARD
 from distill.core.schema import ExistingOutputError, InputError, Qrels
 from distill.core.student_card import StudentCard
 from distill.data.teacher_data import TeacherDataset
@@ -42,14 +43,12 @@ from distill.export.quality_gate import QualityGate, measure_quality_gate, valid
 from distill.export.quantize import INT8_RUNTIMES, Calibration, Int8Mode
 from distill.export.recorded_paths import resolve_path
 from distill.export.remote_code import write_remote_code
-from distill.serving.auto import EXPORT_CARD
 from distill.serving.calibration import ScoreCalibration, fit_platt
 from distill.serving.encoding import encode_pairs, input_names, load_tokenizer, model_max_length, pad_batch
 from distill.serving.scorers import FORMAT_COPIES, FORMAT_FILES, WEIGHT_FILES, require_file
 
 log = logging.getLogger(__name__)
 
-CARD = EXPORT_CARD
 MODEL_CARD = "README.md"
 EXPORTABLE = ("onnx", "torchscript")
 LICENSE = "apache-2.0"
@@ -170,15 +169,17 @@ def export_student(
     check_model_folder(hf_dir)  # a malformed JSON file or truncated weights: one line naming the file
     _check_one_output(hf_dir)
     remove_stale_siblings(out_dir)  # an export killed while replacing this one gets the old one back first
-    if out_dir.exists() and any(out_dir.iterdir()) and not (out_dir / CARD).is_file():
-        raise ExistingOutputError(f"{out_dir} exists and is not an export folder (no {CARD}): choose another --output")
+    if out_dir.exists() and any(out_dir.iterdir()) and not (out_dir / EXPORT_CARD).is_file():
+        raise ExistingOutputError(
+            f"{out_dir} exists and is not an export folder (no {EXPORT_CARD}): choose another --output"
+        )
     parity = parity or dl19_parity_set().with_ranking(validation_set(hf_dir))
     staging = staging_path(out_dir)
     if staging.exists():
         shutil.rmtree(staging)
     with _terminate_as_exit():  # SIGTERM too goes through the clean-up below
         try:
-            shutil.copytree(hf_dir, staging, ignore=shutil.ignore_patterns(*FORMAT_FILES.values(), CARD))
+            shutil.copytree(hf_dir, staging, ignore=shutil.ignore_patterns(*FORMAT_FILES.values(), EXPORT_CARD))
             remote_code = write_remote_code(staging)
             written, optimizations = _write_formats(staging, formats, fp16, int8, calibration)
             if parity.ranking:
@@ -190,7 +191,7 @@ def export_student(
             report = ExportReport(out_dir, written, optimizations, results, gate, remote_code)
             report.score_calibration = fit_score_calibration(gate, parity.qrels)
             card = _card(hf_dir, out_dir, staging, report)
-            (staging / CARD).write_text(json.dumps(card, indent=2) + "\n")
+            (staging / EXPORT_CARD).write_text(json.dumps(card, indent=2) + "\n")
             (staging / MODEL_CARD).write_text(render_model_card(card, hub_id or f"path/to/{out_dir.name}", license))
         except BaseException as e:
             shutil.rmtree(staging, ignore_errors=True)
@@ -337,9 +338,11 @@ def _card(hf_dir: Path, out_dir: Path, folder: Path, report: ExportReport) -> di
     """``card.json``: the student's card (``config.cis_distill``), the metadata of its teacher datasets (None for
     one not found at export time, from the working folder or the project's), the files written, their parity
     figures and the quality gate. Paths are relative to the export folder (the student's source) or as the training
-    command gave them (its teacher data)."""
+    command gave them (its teacher data), with the checksum of the source's weights, by which a run's ``export/``
+    older than its ``hf/`` is told (:meth:`~distill.core.run_folder.RunLayout.student`)."""
     from transformers import AutoConfig
 
+    from distill.core.checksums import weights_checksum
     from distill.export.onnx_graphs import OPSET
 
     config = AutoConfig.from_pretrained(folder)
@@ -352,6 +355,7 @@ def _card(hf_dir: Path, out_dir: Path, folder: Path, report: ExportReport) -> di
     }
     return {
         "source": os.path.relpath(hf_dir.resolve(), out_dir.resolve()),
+        "source_weights": weights_checksum(hf_dir),
         "model_type": config.model_type,
         "segment_layers": getattr(config, "segment_layers", 0),
         "num_hidden_layers": config.num_hidden_layers,

@@ -22,6 +22,7 @@ from typing import Any
 
 from distill.core.devices import device_type
 from distill.core.files import read_json_file
+from distill.core.run_folder import EXPORT_CARD
 from distill.core.schema import InputError, MissingFileError
 from distill.serving.backends import (
     FP32_BACKENDS,
@@ -35,9 +36,6 @@ from distill.serving.backends import (
 from distill.serving.hardware import CpuFeatures, Tier
 
 log = logging.getLogger(__name__)
-
-EXPORT_CARD = "card.json"
-"""The export's card in an export folder (``distill export``), where the quality gate is recorded."""
 
 PREFERENCES: dict[Tier | str, tuple[str, ...]] = {
     "amx": ("openvino-bf16", "openvino-int8", "onnx-int8", "openvino-fp32", "torch-fp32"),

@@ -16,13 +16,13 @@ from typing import Any
 
 import numpy as np
 
+from distill.core.run_folder import EXPORT_CARD
 from distill.core.schema import InputError
 
 ITERATIONS = 100
 """Newton steps at most: the two-parameter log-likelihood is concave, so a few dozen reach its optimum."""
 BINS = 10
 """Equal-width probability bins of the expected calibration error."""
-CARD = "card.json"
 
 
 def sigmoid(values: np.ndarray) -> np.ndarray:
@@ -151,7 +151,7 @@ def read_calibration(folder: Path) -> ScoreCalibration | None:
     Raises:
         InputError: a malformed ``score_calibration`` (the message names the file).
     """
-    card = folder / CARD
+    card = folder / EXPORT_CARD
     if not card.is_file():
         return None
     try:

@@ -20,6 +20,7 @@ import numpy as np
 
 from distill.core.devices import RERANKER_LEVERS, attention_backends, device_type
 from distill.core.files import read_json_object
+from distill.core.run_folder import EXPORT_CARD
 from distill.core.schema import InputError, MissingFileError
 from distill.serving.encoding import INPUT_NAMES, Batch, Packed
 
@@ -486,7 +487,7 @@ def int8_graph(folder: Path) -> dict[str, Any]:
     """How the export in ``folder`` made its int8 graph, as its ``card.json`` records it: ``mode`` (its
     ``int8_mode``) and ``runtime`` (the runtime it was made for and checked on); empty where there is no card or no
     int8 graph."""
-    card = folder / "card.json"
+    card = folder / EXPORT_CARD
     if not card.is_file():
         return {}
     return (read_json_object(card).get("optimizations") or {}).get("onnx-int8") or {}

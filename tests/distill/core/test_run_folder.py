@@ -46,3 +46,36 @@ def test_a_revision_for_a_local_folder_is_refused(tmp_path: Path) -> None:
     with pytest.raises(InputError, match=f"revision v1: a hub id's \\(org/name\\); {tmp_path} is a local folder"):
         student_folder(tmp_path, revision="v1")
     assert student_folder(tmp_path) == tmp_path
+
+
+def test_a_runs_export_older_than_its_hf_folder_is_refused_not_served(
+    exported: Path, student: Path, tmp_path: Path
+) -> None:
+    """A training resumed after the export wrote a better student to hf/, and a run's name still loaded the old
+    export/ (every backend, torch too) without a word."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from distill.core.checksums import weights_checksum
+
+    run = tmp_path / "run"
+    shutil.copytree(student, run / "hf")
+    shutil.copytree(exported, run / "export")
+    card = json.loads((run / "export" / "card.json").read_text())
+    assert card["source_weights"] == weights_checksum(student) == weights_checksum(run / "hf") is not None
+    card["source"] = "../hf"  # as an export of this run's hf/ records it
+    (run / "export" / "card.json").write_text(json.dumps(card))
+    assert student_folder(run) == run / "export"
+    weights = load_file(run / "hf" / "model.safetensors")
+    name = next(iter(weights))
+    weights[name] = weights[name] + 1.0  # the training went on: a new best student
+    save_file(weights, run / "hf" / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(InputError, match=r"export: exported from an earlier student than .*hf holds now"):
+        student_folder(run)
+    assert student_folder(run / "export") == run / "export"  # named, either folder loads
+    assert student_folder(run, exported=False) == run / "hf"
+    del card["source_weights"]  # an export made before the card recorded it: taken as current
+    (run / "export" / "card.json").write_text(json.dumps(card))
+    assert student_folder(run) == run / "export"
