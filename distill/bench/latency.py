@@ -128,7 +128,9 @@ class BenchConfig(RuntimeOptions):
     scores: bool = False
     """Also record each student and baseline method's scores of every call, after its timed rounds (one more untimed
     call each): ``bench.json``'s ``scores``, method -> workload -> one list per call, to compare methods' scores
-    (each as it gives them: a student's raw score; ``CrossEncoder.predict``'s sigmoid of it for the baseline)."""
+    (each as it gives them: a student's raw score; ``CrossEncoder.predict``'s for the baseline, the raw score too for
+    a student this project saved, whose config names an identity activation; the sigmoid of it for another
+    one-output model)."""
     profile: bool = False
     """Also record each (method, workload)'s timed calls with ``torch.profiler``: ``profile/<method>-<workload>.txt``
     and ``.json`` in the result folder, the time by kernel category (:mod:`distill.bench.profile`). The profiler
