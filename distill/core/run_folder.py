@@ -87,14 +87,22 @@ class RunLayout:
         return last if last.exists() else None
 
     def no_student(self) -> str:
-        """Why the run has no student: ``hf/`` is written at each best validation, and none ran if training saved
-        a state without one (the message names that state and how to go on from it)."""
+        """Why the run has no student: ``hf/`` is written from the best validation's checkpoint when a training
+        ends, so a training stopped before its end (preempted, killed) has none yet, and one stopped before its first
+        validation has no best checkpoint either (the message names the state to go on from, and how)."""
+        if (self.checkpoints / "best.ckpt").is_file():
+            return (
+                f"{self.root}: no student in hf/ yet: it is written from {self.checkpoints / 'best.ckpt'} (the best "
+                "validation so far) when the training ends, and this one stopped before: resume it with distill train "
+                "--ckpt_path last and let it end"
+            )
         if self.last_checkpoint is None:
             return f"{self.root}: no student here (no hf/{MODEL_CONFIG} or export/{MODEL_CONFIG})"
         return (
-            f"{self.root}: no student here: no validation ran, so there is no best student in hf/ (written at each "
-            f"best validation), and distill export takes none; the newest state is {self.last_checkpoint}: resume "
-            "it with distill train --ckpt_path last and let a validation run (trainer.val_check_interval)"
+            f"{self.root}: no student here: no validation ran, so there is no best student for hf/ (written from the "
+            f"best validation's checkpoint when a training ends), and distill export takes none; the newest state is "
+            f"{self.last_checkpoint}: resume it with distill train --ckpt_path last and let a validation run "
+            "(trainer.val_check_interval)"
         )
 
     def student(self, *, exported: bool = True) -> Path:

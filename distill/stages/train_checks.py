@@ -111,7 +111,7 @@ def check_resumed_config(run_dir: Path, config: dict[str, Any]) -> None:
 def check_train_paths(config: Any, run_dir: Path, exist: bool = True) -> None:
     """The paths of a ``distill train`` config: each teacher dataset is there (where ``exist``), and the run folder
     is none of the paths training reads (teacher data, qrels, a local backbone, the token cache) nor inside one, and
-    its ``hf/``, replaced at each best validation, holds none of them.
+    its ``hf/``, replaced when a training ends, holds none of them.
 
     Raises:
         InputError: ``train: <key>: <path>: <what is wrong>``.

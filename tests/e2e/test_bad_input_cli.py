@@ -351,8 +351,9 @@ CASES = [
         "a run that never validated",
         lambda w: ["--checkpoint", str(w.copy(w.unvalidated, "tr0"))],
         lambda w: (
-            f"no validation ran, so there is no best student in hf/ (written at each best validation), and "
-            f"distill export takes none; the newest state is {w.root / 'tr0' / 'checkpoints' / 'last.ckpt'}"
+            f"no validation ran, so there is no best student for hf/ (written from the best validation's checkpoint "
+            f"when a training ends), and distill export takes none; the newest state is "
+            f"{w.root / 'tr0' / 'checkpoints' / 'last.ckpt'}"
         ),
     ),
     Case(
@@ -584,8 +585,8 @@ def test_the_last_line_of_a_training_that_never_validated_says_so(unvalidated_re
     assert not (run / "checkpoints" / "best.ckpt").exists()
     last = printed.strip().splitlines()[-1]
     assert last == (
-        f"run folder: {run}  (no student here: no validation ran, so there is no best student in hf/ (written at each "
-        "best validation), and distill export takes none; the newest state is "
+        f"run folder: {run}  (no student here: no validation ran, so there is no best student for hf/ (written from "
+        "the best validation's checkpoint when a training ends), and distill export takes none; the newest state is "
         f"{run / 'checkpoints' / 'last.ckpt'}: resume it with distill train --ckpt_path last and let a validation run "
         "(trainer.val_check_interval))"
     ), printed

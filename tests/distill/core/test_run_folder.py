@@ -79,3 +79,21 @@ def test_a_runs_export_older_than_its_hf_folder_is_refused_not_served(
     del card["source_weights"]  # an export made before the card recorded it: taken as current
     (run / "export" / "card.json").write_text(json.dumps(card))
     assert student_folder(run) == run / "export"
+
+
+def test_a_run_stopped_after_a_validation_says_its_best_state_waits_for_the_end(tmp_path: Path) -> None:
+    """hf/ is written from best.ckpt when a training ends: a run preempted after validations said none had run."""
+    from distill.core.schema import MissingFileError
+
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "last.ckpt").write_bytes(b"state")
+    with pytest.raises(MissingFileError, match="no validation ran"):
+        student_folder(tmp_path)
+    (tmp_path / "checkpoints" / "best.ckpt").write_bytes(b"best")
+    with pytest.raises(MissingFileError) as err:
+        student_folder(tmp_path)
+    assert str(err.value) == (
+        f"{tmp_path}: no student in hf/ yet: it is written from {tmp_path / 'checkpoints' / 'best.ckpt'} (the best "
+        "validation so far) when the training ends, and this one stopped before: resume it with distill train "
+        "--ckpt_path last and let it end"
+    )
