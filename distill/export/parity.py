@@ -2,7 +2,8 @@
 
 Pairs are scored at each batch size of :data:`BATCH_SIZES` (consecutive pairs of mixed lengths, so
 batches are padded) and at two max lengths: :data:`SHORT_MAX_LENGTH` (most pairs truncated) and the
-model's max (up to 512; a long pair reaches it). Bounds: max |Δscore| against PyTorch fp32 of
+model's max (a long pair, the first query's top passages joined, passes 512 tokens; a model that takes longer
+pairs is checked up to that pair's length). Bounds: max |Δscore| against PyTorch fp32 of
 :data:`SCORE_BOUNDS`, which an export must hold. The int8 graph, whose scores move more, is held to the
 nDCG@10 difference of :data:`NDCG_BOUND` on the ranking set instead: that is the quality gate's verdict
 (:mod:`distill.export.quality_gate`, by default on every candidate of the student's held-out validation queries,
