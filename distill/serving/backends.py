@@ -37,11 +37,16 @@ max |Δscore| ≤ 1e-4, so they need no ranking-quality gate."""
 Runtime = Literal["torch", "onnxruntime", "openvino"]
 
 
+SHORT_DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
+"""How the backends' names spell a dtype."""
+
+
 def backend_name(backend: str, dtype: str | None) -> str:
     """The name of :meth:`Reranker.load`'s ``(backend, dtype)`` (``("onnx", "int8")`` -> ``onnx-int8``);
-    ``backend-dtype`` for a pair with no name."""
+    ``backend-dtype`` for a pair with no name, its dtype spelt as the named ones spell it (``openvino-fp16``)."""
     key = (backend, dtype or "float32") if backend == "torch" else (backend, None if dtype == "float32" else dtype)
-    return next((name for name, pair in NAMED_BACKENDS.items() if pair == key), f"{backend}-{dtype}")
+    unnamed = f"{backend}-{SHORT_DTYPES.get(dtype or 'float32', dtype)}"
+    return next((name for name, pair in NAMED_BACKENDS.items() if pair == key), unnamed)
 
 
 def backend_files(name: str) -> tuple[str, ...]:

@@ -162,6 +162,7 @@ def test_backend_names() -> None:
     assert backend_name("onnx", "float32") == backend_name("onnx", None) == "onnx-fp32"
     assert backend_name("openvino", "int8") == "openvino-int8" and backend_name("torchscript", None) == "torchscript"
     assert all(backend_name(*pair) == name for name, pair in NAMED_BACKENDS.items())
+    assert backend_name("openvino", "float16") == "openvino-fp16"  # no named backend: spelt as the named ones
 
 
 @pytest.fixture(scope="module")
