@@ -8,15 +8,13 @@ import logging
 import shutil
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from distill.core.schema import ExistingOutputError, InputError
 from distill.data.teacher_data import DATASET_INFO, TeacherDataset
+from distill.stages.teach_config import TeachConfig
 from distill.stages.teach_input import InputSummary
 from teachers.causal_lm import ScorerOptions
-
-if TYPE_CHECKING:
-    from distill.stages.teach import TeachConfig
 
 log = logging.getLogger(__name__)
 
