@@ -90,6 +90,10 @@ def tiny_bert(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_tiny_bert(tmp_path_factory.mktemp("tiny-bert"))
 
 
+TINY_ENCODER = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 64}
+"""The shapes of the tests' tiny random encoders (BERT's, MPNet's, RoBERTa's configs take these keys)."""
+
+
 def make_tiny_bert(path: Path) -> Path:
     """:func:`tiny_bert`'s model, saved into ``path``."""
     import torch
@@ -98,15 +102,7 @@ def make_tiny_bert(path: Path) -> Path:
     from distill.model.resolver import load_pretrained, resolve_model
 
     tokenizer = load_pretrained(resolve_model("all-minilm-l6-v2"), AutoTokenizer)
-    config = BertConfig(
-        vocab_size=tokenizer.vocab_size,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=64,
-        max_position_embeddings=512,
-        num_labels=1,
-    )
+    config = BertConfig(vocab_size=tokenizer.vocab_size, max_position_embeddings=512, num_labels=1, **TINY_ENCODER)
     torch.manual_seed(0)
     BertForSequenceClassification(config).save_pretrained(path)
     tokenizer.save_pretrained(path)
@@ -127,14 +123,7 @@ def tiny_mpnet(tmp_path_factory: pytest.TempPathFactory) -> Path:
     words = sorted(wordpiece.get_vocab(), key=wordpiece.get_vocab().get)
     vocab = {token: index for index, token in enumerate(["<s>", "<pad>", "</s>", "<unk>", *words, "<mask>"])}
     tokenizer = MPNetTokenizer(vocab=vocab, model_max_length=512)
-    config = MPNetConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=64,
-        max_position_embeddings=514,
-    )
+    config = MPNetConfig(vocab_size=len(tokenizer), max_position_embeddings=514, **TINY_ENCODER)
     torch.manual_seed(0)
     MPNetModel(config, add_pooling_layer=False).save_pretrained(path)
     tokenizer.save_pretrained(path)

@@ -52,7 +52,6 @@ from distill.stages.teach_fingerprint import (
     is_up_to_date,
     prepare_work_dir,
     record_up_to_date,
-    similarity_fingerprint,
 )
 from distill.stages.teach_input import (
     PairRows,
@@ -622,7 +621,7 @@ def _teach_similarity(
     summary = pairs.summary
     work = output.with_name(output.name + ".partial")
     teacher = SimilarityTeacher.load(cfg.teacher, device=str(state.device), max_batch_tokens=options.max_batch_tokens)
-    fingerprint = similarity_fingerprint(teacher.describe(), summary, cfg, options)
+    fingerprint = dataset_fingerprint(teacher.describe(), summary, cfg, options)
     report = TeachReport(output, summary.pairs, summary.queries, cfg.score_columns, True, summary.skipped)
     if is_up_to_date(output, fingerprint, cfg.overwrite):
         if state.is_main_process:

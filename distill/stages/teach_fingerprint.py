@@ -22,28 +22,10 @@ log = logging.getLogger(__name__)
 def dataset_fingerprint(
     setting: dict[str, Any], summary: InputSummary, cfg: TeachConfig, options: ScorerOptions
 ) -> dict[str, Any]:
-    """What a dataset's scores depend on: the teacher's ``setting`` (:meth:`CausalLMTeacher.describe`), the input
-    rows' digests (their pairs' texts, and their first-stage ranks and scores, which the dataset carries) and the
-    stage's options."""
-    return {
-        **setting,
-        "input": summary.digest,
-        "first_stage": summary.first_stage,
-        "scores": cfg.score_columns,
-        "chunk_size": cfg.chunk_size,
-        "max_batch_tokens": options.max_batch_tokens,
-        "logit_chunk_rows": cfg.logit_chunk_rows,
-        # Only the levers away from the exact path (the CPU's defaults): a CPU run keeps its earlier fingerprints.
-        **options.changed(),
-    }
-
-
-def similarity_fingerprint(
-    setting: dict[str, Any], summary: InputSummary, cfg: TeachConfig, options: ScorerOptions
-) -> dict[str, Any]:
-    """What an embedding teacher's dataset depends on: the teacher's ``setting``
-    (:meth:`~teachers.embedding.SimilarityTeacher.describe`), the input rows' digests and the stage's options."""
-    return {
+    """What a dataset's scores depend on: the teacher's ``setting`` (:meth:`CausalLMTeacher.describe`, or an
+    embedding teacher's :meth:`~teachers.embedding.SimilarityTeacher.describe`), the input rows' digests (their pairs'
+    texts, and their first-stage ranks and scores, which the dataset carries) and the stage's options."""
+    fingerprint = {
         **setting,
         "input": summary.digest,
         "first_stage": summary.first_stage,
@@ -51,6 +33,10 @@ def similarity_fingerprint(
         "chunk_size": cfg.chunk_size,
         "max_batch_tokens": options.max_batch_tokens,
     }
+    if not cfg.similarity:  # a causal LM's head, and only the levers away from the exact path (the CPU's defaults):
+        # a CPU run keeps its earlier fingerprints
+        fingerprint |= {"logit_chunk_rows": cfg.logit_chunk_rows, **options.changed()}
+    return fingerprint
 
 
 def fingerprint_before_load(

@@ -9,7 +9,7 @@ from transformers import AutoTokenizer
 
 from distill.data.loaders import load_candidates
 from distill.serving.encoding import Packed, encode_pairs, pad_batch, token_count
-from tests.conftest import DL19
+from tests.conftest import DL19, TINY_ENCODER
 
 
 @pytest.fixture(scope="module")
@@ -271,15 +271,7 @@ def test_a_roberta_student_takes_as_many_tokens_as_its_positions_hold(tiny_bert,
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_bert)
     tokenizer.model_max_length = int(1e30)  # a tokenizer that names no limit: the config's positions decide
-    config = RobertaConfig(
-        vocab_size=tokenizer.vocab_size,
-        hidden_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=4,
-        intermediate_size=64,
-        max_position_embeddings=66,
-        num_labels=1,
-    )
+    config = RobertaConfig(vocab_size=tokenizer.vocab_size, max_position_embeddings=66, num_labels=1, **TINY_ENCODER)
     torch.manual_seed(0)
     RobertaForSequenceClassification(config).save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)
