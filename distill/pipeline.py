@@ -471,14 +471,12 @@ def check_later_models(pipeline: Pipeline) -> None:
     Raises:
         ModelNotFoundError: ``<stage>: <option>: cannot find model ...``, with what was tried.
     """
-    from distill.bench.latency import RANDOM_TEACHER
-    from distill.model.resolver import DEFAULT_TEACHER, ModelNotFoundError, check_model
+    from distill.model.resolver import ModelNotFoundError, check_model
 
     bench = pipeline.bench
     models = [("train", "model.backbone", pipeline.backbone)]
-    if bench.teacher != "none":
-        teacher = bench.teacher or (RANDOM_TEACHER if bench.random_weights else DEFAULT_TEACHER)
-        models.append(("bench", "teacher", _weights_needed(teacher, bench.random_weights)))
+    if bench.teacher_model is not None:
+        models.append(("bench", "teacher", _weights_needed(bench.teacher_model, bench.random_weights)))
     for stage, key, name in models:
         if name is None:
             continue

@@ -154,6 +154,14 @@ class BenchConfig(RuntimeOptions):
         if self.backends:
             check_backend_names(self.backends)
 
+    @property
+    def teacher_model(self) -> str | None:
+        """The teacher the bench times: ``teacher``, else :data:`RANDOM_TEACHER`'s shapes with ``random_weights``,
+        else :data:`~distill.model.resolver.DEFAULT_TEACHER`; None for ``none``."""
+        if self.teacher == "none":
+            return None
+        return self.teacher or (RANDOM_TEACHER if self.random_weights else DEFAULT_TEACHER)
+
 
 def check_backend_names(names: list[str]) -> None:
     """Each of ``names`` (``--backends``) is a method ``distill bench`` times, named once; its levers (``+unpad``)
@@ -224,10 +232,9 @@ def _teacher(config: BenchConfig, device: torch.device) -> Method:
 
     options = ScorerOptions(max_batch_tokens=config.teacher_max_batch_tokens)  # the rest as `distill teach` has them
     if config.random_weights:
-        name = config.teacher or RANDOM_TEACHER
-        teacher = CausalLMTeacher.random(name, device=device, seed=config.seed, options=options)
+        teacher = CausalLMTeacher.random(config.teacher_model, device=device, seed=config.seed, options=options)
     else:
-        teacher = CausalLMTeacher.load(config.teacher or DEFAULT_TEACHER, device=device, options=options)
+        teacher = CausalLMTeacher.load(config.teacher_model, device=device, options=options)
     return teacher_method(teacher)
 
 
@@ -407,7 +414,7 @@ def run_bench(config: BenchConfig, command: str | None = None) -> dict[str, Any]
             skipped["nDCG@10"] = (
                 f"no query of {source} is judged ({qrels or 'no qrels'}): give --qrels, or --quality false"
             )
-        if config.teacher != "none":
+        if config.teacher_model is not None:
             loaders.append(("teacher", partial(_teacher, config, device)))
         rate_dtype = compute_dtype(device)
         size = config.matmul_size or MATMUL_SIZE[device.type]
